@@ -1,0 +1,159 @@
+//! Compiles every `kernels/*.cu` with nvcc into a fatbin (sm_90a machine code + compute_80 PTX)
+//! and embeds them in the library through `$OUT_DIR/kernels.rs`:
+//!
+//! ```text
+//! pub const CUDA_KERNELS_COMPILED: bool;
+//! pub static FATBINS: &[(&str, &[u8])];   // (kernel family = file stem, fatbin bytes)
+//! ```
+//!
+//! nvcc is found through `NVCC`, then `CUDA_HOME`/`CUDA_PATH` (`bin/nvcc`), then `PATH`. Without it
+//! the build is CPU-only and says so in one cargo warning; with `SWERVE_REQUIRE_CUDA=1` a missing
+//! nvcc (or a failed compile) is a build error. The ptxas resource report (registers, shared
+//! memory, stack, spills) of every kernel goes to `$OUT_DIR/ptxas-report.txt` and to this script's
+//! output (`cargo build -vv`); `SWERVE_PTXAS_VERBOSE=1` also prints it as cargo warnings, and any
+//! spill is always a warning.
+
+use std::env;
+use std::fmt::Write as _;
+use std::fs;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+
+const GENCODES: [&str; 2] = [
+    "-gencode=arch=compute_90a,code=sm_90a",
+    "-gencode=arch=compute_80,code=compute_80",
+];
+
+fn main() {
+    let manifest_dir = PathBuf::from(env::var("CARGO_MANIFEST_DIR").unwrap());
+    let out_dir = PathBuf::from(env::var("OUT_DIR").unwrap());
+    let kernel_dir = manifest_dir.join("kernels");
+    for var in ["NVCC", "CUDA_HOME", "CUDA_PATH", "PATH", "SWERVE_REQUIRE_CUDA", "SWERVE_PTXAS_VERBOSE"] {
+        println!("cargo:rerun-if-env-changed={var}");
+    }
+    println!("cargo:rerun-if-changed={}", kernel_dir.display());
+
+    let mut sources = Vec::new();
+    let mut entries: Vec<PathBuf> = fs::read_dir(&kernel_dir)
+        .map(|dir| dir.filter_map(|e| e.ok().map(|e| e.path())).collect())
+        .unwrap_or_default();
+    entries.sort();
+    for path in entries {
+        match path.extension().and_then(|e| e.to_str()) {
+            Some("cu") => {
+                println!("cargo:rerun-if-changed={}", path.display());
+                sources.push(path);
+            }
+            Some("cuh") | Some("h") => println!("cargo:rerun-if-changed={}", path.display()),
+            _ => {}
+        }
+    }
+
+    let require_cuda = env::var("SWERVE_REQUIRE_CUDA").is_ok_and(|v| v == "1");
+    let verbose = env::var("SWERVE_PTXAS_VERBOSE").is_ok_and(|v| v == "1");
+    let Some(nvcc) = find_nvcc() else {
+        if require_cuda {
+            fail("SWERVE_REQUIRE_CUDA=1 but no nvcc was found (looked at NVCC, CUDA_HOME/bin, CUDA_PATH/bin, PATH); run scripts/install-cuda-toolchain.sh and set NVCC to the path it prints");
+        }
+        println!("cargo:warning=swerve: no nvcc found (NVCC, CUDA_HOME, CUDA_PATH, PATH): building CPU-only, CUDA kernels are not embedded (scripts/install-cuda-toolchain.sh installs nvcc)");
+        write_kernels_rs(&out_dir, false, &[]);
+        return;
+    };
+
+    // Launch every compile first, then collect: the files are independent.
+    let jobs: Vec<(String, PathBuf, Child)> = sources
+        .iter()
+        .map(|src| {
+            let stem = src.file_stem().unwrap().to_string_lossy().into_owned();
+            let fatbin = out_dir.join(format!("{stem}.fatbin"));
+            let child = Command::new(&nvcc)
+                .arg("-fatbin")
+                .args(GENCODES)
+                .args(["-O3", "-std=c++17", "--use_fast_math", "-lineinfo"])
+                .args(["-Xptxas", "-v", "-Xptxas", "-warn-spills"])
+                .arg("-I")
+                .arg(&kernel_dir)
+                .arg("-o")
+                .arg(&fatbin)
+                .arg(src)
+                .stdout(Stdio::piped())
+                .stderr(Stdio::piped())
+                .spawn()
+                .unwrap_or_else(|e| fail(&format!("could not run {}: {e}", nvcc.display())));
+            (stem, fatbin, child)
+        })
+        .collect();
+
+    let mut report = String::new();
+    let mut compiled = Vec::new();
+    for (stem, fatbin, child) in jobs {
+        let output = child
+            .wait_with_output()
+            .unwrap_or_else(|e| fail(&format!("nvcc for {stem}.cu: {e}")));
+        let text = String::from_utf8_lossy(&output.stderr).into_owned()
+            + &String::from_utf8_lossy(&output.stdout);
+        if !output.status.success() {
+            eprintln!("{text}");
+            fail(&format!("nvcc failed on kernels/{stem}.cu:\n{text}"));
+        }
+        let _ = writeln!(report, "== kernels/{stem}.cu");
+        let mut function = String::new();
+        for line in text.lines() {
+            let _ = writeln!(report, "{line}");
+            if let Some(name) = line.split("Compiling entry function '").nth(1) {
+                function = name.split('\'').next().unwrap_or("").to_string();
+                if let Some(arch) = line.split("for '").nth(1) {
+                    function = format!("{function} ({}", arch.trim_end_matches('\''));
+                    function.push(')');
+                }
+            }
+            let spilled = line.contains("bytes spill stores")
+                && !line.contains(" 0 bytes spill stores, 0 bytes spill loads");
+            if spilled {
+                println!("cargo:warning=swerve: register spill in {stem}.cu {function}: {}", line.trim());
+            } else if verbose && line.contains("Used ") {
+                println!("cargo:warning=ptxas {stem}.cu {function}: {}", line.trim());
+            }
+        }
+        compiled.push((stem, fatbin));
+    }
+    eprintln!("{report}");
+    fs::write(out_dir.join("ptxas-report.txt"), &report).unwrap();
+    write_kernels_rs(&out_dir, true, &compiled);
+}
+
+fn find_nvcc() -> Option<PathBuf> {
+    if let Some(path) = env::var_os("NVCC").filter(|p| !p.is_empty()) {
+        let path = PathBuf::from(path);
+        if path.is_file() {
+            return Some(path);
+        }
+        fail(&format!("NVCC={} does not name a file", path.display()));
+    }
+    for var in ["CUDA_HOME", "CUDA_PATH"] {
+        if let Some(root) = env::var_os(var).filter(|p| !p.is_empty()) {
+            let candidate = Path::new(&root).join("bin").join("nvcc");
+            if candidate.is_file() {
+                return Some(candidate);
+            }
+        }
+    }
+    env::split_paths(&env::var_os("PATH")?)
+        .map(|dir| dir.join("nvcc"))
+        .find(|candidate| candidate.is_file())
+}
+
+fn write_kernels_rs(out_dir: &Path, compiled: bool, fatbins: &[(String, PathBuf)]) {
+    let mut rs = format!("pub const CUDA_KERNELS_COMPILED: bool = {compiled};\n");
+    rs.push_str("pub static FATBINS: &[(&str, &[u8])] = &[\n");
+    for (stem, path) in fatbins {
+        let _ = writeln!(rs, "    ({stem:?}, include_bytes!({:?})),", path.display().to_string());
+    }
+    rs.push_str("];\n");
+    fs::write(out_dir.join("kernels.rs"), rs).unwrap();
+}
+
+fn fail(message: &str) -> ! {
+    eprintln!("error: swerve build: {message}");
+    std::process::exit(1);
+}

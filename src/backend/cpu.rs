@@ -1,0 +1,304 @@
+//! The reference backend: f32 tensors in host memory and plain loops, obviously correct.
+//!
+//! Everything the engine does runs here with tiny models (CI has no GPU), and every CUDA kernel
+//! is checked against these functions. Speed matters only enough for tests and the default
+//! benchmark to be quick: GEMMs and attention split their work over the machine's cores.
+
+use super::{Backend, Rotary};
+use crate::tensor::HostTensor;
+use anyhow::{bail, ensure, Result};
+
+#[derive(Clone, Debug, PartialEq)]
+pub struct CpuTensor {
+    pub shape: Vec<usize>,
+    pub data: Vec<f32>,
+}
+
+impl CpuTensor {
+    pub fn new(shape: Vec<usize>, data: Vec<f32>) -> Self {
+        assert_eq!(shape.iter().product::<usize>(), data.len(), "shape {shape:?} vs {} values", data.len());
+        Self { shape, data }
+    }
+
+    /// Length of the last dimension (the row length of a row-major matrix view).
+    fn cols(&self) -> usize {
+        *self.shape.last().unwrap_or(&1)
+    }
+
+    fn rows(&self) -> usize {
+        self.data.len() / self.cols().max(1)
+    }
+}
+
+#[derive(Clone, Debug)]
+pub struct CpuBackend {
+    threads: usize,
+}
+
+impl Default for CpuBackend {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl CpuBackend {
+    pub fn new() -> Self {
+        Self { threads: std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1) }
+    }
+
+    pub fn with_threads(threads: usize) -> Self {
+        Self { threads: threads.max(1) }
+    }
+}
+
+/// Runs `work(first_row, rows_chunk)` over `data` split into `threads` contiguous row chunks.
+fn par_rows(threads: usize, data: &mut [f32], row_len: usize, work: impl Fn(usize, &mut [f32]) + Sync) {
+    let rows = if row_len == 0 { 0 } else { data.len() / row_len };
+    let per_thread = rows.div_ceil(threads.max(1)).max(1);
+    if threads <= 1 || rows <= 1 {
+        work(0, data);
+        return;
+    }
+    std::thread::scope(|s| {
+        for (i, chunk) in data.chunks_mut(per_thread * row_len).enumerate() {
+            let work = &work;
+            s.spawn(move || work(i * per_thread, chunk));
+        }
+    });
+}
+
+/// Dot product with eight independent accumulators (vectorises without reassociating a single sum).
+#[inline]
+fn dot(a: &[f32], b: &[f32]) -> f32 {
+    let mut acc = [0.0f32; 8];
+    let (a8, a_rest) = a.split_at(a.len() / 8 * 8);
+    let (b8, b_rest) = b.split_at(a8.len());
+    for (x, y) in a8.chunks_exact(8).zip(b8.chunks_exact(8)) {
+        for i in 0..8 {
+            acc[i] += x[i] * y[i];
+        }
+    }
+    let mut sum = (acc[0] + acc[4]) + (acc[1] + acc[5]) + ((acc[2] + acc[6]) + (acc[3] + acc[7]));
+    for (x, y) in a_rest.iter().zip(b_rest) {
+        sum += x * y;
+    }
+    sum
+}
+
+fn rmsnorm_row(x: &[f32], weight: &[f32], eps: f32, out: &mut [f32]) {
+    let mean_sq = x.iter().map(|&v| (v as f64) * (v as f64)).sum::<f64>() / x.len() as f64;
+    let inv_rms = (1.0 / (mean_sq + eps as f64).sqrt()) as f32;
+    for ((o, &v), &w) in out.iter_mut().zip(x).zip(weight) {
+        *o = v * inv_rms * w;
+    }
+}
+
+impl Backend for CpuBackend {
+    type Tensor = CpuTensor;
+
+    fn name(&self) -> String {
+        format!("cpu ({} threads)", self.threads)
+    }
+
+    fn upload(&self, tensor: &HostTensor<'_>) -> Result<CpuTensor> {
+        tensor.check()?;
+        Ok(CpuTensor::new(tensor.shape.clone(), tensor.to_f32_vec()))
+    }
+
+    fn zeros(&self, shape: &[usize]) -> Result<CpuTensor> {
+        Ok(CpuTensor::new(shape.to_vec(), vec![0.0; shape.iter().product()]))
+    }
+
+    fn to_host(&self, tensor: &CpuTensor) -> Result<Vec<f32>> {
+        Ok(tensor.data.clone())
+    }
+
+    fn shape<'t>(&self, tensor: &'t CpuTensor) -> &'t [usize] {
+        &tensor.shape
+    }
+
+    fn slice_rows(&self, tensor: &CpuTensor, range: std::ops::Range<usize>) -> Result<CpuTensor> {
+        let rows = *tensor.shape.first().unwrap_or(&0);
+        ensure!(range.start <= range.end && range.end <= rows, "slice_rows: {range:?} of {rows} rows");
+        let row_len = tensor.data.len() / rows.max(1);
+        let mut shape = tensor.shape.clone();
+        shape[0] = range.len();
+        Ok(CpuTensor::new(shape, tensor.data[range.start * row_len..range.end * row_len].to_vec()))
+    }
+
+    fn embedding(&self, table: &CpuTensor, ids: &[u32], out: &mut CpuTensor) -> Result<()> {
+        let d = table.cols();
+        let vocab = table.rows();
+        ensure!(out.data.len() == ids.len() * d, "embedding: out {:?} for {} ids of width {d}", out.shape, ids.len());
+        for (row, &id) in out.data.chunks_exact_mut(d).zip(ids) {
+            if id as usize >= vocab {
+                bail!("token id {id} is outside the embedding table of {vocab} rows");
+            }
+            row.copy_from_slice(&table.data[id as usize * d..(id as usize + 1) * d]);
+        }
+        Ok(())
+    }
+
+    fn rmsnorm(&self, x: &CpuTensor, weight: &CpuTensor, eps: f32, out: &mut CpuTensor) -> Result<()> {
+        let d = weight.data.len();
+        ensure!(x.cols() == d && out.data.len() == x.data.len(), "rmsnorm: x {:?}, weight {:?}", x.shape, weight.shape);
+        for (xr, or) in x.data.chunks_exact(d).zip(out.data.chunks_exact_mut(d)) {
+            rmsnorm_row(xr, &weight.data, eps, or);
+        }
+        Ok(())
+    }
+
+    fn add_rmsnorm(
+        &self,
+        residual: &mut CpuTensor,
+        delta: &CpuTensor,
+        weight: &CpuTensor,
+        eps: f32,
+        out: &mut CpuTensor,
+    ) -> Result<()> {
+        ensure!(residual.data.len() == delta.data.len(), "add_rmsnorm: residual {:?} vs delta {:?}", residual.shape, delta.shape);
+        for (r, &d) in residual.data.iter_mut().zip(&delta.data) {
+            *r += d;
+        }
+        self.rmsnorm(residual, weight, eps, out)
+    }
+
+    fn linear(&self, x: &CpuTensor, weight: &CpuTensor, bias: Option<&CpuTensor>, out: &mut CpuTensor) -> Result<()> {
+        let (k, n) = (weight.cols(), weight.rows());
+        let tokens = x.rows();
+        ensure!(x.cols() == k, "linear: x {:?} against weight {:?}", x.shape, weight.shape);
+        ensure!(out.data.len() == tokens * n, "linear: out {:?}, expected [{tokens}, {n}]", out.shape);
+        if let Some(b) = bias {
+            ensure!(b.data.len() == n, "linear: bias {:?} for {n} outputs", b.shape);
+        }
+        // Tokens in blocks that stay in cache while every weight row streams past them once.
+        const TOKEN_BLOCK: usize = 32;
+        let w = &weight.data;
+        let xs = &x.data;
+        par_rows(self.threads, &mut out.data, n, |first_token, out_rows| {
+            let rows_here = out_rows.len() / n;
+            for t0 in (0..rows_here).step_by(TOKEN_BLOCK) {
+                let t1 = (t0 + TOKEN_BLOCK).min(rows_here);
+                for j in 0..n {
+                    let w_row = &w[j * k..(j + 1) * k];
+                    let b = bias.map_or(0.0, |b| b.data[j]);
+                    for t in t0..t1 {
+                        let x_row = &xs[(first_token + t) * k..(first_token + t + 1) * k];
+                        out_rows[t * n + j] = dot(x_row, w_row) + b;
+                    }
+                }
+            }
+        });
+        Ok(())
+    }
+
+    fn rope(&self, q: &mut CpuTensor, k: &mut CpuTensor, positions: &[u32], rotary: &Rotary) -> Result<()> {
+        let head_dim = q.cols();
+        let half = head_dim / 2;
+        ensure!(rotary.inv_freq.len() == half, "rope: {} frequencies for head_dim {head_dim}", rotary.inv_freq.len());
+        ensure!(k.cols() == head_dim, "rope: q head_dim {head_dim}, k {:?}", k.shape);
+        for x in [q, k] {
+            let rows_per_token = x.data.len() / head_dim / positions.len().max(1);
+            ensure!(x.data.len() == positions.len() * rows_per_token * head_dim, "rope: {:?} for {} positions", x.shape, positions.len());
+            for (t, &pos) in positions.iter().enumerate() {
+                let (cos, sin): (Vec<f32>, Vec<f32>) = rotary
+                    .inv_freq
+                    .iter()
+                    .map(|&f| {
+                        let angle = pos as f64 * f;
+                        ((angle.cos() * rotary.attention_scaling) as f32, (angle.sin() * rotary.attention_scaling) as f32)
+                    })
+                    .unzip();
+                let token = &mut x.data[t * rows_per_token * head_dim..(t + 1) * rows_per_token * head_dim];
+                for head in token.chunks_exact_mut(head_dim) {
+                    let (a, b) = head.split_at_mut(half);
+                    for i in 0..half {
+                        let (x1, x2) = (a[i], b[i]);
+                        a[i] = x1 * cos[i] - x2 * sin[i];
+                        b[i] = x2 * cos[i] + x1 * sin[i];
+                    }
+                }
+            }
+        }
+        Ok(())
+    }
+
+    fn attention(
+        &self,
+        q: &CpuTensor,
+        k: &CpuTensor,
+        v: &CpuTensor,
+        cu_seqlens: &[u32],
+        softmax_scale: f32,
+        out: &mut CpuTensor,
+    ) -> Result<()> {
+        let head_dim = q.cols();
+        let tokens = *cu_seqlens.last().unwrap_or(&0) as usize;
+        ensure!(tokens > 0 && q.data.len() % (tokens * head_dim) == 0, "attention: q {:?} for {tokens} tokens", q.shape);
+        let heads = q.data.len() / (tokens * head_dim);
+        let kv_heads = k.data.len() / (tokens * head_dim);
+        ensure!(kv_heads > 0 && heads % kv_heads == 0, "attention: {heads} heads over {kv_heads} kv heads");
+        ensure!(v.data.len() == k.data.len() && out.data.len() == q.data.len(), "attention: v {:?}, out {:?}", v.shape, out.shape);
+        ensure!(cu_seqlens[0] == 0 && cu_seqlens.windows(2).all(|w| w[0] <= w[1]), "attention: cu_seqlens must rise from 0");
+        let group = heads / kv_heads;
+        // Each token's output row [heads, head_dim] is computed by the thread owning that token.
+        par_rows(self.threads, &mut out.data, heads * head_dim, |first_token, out_rows| {
+            let mut scores = Vec::new();
+            for (i, out_row) in out_rows.chunks_exact_mut(heads * head_dim).enumerate() {
+                let t = first_token + i;
+                let seq = cu_seqlens.partition_point(|&start| start as usize <= t) - 1;
+                let seq_start = cu_seqlens[seq] as usize;
+                for h in 0..heads {
+                    let kvh = h / group;
+                    let q_row = &q.data[(t * heads + h) * head_dim..][..head_dim];
+                    scores.clear();
+                    scores.extend((seq_start..=t).map(|j| dot(q_row, &k.data[(j * kv_heads + kvh) * head_dim..][..head_dim]) * softmax_scale));
+                    let max = scores.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+                    let mut sum = 0.0f32;
+                    for s in scores.iter_mut() {
+                        *s = (*s - max).exp();
+                        sum += *s;
+                    }
+                    let o = &mut out_row[h * head_dim..(h + 1) * head_dim];
+                    o.fill(0.0);
+                    for (j, &p) in (seq_start..=t).zip(scores.iter()) {
+                        let v_row = &v.data[(j * kv_heads + kvh) * head_dim..][..head_dim];
+                        for (od, &vd) in o.iter_mut().zip(v_row) {
+                            *od += p * vd;
+                        }
+                    }
+                    for od in o.iter_mut() {
+                        *od /= sum;
+                    }
+                }
+            }
+        });
+        Ok(())
+    }
+
+    fn swiglu(&self, gate: &CpuTensor, up: &CpuTensor, out: &mut CpuTensor) -> Result<()> {
+        ensure!(gate.data.len() == up.data.len() && out.data.len() == up.data.len(), "swiglu: gate {:?}, up {:?}", gate.shape, up.shape);
+        for ((o, &g), &u) in out.data.iter_mut().zip(&gate.data).zip(&up.data) {
+            *o = g / (1.0 + (-g).exp()) * u;
+        }
+        Ok(())
+    }
+
+    fn token_logprobs(&self, logits: &CpuTensor, targets: &[u32]) -> Result<Vec<f32>> {
+        let vocab = logits.cols();
+        ensure!(logits.rows() == targets.len(), "token_logprobs: {} rows for {} targets", logits.rows(), targets.len());
+        logits
+            .data
+            .chunks_exact(vocab)
+            .zip(targets)
+            .map(|(row, &target)| {
+                if target as usize >= vocab {
+                    bail!("target id {target} is outside the vocabulary of {vocab}");
+                }
+                let max = row.iter().copied().fold(f32::NEG_INFINITY, f32::max) as f64;
+                let sum: f64 = row.iter().map(|&z| (z as f64 - max).exp()).sum();
+                Ok((row[target as usize] as f64 - max - sum.ln()) as f32)
+            })
+            .collect()
+    }
+}

@@ -1,0 +1,120 @@
+//! swerve-bench: throughput. With no arguments: prefill tokens/s of the embedded default model
+//! (built in memory, no download) on the backend in use, as a table.
+
+use anyhow::{bail, Context, Result};
+use clap::{Parser, Subcommand};
+use swerve::backend::cpu::CpuBackend;
+use swerve::backend::cuda;
+use swerve::bench;
+use swerve::model::{synthetic, Qwen2Model};
+
+#[derive(Parser)]
+#[command(name = "swerve-bench", version, about = "swerve's throughput benchmarks")]
+struct Cli {
+    #[command(subcommand)]
+    command: Option<Command>,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Prefill tokens/s and model TFLOP/s of one sequence at each length (the default command).
+    Prefill(PrefillArgs),
+    /// Each CUDA kernel against the CPU reference and the card's copy bandwidth (needs a GPU).
+    Kernels,
+}
+
+#[derive(clap::Args)]
+struct PrefillArgs {
+    /// Model shape: default (small, CPU-friendly), qwen2.5-0.5b, -1.5b, -7b, -32b, -72b-tp8 (one
+    /// rank of tensor-parallel 8, no collective). Weights are random.
+    #[arg(long, default_value = "default")]
+    preset: String,
+    /// Sequence lengths, comma-separated.
+    #[arg(long, value_delimiter = ',', default_values_t = [128usize, 512])]
+    seq_lens: Vec<usize>,
+    /// Timed runs per length (after one warm-up); the median is reported.
+    #[arg(long, default_value_t = 3)]
+    reps: usize,
+}
+
+fn main() -> Result<()> {
+    let cli = Cli::parse();
+    match cli.command.unwrap_or(Command::Prefill(PrefillArgs {
+        preset: "default".into(),
+        seq_lens: vec![128, 512],
+        reps: 3,
+    })) {
+        Command::Prefill(args) => prefill(args),
+        Command::Kernels => kernels(),
+    }
+}
+
+fn prefill(args: PrefillArgs) -> Result<()> {
+    if args.seq_lens.is_empty() || args.seq_lens.contains(&0) {
+        bail!("--seq-lens needs positive lengths");
+    }
+    let (config, tp_size) = synthetic::preset(&args.preset)?;
+    if let Some(&too_long) = args.seq_lens.iter().find(|&&n| n > config.max_context()) {
+        bail!("--seq-lens {too_long} exceeds the model's context of {}", config.max_context());
+    }
+    let backend = CpuBackend::new();
+    println!("{}", swerve::backend_report(&backend));
+    let local = config.local_sizes(tp_size)?;
+    let param_bytes = config.num_parameters() / tp_size * 4;
+    let available = available_memory_bytes();
+    if let Some(available) = available {
+        if param_bytes > available / 2 {
+            bail!(
+                "preset {} needs {:.1} GiB of f32 weights on the CPU backend but only {:.1} GiB is available; \
+                 presets this large are for GPU runs",
+                args.preset,
+                param_bytes as f64 / (1u64 << 30) as f64,
+                available as f64 / (1u64 << 30) as f64
+            );
+        }
+    }
+    let host = synthetic::random_params(&config, &local, 0x5EED)?;
+    let model = Qwen2Model::from_host_params(&backend, config, local, &host)?;
+    drop(host);
+    println!(
+        "model: preset {} ({} layers, hidden {}, heads {}/{} kv, vocab {}, tp {} rank 0), random weights",
+        args.preset,
+        model.config.num_hidden_layers,
+        model.config.hidden_size,
+        model.local.heads_local,
+        model.local.kv_heads_local,
+        model.local.vocab_local,
+        tp_size
+    );
+    let rows = bench::prefill(&backend, &model, &args.seq_lens, args.reps)?;
+    bench::print_prefill_table(&rows);
+    if let Ok(device) = cuda::probe() {
+        println!();
+        kernel_table(&device)?;
+    }
+    Ok(())
+}
+
+fn kernels() -> Result<()> {
+    let device = cuda::probe().map_err(|reason| anyhow::anyhow!("swerve-bench kernels needs a GPU: {reason}"))?;
+    println!("device: {}", device.describe());
+    kernel_table(&device)
+}
+
+fn kernel_table(device: &cuda::CudaDevice) -> Result<()> {
+    let copy = bench::kernels::copy_bandwidth(device).context("measuring copy bandwidth")?;
+    let mut rows = Vec::new();
+    for (tokens, hidden) in [(16384, 3584), (16384, 8192), (4099, 896)] {
+        rows.push(bench::kernels::rmsnorm(device, tokens, hidden, copy)?);
+    }
+    bench::kernels::print_kernel_table(copy, &rows);
+    Ok(())
+}
+
+/// MemAvailable from /proc/meminfo, where there is one.
+fn available_memory_bytes() -> Option<usize> {
+    let text = std::fs::read_to_string("/proc/meminfo").ok()?;
+    let line = text.lines().find(|l| l.starts_with("MemAvailable:"))?;
+    let kib: usize = line.split_whitespace().nth(1)?.parse().ok()?;
+    Some(kib * 1024)
+}

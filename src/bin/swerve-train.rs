@@ -1,0 +1,55 @@
+//! swerve-train: training-side commands. `score` computes per-token logprobs of given token
+//! sequences; `rft` and `dapo` arrive with the training issue.
+
+use anyhow::Result;
+use clap::{Parser, Subcommand};
+use std::path::PathBuf;
+use swerve::backend::cpu::CpuBackend;
+use swerve::model::Qwen2Model;
+
+#[derive(Parser)]
+#[command(name = "swerve-train", version, about = "swerve's training-side commands")]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Per-token logprobs of given token sequences: input lines {"tokens": [...]}, output lines
+    /// {"logprobs": [null, lp1, ...]} with lp_t = log p(tokens[t] | tokens[<t]).
+    Score {
+        /// Model folder: config.json plus model.safetensors or a sharded index.
+        #[arg(long)]
+        model: PathBuf,
+        /// JSON lines, one {"tokens": [ids...]} per line.
+        #[arg(long)]
+        input: PathBuf,
+        /// Where to write one {"logprobs": [...]} line per input line.
+        #[arg(long)]
+        output: PathBuf,
+        /// Most tokens packed into one forward pass (a longer sequence runs alone).
+        #[arg(long, default_value_t = 8192, value_parser = clap::value_parser!(u64).range(1..))]
+        batch_tokens: u64,
+    },
+}
+
+fn main() -> Result<()> {
+    let cli = Cli::parse();
+    match cli.command {
+        Command::Score { model, input, output, batch_tokens } => {
+            let backend = CpuBackend::new();
+            eprintln!("{}", swerve::backend_report(&backend));
+            let model = Qwen2Model::load(&backend, &model)?;
+            let summary = swerve::train::score::score_file(&backend, &model, &input, &output, batch_tokens as usize)?;
+            eprintln!(
+                "scored {} sequences ({} tokens) in {:.2} s -> {}",
+                summary.sequences,
+                summary.tokens,
+                summary.seconds,
+                output.display()
+            );
+        }
+    }
+    Ok(())
+}

@@ -1,0 +1,39 @@
+//! swerve: rollout serving and RL training (rejection fine-tuning, then DAPO) for long-context,
+//! multi-turn coding agents on Qwen2.5, with hand-written CUDA kernels.
+//!
+//! A tour of the crate:
+//!
+//! - [`config`]: HF `config.json` -> [`config::ModelConfig`] (transformers 4 and 5 field names,
+//!   YaRN), validated; [`config::LocalSizes`] are one tensor-parallel rank's sizes.
+//! - [`tensor`]: element types and host tensors (checkpoint views or owned buffers).
+//! - [`backend`]: the [`backend::Backend`] trait of fused ops the model calls;
+//!   [`backend::cpu`] is the f32 reference every kernel is checked against; [`backend::cuda`]
+//!   loads the kernels `build.rs` compiled from `kernels/*.cu` (one fatbin per family).
+//! - [`model`]: the parameter layout and HF names ([`model::params`]), safetensors checkpoints
+//!   ([`model::weights`]), the Qwen2 forward pass ([`model::qwen2`]) and synthetic models for
+//!   benchmarks ([`model::synthetic`]).
+//! - [`train`]: `score` (per-token logprobs of given sequences) so far.
+//! - [`bench`]: what `swerve-bench` measures.
+//!
+//! The binaries in `src/bin/` only parse arguments and call into these modules.
+
+pub mod backend;
+pub mod bench;
+pub mod config;
+pub mod model;
+pub mod tensor;
+pub mod train;
+
+/// The line every binary prints about where the model runs, e.g.
+/// `backend: cpu (2 threads); CUDA: no CUDA driver (libcuda) on this machine`.
+pub fn backend_report(cpu: &backend::cpu::CpuBackend) -> String {
+    use backend::Backend;
+    let cuda = match backend::cuda::probe() {
+        Ok(device) => format!(
+            "{} found, kernels loaded; the model forward pass runs on the CPU until the CUDA backend lands",
+            device.describe()
+        ),
+        Err(reason) => reason,
+    };
+    format!("backend: {}; CUDA: {cuda}", cpu.name())
+}

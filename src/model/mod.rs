@@ -1,0 +1,9 @@
+//! The Qwen2 model: parameter layout, checkpoint loading, the forward pass, synthetic models.
+
+pub mod params;
+pub mod qwen2;
+pub mod synthetic;
+pub mod weights;
+
+pub use params::{LayerParams, Qwen2Params};
+pub use qwen2::{PackedBatch, Qwen2Model};

@@ -1,0 +1,180 @@
+//! The Qwen2 forward pass, written once over [`Backend`] with one rank's local sizes.
+//!
+//! Per layer, for a packed batch of `T` tokens (`d` hidden, local heads `h`, kv heads `g`):
+//!
+//! ```text
+//! residual ─┬─ rmsnorm ─ q,k,v (+bias) ─ rope(q,k) ─ causal GQA attention ─ o_proj ─┐
+//!           └──────────────────────────── + ◄─────────────────────────────────────────┘
+//!           ┬─ rmsnorm ─ gate, up ─ silu(gate)*up ─ down_proj ─┐
+//!           └──────────────── + ◄──────────────────────────────┘
+//! ```
+//!
+//! The residual add is fused into the next norm (`add_rmsnorm`). After the last layer: the final
+//! norm, then the LM head (tied to the embedding or not). Tensor parallelism (DESIGN.md 11) will
+//! all-reduce after o_proj and down_proj; with TP = 1 there is nothing to reduce.
+
+use crate::backend::{Backend, Rotary};
+use crate::config::{LocalSizes, ModelConfig};
+use crate::model::params::Qwen2Params;
+use crate::model::weights::Checkpoint;
+use crate::tensor::HostTensor;
+use anyhow::{bail, Context, Result};
+use std::path::Path;
+
+pub struct Qwen2Model<B: Backend> {
+    pub config: ModelConfig,
+    pub local: LocalSizes,
+    pub params: Qwen2Params<B::Tensor>,
+    pub rotary: Rotary,
+}
+
+/// Sequences packed back to back: token ids, positions within each sequence, and `cu_seqlens`.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct PackedBatch {
+    pub tokens: Vec<u32>,
+    pub positions: Vec<u32>,
+    pub cu_seqlens: Vec<u32>,
+}
+
+impl PackedBatch {
+    /// Packs whole sequences, each starting at position 0. Empty sequences are skipped by the
+    /// attention (they occupy no rows) but keep their slot in `cu_seqlens`.
+    pub fn from_sequences<S: AsRef<[u32]>>(sequences: &[S]) -> Self {
+        let mut batch = PackedBatch { cu_seqlens: vec![0], ..Default::default() };
+        for seq in sequences {
+            let seq = seq.as_ref();
+            batch.tokens.extend_from_slice(seq);
+            batch.positions.extend(0..seq.len() as u32);
+            batch.cu_seqlens.push(batch.tokens.len() as u32);
+        }
+        batch
+    }
+
+    pub fn num_tokens(&self) -> usize {
+        self.tokens.len()
+    }
+
+    pub fn num_sequences(&self) -> usize {
+        self.cu_seqlens.len() - 1
+    }
+
+    /// Row range of sequence `i` in the packed tensors.
+    pub fn sequence_range(&self, i: usize) -> std::ops::Range<usize> {
+        self.cu_seqlens[i] as usize..self.cu_seqlens[i + 1] as usize
+    }
+}
+
+impl<B: Backend> Qwen2Model<B> {
+    /// Loads `DIR/config.json` and the safetensors checkpoint beside it (TP = 1).
+    pub fn load(backend: &B, dir: &Path) -> Result<Self> {
+        let config = ModelConfig::from_dir(dir)?;
+        let local = config.local_sizes(1)?;
+        let checkpoint = Checkpoint::open(dir)?;
+        let host = checkpoint.qwen2_params(&config, &local)?;
+        Self::from_host_params(backend, config, local, &host)
+    }
+
+    /// Uploads host parameters (from a checkpoint or built in memory) to the backend.
+    pub fn from_host_params(
+        backend: &B,
+        config: ModelConfig,
+        local: LocalSizes,
+        host: &Qwen2Params<HostTensor<'_>>,
+    ) -> Result<Self> {
+        let mut uploads = std::iter::once(&host.embed_tokens)
+            .chain(host.layers.iter().flat_map(|l| {
+                [
+                    &l.input_layernorm,
+                    &l.q_proj_weight,
+                    &l.q_proj_bias,
+                    &l.k_proj_weight,
+                    &l.k_proj_bias,
+                    &l.v_proj_weight,
+                    &l.v_proj_bias,
+                    &l.o_proj_weight,
+                    &l.post_attention_layernorm,
+                    &l.gate_proj_weight,
+                    &l.up_proj_weight,
+                    &l.down_proj_weight,
+                ]
+            }))
+            .chain(std::iter::once(&host.norm))
+            .chain(host.lm_head.iter());
+        let params = Qwen2Params::try_build(&config, &local, |name, shape, _| {
+            let tensor = uploads.next().expect("host params follow the same layout");
+            if tensor.shape != shape {
+                bail!("parameter {name}: shape {:?}, expected {shape:?}", tensor.shape);
+            }
+            backend.upload(tensor).with_context(|| format!("uploading {name}"))
+        })?;
+        let rotary = Rotary {
+            inv_freq: config.rope.inv_freq(config.head_dim),
+            attention_scaling: config.rope.attention_scaling(),
+        };
+        Ok(Self { config, local, params, rotary })
+    }
+
+    /// Runs every layer and the final norm: the hidden states `[T, d]` the LM head reads.
+    pub fn forward_hidden(&self, backend: &B, batch: &PackedBatch) -> Result<B::Tensor> {
+        let c = &self.config;
+        let t = batch.num_tokens();
+        if t == 0 {
+            bail!("forward of an empty batch");
+        }
+        let (d, hd) = (c.hidden_size, c.head_dim);
+        let (heads, kv_heads, inter) = (self.local.heads_local, self.local.kv_heads_local, self.local.intermediate_local);
+        let eps = c.rms_norm_eps as f32;
+        let softmax_scale = 1.0 / (hd as f32).sqrt();
+
+        let mut residual = backend.zeros(&[t, d])?;
+        backend.embedding(&self.params.embed_tokens, &batch.tokens, &mut residual)?;
+        let mut normed = backend.zeros(&[t, d])?;
+        let mut q = backend.zeros(&[t, heads, hd])?;
+        let mut k = backend.zeros(&[t, kv_heads, hd])?;
+        let mut v = backend.zeros(&[t, kv_heads, hd])?;
+        let mut attn = backend.zeros(&[t, heads, hd])?;
+        let mut delta = backend.zeros(&[t, d])?;
+        let mut gate = backend.zeros(&[t, inter])?;
+        let mut up = backend.zeros(&[t, inter])?;
+        let mut act = backend.zeros(&[t, inter])?;
+
+        for (i, layer) in self.params.layers.iter().enumerate() {
+            // Attention block. The first norm reads the embedding; later ones add the previous
+            // layer's MLP output into the residual stream first.
+            if i == 0 {
+                backend.rmsnorm(&residual, &layer.input_layernorm, eps, &mut normed)?;
+            } else {
+                backend.add_rmsnorm(&mut residual, &delta, &layer.input_layernorm, eps, &mut normed)?;
+            }
+            backend.linear(&normed, &layer.q_proj_weight, Some(&layer.q_proj_bias), &mut q)?;
+            backend.linear(&normed, &layer.k_proj_weight, Some(&layer.k_proj_bias), &mut k)?;
+            backend.linear(&normed, &layer.v_proj_weight, Some(&layer.v_proj_bias), &mut v)?;
+            backend.rope(&mut q, &mut k, &batch.positions, &self.rotary)?;
+            backend.attention(&q, &k, &v, &batch.cu_seqlens, softmax_scale, &mut attn)?;
+            backend.linear(&attn, &layer.o_proj_weight, None, &mut delta)?;
+
+            // MLP block.
+            backend.add_rmsnorm(&mut residual, &delta, &layer.post_attention_layernorm, eps, &mut normed)?;
+            backend.linear(&normed, &layer.gate_proj_weight, None, &mut gate)?;
+            backend.linear(&normed, &layer.up_proj_weight, None, &mut up)?;
+            backend.swiglu(&gate, &up, &mut act)?;
+            backend.linear(&act, &layer.down_proj_weight, None, &mut delta)?;
+        }
+        backend.add_rmsnorm(&mut residual, &delta, &self.params.norm, eps, &mut normed)?;
+        Ok(normed)
+    }
+
+    /// Logits `[T, vocab_local]` for every token of the batch.
+    pub fn forward_logits(&self, backend: &B, batch: &PackedBatch) -> Result<B::Tensor> {
+        let hidden = self.forward_hidden(backend, batch)?;
+        self.lm_head(backend, &hidden)
+    }
+
+    /// `hidden [T, d] -> logits [T, vocab_local]`.
+    pub fn lm_head(&self, backend: &B, hidden: &B::Tensor) -> Result<B::Tensor> {
+        let t = backend.shape(hidden)[0];
+        let mut logits = backend.zeros(&[t, self.local.vocab_local])?;
+        backend.linear(hidden, self.params.lm_head_weight(), None, &mut logits)?;
+        Ok(logits)
+    }
+}

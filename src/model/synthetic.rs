@@ -1,0 +1,76 @@
+//! Qwen2-shaped models built deterministically in memory: the embedded default that
+//! `swerve-bench` runs with no arguments, and random-weight presets of the real Qwen2.5 shapes
+//! for GPU benchmarks (no weights can be downloaded on the GPU hosts; speed does not care).
+
+use crate::config::{LocalSizes, ModelConfig, RopeConfig, RopeScaling};
+use crate::model::params::{ParamKind, Qwen2Params};
+use crate::tensor::HostTensor;
+use anyhow::{bail, Result};
+use half::bf16;
+
+/// Names accepted by `--preset`.
+pub const PRESETS: [&str; 6] = ["default", "qwen2.5-0.5b", "qwen2.5-1.5b", "qwen2.5-7b", "qwen2.5-32b", "qwen2.5-72b-tp8"];
+
+/// A preset's architecture and the tensor-parallel size its benchmark measures one rank of.
+pub fn preset(name: &str) -> Result<(ModelConfig, usize)> {
+    // (hidden, intermediate, layers, heads, kv heads, vocab, tied, tp)
+    let (d, inter, layers, heads, kv, vocab, tied, tp) = match name {
+        // Small enough for a CPU: 4 layers, GQA 4:1, head_dim 64, a 32k vocabulary.
+        "default" => (512, 1408, 4, 8, 2, 32768, true, 1),
+        "qwen2.5-0.5b" => (896, 4864, 24, 14, 2, 151936, true, 1),
+        "qwen2.5-1.5b" => (1536, 8960, 28, 12, 2, 151936, true, 1),
+        "qwen2.5-7b" => (3584, 18944, 28, 28, 4, 152064, false, 1),
+        "qwen2.5-32b" => (5120, 27648, 64, 40, 8, 152064, false, 1),
+        "qwen2.5-72b-tp8" => (8192, 29568, 80, 64, 8, 152064, false, 8),
+        other => bail!("unknown preset {other:?}; choose one of {}", PRESETS.join(", ")),
+    };
+    let config = ModelConfig {
+        hidden_size: d,
+        intermediate_size: inter,
+        num_hidden_layers: layers,
+        num_attention_heads: heads,
+        num_key_value_heads: kv,
+        head_dim: d / heads,
+        vocab_size: vocab,
+        max_position_embeddings: 32768,
+        rms_norm_eps: 1e-6,
+        tie_word_embeddings: tied,
+        rope: RopeConfig { theta: 1e6, scaling: RopeScaling::None },
+    };
+    config.validate()?;
+    Ok((config, tp))
+}
+
+/// SplitMix64: tiny, fast, and the same numbers on every machine.
+struct SplitMix64(u64);
+
+impl SplitMix64 {
+    fn next_u64(&mut self) -> u64 {
+        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
+        let mut z = self.0;
+        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+        z ^ (z >> 31)
+    }
+
+    /// Uniform in [-1, 1).
+    fn next_signed(&mut self) -> f32 {
+        ((self.next_u64() >> 40) as f32 / (1u64 << 24) as f32) * 2.0 - 1.0
+    }
+}
+
+/// Random bf16 parameters for one rank: matrices uniform with variance 1/fan_in (activations keep
+/// their scale through the layers), biases small, norm weights near 1.
+pub fn random_params(config: &ModelConfig, local: &LocalSizes, seed: u64) -> Result<Qwen2Params<HostTensor<'static>>> {
+    let mut rng = SplitMix64(seed);
+    Qwen2Params::try_build(config, local, |_, shape, kind| {
+        let numel: usize = shape.iter().product();
+        let (center, half_width) = match (kind, shape.len()) {
+            (ParamKind::Norm, _) => (1.0, 0.1),
+            (_, 1) => (0.0, 0.1),
+            _ => (0.0, (3.0 / shape[1] as f32).sqrt()),
+        };
+        let values: Vec<bf16> = (0..numel).map(|_| bf16::from_f32(center + half_width * rng.next_signed())).collect();
+        Ok(HostTensor::from_bf16(shape.to_vec(), &values))
+    })
+}

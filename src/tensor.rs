@@ -1,0 +1,89 @@
+//! Element types and host-side tensors.
+//!
+//! A [`HostTensor`] is shape + dtype + bytes on the host: a checkpoint tensor borrowed from a
+//! memory map, or an owned buffer built in memory. Backends turn them into their own storage
+//! (`Backend::upload`): f32 `Vec`s on the CPU, bf16 device buffers on CUDA.
+
+use anyhow::{bail, Result};
+use half::{bf16, f16};
+use std::borrow::Cow;
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum DType {
+    BF16,
+    F16,
+    F32,
+}
+
+impl DType {
+    pub fn size_bytes(self) -> usize {
+        match self {
+            DType::BF16 | DType::F16 => 2,
+            DType::F32 => 4,
+        }
+    }
+
+    pub fn name(self) -> &'static str {
+        match self {
+            DType::BF16 => "BF16",
+            DType::F16 => "F16",
+            DType::F32 => "F32",
+        }
+    }
+}
+
+/// Shape, element type and little-endian bytes of one tensor held on the host.
+#[derive(Clone, Debug)]
+pub struct HostTensor<'a> {
+    pub dtype: DType,
+    pub shape: Vec<usize>,
+    pub bytes: Cow<'a, [u8]>,
+}
+
+impl<'a> HostTensor<'a> {
+    pub fn from_f32(shape: Vec<usize>, values: &[f32]) -> HostTensor<'static> {
+        HostTensor { dtype: DType::F32, shape, bytes: Cow::Owned(bytemuck::cast_slice(values).to_vec()) }
+    }
+
+    pub fn from_bf16(shape: Vec<usize>, values: &[bf16]) -> HostTensor<'static> {
+        HostTensor { dtype: DType::BF16, shape, bytes: Cow::Owned(bytemuck::cast_slice(values).to_vec()) }
+    }
+
+    pub fn numel(&self) -> usize {
+        self.shape.iter().product()
+    }
+
+    /// Checks that the byte length matches shape and dtype.
+    pub fn check(&self) -> Result<()> {
+        let want = self.numel() * self.dtype.size_bytes();
+        if self.bytes.len() != want {
+            bail!(
+                "{} tensor of shape {:?} needs {want} bytes, has {}",
+                self.dtype.name(),
+                self.shape,
+                self.bytes.len()
+            );
+        }
+        Ok(())
+    }
+
+    /// Every element widened to f32 (exact for all three dtypes).
+    pub fn to_f32_vec(&self) -> Vec<f32> {
+        let b = &self.bytes;
+        match self.dtype {
+            DType::F32 => b.chunks_exact(4).map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]])).collect(),
+            DType::BF16 => b.chunks_exact(2).map(|c| bf16::from_bits(u16::from_le_bytes([c[0], c[1]])).to_f32()).collect(),
+            DType::F16 => b.chunks_exact(2).map(|c| f16::from_bits(u16::from_le_bytes([c[0], c[1]])).to_f32()).collect(),
+        }
+    }
+
+    /// Every element rounded to bf16 (round to nearest even).
+    pub fn to_bf16_vec(&self) -> Vec<bf16> {
+        match self.dtype {
+            DType::BF16 => {
+                self.bytes.chunks_exact(2).map(|c| bf16::from_bits(u16::from_le_bytes([c[0], c[1]]))).collect()
+            }
+            _ => self.to_f32_vec().into_iter().map(bf16::from_f32).collect(),
+        }
+    }
+}

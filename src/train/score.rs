@@ -1,0 +1,153 @@
+//! `swerve-train score`: per-token logprobs of given token sequences.
+//!
+//! Input: JSON lines `{"tokens": [ids...]}` (other keys are ignored). Output: one line per input
+//! line, `{"logprobs": [null, lp1, lp2, ...]}`, as long as `tokens`, where
+//! `lp_t = log p(tokens[t] | tokens[<t])` (the first token has no context, hence `null`).
+//!
+//! Sequences are packed in input order into batches of at most `batch_tokens` tokens (a longer
+//! sequence runs alone, never truncated); the LM head runs over at most `LOGIT_ROWS` rows at a
+//! time so the `[T, vocab]` logits are never whole in memory.
+
+use crate::backend::Backend;
+use crate::model::{PackedBatch, Qwen2Model};
+use anyhow::{anyhow, bail, Context, Result};
+use serde_json::Value;
+use std::io::{BufRead, BufWriter, Write};
+use std::path::Path;
+
+/// Rows of logits materialised at once.
+const LOGIT_ROWS: usize = 256;
+
+/// Reads and checks a score input file: token ids inside the vocabulary, lengths within the
+/// model's context. Errors name the line.
+pub fn read_token_sequences(path: &Path, vocab_size: usize, max_context: usize) -> Result<Vec<Vec<u32>>> {
+    let file = std::fs::File::open(path).with_context(|| format!("cannot open {}", path.display()))?;
+    let mut sequences = Vec::new();
+    for (i, line) in std::io::BufReader::new(file).lines().enumerate() {
+        let line_no = i + 1;
+        let line = line.with_context(|| format!("{}: cannot read line {line_no}", path.display()))?;
+        let at = || format!("{}:{line_no}", path.display());
+        if line.trim().is_empty() {
+            bail!("{}: empty line (every line must be {{\"tokens\": [...]}})", at());
+        }
+        let value: Value = serde_json::from_str(&line).with_context(|| format!("{}: not valid JSON", at()))?;
+        let tokens = value
+            .get("tokens")
+            .and_then(Value::as_array)
+            .ok_or_else(|| anyhow!("{}: expected an object with a `tokens` array", at()))?;
+        let mut ids = Vec::with_capacity(tokens.len());
+        for (t, id) in tokens.iter().enumerate() {
+            let id = id
+                .as_u64()
+                .filter(|&id| (id as usize) < vocab_size)
+                .ok_or_else(|| anyhow!("{}: tokens[{t}] = {id} is not a token id below the vocabulary size {vocab_size}", at()))?;
+            ids.push(id as u32);
+        }
+        if ids.len() > max_context {
+            bail!("{}: {} tokens exceed the model's context of {max_context}", at(), ids.len());
+        }
+        sequences.push(ids);
+    }
+    Ok(sequences)
+}
+
+/// Logprobs of every sequence (`None` for each sequence's first token).
+pub fn score_sequences<B: Backend>(
+    backend: &B,
+    model: &Qwen2Model<B>,
+    sequences: &[Vec<u32>],
+    batch_tokens: usize,
+    mut on_sequence: impl FnMut(usize, Vec<Option<f32>>) -> Result<()>,
+) -> Result<()> {
+    if batch_tokens == 0 {
+        bail!("batch_tokens must be positive");
+    }
+    let mut start = 0;
+    while start < sequences.len() {
+        // Greedy packing in input order; the first sequence of a batch always fits.
+        let mut end = start;
+        let mut tokens = 0;
+        while end < sequences.len() && (end == start || tokens + sequences[end].len() <= batch_tokens) {
+            tokens += sequences[end].len();
+            end += 1;
+        }
+        let group = &sequences[start..end];
+        let scored = score_batch(backend, model, group)?;
+        for (offset, logprobs) in scored.into_iter().enumerate() {
+            on_sequence(start + offset, logprobs)?;
+        }
+        start = end;
+    }
+    Ok(())
+}
+
+fn score_batch<B: Backend>(backend: &B, model: &Qwen2Model<B>, group: &[Vec<u32>]) -> Result<Vec<Vec<Option<f32>>>> {
+    let batch = PackedBatch::from_sequences(group);
+    let mut results: Vec<Vec<Option<f32>>> = group.iter().map(|s| Vec::with_capacity(s.len())).collect();
+    if batch.num_tokens() == 0 {
+        return Ok(results);
+    }
+    let hidden = model.forward_hidden(backend, &batch)?;
+    // Row r predicts the token at r + 1 of the same sequence; a sequence's last row predicts nothing.
+    let mut targets = vec![0u32; batch.num_tokens()];
+    for (s, result) in results.iter_mut().enumerate() {
+        let range = batch.sequence_range(s);
+        if !range.is_empty() {
+            result.push(None);
+        }
+        for r in range.start..range.end.saturating_sub(1) {
+            targets[r] = batch.tokens[r + 1];
+        }
+    }
+    let mut logprobs = Vec::with_capacity(batch.num_tokens());
+    for chunk_start in (0..batch.num_tokens()).step_by(LOGIT_ROWS) {
+        let chunk_end = (chunk_start + LOGIT_ROWS).min(batch.num_tokens());
+        let rows = backend.slice_rows(&hidden, chunk_start..chunk_end)?;
+        let logits = model.lm_head(backend, &rows)?;
+        logprobs.extend(backend.token_logprobs(&logits, &targets[chunk_start..chunk_end])?);
+    }
+    for (s, result) in results.iter_mut().enumerate() {
+        let range = batch.sequence_range(s);
+        for r in range.start..range.end.saturating_sub(1) {
+            result.push(Some(logprobs[r]));
+        }
+    }
+    Ok(results)
+}
+
+/// What `score` did, for the command's summary line.
+#[derive(Debug, Clone, Copy)]
+pub struct ScoreSummary {
+    pub sequences: usize,
+    pub tokens: usize,
+    pub seconds: f64,
+}
+
+/// Reads `input`, scores every sequence, writes `output` (through a temporary file, renamed
+/// when complete, so a failed run never leaves a partial output behind).
+pub fn score_file<B: Backend>(
+    backend: &B,
+    model: &Qwen2Model<B>,
+    input: &Path,
+    output: &Path,
+    batch_tokens: usize,
+) -> Result<ScoreSummary> {
+    let started = std::time::Instant::now();
+    let sequences = read_token_sequences(input, model.config.vocab_size, model.config.max_context())?;
+    let partial = output.with_extension("partial");
+    let file = std::fs::File::create(&partial).with_context(|| format!("cannot create {}", partial.display()))?;
+    let mut writer = BufWriter::new(file);
+    score_sequences(backend, model, &sequences, batch_tokens, |_, logprobs| {
+        serde_json::to_writer(&mut writer, &serde_json::json!({ "logprobs": logprobs }))?;
+        writer.write_all(b"\n")?;
+        Ok(())
+    })?;
+    writer.flush().with_context(|| format!("cannot write {}", partial.display()))?;
+    drop(writer);
+    std::fs::rename(&partial, output).with_context(|| format!("cannot move {} to {}", partial.display(), output.display()))?;
+    Ok(ScoreSummary {
+        sequences: sequences.len(),
+        tokens: sequences.iter().map(Vec::len).sum(),
+        seconds: started.elapsed().as_secs_f64(),
+    })
+}
