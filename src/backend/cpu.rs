@@ -165,8 +165,8 @@ impl Backend for CpuBackend {
 
     fn linear(&self, x: &CpuTensor, weight: &CpuTensor, bias: Option<&CpuTensor>, out: &mut CpuTensor) -> Result<()> {
         let (k, n) = (weight.cols(), weight.rows());
-        let tokens = x.rows();
-        ensure!(x.cols() == k, "linear: x {:?} against weight {:?}", x.shape, weight.shape);
+        ensure!(k > 0 && x.data.len() % k == 0, "linear: x {:?} against weight {:?}", x.shape, weight.shape);
+        let tokens = x.data.len() / k;
         ensure!(out.data.len() == tokens * n, "linear: out {:?}, expected [{tokens}, {n}]", out.shape);
         if let Some(b) = bias {
             ensure!(b.data.len() == n, "linear: bias {:?} for {n} outputs", b.shape);

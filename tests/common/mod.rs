@@ -1,0 +1,47 @@
+//! Helpers shared by the integration tests: fixture paths and the oracle's expected outputs.
+#![allow(dead_code)]
+
+use safetensors::{Dtype, SafeTensors};
+use std::path::PathBuf;
+
+pub const FIXTURE_MODELS: [&str; 3] = ["tied-gqa4-bf16", "untied-gqa2-odd-f32", "yarn4-f16"];
+
+pub fn fixture_dir(name: &str) -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures").join(name)
+}
+
+/// One sequence of a fixture and what transformers computed for it in float64.
+pub struct Expected {
+    pub tokens: Vec<u32>,
+    /// `[len, vocab]` row-major.
+    pub logits: Vec<f64>,
+    /// `len - 1` values: log p(tokens[t] | tokens[<t]) for t >= 1.
+    pub logprobs: Vec<f64>,
+}
+
+pub fn expected(name: &str) -> Vec<Expected> {
+    let bytes = std::fs::read(fixture_dir(name).join("expected.safetensors")).unwrap();
+    let st = SafeTensors::deserialize(&bytes).unwrap();
+    let read = |key: &str, dtype: Dtype| {
+        let view = st.tensor(key).unwrap();
+        assert_eq!(view.dtype(), dtype, "{key}");
+        view.data().chunks_exact(8).map(|c| c.try_into().unwrap()).collect::<Vec<[u8; 8]>>()
+    };
+    (0..)
+        .take_while(|i| st.tensor(&format!("tokens_{i}")).is_ok())
+        .map(|i| Expected {
+            tokens: read(&format!("tokens_{i}"), Dtype::I64).into_iter().map(|b| i64::from_le_bytes(b) as u32).collect(),
+            logits: read(&format!("logits_{i}"), Dtype::F64).into_iter().map(f64::from_le_bytes).collect(),
+            logprobs: read(&format!("logprobs_{i}"), Dtype::F64).into_iter().map(f64::from_le_bytes).collect(),
+        })
+        .collect()
+}
+
+/// max |got - want| / max |want|.
+pub fn relative_error(got: &[f32], want: &[f64]) -> f64 {
+    assert_eq!(got.len(), want.len());
+    let scale = want.iter().fold(0.0f64, |m, v| m.max(v.abs()));
+    let diff = got.iter().zip(want).fold(0.0f64, |m, (g, w)| m.max((*g as f64 - w).abs()));
+    assert!(scale > 0.0, "reference is all zeros");
+    diff / scale
+}
