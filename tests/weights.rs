@@ -73,7 +73,7 @@ fn truncated_file_is_named() {
     let len = std::fs::metadata(&path).unwrap().len();
     let file = std::fs::OpenOptions::new().write(true).open(&path).unwrap();
     file.set_len(len - 1000).unwrap();
-    let e = load_error(&dir); println!("{e}"); println!("{e}");
+    let e = load_error(&dir);
     assert!(e.contains("model.safetensors") && e.contains("truncated"), "{e}");
 }
 
@@ -82,7 +82,7 @@ fn file_cut_inside_its_header_is_named() {
     let (_tmp, dir) = copy_fixture("tied-gqa4-bf16");
     let path = dir.join("model.safetensors");
     std::fs::OpenOptions::new().write(true).open(&path).unwrap().set_len(100).unwrap();
-    let e = load_error(&dir); println!("{e}"); println!("{e}");
+    let e = load_error(&dir);
     assert!(e.contains("model.safetensors") && e.contains("truncated or corrupt"), "{e}");
 }
 
@@ -93,7 +93,7 @@ fn bad_header_is_named() {
     let mut bytes = std::fs::read(&path).unwrap();
     bytes[8] = b'#'; // the header's opening brace
     std::fs::write(&path, bytes).unwrap();
-    let e = load_error(&dir); println!("{e}"); println!("{e}");
+    let e = load_error(&dir);
     assert!(e.contains("model.safetensors") && e.contains("bad header"), "{e}");
 }
 
@@ -101,7 +101,7 @@ fn bad_header_is_named() {
 fn missing_tensor_is_named() {
     let (_tmp, dir) = copy_fixture("tied-gqa4-bf16");
     rewrite(&dir, |t| t.retain(|(n, _)| n != "model.layers.1.mlp.up_proj.weight"));
-    let e = load_error(&dir); println!("{e}"); println!("{e}");
+    let e = load_error(&dir);
     assert!(e.contains("tensor model.layers.1.mlp.up_proj.weight is missing") && e.contains("model.safetensors"), "{e}");
 }
 
@@ -117,7 +117,7 @@ fn extra_tensor_is_named() {
     let mut index: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(&index_path).unwrap()).unwrap();
     index["weight_map"]["model.layers.0.self_attn.rotary_emb.inv_freq"] = "model-00002-of-00002.safetensors".into();
     std::fs::write(&index_path, index.to_string()).unwrap();
-    let e = load_error(&dir); println!("{e}"); println!("{e}");
+    let e = load_error(&dir);
     assert!(e.contains("unexpected tensor model.layers.0.self_attn.rotary_emb.inv_freq"), "{e}");
     assert!(e.contains("model-00002-of-00002.safetensors"), "{e}");
 }
@@ -129,7 +129,7 @@ fn lm_head_in_a_tied_checkpoint_is_rejected() {
         let embed = t.iter().find(|(n, _)| n == "model.embed_tokens.weight").unwrap().1.clone();
         t.push(("lm_head.weight".into(), embed));
     });
-    let e = load_error(&dir); println!("{e}"); println!("{e}");
+    let e = load_error(&dir);
     assert!(e.contains("unexpected tensor lm_head.weight") && e.contains("tie_word_embeddings"), "{e}");
 }
 
@@ -140,7 +140,7 @@ fn wrong_shape_is_named() {
         let entry = t.iter_mut().find(|(n, _)| n == "model.layers.0.self_attn.k_proj.bias").unwrap();
         entry.1 = HostTensor::from_bf16(vec![32], &[half::bf16::ONE; 32]);
     });
-    let e = load_error(&dir); println!("{e}"); println!("{e}");
+    let e = load_error(&dir);
     assert!(e.contains("model.layers.0.self_attn.k_proj.bias has shape [32]") && e.contains("[64]"), "{e}");
     assert!(e.contains("model.safetensors"), "{e}");
 }
@@ -163,7 +163,7 @@ fn wrong_dtype_is_named() {
         .collect();
     let out = safetensors::serialize(tensors, None).unwrap();
     std::fs::write(&path, out).unwrap();
-    let e = load_error(&dir); println!("{e}"); println!("{e}");
+    let e = load_error(&dir);
     assert!(e.contains("model.norm.weight has dtype I16") && e.contains("model.safetensors"), "{e}");
 }
 
@@ -171,7 +171,7 @@ fn wrong_dtype_is_named() {
 fn missing_shard_and_missing_checkpoint_are_named() {
     let (_tmp, dir) = copy_fixture("untied-gqa2-odd-f32");
     std::fs::remove_file(dir.join("model-00001-of-00002.safetensors")).unwrap();
-    let e = load_error(&dir); println!("{e}"); println!("{e}");
+    let e = load_error(&dir);
     assert!(e.contains("model-00001-of-00002.safetensors"), "{e}");
 
     let empty = tempfile::tempdir().unwrap();
@@ -186,7 +186,7 @@ fn bad_config_is_named_with_its_file() {
     let path = dir.join("config.json");
     let text = std::fs::read_to_string(&path).unwrap().replace("\"num_key_value_heads\": 1", "\"num_key_value_heads\": 3");
     std::fs::write(&path, text).unwrap();
-    let e = load_error(&dir); println!("{e}"); println!("{e}");
+    let e = load_error(&dir);
     assert!(e.contains("config.json") && e.contains("num_key_value_heads (3) does not divide num_attention_heads (4)"), "{e}");
 }
 
