@@ -4,6 +4,7 @@
 mod common;
 
 use common::{expected, fixture_dir, relative_error, FIXTURE_MODELS};
+
 use swerve::backend::cpu::CpuBackend;
 use swerve::backend::Backend;
 use swerve::model::{PackedBatch, Qwen2Model};
@@ -24,6 +25,11 @@ fn check_model(name: &str, backend: &CpuBackend) {
         println!("{name} sequence {i} ({} tokens): relative error {err:.2e}", case.tokens.len());
         assert!(err <= MAX_RELATIVE_ERROR, "{name} sequence {i}: relative error {err:.3e}");
     }
+}
+
+#[test]
+fn every_fixture_is_checked() {
+    assert_eq!(FIXTURE_MODELS, ["tied-gqa4-bf16", "untied-gqa2-odd-f32", "yarn4-f16"]);
 }
 
 #[test]

@@ -134,16 +134,22 @@ pub fn score_file<B: Backend>(
 ) -> Result<ScoreSummary> {
     let started = std::time::Instant::now();
     let sequences = read_token_sequences(input, model.config.vocab_size, model.config.max_context())?;
-    let partial = output.with_extension("partial");
+    let mut partial = output.as_os_str().to_owned();
+    partial.push(".partial");
+    let partial = std::path::PathBuf::from(partial);
     let file = std::fs::File::create(&partial).with_context(|| format!("cannot create {}", partial.display()))?;
     let mut writer = BufWriter::new(file);
-    score_sequences(backend, model, &sequences, batch_tokens, |_, logprobs| {
+    let written = score_sequences(backend, model, &sequences, batch_tokens, |_, logprobs| {
         serde_json::to_writer(&mut writer, &serde_json::json!({ "logprobs": logprobs }))?;
         writer.write_all(b"\n")?;
         Ok(())
-    })?;
-    writer.flush().with_context(|| format!("cannot write {}", partial.display()))?;
+    })
+    .and_then(|()| writer.flush().with_context(|| format!("cannot write {}", partial.display())));
     drop(writer);
+    if let Err(e) = written {
+        let _ = std::fs::remove_file(&partial);
+        return Err(e);
+    }
     std::fs::rename(&partial, output).with_context(|| format!("cannot move {} to {}", partial.display(), output.display()))?;
     Ok(ScoreSummary {
         sequences: sequences.len(),
