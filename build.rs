@@ -28,7 +28,14 @@ fn main() {
     let manifest_dir = PathBuf::from(env::var("CARGO_MANIFEST_DIR").unwrap());
     let out_dir = PathBuf::from(env::var("OUT_DIR").unwrap());
     let kernel_dir = manifest_dir.join("kernels");
-    for var in ["NVCC", "CUDA_HOME", "CUDA_PATH", "PATH", "SWERVE_REQUIRE_CUDA", "SWERVE_PTXAS_VERBOSE"] {
+    for var in [
+        "NVCC",
+        "CUDA_HOME",
+        "CUDA_PATH",
+        "PATH",
+        "SWERVE_REQUIRE_CUDA",
+        "SWERVE_PTXAS_VERBOSE",
+    ] {
         println!("cargo:rerun-if-env-changed={var}");
     }
     println!("cargo:rerun-if-changed={}", kernel_dir.display());
@@ -110,7 +117,10 @@ fn main() {
             let spilled = line.contains("bytes spill stores")
                 && !line.contains(" 0 bytes spill stores, 0 bytes spill loads");
             if spilled {
-                println!("cargo:warning=swerve: register spill in {stem}.cu {function}: {}", line.trim());
+                println!(
+                    "cargo:warning=swerve: register spill in {stem}.cu {function}: {}",
+                    line.trim()
+                );
             } else if verbose && line.contains("Used ") {
                 println!("cargo:warning=ptxas {stem}.cu {function}: {}", line.trim());
             }
@@ -147,7 +157,11 @@ fn write_kernels_rs(out_dir: &Path, compiled: bool, fatbins: &[(String, PathBuf)
     let mut rs = format!("pub const CUDA_KERNELS_COMPILED: bool = {compiled};\n");
     rs.push_str("pub static FATBINS: &[(&str, &[u8])] = &[\n");
     for (stem, path) in fatbins {
-        let _ = writeln!(rs, "    ({stem:?}, include_bytes!({:?})),", path.display().to_string());
+        let _ = writeln!(
+            rs,
+            "    ({stem:?}, include_bytes!({:?})),",
+            path.display().to_string()
+        );
     }
     rs.push_str("];\n");
     fs::write(out_dir.join("kernels.rs"), rs).unwrap();

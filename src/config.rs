@@ -72,12 +72,15 @@ impl ModelConfig {
     pub fn from_file(path: &Path) -> Result<Self> {
         let text = std::fs::read_to_string(path)
             .with_context(|| format!("cannot read model config {}", path.display()))?;
-        Self::from_json_str(&text).with_context(|| format!("invalid model config {}", path.display()))
+        Self::from_json_str(&text)
+            .with_context(|| format!("invalid model config {}", path.display()))
     }
 
     pub fn from_json_str(text: &str) -> Result<Self> {
         let value: Value = serde_json::from_str(text).context("not valid JSON")?;
-        let obj = value.as_object().ok_or_else(|| anyhow!("the top level must be a JSON object"))?;
+        let obj = value
+            .as_object()
+            .ok_or_else(|| anyhow!("the top level must be a JSON object"))?;
         let config = Self::from_json(obj)?;
         config.validate()?;
         Ok(config)
@@ -137,7 +140,9 @@ impl ModelConfig {
             tie_word_embeddings: match obj.get("tie_word_embeddings") {
                 None | Some(Value::Null) => false,
                 Some(Value::Bool(b)) => *b,
-                Some(other) => bail!("field `tie_word_embeddings` must be true or false, found {other}"),
+                Some(other) => {
+                    bail!("field `tie_word_embeddings` must be true or false, found {other}")
+                }
             },
             rope,
         })
@@ -174,13 +179,22 @@ impl ModelConfig {
             );
         }
         if self.head_dim % 2 != 0 {
-            bail!("head_dim ({}) must be even for rotary embeddings", self.head_dim);
+            bail!(
+                "head_dim ({}) must be even for rotary embeddings",
+                self.head_dim
+            );
         }
         if !(self.rms_norm_eps > 0.0 && self.rms_norm_eps.is_finite()) {
-            bail!("field `rms_norm_eps` must be a positive number, found {}", self.rms_norm_eps);
+            bail!(
+                "field `rms_norm_eps` must be a positive number, found {}",
+                self.rms_norm_eps
+            );
         }
         if !(self.rope.theta > 1.0 && self.rope.theta.is_finite()) {
-            bail!("rope_theta must be a number above 1, found {}", self.rope.theta);
+            bail!(
+                "rope_theta must be a number above 1, found {}",
+                self.rope.theta
+            );
         }
         if let RopeScaling::Yarn(yarn) = &self.rope.scaling {
             if !(yarn.factor >= 1.0 && yarn.factor.is_finite()) {
@@ -199,7 +213,8 @@ impl ModelConfig {
         match &self.rope.scaling {
             RopeScaling::None => self.max_position_embeddings,
             RopeScaling::Yarn(yarn) => {
-                let scaled = (yarn.original_max_position_embeddings as f64 * yarn.factor).floor() as usize;
+                let scaled =
+                    (yarn.original_max_position_embeddings as f64 * yarn.factor).floor() as usize;
                 scaled.max(self.max_position_embeddings)
             }
         }
@@ -230,7 +245,11 @@ impl ModelConfig {
         let attention = d * q + q + 2 * (d * kv + kv) + q * d;
         let mlp = 3 * d * self.intermediate_size;
         let layer = attention + mlp + 2 * d;
-        let lm_head = if self.tie_word_embeddings { 0 } else { self.vocab_size * d };
+        let lm_head = if self.tie_word_embeddings {
+            0
+        } else {
+            self.vocab_size * d
+        };
         self.vocab_size * d + self.num_hidden_layers * layer + d + lm_head
     }
 }
@@ -241,15 +260,22 @@ impl RopeConfig {
     pub fn inv_freq(&self, head_dim: usize) -> Vec<f64> {
         let dim = head_dim as f64;
         let base = self.theta;
-        let plain: Vec<f64> = (0..head_dim / 2).map(|i| 1.0 / base.powf((2 * i) as f64 / dim)).collect();
+        let plain: Vec<f64> = (0..head_dim / 2)
+            .map(|i| 1.0 / base.powf((2 * i) as f64 / dim))
+            .collect();
         match &self.scaling {
             RopeScaling::None => plain,
             RopeScaling::Yarn(yarn) => {
                 let correction_dim = |rotations: f64| {
-                    dim * (yarn.original_max_position_embeddings as f64 / (rotations * 2.0 * std::f64::consts::PI)).ln()
+                    dim * (yarn.original_max_position_embeddings as f64
+                        / (rotations * 2.0 * std::f64::consts::PI))
+                        .ln()
                         / (2.0 * base.ln())
                 };
-                let (mut low, mut high) = (correction_dim(yarn.beta_fast), correction_dim(yarn.beta_slow));
+                let (mut low, mut high) = (
+                    correction_dim(yarn.beta_fast),
+                    correction_dim(yarn.beta_slow),
+                );
                 if yarn.truncate {
                     low = low.floor();
                     high = high.ceil();
@@ -266,7 +292,8 @@ impl RopeConfig {
                         let ramp = ((i as f64 - low) / (high - low)).clamp(0.0, 1.0);
                         let extrapolation_weight = 1.0 - ramp;
                         let interpolation = extrapolation / yarn.factor;
-                        interpolation * (1.0 - extrapolation_weight) + extrapolation * extrapolation_weight
+                        interpolation * (1.0 - extrapolation_weight)
+                            + extrapolation * extrapolation_weight
                     })
                     .collect()
             }
@@ -292,19 +319,27 @@ fn parse_rope(obj: &Map<String, Value>, max_position_embeddings: usize) -> Resul
         (_, Some(other)) => bail!("field `rope_scaling` must be an object or null, found {other}"),
     };
     let theta = match params.and_then(|p| p.get("rope_theta")) {
-        Some(_) => f64_field(params.unwrap(), "rope_theta").with_context(|| format!("in `{where_}`"))?,
+        Some(_) => {
+            f64_field(params.unwrap(), "rope_theta").with_context(|| format!("in `{where_}`"))?
+        }
         None => match obj.get("rope_theta") {
             Some(_) => f64_field(obj, "rope_theta")?,
             None => 10000.0,
         },
     };
     let Some(params) = params else {
-        return Ok(RopeConfig { theta, scaling: RopeScaling::None });
+        return Ok(RopeConfig {
+            theta,
+            scaling: RopeScaling::None,
+        });
     };
     let rope_type = params
         .get("rope_type")
         .or_else(|| params.get("type"))
-        .map(|v| v.as_str().ok_or_else(|| anyhow!("`{where_}.rope_type` must be a string, found {v}")))
+        .map(|v| {
+            v.as_str()
+                .ok_or_else(|| anyhow!("`{where_}.rope_type` must be a string, found {v}"))
+        })
         .transpose()?
         .unwrap_or("default");
     let scaling = match rope_type {
@@ -353,7 +388,9 @@ fn parse_rope(obj: &Map<String, Value>, max_position_embeddings: usize) -> Resul
 }
 
 fn usize_field(obj: &Map<String, Value>, name: &str) -> Result<usize> {
-    let value = obj.get(name).ok_or_else(|| anyhow!("field `{name}` is missing"))?;
+    let value = obj
+        .get(name)
+        .ok_or_else(|| anyhow!("field `{name}` is missing"))?;
     value
         .as_u64()
         .and_then(|v| usize::try_from(v).ok())
@@ -361,8 +398,12 @@ fn usize_field(obj: &Map<String, Value>, name: &str) -> Result<usize> {
 }
 
 fn f64_field(obj: &Map<String, Value>, name: &str) -> Result<f64> {
-    let value = obj.get(name).ok_or_else(|| anyhow!("field `{name}` is missing"))?;
-    value.as_f64().ok_or_else(|| anyhow!("field `{name}` must be a number, found {value}"))
+    let value = obj
+        .get(name)
+        .ok_or_else(|| anyhow!("field `{name}` is missing"))?;
+    value
+        .as_f64()
+        .ok_or_else(|| anyhow!("field `{name}` must be a number, found {value}"))
 }
 
 #[cfg(test)]
@@ -384,9 +425,14 @@ mod tests {
     #[test]
     fn reads_transformers4_qwen25_with_yarn() {
         let c = ModelConfig::from_json_str(QWEN25_7B_YARN).unwrap();
-        assert_eq!((c.hidden_size, c.head_dim, c.num_key_value_heads), (3584, 128, 4));
+        assert_eq!(
+            (c.hidden_size, c.head_dim, c.num_key_value_heads),
+            (3584, 128, 4)
+        );
         assert_eq!(c.rope.theta, 1e6);
-        let RopeScaling::Yarn(y) = &c.rope.scaling else { panic!("expected yarn") };
+        let RopeScaling::Yarn(y) = &c.rope.scaling else {
+            panic!("expected yarn")
+        };
         assert_eq!((y.factor, y.original_max_position_embeddings), (4.0, 32768));
         assert!((y.attention_factor - (0.1 * 4f64.ln() + 1.0)).abs() < 1e-15);
         assert_eq!(c.max_context(), 131072);
@@ -408,7 +454,13 @@ mod tests {
             r#""rope_type": "default", "rope_theta": 5000.0"#,
         ))
         .unwrap();
-        assert_eq!(plain.rope, RopeConfig { theta: 5000.0, scaling: RopeScaling::None });
+        assert_eq!(
+            plain.rope,
+            RopeConfig {
+                theta: 5000.0,
+                scaling: RopeScaling::None
+            }
+        );
     }
 
     fn error_of(text: &str) -> String {
@@ -418,17 +470,32 @@ mod tests {
     #[test]
     fn clear_errors() {
         let e = error_of(&QWEN25_7B_YARN.replace("Qwen2ForCausalLM", "LlamaForCausalLM"));
-        assert!(e.contains("unknown architecture") && e.contains("LlamaForCausalLM"), "{e}");
-        let e = error_of(&QWEN25_7B_YARN.replace(r#""num_attention_heads": 28"#, r#""num_attention_heads": 27"#));
+        assert!(
+            e.contains("unknown architecture") && e.contains("LlamaForCausalLM"),
+            "{e}"
+        );
+        let e = error_of(&QWEN25_7B_YARN.replace(
+            r#""num_attention_heads": 28"#,
+            r#""num_attention_heads": 27"#,
+        ));
         assert!(e.contains("does not divide hidden_size"), "{e}");
-        let e = error_of(&QWEN25_7B_YARN.replace(r#""num_key_value_heads": 4"#, r#""num_key_value_heads": 3"#));
-        assert!(e.contains("num_key_value_heads (3) does not divide num_attention_heads (28)"), "{e}");
+        let e = error_of(
+            &QWEN25_7B_YARN.replace(r#""num_key_value_heads": 4"#, r#""num_key_value_heads": 3"#),
+        );
+        assert!(
+            e.contains("num_key_value_heads (3) does not divide num_attention_heads (28)"),
+            "{e}"
+        );
         let e = error_of(&QWEN25_7B_YARN.replace(r#""type": "yarn""#, r#""type": "dynamic""#));
         assert!(e.contains("unsupported rope type \"dynamic\""), "{e}");
         let e = error_of(&QWEN25_7B_YARN.replace(r#""hidden_size": 3584,"#, ""));
         assert!(e.contains("`hidden_size` is missing"), "{e}");
-        let e = error_of(&QWEN25_7B_YARN.replace(r#""vocab_size": 152064"#, r#""vocab_size": "big""#));
-        assert!(e.contains("`vocab_size` must be a non-negative integer"), "{e}");
+        let e =
+            error_of(&QWEN25_7B_YARN.replace(r#""vocab_size": 152064"#, r#""vocab_size": "big""#));
+        assert!(
+            e.contains("`vocab_size` must be a non-negative integer"),
+            "{e}"
+        );
         let e = error_of("[1, 2]");
         assert!(e.contains("JSON object"), "{e}");
         let e = error_of("{\"architectures\": [");
@@ -439,12 +506,27 @@ mod tests {
     fn local_sizes_of_72b_tp8() {
         let text = QWEN25_7B_YARN
             .replace(r#""hidden_size": 3584"#, r#""hidden_size": 8192"#)
-            .replace(r#""intermediate_size": 18944"#, r#""intermediate_size": 29568"#)
-            .replace(r#""num_attention_heads": 28"#, r#""num_attention_heads": 64"#)
+            .replace(
+                r#""intermediate_size": 18944"#,
+                r#""intermediate_size": 29568"#,
+            )
+            .replace(
+                r#""num_attention_heads": 28"#,
+                r#""num_attention_heads": 64"#,
+            )
             .replace(r#""num_key_value_heads": 4"#, r#""num_key_value_heads": 8"#);
         let c = ModelConfig::from_json_str(&text).unwrap();
         let l = c.local_sizes(8).unwrap();
-        assert_eq!((l.heads_local, l.kv_heads_local, l.intermediate_local, l.vocab_local), (8, 1, 3696, 19008));
-        assert!(format!("{}", c.local_sizes(16).unwrap_err()).contains("does not divide num_key_value_heads"));
+        assert_eq!(
+            (
+                l.heads_local,
+                l.kv_heads_local,
+                l.intermediate_local,
+                l.vocab_local
+            ),
+            (8, 1, 3696, 19008)
+        );
+        assert!(format!("{}", c.local_sizes(16).unwrap_err())
+            .contains("does not divide num_key_value_heads"));
     }
 }

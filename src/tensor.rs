@@ -42,11 +42,19 @@ pub struct HostTensor<'a> {
 
 impl<'a> HostTensor<'a> {
     pub fn from_f32(shape: Vec<usize>, values: &[f32]) -> HostTensor<'static> {
-        HostTensor { dtype: DType::F32, shape, bytes: Cow::Owned(bytemuck::cast_slice(values).to_vec()) }
+        HostTensor {
+            dtype: DType::F32,
+            shape,
+            bytes: Cow::Owned(bytemuck::cast_slice(values).to_vec()),
+        }
     }
 
     pub fn from_bf16(shape: Vec<usize>, values: &[bf16]) -> HostTensor<'static> {
-        HostTensor { dtype: DType::BF16, shape, bytes: Cow::Owned(bytemuck::cast_slice(values).to_vec()) }
+        HostTensor {
+            dtype: DType::BF16,
+            shape,
+            bytes: Cow::Owned(bytemuck::cast_slice(values).to_vec()),
+        }
     }
 
     pub fn numel(&self) -> usize {
@@ -71,18 +79,29 @@ impl<'a> HostTensor<'a> {
     pub fn to_f32_vec(&self) -> Vec<f32> {
         let b = &self.bytes;
         match self.dtype {
-            DType::F32 => b.chunks_exact(4).map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]])).collect(),
-            DType::BF16 => b.chunks_exact(2).map(|c| bf16::from_bits(u16::from_le_bytes([c[0], c[1]])).to_f32()).collect(),
-            DType::F16 => b.chunks_exact(2).map(|c| f16::from_bits(u16::from_le_bytes([c[0], c[1]])).to_f32()).collect(),
+            DType::F32 => b
+                .chunks_exact(4)
+                .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
+                .collect(),
+            DType::BF16 => b
+                .chunks_exact(2)
+                .map(|c| bf16::from_bits(u16::from_le_bytes([c[0], c[1]])).to_f32())
+                .collect(),
+            DType::F16 => b
+                .chunks_exact(2)
+                .map(|c| f16::from_bits(u16::from_le_bytes([c[0], c[1]])).to_f32())
+                .collect(),
         }
     }
 
     /// Every element rounded to bf16 (round to nearest even).
     pub fn to_bf16_vec(&self) -> Vec<bf16> {
         match self.dtype {
-            DType::BF16 => {
-                self.bytes.chunks_exact(2).map(|c| bf16::from_bits(u16::from_le_bytes([c[0], c[1]]))).collect()
-            }
+            DType::BF16 => self
+                .bytes
+                .chunks_exact(2)
+                .map(|c| bf16::from_bits(u16::from_le_bytes([c[0], c[1]])))
+                .collect(),
             _ => self.to_f32_vec().into_iter().map(bf16::from_f32).collect(),
         }
     }

@@ -14,11 +14,20 @@ use swerve::backend::cuda::CudaDevice;
 use swerve::backend::Backend;
 use swerve::bench::kernels::random_bf16;
 
-const SHAPES: [(usize, usize); 7] = [(1, 896), (7, 3584), (129, 8192), (4099, 896), (33, 100), (5, 1), (64, 1544)];
+const SHAPES: [(usize, usize); 7] = [
+    (1, 896),
+    (7, 3584),
+    (129, 8192),
+    (4099, 896),
+    (33, 100),
+    (5, 1),
+    (64, 1544),
+];
 const EPS: f32 = 1e-6;
 
 fn device() -> CudaDevice {
-    CudaDevice::open(0).expect("these tests need a CUDA GPU and a build with kernels (SWERVE_REQUIRE_CUDA=1)")
+    CudaDevice::open(0)
+        .expect("these tests need a CUDA GPU and a build with kernels (SWERVE_REQUIRE_CUDA=1)")
 }
 
 fn to_f32(v: &[bf16]) -> Vec<f32> {
@@ -45,7 +54,13 @@ fn naive_bf16(x: &[f32], w: &[f32], cols: usize) -> Vec<f32> {
 
 fn max_abs_diff(a: &[f32], b: &[f32]) -> f32 {
     assert_eq!(a.len(), b.len());
-    a.iter().zip(b).fold(0.0f32, |m, (x, y)| if x.is_nan() || y.is_nan() { f32::INFINITY } else { m.max((x - y).abs()) })
+    a.iter().zip(b).fold(0.0f32, |m, (x, y)| {
+        if x.is_nan() || y.is_nan() {
+            f32::INFINITY
+        } else {
+            m.max((x - y).abs())
+        }
+    })
 }
 
 fn cpu_reference(x: &[f32], w: &[f32], rows: usize, cols: usize) -> Vec<f32> {
@@ -67,7 +82,9 @@ fn rmsnorm_fwd_matches_cpu_reference() {
         let x = device.stream.clone_htod(&x_host).unwrap();
         let w = device.stream.clone_htod(&w_host).unwrap();
         let mut out = poisoned(&device, rows * cols);
-        device.rmsnorm_fwd(&x, &w, rows, cols, EPS, &mut out).unwrap();
+        device
+            .rmsnorm_fwd(&x, &w, rows, cols, EPS, &mut out)
+            .unwrap();
         let got = to_f32(&device.stream.clone_dtoh(&out).unwrap());
 
         let (x32, w32) = (to_f32(&x_host), to_f32(&w_host));
@@ -75,8 +92,14 @@ fn rmsnorm_fwd_matches_cpu_reference() {
         let kernel_err = max_abs_diff(&got, &reference);
         let naive_err = max_abs_diff(&naive_bf16(&x32, &w32, cols), &reference);
         println!("rmsnorm [{rows}, {cols}]: kernel error {kernel_err:.3e}, naive bf16 error {naive_err:.3e}");
-        assert!(naive_err > 0.0, "naive error is zero: inputs are degenerate");
-        assert!(kernel_err <= 2.0 * naive_err, "[{rows}, {cols}]: kernel error {kernel_err} > 2 x naive {naive_err}");
+        assert!(
+            naive_err > 0.0,
+            "naive error is zero: inputs are degenerate"
+        );
+        assert!(
+            kernel_err <= 2.0 * naive_err,
+            "[{rows}, {cols}]: kernel error {kernel_err} > 2 x naive {naive_err}"
+        );
     }
 }
 
@@ -92,13 +115,18 @@ fn add_rmsnorm_fwd_matches_cpu_reference() {
         let delta = device.stream.clone_htod(&d_host).unwrap();
         let w = device.stream.clone_htod(&w_host).unwrap();
         let mut out = poisoned(&device, rows * cols);
-        device.add_rmsnorm_fwd(&mut residual, &delta, &w, rows, cols, EPS, &mut out).unwrap();
+        device
+            .add_rmsnorm_fwd(&mut residual, &delta, &w, rows, cols, EPS, &mut out)
+            .unwrap();
         let got_residual = device.stream.clone_dtoh(&residual).unwrap();
         let got = to_f32(&device.stream.clone_dtoh(&out).unwrap());
 
         // The residual stream is bf16: the sum rounded once, bit for bit.
-        let want_residual: Vec<bf16> =
-            r_host.iter().zip(&d_host).map(|(r, d)| bf16::from_f32(r.to_f32() + d.to_f32())).collect();
+        let want_residual: Vec<bf16> = r_host
+            .iter()
+            .zip(&d_host)
+            .map(|(r, d)| bf16::from_f32(r.to_f32() + d.to_f32()))
+            .collect();
         assert_eq!(got_residual, want_residual, "[{rows}, {cols}]: residual");
 
         let (res32, w32) = (to_f32(&want_residual), to_f32(&w_host));
@@ -106,8 +134,14 @@ fn add_rmsnorm_fwd_matches_cpu_reference() {
         let kernel_err = max_abs_diff(&got, &reference);
         let naive_err = max_abs_diff(&naive_bf16(&res32, &w32, cols), &reference);
         println!("add_rmsnorm [{rows}, {cols}]: kernel error {kernel_err:.3e}, naive bf16 error {naive_err:.3e}");
-        assert!(naive_err > 0.0, "naive error is zero: inputs are degenerate");
-        assert!(kernel_err <= 2.0 * naive_err, "[{rows}, {cols}]: kernel error {kernel_err} > 2 x naive {naive_err}");
+        assert!(
+            naive_err > 0.0,
+            "naive error is zero: inputs are degenerate"
+        );
+        assert!(
+            kernel_err <= 2.0 * naive_err,
+            "[{rows}, {cols}]: kernel error {kernel_err} > 2 x naive {naive_err}"
+        );
     }
 }
 

@@ -14,22 +14,38 @@ const MAX_RELATIVE_ERROR: f64 = 1e-4;
 fn check_model(name: &str, backend: &CpuBackend) {
     let model = Qwen2Model::load(backend, &fixture_dir(name)).unwrap();
     let cases = expected(name);
-    assert!(cases.len() >= 3, "{name}: fixture has {} sequences", cases.len());
-    let batch = PackedBatch::from_sequences(&cases.iter().map(|c| c.tokens.clone()).collect::<Vec<_>>());
-    let logits = backend.to_host(&model.forward_logits(backend, &batch).unwrap()).unwrap();
+    assert!(
+        cases.len() >= 3,
+        "{name}: fixture has {} sequences",
+        cases.len()
+    );
+    let batch =
+        PackedBatch::from_sequences(&cases.iter().map(|c| c.tokens.clone()).collect::<Vec<_>>());
+    let logits = backend
+        .to_host(&model.forward_logits(backend, &batch).unwrap())
+        .unwrap();
     let vocab = model.config.vocab_size;
     for (i, case) in cases.iter().enumerate() {
         let range = batch.sequence_range(i);
         let got = &logits[range.start * vocab..range.end * vocab];
         let err = relative_error(got, &case.logits);
-        println!("{name} sequence {i} ({} tokens): relative error {err:.2e}", case.tokens.len());
-        assert!(err <= MAX_RELATIVE_ERROR, "{name} sequence {i}: relative error {err:.3e}");
+        println!(
+            "{name} sequence {i} ({} tokens): relative error {err:.2e}",
+            case.tokens.len()
+        );
+        assert!(
+            err <= MAX_RELATIVE_ERROR,
+            "{name} sequence {i}: relative error {err:.3e}"
+        );
     }
 }
 
 #[test]
 fn every_fixture_is_checked() {
-    assert_eq!(FIXTURE_MODELS, ["tied-gqa4-bf16", "untied-gqa2-odd-f32", "yarn4-f16"]);
+    assert_eq!(
+        FIXTURE_MODELS,
+        ["tied-gqa4-bf16", "untied-gqa2-odd-f32", "yarn4-f16"]
+    );
 }
 
 #[test]
@@ -46,9 +62,14 @@ fn untied_gqa2_odd_hidden_f32_sharded_matches_transformers() {
 fn yarn4_beyond_original_context_matches_transformers() {
     let name = "yarn4-f16";
     let model = Qwen2Model::load(&CpuBackend::new(), &fixture_dir(name)).unwrap();
-    let swerve::config::RopeScaling::Yarn(yarn) = &model.config.rope.scaling else { panic!("{name} is not YaRN") };
+    let swerve::config::RopeScaling::Yarn(yarn) = &model.config.rope.scaling else {
+        panic!("{name} is not YaRN")
+    };
     let longest = expected(name).iter().map(|c| c.tokens.len()).max().unwrap();
-    assert!(longest > yarn.original_max_position_embeddings, "fixture must reach past the original context");
+    assert!(
+        longest > yarn.original_max_position_embeddings,
+        "fixture must reach past the original context"
+    );
     check_model(name, &CpuBackend::new());
 }
 
@@ -64,11 +85,23 @@ fn packing_does_not_change_a_sequence() {
     let model = Qwen2Model::load(&backend, &fixture_dir("untied-gqa2-odd-f32")).unwrap();
     let cases = expected("untied-gqa2-odd-f32");
     let alone = backend
-        .to_host(&model.forward_logits(&backend, &PackedBatch::from_sequences(&[cases[1].tokens.clone()])).unwrap())
+        .to_host(
+            &model
+                .forward_logits(
+                    &backend,
+                    &PackedBatch::from_sequences(&[cases[1].tokens.clone()]),
+                )
+                .unwrap(),
+        )
         .unwrap();
-    let packed_batch =
-        PackedBatch::from_sequences(&[cases[2].tokens.clone(), cases[1].tokens.clone(), cases[0].tokens.clone()]);
-    let packed = backend.to_host(&model.forward_logits(&backend, &packed_batch).unwrap()).unwrap();
+    let packed_batch = PackedBatch::from_sequences(&[
+        cases[2].tokens.clone(),
+        cases[1].tokens.clone(),
+        cases[0].tokens.clone(),
+    ]);
+    let packed = backend
+        .to_host(&model.forward_logits(&backend, &packed_batch).unwrap())
+        .unwrap();
     let vocab = model.config.vocab_size;
     let range = packed_batch.sequence_range(1);
     assert_eq!(&packed[range.start * vocab..range.end * vocab], &alone[..]);

@@ -3,15 +3,19 @@
 
 mod common;
 
-use common::{expected, fixture_dir, relative_error, FIXTURE_MODELS};
+use common::{bin_path, expected, fixture_dir, relative_error, FIXTURE_MODELS};
 use std::process::Command;
 
-fn run_score(model: &str, input_lines: &[String], batch_tokens: usize) -> (std::process::Output, Option<String>) {
+fn run_score(
+    model: &str,
+    input_lines: &[String],
+    batch_tokens: usize,
+) -> (std::process::Output, Option<String>) {
     let tmp = tempfile::tempdir().unwrap();
     let input = tmp.path().join("in.jsonl");
     let output = tmp.path().join("out.jsonl");
     std::fs::write(&input, input_lines.join("\n") + "\n").unwrap();
-    let result = Command::new(env!("CARGO_BIN_EXE_swerve-train"))
+    let result = Command::new(bin_path("swerve-train"))
         .args(["score", "--model"])
         .arg(fixture_dir(model))
         .arg("--input")
@@ -28,11 +32,18 @@ fn run_score(model: &str, input_lines: &[String], batch_tokens: usize) -> (std::
 fn score_reproduces_the_oracle_logprobs() {
     for model in FIXTURE_MODELS {
         let cases = expected(model);
-        let lines: Vec<String> = cases.iter().map(|c| serde_json::json!({ "tokens": c.tokens }).to_string()).collect();
+        let lines: Vec<String> = cases
+            .iter()
+            .map(|c| serde_json::json!({ "tokens": c.tokens }).to_string())
+            .collect();
         // 1 token per batch (every sequence alone) and everything in one batch.
         for batch_tokens in [1, 100_000] {
             let (result, output) = run_score(model, &lines, batch_tokens);
-            assert!(result.status.success(), "{}", String::from_utf8_lossy(&result.stderr));
+            assert!(
+                result.status.success(),
+                "{}",
+                String::from_utf8_lossy(&result.stderr)
+            );
             assert!(String::from_utf8_lossy(&result.stderr).contains("backend: cpu"));
             let output = output.unwrap();
             let out_lines: Vec<&str> = output.lines().collect();
@@ -42,7 +53,10 @@ fn score_reproduces_the_oracle_logprobs() {
                 let logprobs = value["logprobs"].as_array().unwrap();
                 assert_eq!(logprobs.len(), case.tokens.len());
                 assert!(logprobs[0].is_null());
-                let got: Vec<f32> = logprobs[1..].iter().map(|v| v.as_f64().unwrap() as f32).collect();
+                let got: Vec<f32> = logprobs[1..]
+                    .iter()
+                    .map(|v| v.as_f64().unwrap() as f32)
+                    .collect();
                 if case.tokens.len() > 1 {
                     let err = relative_error(&got, &case.logprobs);
                     assert!(err <= 1e-4, "{model}: logprob relative error {err:.3e}");
@@ -54,18 +68,34 @@ fn score_reproduces_the_oracle_logprobs() {
 
 #[test]
 fn empty_and_single_token_sequences_keep_their_lines() {
-    let lines = vec![r#"{"tokens": []}"#.to_string(), r#"{"tokens": [5], "id": "x"}"#.to_string()];
+    let lines = vec![
+        r#"{"tokens": []}"#.to_string(),
+        r#"{"tokens": [5], "id": "x"}"#.to_string(),
+    ];
     let (result, output) = run_score("tied-gqa4-bf16", &lines, 64);
-    assert!(result.status.success(), "{}", String::from_utf8_lossy(&result.stderr));
-    assert_eq!(output.unwrap(), "{\"logprobs\":[]}\n{\"logprobs\":[null]}\n");
+    assert!(
+        result.status.success(),
+        "{}",
+        String::from_utf8_lossy(&result.stderr)
+    );
+    assert_eq!(
+        output.unwrap(),
+        "{\"logprobs\":[]}\n{\"logprobs\":[null]}\n"
+    );
 }
 
 #[test]
 fn bad_lines_are_named_and_nothing_is_written() {
     for (line, message) in [
-        (r#"{"tokens": [1, 2, 320]}"#, "in.jsonl:2: tokens[2] = 320 is not a token id below the vocabulary size 320"),
+        (
+            r#"{"tokens": [1, 2, 320]}"#,
+            "in.jsonl:2: tokens[2] = 320 is not a token id below the vocabulary size 320",
+        ),
         (r#"{"tokens": [1, -2]}"#, "in.jsonl:2: tokens[1] = -2"),
-        (r#"{"text": "hello"}"#, "in.jsonl:2: expected an object with a `tokens` array"),
+        (
+            r#"{"text": "hello"}"#,
+            "in.jsonl:2: expected an object with a `tokens` array",
+        ),
         (r#"{"tokens": [1, 2"#, "in.jsonl:2: not valid JSON"),
         ("", "in.jsonl:2: empty line"),
     ] {
@@ -85,7 +115,10 @@ fn sequence_longer_than_the_context_is_refused() {
     let lines = vec![serde_json::json!({ "tokens": tokens }).to_string()];
     let (result, _) = run_score("untied-gqa2-odd-f32", &lines, 64);
     let stderr = String::from_utf8_lossy(&result.stderr);
-    assert!(stderr.contains("in.jsonl:1: 129 tokens exceed the model's context of 64"), "{stderr}");
+    assert!(
+        stderr.contains("in.jsonl:1: 129 tokens exceed the model's context of 64"),
+        "{stderr}"
+    );
 }
 
 #[test]

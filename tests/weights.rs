@@ -45,7 +45,14 @@ fn rewrite(dir: &Path, edit: impl FnOnce(&mut Vec<(String, HostTensor<'static>)>
                 safetensors::Dtype::F32 => DType::F32,
                 other => panic!("{other:?}"),
             };
-            (name, HostTensor { dtype, shape: view.shape().to_vec(), bytes: view.data().to_vec().into() })
+            (
+                name,
+                HostTensor {
+                    dtype,
+                    shape: view.shape().to_vec(),
+                    bytes: view.data().to_vec().into(),
+                },
+            )
         })
         .collect();
     edit(&mut tensors);
@@ -62,7 +69,10 @@ fn every_fixture_loads_with_exactly_the_expected_tensors() {
         checkpoint.qwen2_params(&config, &local).unwrap();
         let expected = swerve::model::Qwen2Params::<()>::expected_tensors(&config, &local);
         assert_eq!(checkpoint.tensor_names().count(), expected.len(), "{name}");
-        assert_eq!(expected.iter().any(|(n, _)| n == "lm_head.weight"), !config.tie_word_embeddings);
+        assert_eq!(
+            expected.iter().any(|(n, _)| n == "lm_head.weight"),
+            !config.tie_word_embeddings
+        );
     }
 }
 
@@ -74,16 +84,27 @@ fn truncated_file_is_named() {
     let file = std::fs::OpenOptions::new().write(true).open(&path).unwrap();
     file.set_len(len - 1000).unwrap();
     let e = load_error(&dir);
-    assert!(e.contains("model.safetensors") && e.contains("truncated"), "{e}");
+    assert!(
+        e.contains("model.safetensors") && e.contains("truncated"),
+        "{e}"
+    );
 }
 
 #[test]
 fn file_cut_inside_its_header_is_named() {
     let (_tmp, dir) = copy_fixture("tied-gqa4-bf16");
     let path = dir.join("model.safetensors");
-    std::fs::OpenOptions::new().write(true).open(&path).unwrap().set_len(100).unwrap();
+    std::fs::OpenOptions::new()
+        .write(true)
+        .open(&path)
+        .unwrap()
+        .set_len(100)
+        .unwrap();
     let e = load_error(&dir);
-    assert!(e.contains("model.safetensors") && e.contains("truncated or corrupt"), "{e}");
+    assert!(
+        e.contains("model.safetensors") && e.contains("truncated or corrupt"),
+        "{e}"
+    );
 }
 
 #[test]
@@ -94,15 +115,24 @@ fn bad_header_is_named() {
     bytes[8] = b'#'; // the header's opening brace
     std::fs::write(&path, bytes).unwrap();
     let e = load_error(&dir);
-    assert!(e.contains("model.safetensors") && e.contains("bad header"), "{e}");
+    assert!(
+        e.contains("model.safetensors") && e.contains("bad header"),
+        "{e}"
+    );
 }
 
 #[test]
 fn missing_tensor_is_named() {
     let (_tmp, dir) = copy_fixture("tied-gqa4-bf16");
-    rewrite(&dir, |t| t.retain(|(n, _)| n != "model.layers.1.mlp.up_proj.weight"));
+    rewrite(&dir, |t| {
+        t.retain(|(n, _)| n != "model.layers.1.mlp.up_proj.weight")
+    });
     let e = load_error(&dir);
-    assert!(e.contains("tensor model.layers.1.mlp.up_proj.weight is missing") && e.contains("model.safetensors"), "{e}");
+    assert!(
+        e.contains("tensor model.layers.1.mlp.up_proj.weight is missing")
+            && e.contains("model.safetensors"),
+        "{e}"
+    );
 }
 
 #[test]
@@ -111,14 +141,24 @@ fn extra_tensor_is_named() {
     // Sharded: add an unexpected tensor to a shard and list it in the index.
     let shard = dir.join("model-00002-of-00002.safetensors");
     std::fs::rename(&shard, dir.join("model.safetensors")).unwrap();
-    rewrite(&dir, |t| t.push(("model.layers.0.self_attn.rotary_emb.inv_freq".into(), HostTensor::from_f32(vec![8], &[1.0; 8]))));
+    rewrite(&dir, |t| {
+        t.push((
+            "model.layers.0.self_attn.rotary_emb.inv_freq".into(),
+            HostTensor::from_f32(vec![8], &[1.0; 8]),
+        ))
+    });
     std::fs::rename(dir.join("model.safetensors"), &shard).unwrap();
     let index_path = dir.join("model.safetensors.index.json");
-    let mut index: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(&index_path).unwrap()).unwrap();
-    index["weight_map"]["model.layers.0.self_attn.rotary_emb.inv_freq"] = "model-00002-of-00002.safetensors".into();
+    let mut index: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&index_path).unwrap()).unwrap();
+    index["weight_map"]["model.layers.0.self_attn.rotary_emb.inv_freq"] =
+        "model-00002-of-00002.safetensors".into();
     std::fs::write(&index_path, index.to_string()).unwrap();
     let e = load_error(&dir);
-    assert!(e.contains("unexpected tensor model.layers.0.self_attn.rotary_emb.inv_freq"), "{e}");
+    assert!(
+        e.contains("unexpected tensor model.layers.0.self_attn.rotary_emb.inv_freq"),
+        "{e}"
+    );
     assert!(e.contains("model-00002-of-00002.safetensors"), "{e}");
 }
 
@@ -126,22 +166,36 @@ fn extra_tensor_is_named() {
 fn lm_head_in_a_tied_checkpoint_is_rejected() {
     let (_tmp, dir) = copy_fixture("tied-gqa4-bf16");
     rewrite(&dir, |t| {
-        let embed = t.iter().find(|(n, _)| n == "model.embed_tokens.weight").unwrap().1.clone();
+        let embed = t
+            .iter()
+            .find(|(n, _)| n == "model.embed_tokens.weight")
+            .unwrap()
+            .1
+            .clone();
         t.push(("lm_head.weight".into(), embed));
     });
     let e = load_error(&dir);
-    assert!(e.contains("unexpected tensor lm_head.weight") && e.contains("tie_word_embeddings"), "{e}");
+    assert!(
+        e.contains("unexpected tensor lm_head.weight") && e.contains("tie_word_embeddings"),
+        "{e}"
+    );
 }
 
 #[test]
 fn wrong_shape_is_named() {
     let (_tmp, dir) = copy_fixture("tied-gqa4-bf16");
     rewrite(&dir, |t| {
-        let entry = t.iter_mut().find(|(n, _)| n == "model.layers.0.self_attn.k_proj.bias").unwrap();
+        let entry = t
+            .iter_mut()
+            .find(|(n, _)| n == "model.layers.0.self_attn.k_proj.bias")
+            .unwrap();
         entry.1 = HostTensor::from_bf16(vec![32], &[half::bf16::ONE; 32]);
     });
     let e = load_error(&dir);
-    assert!(e.contains("model.layers.0.self_attn.k_proj.bias has shape [32]") && e.contains("[64]"), "{e}");
+    assert!(
+        e.contains("model.layers.0.self_attn.k_proj.bias has shape [32]") && e.contains("[64]"),
+        "{e}"
+    );
     assert!(e.contains("model.safetensors"), "{e}");
 }
 
@@ -156,15 +210,24 @@ fn wrong_dtype_is_named() {
         .tensors()
         .into_iter()
         .map(|(name, view)| {
-            let dtype = if name == "model.norm.weight" { safetensors::Dtype::I16 } else { view.dtype() };
-            let view = safetensors::tensor::TensorView::new(dtype, view.shape().to_vec(), view.data()).unwrap();
+            let dtype = if name == "model.norm.weight" {
+                safetensors::Dtype::I16
+            } else {
+                view.dtype()
+            };
+            let view =
+                safetensors::tensor::TensorView::new(dtype, view.shape().to_vec(), view.data())
+                    .unwrap();
             (name, view)
         })
         .collect();
     let out = safetensors::serialize(tensors, None).unwrap();
     std::fs::write(&path, out).unwrap();
     let e = load_error(&dir);
-    assert!(e.contains("model.norm.weight has dtype I16") && e.contains("model.safetensors"), "{e}");
+    assert!(
+        e.contains("model.norm.weight has dtype I16") && e.contains("model.safetensors"),
+        "{e}"
+    );
 }
 
 #[test]
@@ -175,19 +238,32 @@ fn missing_shard_and_missing_checkpoint_are_named() {
     assert!(e.contains("model-00001-of-00002.safetensors"), "{e}");
 
     let empty = tempfile::tempdir().unwrap();
-    std::fs::copy(fixture_dir("tied-gqa4-bf16").join("config.json"), empty.path().join("config.json")).unwrap();
+    std::fs::copy(
+        fixture_dir("tied-gqa4-bf16").join("config.json"),
+        empty.path().join("config.json"),
+    )
+    .unwrap();
     let e = load_error(empty.path());
-    assert!(e.contains("no checkpoint in") && e.contains("model.safetensors.index.json"), "{e}");
+    assert!(
+        e.contains("no checkpoint in") && e.contains("model.safetensors.index.json"),
+        "{e}"
+    );
 }
 
 #[test]
 fn bad_config_is_named_with_its_file() {
     let (_tmp, dir) = copy_fixture("tied-gqa4-bf16");
     let path = dir.join("config.json");
-    let text = std::fs::read_to_string(&path).unwrap().replace("\"num_key_value_heads\": 1", "\"num_key_value_heads\": 3");
+    let text = std::fs::read_to_string(&path)
+        .unwrap()
+        .replace("\"num_key_value_heads\": 1", "\"num_key_value_heads\": 3");
     std::fs::write(&path, text).unwrap();
     let e = load_error(&dir);
-    assert!(e.contains("config.json") && e.contains("num_key_value_heads (3) does not divide num_attention_heads (4)"), "{e}");
+    assert!(
+        e.contains("config.json")
+            && e.contains("num_key_value_heads (3) does not divide num_attention_heads (4)"),
+        "{e}"
+    );
 }
 
 #[test]
@@ -198,7 +274,9 @@ fn bf16_f16_and_f32_checkpoints_all_load() {
             let dir = fixture_dir(name);
             let config = ModelConfig::from_dir(&dir).unwrap();
             let checkpoint = Checkpoint::open(&dir).unwrap();
-            let params = checkpoint.qwen2_params(&config, &config.local_sizes(1).unwrap()).unwrap();
+            let params = checkpoint
+                .qwen2_params(&config, &config.local_sizes(1).unwrap())
+                .unwrap();
             params.embed_tokens.dtype
         })
         .collect();

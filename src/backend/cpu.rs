@@ -16,7 +16,12 @@ pub struct CpuTensor {
 
 impl CpuTensor {
     pub fn new(shape: Vec<usize>, data: Vec<f32>) -> Self {
-        assert_eq!(shape.iter().product::<usize>(), data.len(), "shape {shape:?} vs {} values", data.len());
+        assert_eq!(
+            shape.iter().product::<usize>(),
+            data.len(),
+            "shape {shape:?} vs {} values",
+            data.len()
+        );
         Self { shape, data }
     }
 
@@ -43,17 +48,28 @@ impl Default for CpuBackend {
 
 impl CpuBackend {
     pub fn new() -> Self {
-        Self { threads: std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1) }
+        Self {
+            threads: std::thread::available_parallelism()
+                .map(|n| n.get())
+                .unwrap_or(1),
+        }
     }
 
     pub fn with_threads(threads: usize) -> Self {
-        Self { threads: threads.max(1) }
+        Self {
+            threads: threads.max(1),
+        }
     }
 }
 
 /// Runs `work(first_row, rows_chunk)` over `data` split into `threads` contiguous row chunks.
-fn par_rows(threads: usize, data: &mut [f32], row_len: usize, work: impl Fn(usize, &mut [f32]) + Sync) {
-    let rows = if row_len == 0 { 0 } else { data.len() / row_len };
+fn par_rows(
+    threads: usize,
+    data: &mut [f32],
+    row_len: usize,
+    work: impl Fn(usize, &mut [f32]) + Sync,
+) {
+    let rows = data.len().checked_div(row_len).unwrap_or(0);
     let per_thread = rows.div_ceil(threads.max(1)).max(1);
     if threads <= 1 || rows <= 1 {
         work(0, data);
@@ -106,7 +122,10 @@ impl Backend for CpuBackend {
     }
 
     fn zeros(&self, shape: &[usize]) -> Result<CpuTensor> {
-        Ok(CpuTensor::new(shape.to_vec(), vec![0.0; shape.iter().product()]))
+        Ok(CpuTensor::new(
+            shape.to_vec(),
+            vec![0.0; shape.iter().product()],
+        ))
     }
 
     fn to_host(&self, tensor: &CpuTensor) -> Result<Vec<f32>> {
@@ -119,17 +138,28 @@ impl Backend for CpuBackend {
 
     fn slice_rows(&self, tensor: &CpuTensor, range: std::ops::Range<usize>) -> Result<CpuTensor> {
         let rows = *tensor.shape.first().unwrap_or(&0);
-        ensure!(range.start <= range.end && range.end <= rows, "slice_rows: {range:?} of {rows} rows");
+        ensure!(
+            range.start <= range.end && range.end <= rows,
+            "slice_rows: {range:?} of {rows} rows"
+        );
         let row_len = tensor.data.len() / rows.max(1);
         let mut shape = tensor.shape.clone();
         shape[0] = range.len();
-        Ok(CpuTensor::new(shape, tensor.data[range.start * row_len..range.end * row_len].to_vec()))
+        Ok(CpuTensor::new(
+            shape,
+            tensor.data[range.start * row_len..range.end * row_len].to_vec(),
+        ))
     }
 
     fn embedding(&self, table: &CpuTensor, ids: &[u32], out: &mut CpuTensor) -> Result<()> {
         let d = table.cols();
         let vocab = table.rows();
-        ensure!(out.data.len() == ids.len() * d, "embedding: out {:?} for {} ids of width {d}", out.shape, ids.len());
+        ensure!(
+            out.data.len() == ids.len() * d,
+            "embedding: out {:?} for {} ids of width {d}",
+            out.shape,
+            ids.len()
+        );
         for (row, &id) in out.data.chunks_exact_mut(d).zip(ids) {
             if id as usize >= vocab {
                 bail!("token id {id} is outside the embedding table of {vocab} rows");
@@ -139,9 +169,20 @@ impl Backend for CpuBackend {
         Ok(())
     }
 
-    fn rmsnorm(&self, x: &CpuTensor, weight: &CpuTensor, eps: f32, out: &mut CpuTensor) -> Result<()> {
+    fn rmsnorm(
+        &self,
+        x: &CpuTensor,
+        weight: &CpuTensor,
+        eps: f32,
+        out: &mut CpuTensor,
+    ) -> Result<()> {
         let d = weight.data.len();
-        ensure!(x.cols() == d && out.data.len() == x.data.len(), "rmsnorm: x {:?}, weight {:?}", x.shape, weight.shape);
+        ensure!(
+            x.cols() == d && out.data.len() == x.data.len(),
+            "rmsnorm: x {:?}, weight {:?}",
+            x.shape,
+            weight.shape
+        );
         for (xr, or) in x.data.chunks_exact(d).zip(out.data.chunks_exact_mut(d)) {
             rmsnorm_row(xr, &weight.data, eps, or);
         }
@@ -156,20 +197,44 @@ impl Backend for CpuBackend {
         eps: f32,
         out: &mut CpuTensor,
     ) -> Result<()> {
-        ensure!(residual.data.len() == delta.data.len(), "add_rmsnorm: residual {:?} vs delta {:?}", residual.shape, delta.shape);
+        ensure!(
+            residual.data.len() == delta.data.len(),
+            "add_rmsnorm: residual {:?} vs delta {:?}",
+            residual.shape,
+            delta.shape
+        );
         for (r, &d) in residual.data.iter_mut().zip(&delta.data) {
             *r += d;
         }
         self.rmsnorm(residual, weight, eps, out)
     }
 
-    fn linear(&self, x: &CpuTensor, weight: &CpuTensor, bias: Option<&CpuTensor>, out: &mut CpuTensor) -> Result<()> {
+    fn linear(
+        &self,
+        x: &CpuTensor,
+        weight: &CpuTensor,
+        bias: Option<&CpuTensor>,
+        out: &mut CpuTensor,
+    ) -> Result<()> {
         let (k, n) = (weight.cols(), weight.rows());
-        ensure!(k > 0 && x.data.len() % k == 0, "linear: x {:?} against weight {:?}", x.shape, weight.shape);
+        ensure!(
+            k > 0 && x.data.len() % k == 0,
+            "linear: x {:?} against weight {:?}",
+            x.shape,
+            weight.shape
+        );
         let tokens = x.data.len() / k;
-        ensure!(out.data.len() == tokens * n, "linear: out {:?}, expected [{tokens}, {n}]", out.shape);
+        ensure!(
+            out.data.len() == tokens * n,
+            "linear: out {:?}, expected [{tokens}, {n}]",
+            out.shape
+        );
         if let Some(b) = bias {
-            ensure!(b.data.len() == n, "linear: bias {:?} for {n} outputs", b.shape);
+            ensure!(
+                b.data.len() == n,
+                "linear: bias {:?} for {n} outputs",
+                b.shape
+            );
         }
         // Tokens in blocks that stay in cache while every weight row streams past them once.
         const TOKEN_BLOCK: usize = 32;
@@ -192,24 +257,47 @@ impl Backend for CpuBackend {
         Ok(())
     }
 
-    fn rope(&self, q: &mut CpuTensor, k: &mut CpuTensor, positions: &[u32], rotary: &Rotary) -> Result<()> {
+    fn rope(
+        &self,
+        q: &mut CpuTensor,
+        k: &mut CpuTensor,
+        positions: &[u32],
+        rotary: &Rotary,
+    ) -> Result<()> {
         let head_dim = q.cols();
         let half = head_dim / 2;
-        ensure!(rotary.inv_freq.len() == half, "rope: {} frequencies for head_dim {head_dim}", rotary.inv_freq.len());
-        ensure!(k.cols() == head_dim, "rope: q head_dim {head_dim}, k {:?}", k.shape);
+        ensure!(
+            rotary.inv_freq.len() == half,
+            "rope: {} frequencies for head_dim {head_dim}",
+            rotary.inv_freq.len()
+        );
+        ensure!(
+            k.cols() == head_dim,
+            "rope: q head_dim {head_dim}, k {:?}",
+            k.shape
+        );
         for x in [q, k] {
             let rows_per_token = x.data.len() / head_dim / positions.len().max(1);
-            ensure!(x.data.len() == positions.len() * rows_per_token * head_dim, "rope: {:?} for {} positions", x.shape, positions.len());
+            ensure!(
+                x.data.len() == positions.len() * rows_per_token * head_dim,
+                "rope: {:?} for {} positions",
+                x.shape,
+                positions.len()
+            );
             for (t, &pos) in positions.iter().enumerate() {
                 let (cos, sin): (Vec<f32>, Vec<f32>) = rotary
                     .inv_freq
                     .iter()
                     .map(|&f| {
                         let angle = pos as f64 * f;
-                        ((angle.cos() * rotary.attention_scaling) as f32, (angle.sin() * rotary.attention_scaling) as f32)
+                        (
+                            (angle.cos() * rotary.attention_scaling) as f32,
+                            (angle.sin() * rotary.attention_scaling) as f32,
+                        )
                     })
                     .unzip();
-                let token = &mut x.data[t * rows_per_token * head_dim..(t + 1) * rows_per_token * head_dim];
+                let token =
+                    &mut x.data[t * rows_per_token * head_dim..(t + 1) * rows_per_token * head_dim];
                 for head in token.chunks_exact_mut(head_dim) {
                     let (a, b) = head.split_at_mut(half);
                     for i in 0..half {
@@ -234,50 +322,80 @@ impl Backend for CpuBackend {
     ) -> Result<()> {
         let head_dim = q.cols();
         let tokens = *cu_seqlens.last().unwrap_or(&0) as usize;
-        ensure!(tokens > 0 && q.data.len() % (tokens * head_dim) == 0, "attention: q {:?} for {tokens} tokens", q.shape);
+        ensure!(
+            tokens > 0 && q.data.len() % (tokens * head_dim) == 0,
+            "attention: q {:?} for {tokens} tokens",
+            q.shape
+        );
         let heads = q.data.len() / (tokens * head_dim);
         let kv_heads = k.data.len() / (tokens * head_dim);
-        ensure!(kv_heads > 0 && heads % kv_heads == 0, "attention: {heads} heads over {kv_heads} kv heads");
-        ensure!(v.data.len() == k.data.len() && out.data.len() == q.data.len(), "attention: v {:?}, out {:?}", v.shape, out.shape);
-        ensure!(cu_seqlens[0] == 0 && cu_seqlens.windows(2).all(|w| w[0] <= w[1]), "attention: cu_seqlens must rise from 0");
+        ensure!(
+            kv_heads > 0 && heads % kv_heads == 0,
+            "attention: {heads} heads over {kv_heads} kv heads"
+        );
+        ensure!(
+            v.data.len() == k.data.len() && out.data.len() == q.data.len(),
+            "attention: v {:?}, out {:?}",
+            v.shape,
+            out.shape
+        );
+        ensure!(
+            cu_seqlens[0] == 0 && cu_seqlens.windows(2).all(|w| w[0] <= w[1]),
+            "attention: cu_seqlens must rise from 0"
+        );
         let group = heads / kv_heads;
         // Each token's output row [heads, head_dim] is computed by the thread owning that token.
-        par_rows(self.threads, &mut out.data, heads * head_dim, |first_token, out_rows| {
-            let mut scores = Vec::new();
-            for (i, out_row) in out_rows.chunks_exact_mut(heads * head_dim).enumerate() {
-                let t = first_token + i;
-                let seq = cu_seqlens.partition_point(|&start| start as usize <= t) - 1;
-                let seq_start = cu_seqlens[seq] as usize;
-                for h in 0..heads {
-                    let kvh = h / group;
-                    let q_row = &q.data[(t * heads + h) * head_dim..][..head_dim];
-                    scores.clear();
-                    scores.extend((seq_start..=t).map(|j| dot(q_row, &k.data[(j * kv_heads + kvh) * head_dim..][..head_dim]) * softmax_scale));
-                    let max = scores.iter().copied().fold(f32::NEG_INFINITY, f32::max);
-                    let mut sum = 0.0f32;
-                    for s in scores.iter_mut() {
-                        *s = (*s - max).exp();
-                        sum += *s;
-                    }
-                    let o = &mut out_row[h * head_dim..(h + 1) * head_dim];
-                    o.fill(0.0);
-                    for (j, &p) in (seq_start..=t).zip(scores.iter()) {
-                        let v_row = &v.data[(j * kv_heads + kvh) * head_dim..][..head_dim];
-                        for (od, &vd) in o.iter_mut().zip(v_row) {
-                            *od += p * vd;
+        par_rows(
+            self.threads,
+            &mut out.data,
+            heads * head_dim,
+            |first_token, out_rows| {
+                let mut scores = Vec::new();
+                for (i, out_row) in out_rows.chunks_exact_mut(heads * head_dim).enumerate() {
+                    let t = first_token + i;
+                    let seq = cu_seqlens.partition_point(|&start| start as usize <= t) - 1;
+                    let seq_start = cu_seqlens[seq] as usize;
+                    for h in 0..heads {
+                        let kvh = h / group;
+                        let q_row = &q.data[(t * heads + h) * head_dim..][..head_dim];
+                        scores.clear();
+                        scores.extend((seq_start..=t).map(|j| {
+                            dot(
+                                q_row,
+                                &k.data[(j * kv_heads + kvh) * head_dim..][..head_dim],
+                            ) * softmax_scale
+                        }));
+                        let max = scores.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+                        let mut sum = 0.0f32;
+                        for s in scores.iter_mut() {
+                            *s = (*s - max).exp();
+                            sum += *s;
+                        }
+                        let o = &mut out_row[h * head_dim..(h + 1) * head_dim];
+                        o.fill(0.0);
+                        for (j, &p) in (seq_start..=t).zip(scores.iter()) {
+                            let v_row = &v.data[(j * kv_heads + kvh) * head_dim..][..head_dim];
+                            for (od, &vd) in o.iter_mut().zip(v_row) {
+                                *od += p * vd;
+                            }
+                        }
+                        for od in o.iter_mut() {
+                            *od /= sum;
                         }
                     }
-                    for od in o.iter_mut() {
-                        *od /= sum;
-                    }
                 }
-            }
-        });
+            },
+        );
         Ok(())
     }
 
     fn swiglu(&self, gate: &CpuTensor, up: &CpuTensor, out: &mut CpuTensor) -> Result<()> {
-        ensure!(gate.data.len() == up.data.len() && out.data.len() == up.data.len(), "swiglu: gate {:?}, up {:?}", gate.shape, up.shape);
+        ensure!(
+            gate.data.len() == up.data.len() && out.data.len() == up.data.len(),
+            "swiglu: gate {:?}, up {:?}",
+            gate.shape,
+            up.shape
+        );
         for ((o, &g), &u) in out.data.iter_mut().zip(&gate.data).zip(&up.data) {
             *o = g / (1.0 + (-g).exp()) * u;
         }
@@ -286,7 +404,12 @@ impl Backend for CpuBackend {
 
     fn token_logprobs(&self, logits: &CpuTensor, targets: &[u32]) -> Result<Vec<f32>> {
         let vocab = logits.cols();
-        ensure!(logits.rows() == targets.len(), "token_logprobs: {} rows for {} targets", logits.rows(), targets.len());
+        ensure!(
+            logits.rows() == targets.len(),
+            "token_logprobs: {} rows for {} targets",
+            logits.rows(),
+            targets.len()
+        );
         logits
             .data
             .chunks_exact(vocab)

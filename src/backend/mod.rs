@@ -37,12 +37,22 @@ pub trait Backend {
     fn to_host(&self, tensor: &Self::Tensor) -> Result<Vec<f32>>;
     fn shape<'t>(&self, tensor: &'t Self::Tensor) -> &'t [usize];
     /// A copy of rows `range` of a tensor (first dimension).
-    fn slice_rows(&self, tensor: &Self::Tensor, range: std::ops::Range<usize>) -> Result<Self::Tensor>;
+    fn slice_rows(
+        &self,
+        tensor: &Self::Tensor,
+        range: std::ops::Range<usize>,
+    ) -> Result<Self::Tensor>;
 
     /// `out[t] = table[ids[t]]`; `table: [vocab, d]`, `out: [T, d]`.
     fn embedding(&self, table: &Self::Tensor, ids: &[u32], out: &mut Self::Tensor) -> Result<()>;
     /// `out = x * rsqrt(mean(x^2) + eps) * weight`, row by row.
-    fn rmsnorm(&self, x: &Self::Tensor, weight: &Self::Tensor, eps: f32, out: &mut Self::Tensor) -> Result<()>;
+    fn rmsnorm(
+        &self,
+        x: &Self::Tensor,
+        weight: &Self::Tensor,
+        eps: f32,
+        out: &mut Self::Tensor,
+    ) -> Result<()>;
     /// `residual += delta; out = rmsnorm(residual) * weight`.
     fn add_rmsnorm(
         &self,
@@ -62,7 +72,13 @@ pub trait Backend {
     ) -> Result<()>;
     /// Rotates `q: [T, heads, head_dim]` and `k: [T, kv_heads, head_dim]` in place (HF's
     /// rotate-half pairing `(i, i + head_dim/2)`), cos and sin multiplied by the attention scaling.
-    fn rope(&self, q: &mut Self::Tensor, k: &mut Self::Tensor, positions: &[u32], rotary: &Rotary) -> Result<()>;
+    fn rope(
+        &self,
+        q: &mut Self::Tensor,
+        k: &mut Self::Tensor,
+        positions: &[u32],
+        rotary: &Rotary,
+    ) -> Result<()>;
     /// Causal GQA attention within each packed sequence. `q, out: [T, heads, head_dim]`,
     /// `k, v: [T, kv_heads, head_dim]`; query head `h` reads kv head `h / (heads / kv_heads)`.
     fn attention(

@@ -24,9 +24,13 @@ pub fn time_ms(device: &CudaDevice, reps: usize, mut f: impl FnMut() -> Result<(
     f()?;
     let mut times = Vec::with_capacity(reps);
     for _ in 0..reps {
-        let start = device.stream.record_event(Some(CUevent_flags::CU_EVENT_DEFAULT))?;
+        let start = device
+            .stream
+            .record_event(Some(CUevent_flags::CU_EVENT_DEFAULT))?;
         f()?;
-        let end = device.stream.record_event(Some(CUevent_flags::CU_EVENT_DEFAULT))?;
+        let end = device
+            .stream
+            .record_event(Some(CUevent_flags::CU_EVENT_DEFAULT))?;
         end.synchronize()?;
         times.push(start.elapsed_ms(&end)? as f64);
     }
@@ -39,7 +43,9 @@ pub fn copy_bandwidth(device: &CudaDevice) -> Result<f64> {
     let elements = 1usize << 29; // 1 GiB of bf16
     let src: CudaSlice<bf16> = device.stream.alloc_zeros(elements)?;
     let mut dst: CudaSlice<bf16> = device.stream.alloc_zeros(elements)?;
-    let ms = time_ms(device, 20, || Ok(device.stream.memcpy_dtod(&src, &mut dst)?))?;
+    let ms = time_ms(device, 20, || {
+        Ok(device.stream.memcpy_dtod(&src, &mut dst)?)
+    })?;
     Ok(2.0 * (elements * 2) as f64 / (ms * 1e-3) / 1e9)
 }
 
@@ -57,14 +63,21 @@ pub fn random_bf16(n: usize, seed: u64, scale: f32) -> Vec<bf16> {
 }
 
 /// RMSNorm forward at `[rows, cols]`: time, bandwidth, and error against the CPU reference.
-pub fn rmsnorm(device: &CudaDevice, rows: usize, cols: usize, copy_gb_per_s: f64) -> Result<KernelRow> {
+pub fn rmsnorm(
+    device: &CudaDevice,
+    rows: usize,
+    cols: usize,
+    copy_gb_per_s: f64,
+) -> Result<KernelRow> {
     let eps = 1e-6f32;
     let x_host = random_bf16(rows * cols, 1, 4.0);
     let w_host = random_bf16(cols, 2, 1.0);
     let x = device.stream.clone_htod(&x_host)?;
     let w = device.stream.clone_htod(&w_host)?;
     let mut out: CudaSlice<bf16> = device.stream.alloc_zeros(rows * cols)?;
-    let ms = time_ms(device, 50, || device.rmsnorm_fwd(&x, &w, rows, cols, eps, &mut out))?;
+    let ms = time_ms(device, 50, || {
+        device.rmsnorm_fwd(&x, &w, rows, cols, eps, &mut out)
+    })?;
     let got = device.stream.clone_dtoh(&out)?;
 
     let mut max_abs_error = 0.0f32;
@@ -74,10 +87,14 @@ pub fn rmsnorm(device: &CudaDevice, rows: usize, cols: usize, copy_gb_per_s: f64
         let mean_sq = x32.iter().map(|&v| v as f64 * v as f64).sum::<f64>() / cols as f64;
         let inv = 1.0 / (mean_sq + eps as f64).sqrt();
         for ((&xv, &wv), g) in x32.iter().zip(&w32).zip(got_row) {
-            max_abs_error = max_abs_error.max(((xv as f64 * inv * wv as f64) as f32 - g.to_f32()).abs());
+            max_abs_error =
+                max_abs_error.max(((xv as f64 * inv * wv as f64) as f32 - g.to_f32()).abs());
         }
     }
-    ensure!(max_abs_error.is_finite(), "rmsnorm produced non-finite values");
+    ensure!(
+        max_abs_error.is_finite(),
+        "rmsnorm produced non-finite values"
+    );
     let bytes = (2 * rows * cols + cols) * 2;
     let gb_per_s = bytes as f64 / (ms * 1e-3) / 1e9;
     Ok(KernelRow {
@@ -92,7 +109,10 @@ pub fn rmsnorm(device: &CudaDevice, rows: usize, cols: usize, copy_gb_per_s: f64
 
 pub fn print_kernel_table(copy_gb_per_s: f64, rows: &[KernelRow]) {
     println!("device-to-device copy: {copy_gb_per_s:.0} GB/s (read + write)");
-    println!("{:<22} {:>16} {:>11} {:>9} {:>8} {:>10}", "kernel", "shape", "median us", "GB/s", "of copy", "max err");
+    println!(
+        "{:<22} {:>16} {:>11} {:>9} {:>8} {:>10}",
+        "kernel", "shape", "median us", "GB/s", "of copy", "max err"
+    );
     for r in rows {
         println!(
             "{:<22} {:>16} {:>11.1} {:>9.0} {:>7.0}% {:>10.2e}",

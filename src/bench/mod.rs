@@ -47,7 +47,9 @@ pub fn prefill<B: Backend>(
     let mut rows = Vec::new();
     for &seq_len in seq_lens {
         let vocab = model.config.vocab_size as u64;
-        let tokens: Vec<u32> = (0..seq_len as u64).map(|i| ((i * 2_654_435_761 + 12_345) % vocab) as u32).collect();
+        let tokens: Vec<u32> = (0..seq_len as u64)
+            .map(|i| ((i * 2_654_435_761 + 12_345) % vocab) as u32)
+            .collect();
         let batch = PackedBatch::from_sequences(&[tokens]);
         let run = || -> Result<f64> {
             let start = Instant::now();
@@ -58,7 +60,9 @@ pub fn prefill<B: Backend>(
             Ok(start.elapsed().as_secs_f64())
         };
         run()?;
-        let mut times = (0..reps.max(1)).map(|_| run()).collect::<Result<Vec<f64>>>()?;
+        let mut times = (0..reps.max(1))
+            .map(|_| run())
+            .collect::<Result<Vec<f64>>>()?;
         times.sort_by(f64::total_cmp);
         let median = times[times.len() / 2];
         rows.push(PrefillRow {
@@ -72,7 +76,10 @@ pub fn prefill<B: Backend>(
 }
 
 pub fn print_prefill_table(rows: &[PrefillRow]) {
-    println!("{:>9} {:>12} {:>12} {:>10}", "tokens", "median ms", "tokens/s", "TFLOP/s");
+    println!(
+        "{:>9} {:>12} {:>12} {:>10}",
+        "tokens", "median ms", "tokens/s", "TFLOP/s"
+    );
     for r in rows {
         println!(
             "{:>9} {:>12.2} {:>12.0} {:>10.4}",

@@ -9,7 +9,11 @@ use swerve::bench;
 use swerve::model::{synthetic, Qwen2Model};
 
 #[derive(Parser)]
-#[command(name = "swerve-bench", version, about = "swerve's throughput benchmarks")]
+#[command(
+    name = "swerve-bench",
+    version,
+    about = "swerve's throughput benchmarks"
+)]
 struct Cli {
     #[command(subcommand)]
     command: Option<Command>,
@@ -55,7 +59,10 @@ fn prefill(args: PrefillArgs) -> Result<()> {
     }
     let (config, tp_size) = synthetic::preset(&args.preset)?;
     if let Some(&too_long) = args.seq_lens.iter().find(|&&n| n > config.max_context()) {
-        bail!("--seq-lens {too_long} exceeds the model's context of {}", config.max_context());
+        bail!(
+            "--seq-lens {too_long} exceeds the model's context of {}",
+            config.max_context()
+        );
     }
     let backend = CpuBackend::new();
     println!("{}", swerve::backend_report(&backend));
@@ -96,7 +103,8 @@ fn prefill(args: PrefillArgs) -> Result<()> {
 }
 
 fn kernels() -> Result<()> {
-    let device = cuda::probe().map_err(|reason| anyhow::anyhow!("swerve-bench kernels needs a GPU: {reason}"))?;
+    let device = cuda::probe()
+        .map_err(|reason| anyhow::anyhow!("swerve-bench kernels needs a GPU: {reason}"))?;
     println!("device: {}", device.describe());
     kernel_table(&device)
 }

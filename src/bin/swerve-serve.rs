@@ -9,7 +9,11 @@ use swerve::backend::cpu::CpuBackend;
 use swerve::model::Qwen2Model;
 
 #[derive(Parser)]
-#[command(name = "swerve-serve", version, about = "swerve's OpenAI-compatible rollout server")]
+#[command(
+    name = "swerve-serve",
+    version,
+    about = "swerve's OpenAI-compatible rollout server"
+)]
 struct Cli {
     /// Model folder: config.json plus model.safetensors or a sharded index.
     #[arg(long)]

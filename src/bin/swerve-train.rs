@@ -8,7 +8,11 @@ use swerve::backend::cpu::CpuBackend;
 use swerve::model::Qwen2Model;
 
 #[derive(Parser)]
-#[command(name = "swerve-train", version, about = "swerve's training-side commands")]
+#[command(
+    name = "swerve-train",
+    version,
+    about = "swerve's training-side commands"
+)]
 struct Cli {
     #[command(subcommand)]
     command: Command,
@@ -37,11 +41,22 @@ enum Command {
 fn main() -> Result<()> {
     let cli = Cli::parse();
     match cli.command {
-        Command::Score { model, input, output, batch_tokens } => {
+        Command::Score {
+            model,
+            input,
+            output,
+            batch_tokens,
+        } => {
             let backend = CpuBackend::new();
             eprintln!("{}", swerve::backend_report(&backend));
             let model = Qwen2Model::load(&backend, &model)?;
-            let summary = swerve::train::score::score_file(&backend, &model, &input, &output, batch_tokens as usize)?;
+            let summary = swerve::train::score::score_file(
+                &backend,
+                &model,
+                &input,
+                &output,
+                batch_tokens as usize,
+            )?;
             eprintln!(
                 "scored {} sequences ({} tokens) in {:.2} s -> {}",
                 summary.sequences,

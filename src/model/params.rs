@@ -57,32 +57,77 @@ impl<T> Qwen2Params<T> {
         let q = local.heads_local * hd;
         let kv = local.kv_heads_local * hd;
         let inter = local.intermediate_local;
-        let embed_tokens = make("model.embed_tokens.weight", &[local.vocab_local, d], ColumnParallel)?;
+        let embed_tokens = make(
+            "model.embed_tokens.weight",
+            &[local.vocab_local, d],
+            ColumnParallel,
+        )?;
         let mut layers = Vec::with_capacity(config.num_hidden_layers);
         for i in 0..config.num_hidden_layers {
             let p = format!("model.layers.{i}");
             layers.push(LayerParams {
                 input_layernorm: make(&format!("{p}.input_layernorm.weight"), &[d], Norm)?,
-                q_proj_weight: make(&format!("{p}.self_attn.q_proj.weight"), &[q, d], ColumnParallel)?,
+                q_proj_weight: make(
+                    &format!("{p}.self_attn.q_proj.weight"),
+                    &[q, d],
+                    ColumnParallel,
+                )?,
                 q_proj_bias: make(&format!("{p}.self_attn.q_proj.bias"), &[q], ColumnParallel)?,
-                k_proj_weight: make(&format!("{p}.self_attn.k_proj.weight"), &[kv, d], ColumnParallel)?,
+                k_proj_weight: make(
+                    &format!("{p}.self_attn.k_proj.weight"),
+                    &[kv, d],
+                    ColumnParallel,
+                )?,
                 k_proj_bias: make(&format!("{p}.self_attn.k_proj.bias"), &[kv], ColumnParallel)?,
-                v_proj_weight: make(&format!("{p}.self_attn.v_proj.weight"), &[kv, d], ColumnParallel)?,
+                v_proj_weight: make(
+                    &format!("{p}.self_attn.v_proj.weight"),
+                    &[kv, d],
+                    ColumnParallel,
+                )?,
                 v_proj_bias: make(&format!("{p}.self_attn.v_proj.bias"), &[kv], ColumnParallel)?,
-                o_proj_weight: make(&format!("{p}.self_attn.o_proj.weight"), &[d, q], RowParallel)?,
-                post_attention_layernorm: make(&format!("{p}.post_attention_layernorm.weight"), &[d], Norm)?,
-                gate_proj_weight: make(&format!("{p}.mlp.gate_proj.weight"), &[inter, d], ColumnParallel)?,
-                up_proj_weight: make(&format!("{p}.mlp.up_proj.weight"), &[inter, d], ColumnParallel)?,
-                down_proj_weight: make(&format!("{p}.mlp.down_proj.weight"), &[d, inter], RowParallel)?,
+                o_proj_weight: make(
+                    &format!("{p}.self_attn.o_proj.weight"),
+                    &[d, q],
+                    RowParallel,
+                )?,
+                post_attention_layernorm: make(
+                    &format!("{p}.post_attention_layernorm.weight"),
+                    &[d],
+                    Norm,
+                )?,
+                gate_proj_weight: make(
+                    &format!("{p}.mlp.gate_proj.weight"),
+                    &[inter, d],
+                    ColumnParallel,
+                )?,
+                up_proj_weight: make(
+                    &format!("{p}.mlp.up_proj.weight"),
+                    &[inter, d],
+                    ColumnParallel,
+                )?,
+                down_proj_weight: make(
+                    &format!("{p}.mlp.down_proj.weight"),
+                    &[d, inter],
+                    RowParallel,
+                )?,
             });
         }
         let norm = make("model.norm.weight", &[d], Norm)?;
         let lm_head = if config.tie_word_embeddings {
             None
         } else {
-            Some(make("lm_head.weight", &[local.vocab_local, d], ColumnParallel)?)
+            Some(make(
+                "lm_head.weight",
+                &[local.vocab_local, d],
+                ColumnParallel,
+            )?)
         };
-        Ok(Self { embed_tokens, layers, norm, lm_head })
+        Ok(Self {
+            embed_tokens,
+            layers,
+            norm,
+            lm_head,
+        })
     }
 
     /// The LM head weight `[vocab_local, hidden]`: `lm_head` or, when tied, the embedding.

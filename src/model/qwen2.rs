@@ -40,7 +40,10 @@ impl PackedBatch {
     /// Packs whole sequences, each starting at position 0. Empty sequences are skipped by the
     /// attention (they occupy no rows) but keep their slot in `cu_seqlens`.
     pub fn from_sequences<S: AsRef<[u32]>>(sequences: &[S]) -> Self {
-        let mut batch = PackedBatch { cu_seqlens: vec![0], ..Default::default() };
+        let mut batch = PackedBatch {
+            cu_seqlens: vec![0],
+            ..Default::default()
+        };
         for seq in sequences {
             let seq = seq.as_ref();
             batch.tokens.extend_from_slice(seq);
@@ -103,15 +106,25 @@ impl<B: Backend> Qwen2Model<B> {
         let params = Qwen2Params::try_build(&config, &local, |name, shape, _| {
             let tensor = uploads.next().expect("host params follow the same layout");
             if tensor.shape != shape {
-                bail!("parameter {name}: shape {:?}, expected {shape:?}", tensor.shape);
+                bail!(
+                    "parameter {name}: shape {:?}, expected {shape:?}",
+                    tensor.shape
+                );
             }
-            backend.upload(tensor).with_context(|| format!("uploading {name}"))
+            backend
+                .upload(tensor)
+                .with_context(|| format!("uploading {name}"))
         })?;
         let rotary = Rotary {
             inv_freq: config.rope.inv_freq(config.head_dim),
             attention_scaling: config.rope.attention_scaling(),
         };
-        Ok(Self { config, local, params, rotary })
+        Ok(Self {
+            config,
+            local,
+            params,
+            rotary,
+        })
     }
 
     /// Runs every layer and the final norm: the hidden states `[T, d]` the LM head reads.
@@ -122,7 +135,11 @@ impl<B: Backend> Qwen2Model<B> {
             bail!("forward of an empty batch");
         }
         let (d, hd) = (c.hidden_size, c.head_dim);
-        let (heads, kv_heads, inter) = (self.local.heads_local, self.local.kv_heads_local, self.local.intermediate_local);
+        let (heads, kv_heads, inter) = (
+            self.local.heads_local,
+            self.local.kv_heads_local,
+            self.local.intermediate_local,
+        );
         let eps = c.rms_norm_eps as f32;
         let softmax_scale = 1.0 / (hd as f32).sqrt();
 
@@ -144,17 +161,44 @@ impl<B: Backend> Qwen2Model<B> {
             if i == 0 {
                 backend.rmsnorm(&residual, &layer.input_layernorm, eps, &mut normed)?;
             } else {
-                backend.add_rmsnorm(&mut residual, &delta, &layer.input_layernorm, eps, &mut normed)?;
+                backend.add_rmsnorm(
+                    &mut residual,
+                    &delta,
+                    &layer.input_layernorm,
+                    eps,
+                    &mut normed,
+                )?;
             }
-            backend.linear(&normed, &layer.q_proj_weight, Some(&layer.q_proj_bias), &mut q)?;
-            backend.linear(&normed, &layer.k_proj_weight, Some(&layer.k_proj_bias), &mut k)?;
-            backend.linear(&normed, &layer.v_proj_weight, Some(&layer.v_proj_bias), &mut v)?;
+            backend.linear(
+                &normed,
+                &layer.q_proj_weight,
+                Some(&layer.q_proj_bias),
+                &mut q,
+            )?;
+            backend.linear(
+                &normed,
+                &layer.k_proj_weight,
+                Some(&layer.k_proj_bias),
+                &mut k,
+            )?;
+            backend.linear(
+                &normed,
+                &layer.v_proj_weight,
+                Some(&layer.v_proj_bias),
+                &mut v,
+            )?;
             backend.rope(&mut q, &mut k, &batch.positions, &self.rotary)?;
             backend.attention(&q, &k, &v, &batch.cu_seqlens, softmax_scale, &mut attn)?;
             backend.linear(&attn, &layer.o_proj_weight, None, &mut delta)?;
 
             // MLP block.
-            backend.add_rmsnorm(&mut residual, &delta, &layer.post_attention_layernorm, eps, &mut normed)?;
+            backend.add_rmsnorm(
+                &mut residual,
+                &delta,
+                &layer.post_attention_layernorm,
+                eps,
+                &mut normed,
+            )?;
             backend.linear(&normed, &layer.gate_proj_weight, None, &mut gate)?;
             backend.linear(&normed, &layer.up_proj_weight, None, &mut up)?;
             backend.swiglu(&gate, &up, &mut act)?;

@@ -9,7 +9,14 @@ use anyhow::{bail, Result};
 use half::bf16;
 
 /// Names accepted by `--preset`.
-pub const PRESETS: [&str; 6] = ["default", "qwen2.5-0.5b", "qwen2.5-1.5b", "qwen2.5-7b", "qwen2.5-32b", "qwen2.5-72b-tp8"];
+pub const PRESETS: [&str; 6] = [
+    "default",
+    "qwen2.5-0.5b",
+    "qwen2.5-1.5b",
+    "qwen2.5-7b",
+    "qwen2.5-32b",
+    "qwen2.5-72b-tp8",
+];
 
 /// A preset's architecture and the tensor-parallel size its benchmark measures one rank of.
 pub fn preset(name: &str) -> Result<(ModelConfig, usize)> {
@@ -22,7 +29,10 @@ pub fn preset(name: &str) -> Result<(ModelConfig, usize)> {
         "qwen2.5-7b" => (3584, 18944, 28, 28, 4, 152064, false, 1),
         "qwen2.5-32b" => (5120, 27648, 64, 40, 8, 152064, false, 1),
         "qwen2.5-72b-tp8" => (8192, 29568, 80, 64, 8, 152064, false, 8),
-        other => bail!("unknown preset {other:?}; choose one of {}", PRESETS.join(", ")),
+        other => bail!(
+            "unknown preset {other:?}; choose one of {}",
+            PRESETS.join(", ")
+        ),
     };
     let config = ModelConfig {
         hidden_size: d,
@@ -35,7 +45,10 @@ pub fn preset(name: &str) -> Result<(ModelConfig, usize)> {
         max_position_embeddings: 32768,
         rms_norm_eps: 1e-6,
         tie_word_embeddings: tied,
-        rope: RopeConfig { theta: 1e6, scaling: RopeScaling::None },
+        rope: RopeConfig {
+            theta: 1e6,
+            scaling: RopeScaling::None,
+        },
     };
     config.validate()?;
     Ok((config, tp))
@@ -61,7 +74,11 @@ impl SplitMix64 {
 
 /// Random bf16 parameters for one rank: matrices uniform with variance 1/fan_in (activations keep
 /// their scale through the layers), biases small, norm weights near 1.
-pub fn random_params(config: &ModelConfig, local: &LocalSizes, seed: u64) -> Result<Qwen2Params<HostTensor<'static>>> {
+pub fn random_params(
+    config: &ModelConfig,
+    local: &LocalSizes,
+    seed: u64,
+) -> Result<Qwen2Params<HostTensor<'static>>> {
     let mut rng = SplitMix64(seed);
     Qwen2Params::try_build(config, local, |_, shape, kind| {
         let numel: usize = shape.iter().product();
@@ -70,7 +87,9 @@ pub fn random_params(config: &ModelConfig, local: &LocalSizes, seed: u64) -> Res
             (_, 1) => (0.0, 0.1),
             _ => (0.0, (3.0 / shape[1] as f32).sqrt()),
         };
-        let values: Vec<bf16> = (0..numel).map(|_| bf16::from_f32(center + half_width * rng.next_signed())).collect();
+        let values: Vec<bf16> = (0..numel)
+            .map(|_| bf16::from_f32(center + half_width * rng.next_signed()))
+            .collect();
         Ok(HostTensor::from_bf16(shape.to_vec(), &values))
     })
 }

@@ -39,7 +39,10 @@ impl Checkpoint {
     pub fn open(dir: &Path) -> Result<Self> {
         let index_path = dir.join(INDEX_FILE);
         let single_path = dir.join(SINGLE_FILE);
-        let mut checkpoint = Checkpoint { files: Vec::new(), tensors: BTreeMap::new() };
+        let mut checkpoint = Checkpoint {
+            files: Vec::new(),
+            tensors: BTreeMap::new(),
+        };
         if index_path.is_file() {
             let weight_map = read_index(&index_path)?;
             let mut shard_names: Vec<&String> = weight_map.values().collect();
@@ -47,7 +50,10 @@ impl Checkpoint {
             shard_names.dedup();
             for shard in shard_names {
                 if shard.contains('/') || shard.contains('\\') || shard == ".." {
-                    bail!("{}: shard name {shard:?} must be a file name inside the folder", index_path.display());
+                    bail!(
+                        "{}: shard name {shard:?} must be a file name inside the folder",
+                        index_path.display()
+                    );
                 }
                 let path = dir.join(shard);
                 checkpoint.add_file(&path)?;
@@ -69,7 +75,10 @@ impl Checkpoint {
             }
             for (name, shard) in &weight_map {
                 if !checkpoint.tensors.contains_key(name) {
-                    bail!("{}: lists tensor {name} in {shard}, which does not contain it", index_path.display());
+                    bail!(
+                        "{}: lists tensor {name} in {shard}, which does not contain it",
+                        index_path.display()
+                    );
                 }
             }
         } else if single_path.is_file() {
@@ -87,11 +96,11 @@ impl Checkpoint {
         let file = File::open(path).with_context(|| format!("cannot open {}", path.display()))?;
         // SAFETY: the file is opened read-only; a checkpoint changed by another process while
         // mapped is outside what any loader can defend against.
-        let mmap = unsafe { Mmap::map(&file) }.with_context(|| format!("cannot map {}", path.display()))?;
-        let (header_len, metadata) =
-            SafeTensors::read_metadata(&mmap).map_err(|e| describe_bad_file(&mmap, e)).with_context(|| {
-                format!("{}: not a valid safetensors file", path.display())
-            })?;
+        let mmap = unsafe { Mmap::map(&file) }
+            .with_context(|| format!("cannot map {}", path.display()))?;
+        let (header_len, metadata) = SafeTensors::read_metadata(&mmap)
+            .map_err(|e| describe_bad_file(&mmap, e))
+            .with_context(|| format!("{}: not a valid safetensors file", path.display()))?;
         let data_start = 8 + header_len;
         let file_index = self.files.len();
         for (name, info) in metadata.tensors() {
@@ -123,14 +132,23 @@ impl Checkpoint {
 
     /// The file a tensor lives in, for error messages.
     pub fn file_of(&self, name: &str) -> Option<&Path> {
-        self.tensors.get(name).map(|e| self.files[e.file].0.as_path())
+        self.tensors
+            .get(name)
+            .map(|e| self.files[e.file].0.as_path())
     }
 
     /// A float tensor by name, checked against the expected shape.
     pub fn tensor(&self, name: &str, expected_shape: &[usize]) -> Result<HostTensor<'_>> {
         let entry = self.tensors.get(name).ok_or_else(|| {
-            let files: Vec<String> = self.files.iter().map(|(p, _)| p.display().to_string()).collect();
-            anyhow!("tensor {name} is missing from the checkpoint ({})", files.join(", "))
+            let files: Vec<String> = self
+                .files
+                .iter()
+                .map(|(p, _)| p.display().to_string())
+                .collect();
+            anyhow!(
+                "tensor {name} is missing from the checkpoint ({})",
+                files.join(", ")
+            )
         })?;
         let path = self.files[entry.file].0.display();
         let dtype = match entry.dtype {
@@ -140,21 +158,33 @@ impl Checkpoint {
             other => bail!("{path}: tensor {name} has dtype {other:?}; expected BF16, F16 or F32"),
         };
         if entry.shape != expected_shape {
-            bail!("{path}: tensor {name} has shape {:?}; the config implies {expected_shape:?}", entry.shape);
+            bail!(
+                "{path}: tensor {name} has shape {:?}; the config implies {expected_shape:?}",
+                entry.shape
+            );
         }
         let tensor = HostTensor {
             dtype,
             shape: entry.shape.clone(),
             bytes: Cow::Borrowed(&self.files[entry.file].1[entry.range.clone()]),
         };
-        tensor.check().with_context(|| format!("{path}: tensor {name}"))?;
+        tensor
+            .check()
+            .with_context(|| format!("{path}: tensor {name}"))?;
         Ok(tensor)
     }
 
     /// Every parameter of a Qwen2 model on one rank, shape-checked, with no tensor left over.
-    pub fn qwen2_params(&self, config: &ModelConfig, local: &LocalSizes) -> Result<Qwen2Params<HostTensor<'_>>> {
+    pub fn qwen2_params(
+        &self,
+        config: &ModelConfig,
+        local: &LocalSizes,
+    ) -> Result<Qwen2Params<HostTensor<'_>>> {
         if local.tp_size != 1 {
-            bail!("loading a tensor-parallel shard is not supported yet (tp_size {})", local.tp_size);
+            bail!(
+                "loading a tensor-parallel shard is not supported yet (tp_size {})",
+                local.tp_size
+            );
         }
         let mut used = std::collections::HashSet::new();
         let params = Qwen2Params::try_build(config, local, |name, shape, _| {
@@ -167,16 +197,20 @@ impl Checkpoint {
             } else {
                 ""
             };
-            bail!("{}: unexpected tensor {extra}{why}", self.file_of(extra).unwrap().display());
+            bail!(
+                "{}: unexpected tensor {extra}{why}",
+                self.file_of(extra).unwrap().display()
+            );
         }
         Ok(params)
     }
 }
 
 fn read_index(path: &Path) -> Result<HashMap<String, String>> {
-    let text = std::fs::read_to_string(path).with_context(|| format!("cannot read {}", path.display()))?;
-    let value: serde_json::Value =
-        serde_json::from_str(&text).with_context(|| format!("{}: not valid JSON", path.display()))?;
+    let text =
+        std::fs::read_to_string(path).with_context(|| format!("cannot read {}", path.display()))?;
+    let value: serde_json::Value = serde_json::from_str(&text)
+        .with_context(|| format!("{}: not valid JSON", path.display()))?;
     let map = value
         .get("weight_map")
         .and_then(|m| m.as_object())
@@ -184,7 +218,10 @@ fn read_index(path: &Path) -> Result<HashMap<String, String>> {
     map.iter()
         .map(|(name, file)| match file.as_str() {
             Some(f) => Ok((name.clone(), f.to_string())),
-            None => bail!("{}: weight_map entry {name} must be a file name, found {file}", path.display()),
+            None => bail!(
+                "{}: weight_map entry {name} must be a file name, found {file}",
+                path.display()
+            ),
         })
         .collect()
 }
@@ -193,9 +230,13 @@ fn read_index(path: &Path) -> Result<HashMap<String, String>> {
 fn describe_bad_file(bytes: &[u8], error: safetensors::SafeTensorError) -> anyhow::Error {
     use safetensors::SafeTensorError as E;
     let file_len = bytes.len();
-    let header_len = bytes.get(..8).map(|b| u64::from_le_bytes(b.try_into().unwrap()));
+    let header_len = bytes
+        .get(..8)
+        .map(|b| u64::from_le_bytes(b.try_into().unwrap()));
     match (&error, header_len) {
-        (E::HeaderTooSmall, _) => anyhow!("file is {file_len} bytes, too short for the 8-byte header length"),
+        (E::HeaderTooSmall, _) => {
+            anyhow!("file is {file_len} bytes, too short for the 8-byte header length")
+        }
         (E::InvalidHeaderLength, Some(n)) => {
             anyhow!("truncated or corrupt: the header claims {n} bytes but the file has {file_len} bytes")
         }
@@ -244,6 +285,8 @@ impl safetensors::View for &HostTensor<'_> {
 
 /// Writes tensors to one safetensors file (used by tests and by checkpoint writing).
 pub fn write_safetensors(path: &Path, tensors: &[(String, HostTensor<'_>)]) -> Result<()> {
-    let views: Vec<(&str, &HostTensor<'_>)> = tensors.iter().map(|(n, t)| (n.as_str(), t)).collect();
-    safetensors::serialize_to_file(views, None, path).with_context(|| format!("cannot write {}", path.display()))
+    let views: Vec<(&str, &HostTensor<'_>)> =
+        tensors.iter().map(|(n, t)| (n.as_str(), t)).collect();
+    safetensors::serialize_to_file(views, None, path)
+        .with_context(|| format!("cannot write {}", path.display()))
 }

@@ -20,17 +20,27 @@ const LOGIT_ROWS: usize = 256;
 
 /// Reads and checks a score input file: token ids inside the vocabulary, lengths within the
 /// model's context. Errors name the line.
-pub fn read_token_sequences(path: &Path, vocab_size: usize, max_context: usize) -> Result<Vec<Vec<u32>>> {
-    let file = std::fs::File::open(path).with_context(|| format!("cannot open {}", path.display()))?;
+pub fn read_token_sequences(
+    path: &Path,
+    vocab_size: usize,
+    max_context: usize,
+) -> Result<Vec<Vec<u32>>> {
+    let file =
+        std::fs::File::open(path).with_context(|| format!("cannot open {}", path.display()))?;
     let mut sequences = Vec::new();
     for (i, line) in std::io::BufReader::new(file).lines().enumerate() {
         let line_no = i + 1;
-        let line = line.with_context(|| format!("{}: cannot read line {line_no}", path.display()))?;
+        let line =
+            line.with_context(|| format!("{}: cannot read line {line_no}", path.display()))?;
         let at = || format!("{}:{line_no}", path.display());
         if line.trim().is_empty() {
-            bail!("{}: empty line (every line must be {{\"tokens\": [...]}})", at());
+            bail!(
+                "{}: empty line (every line must be {{\"tokens\": [...]}})",
+                at()
+            );
         }
-        let value: Value = serde_json::from_str(&line).with_context(|| format!("{}: not valid JSON", at()))?;
+        let value: Value =
+            serde_json::from_str(&line).with_context(|| format!("{}: not valid JSON", at()))?;
         let tokens = value
             .get("tokens")
             .and_then(Value::as_array)
@@ -44,7 +54,11 @@ pub fn read_token_sequences(path: &Path, vocab_size: usize, max_context: usize) 
             ids.push(id as u32);
         }
         if ids.len() > max_context {
-            bail!("{}: {} tokens exceed the model's context of {max_context}", at(), ids.len());
+            bail!(
+                "{}: {} tokens exceed the model's context of {max_context}",
+                at(),
+                ids.len()
+            );
         }
         sequences.push(ids);
     }
@@ -67,7 +81,9 @@ pub fn score_sequences<B: Backend>(
         // Greedy packing in input order; the first sequence of a batch always fits.
         let mut end = start;
         let mut tokens = 0;
-        while end < sequences.len() && (end == start || tokens + sequences[end].len() <= batch_tokens) {
+        while end < sequences.len()
+            && (end == start || tokens + sequences[end].len() <= batch_tokens)
+        {
             tokens += sequences[end].len();
             end += 1;
         }
@@ -81,24 +97,22 @@ pub fn score_sequences<B: Backend>(
     Ok(())
 }
 
-fn score_batch<B: Backend>(backend: &B, model: &Qwen2Model<B>, group: &[Vec<u32>]) -> Result<Vec<Vec<Option<f32>>>> {
+fn score_batch<B: Backend>(
+    backend: &B,
+    model: &Qwen2Model<B>,
+    group: &[Vec<u32>],
+) -> Result<Vec<Vec<Option<f32>>>> {
     let batch = PackedBatch::from_sequences(group);
-    let mut results: Vec<Vec<Option<f32>>> = group.iter().map(|s| Vec::with_capacity(s.len())).collect();
+    let mut results: Vec<Vec<Option<f32>>> =
+        group.iter().map(|s| Vec::with_capacity(s.len())).collect();
     if batch.num_tokens() == 0 {
         return Ok(results);
     }
     let hidden = model.forward_hidden(backend, &batch)?;
-    // Row r predicts the token at r + 1 of the same sequence; a sequence's last row predicts nothing.
-    let mut targets = vec![0u32; batch.num_tokens()];
-    for (s, result) in results.iter_mut().enumerate() {
-        let range = batch.sequence_range(s);
-        if !range.is_empty() {
-            result.push(None);
-        }
-        for r in range.start..range.end.saturating_sub(1) {
-            targets[r] = batch.tokens[r + 1];
-        }
-    }
+    // Row r predicts the token at r + 1. A sequence's last row would read the next sequence's
+    // first token: its logprob is computed but never reported.
+    let mut targets = batch.tokens.clone();
+    targets.rotate_left(1);
     let mut logprobs = Vec::with_capacity(batch.num_tokens());
     for chunk_start in (0..batch.num_tokens()).step_by(LOGIT_ROWS) {
         let chunk_end = (chunk_start + LOGIT_ROWS).min(batch.num_tokens());
@@ -108,8 +122,13 @@ fn score_batch<B: Backend>(backend: &B, model: &Qwen2Model<B>, group: &[Vec<u32>
     }
     for (s, result) in results.iter_mut().enumerate() {
         let range = batch.sequence_range(s);
-        for r in range.start..range.end.saturating_sub(1) {
-            result.push(Some(logprobs[r]));
+        if !range.is_empty() {
+            result.push(None);
+            result.extend(
+                logprobs[range.start..range.end - 1]
+                    .iter()
+                    .map(|&lp| Some(lp)),
+            );
         }
     }
     Ok(results)
@@ -133,24 +152,31 @@ pub fn score_file<B: Backend>(
     batch_tokens: usize,
 ) -> Result<ScoreSummary> {
     let started = std::time::Instant::now();
-    let sequences = read_token_sequences(input, model.config.vocab_size, model.config.max_context())?;
+    let sequences =
+        read_token_sequences(input, model.config.vocab_size, model.config.max_context())?;
     let mut partial = output.as_os_str().to_owned();
     partial.push(".partial");
     let partial = std::path::PathBuf::from(partial);
-    let file = std::fs::File::create(&partial).with_context(|| format!("cannot create {}", partial.display()))?;
+    let file = std::fs::File::create(&partial)
+        .with_context(|| format!("cannot create {}", partial.display()))?;
     let mut writer = BufWriter::new(file);
     let written = score_sequences(backend, model, &sequences, batch_tokens, |_, logprobs| {
         serde_json::to_writer(&mut writer, &serde_json::json!({ "logprobs": logprobs }))?;
         writer.write_all(b"\n")?;
         Ok(())
     })
-    .and_then(|()| writer.flush().with_context(|| format!("cannot write {}", partial.display())));
+    .and_then(|()| {
+        writer
+            .flush()
+            .with_context(|| format!("cannot write {}", partial.display()))
+    });
     drop(writer);
     if let Err(e) = written {
         let _ = std::fs::remove_file(&partial);
         return Err(e);
     }
-    std::fs::rename(&partial, output).with_context(|| format!("cannot move {} to {}", partial.display(), output.display()))?;
+    std::fs::rename(&partial, output)
+        .with_context(|| format!("cannot move {} to {}", partial.display(), output.display()))?;
     Ok(ScoreSummary {
         sequences: sequences.len(),
         tokens: sequences.iter().map(Vec::len).sum(),

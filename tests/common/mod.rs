@@ -6,8 +6,31 @@ use std::path::PathBuf;
 
 pub const FIXTURE_MODELS: [&str; 3] = ["tied-gqa4-bf16", "untied-gqa2-odd-f32", "yarn4-f16"];
 
+/// The repository root: `SWERVE_ROOT` when set (the GPU runner sets it, since the test
+/// executables travel without the build tree), else where this crate was built.
+pub fn root() -> PathBuf {
+    match std::env::var_os("SWERVE_ROOT") {
+        Some(root) => PathBuf::from(root),
+        None => PathBuf::from(env!("CARGO_MANIFEST_DIR")),
+    }
+}
+
 pub fn fixture_dir(name: &str) -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures").join(name)
+    root().join("tests/fixtures").join(name)
+}
+
+/// A binary of this crate: from `SWERVE_BIN_DIR` when set (the GPU runner), else cargo's.
+pub fn bin_path(name: &str) -> PathBuf {
+    let built = match name {
+        "swerve-train" => env!("CARGO_BIN_EXE_swerve-train"),
+        "swerve-bench" => env!("CARGO_BIN_EXE_swerve-bench"),
+        "swerve-serve" => env!("CARGO_BIN_EXE_swerve-serve"),
+        other => panic!("no binary {other}"),
+    };
+    match std::env::var_os("SWERVE_BIN_DIR") {
+        Some(dir) => PathBuf::from(dir).join(name),
+        None => PathBuf::from(built),
+    }
 }
 
 /// One sequence of a fixture and what transformers computed for it in float64.
@@ -25,14 +48,26 @@ pub fn expected(name: &str) -> Vec<Expected> {
     let read = |key: &str, dtype: Dtype| {
         let view = st.tensor(key).unwrap();
         assert_eq!(view.dtype(), dtype, "{key}");
-        view.data().chunks_exact(8).map(|c| c.try_into().unwrap()).collect::<Vec<[u8; 8]>>()
+        view.data()
+            .chunks_exact(8)
+            .map(|c| c.try_into().unwrap())
+            .collect::<Vec<[u8; 8]>>()
     };
     (0..)
         .take_while(|i| st.tensor(&format!("tokens_{i}")).is_ok())
         .map(|i| Expected {
-            tokens: read(&format!("tokens_{i}"), Dtype::I64).into_iter().map(|b| i64::from_le_bytes(b) as u32).collect(),
-            logits: read(&format!("logits_{i}"), Dtype::F64).into_iter().map(f64::from_le_bytes).collect(),
-            logprobs: read(&format!("logprobs_{i}"), Dtype::F64).into_iter().map(f64::from_le_bytes).collect(),
+            tokens: read(&format!("tokens_{i}"), Dtype::I64)
+                .into_iter()
+                .map(|b| i64::from_le_bytes(b) as u32)
+                .collect(),
+            logits: read(&format!("logits_{i}"), Dtype::F64)
+                .into_iter()
+                .map(f64::from_le_bytes)
+                .collect(),
+            logprobs: read(&format!("logprobs_{i}"), Dtype::F64)
+                .into_iter()
+                .map(f64::from_le_bytes)
+                .collect(),
         })
         .collect()
 }
@@ -41,7 +76,10 @@ pub fn expected(name: &str) -> Vec<Expected> {
 pub fn relative_error(got: &[f32], want: &[f64]) -> f64 {
     assert_eq!(got.len(), want.len());
     let scale = want.iter().fold(0.0f64, |m, v| m.max(v.abs()));
-    let diff = got.iter().zip(want).fold(0.0f64, |m, (g, w)| m.max((*g as f64 - w).abs()));
+    let diff = got
+        .iter()
+        .zip(want)
+        .fold(0.0f64, |m, (g, w)| m.max((*g as f64 - w).abs()));
     assert!(scale > 0.0, "reference is all zeros");
     diff / scale
 }

@@ -33,8 +33,7 @@ pub fn probe() -> std::result::Result<CudaDevice, String> {
     if !embedded::CUDA_KERNELS_COMPILED {
         return Err("this build has no CUDA kernels (built without nvcc)".into());
     }
-    // SAFETY: only tries to dlopen libcuda.
-    if !unsafe { cudarc::driver::sys::is_culib_present() } {
+    if !driver_present() {
         return Err("no CUDA driver (libcuda) on this machine".into());
     }
     match CudaContext::device_count() {
@@ -45,12 +44,23 @@ pub fn probe() -> std::result::Result<CudaDevice, String> {
     CudaDevice::open(0).map_err(|e| format!("{e:#}"))
 }
 
+/// Whether libcuda can be opened. cudarc panics on first use of a missing library, so every
+/// path into CUDA asks this first.
+pub fn driver_present() -> bool {
+    // SAFETY: only tries to dlopen libcuda.
+    unsafe { cudarc::driver::sys::is_culib_present() }
+}
+
 impl CudaDevice {
     pub fn open(ordinal: usize) -> Result<Self> {
         if !embedded::CUDA_KERNELS_COMPILED {
             bail!("this build has no CUDA kernels (built without nvcc)");
         }
-        let ctx = CudaContext::new(ordinal).with_context(|| format!("cannot open CUDA device {ordinal}"))?;
+        if !driver_present() {
+            bail!("no CUDA driver (libcuda) on this machine");
+        }
+        let ctx = CudaContext::new(ordinal)
+            .with_context(|| format!("cannot open CUDA device {ordinal}"))?;
         let name = ctx.name().unwrap_or_else(|_| "unknown GPU".into());
         let stream = ctx.default_stream();
         let mut modules = HashMap::new();
@@ -60,13 +70,24 @@ impl CudaDevice {
                 .with_context(|| format!("cannot load kernels/{family}.cu's fatbin on {name}"))?;
             modules.insert(*family, module);
         }
-        Ok(Self { ctx, stream, ordinal, name, modules })
+        Ok(Self {
+            ctx,
+            stream,
+            ordinal,
+            name,
+            modules,
+        })
     }
 
     /// A kernel by family (`.cu` file stem) and `extern "C"` name.
     pub fn function(&self, family: &str, name: &str) -> Result<CudaFunction> {
-        let module = self.modules.get(family).ok_or_else(|| anyhow!("no kernel family {family} in this build"))?;
-        module.load_function(name).with_context(|| format!("kernel {name} in kernels/{family}.cu"))
+        let module = self
+            .modules
+            .get(family)
+            .ok_or_else(|| anyhow!("no kernel family {family} in this build"))?;
+        module
+            .load_function(name)
+            .with_context(|| format!("kernel {name} in kernels/{family}.cu"))
     }
 
     pub fn describe(&self) -> String {

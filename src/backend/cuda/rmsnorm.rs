@@ -9,14 +9,24 @@ use half::bf16;
 const THREADS: u32 = 256;
 
 fn launch_config(rows: usize) -> LaunchConfig {
-    LaunchConfig { grid_dim: (rows as u32, 1, 1), block_dim: (THREADS, 1, 1), shared_mem_bytes: 0 }
+    LaunchConfig {
+        grid_dim: (rows as u32, 1, 1),
+        block_dim: (THREADS, 1, 1),
+        shared_mem_bytes: 0,
+    }
 }
 
 fn check_dims(rows: usize, cols: usize, lens: &[usize]) -> Result<(i32, i32)> {
     ensure!(rows > 0 && cols > 0, "rmsnorm: empty [{rows}, {cols}]");
-    ensure!(rows <= i32::MAX as usize && cols <= i32::MAX as usize, "rmsnorm: [{rows}, {cols}] too large");
+    ensure!(
+        rows <= i32::MAX as usize && cols <= i32::MAX as usize,
+        "rmsnorm: [{rows}, {cols}] too large"
+    );
     for &len in lens {
-        ensure!(len >= rows * cols, "rmsnorm: buffer of {len} elements for [{rows}, {cols}]");
+        ensure!(
+            len >= rows * cols,
+            "rmsnorm: buffer of {len} elements for [{rows}, {cols}]"
+        );
     }
     Ok((rows as i32, cols as i32))
 }
@@ -33,10 +43,20 @@ impl CudaDevice {
         out: &mut CudaSlice<bf16>,
     ) -> Result<()> {
         let (rows_i, cols_i) = check_dims(rows, cols, &[x.len(), out.len()])?;
-        ensure!(weight.len() == cols, "rmsnorm: weight of {} for {cols} columns", weight.len());
+        ensure!(
+            weight.len() == cols,
+            "rmsnorm: weight of {} for {cols} columns",
+            weight.len()
+        );
         let f = self.function("rmsnorm", "rmsnorm_fwd_bf16")?;
         let mut launch = self.stream.launch_builder(&f);
-        launch.arg(out).arg(x).arg(weight).arg(&rows_i).arg(&cols_i).arg(&eps);
+        launch
+            .arg(out)
+            .arg(x)
+            .arg(weight)
+            .arg(&rows_i)
+            .arg(&cols_i)
+            .arg(&eps);
         // SAFETY: argument order and types match the kernel; sizes checked above.
         unsafe { launch.launch(launch_config(rows)) }?;
         Ok(())
@@ -55,10 +75,21 @@ impl CudaDevice {
         out: &mut CudaSlice<bf16>,
     ) -> Result<()> {
         let (rows_i, cols_i) = check_dims(rows, cols, &[residual.len(), delta.len(), out.len()])?;
-        ensure!(weight.len() == cols, "rmsnorm: weight of {} for {cols} columns", weight.len());
+        ensure!(
+            weight.len() == cols,
+            "rmsnorm: weight of {} for {cols} columns",
+            weight.len()
+        );
         let f = self.function("rmsnorm", "add_rmsnorm_fwd_bf16")?;
         let mut launch = self.stream.launch_builder(&f);
-        launch.arg(out).arg(residual).arg(delta).arg(weight).arg(&rows_i).arg(&cols_i).arg(&eps);
+        launch
+            .arg(out)
+            .arg(residual)
+            .arg(delta)
+            .arg(weight)
+            .arg(&rows_i)
+            .arg(&cols_i)
+            .arg(&eps);
         // SAFETY: argument order and types match the kernel; sizes checked above.
         unsafe { launch.launch(launch_config(rows)) }?;
         Ok(())

@@ -1,0 +1,64 @@
+#!/usr/bin/env bash
+# The runner scripts/gpu-pack.sh copies to .gpu/run.sh. On a GPU host:
+#
+#   bash .gpu/run.sh OUT_DIR
+#
+# 1. finds the CUDA libraries cudarc loads (libcuda from the driver; cuBLAS, cuBLASLt and NCCL
+#    from the system or from PyTorch's nvidia/*/lib folders) and sets LD_LIBRARY_PATH;
+# 2. runs every test executable with --include-ignored (the GPU tests run), then the benchmarks;
+# 3. writes one log per step and summary.txt (a table of steps and outcomes) into OUT_DIR.
+set -uo pipefail
+here=$(cd "$(dirname "$0")" && pwd)
+out=${1:?usage: run.sh OUT_DIR}
+mkdir -p "$out"
+summary="$out/summary.txt"
+: >"$summary"
+log() { echo "$*" | tee -a "$summary"; }
+
+log "swerve GPU run: commit $(tr '\n' ' ' <"$here/COMMIT"), $(date -u +%Y-%m-%dT%H:%M:%SZ)"
+nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.max.sm --format=csv,noheader 2>&1 | sed 's/^/gpu: /' | tee -a "$summary"
+nvidia-smi >"$out/nvidia-smi.txt" 2>&1
+
+libdirs=()
+for lib in libcublas.so libcublasLt.so libnccl.so; do
+  if ldconfig -p 2>/dev/null | grep -q "$lib"; then continue; fi
+  found=$(python3 - "$lib" <<'PY' 2>/dev/null
+import glob, os, site, sys
+roots = site.getsitepackages() + [site.getusersitepackages()]
+for root in roots:
+    for path in sorted(glob.glob(os.path.join(root, "nvidia", "**", sys.argv[1] + "*"), recursive=True)):
+        print(os.path.dirname(path)); raise SystemExit
+PY
+)
+  if [ -n "$found" ]; then libdirs+=("$found"); else log "warning: $lib not found (system or PyTorch's nvidia packages)"; fi
+done
+if [ ${#libdirs[@]} -gt 0 ]; then
+  LD_LIBRARY_PATH=$(printf '%s:' $(printf '%s\n' "${libdirs[@]}" | sort -u))${LD_LIBRARY_PATH:-}
+  export LD_LIBRARY_PATH
+fi
+log "libcuda: $(ldconfig -p 2>/dev/null | grep -m1 'libcuda.so' | awk '{print $NF}')"
+log "LD_LIBRARY_PATH=${LD_LIBRARY_PATH:-}"
+
+export SWERVE_ROOT="$here" SWERVE_BIN_DIR="$here/bin" RUST_BACKTRACE=1
+failed=0
+step() {
+  local name=$1; shift
+  local start=$SECONDS
+  if "$@" >"$out/$name.log" 2>&1; then status=ok; else status="FAILED ($?)"; failed=1; fi
+  local result
+  result=$(grep -E '^test result:' "$out/$name.log" | tail -n 1)
+  printf '%-28s %-12s %5ss  %s\n' "$name" "$status" $((SECONDS - start)) "$result" | tee -a "$summary"
+}
+
+for exe in "$here"/tests/*; do
+  [ -f "$exe" ] && [ -x "$exe" ] || continue
+  step "test-$(basename "$exe")" "$exe" --include-ignored --test-threads=1
+done
+step bench-kernels "$here/bin/swerve-bench" kernels
+step bench-prefill "$here/bin/swerve-bench" prefill
+
+for f in "$out"/bench-*.log; do
+  [ -f "$f" ] && { echo; echo "== $(basename "$f")"; cat "$f"; } >>"$summary"
+done
+grep -h -E '^(rmsnorm|add_rmsnorm).*error' "$out"/test-*.log >>"$summary" 2>/dev/null
+exit $failed
