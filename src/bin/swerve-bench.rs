@@ -14,9 +14,13 @@ use swerve::model::{synthetic, Qwen2Model};
     version,
     about = "swerve's throughput benchmarks"
 )]
+#[command(args_conflicts_with_subcommands = true)]
 struct Cli {
     #[command(subcommand)]
     command: Option<Command>,
+    /// With no subcommand: `prefill` with these options.
+    #[command(flatten)]
+    prefill: PrefillArgs,
 }
 
 #[derive(Subcommand)]
@@ -43,11 +47,7 @@ struct PrefillArgs {
 
 fn main() -> Result<()> {
     let cli = Cli::parse();
-    match cli.command.unwrap_or(Command::Prefill(PrefillArgs {
-        preset: "default".into(),
-        seq_lens: vec![128, 512],
-        reps: 3,
-    })) {
+    match cli.command.unwrap_or(Command::Prefill(cli.prefill)) {
         Command::Prefill(args) => prefill(args),
         Command::Kernels => kernels(),
     }
