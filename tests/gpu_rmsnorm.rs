@@ -72,6 +72,23 @@ fn cpu_reference(x: &[f32], w: &[f32], rows: usize, cols: usize) -> Vec<f32> {
     out.data
 }
 
+/// Asserts the kernel's output `got` for normalising `x` is within twice the naive bf16 error of
+/// the CPU reference.
+fn check_within_naive(kernel: &str, rows: usize, cols: usize, got: &[f32], x: &[f32], w: &[f32]) {
+    let reference = cpu_reference(x, w, rows, cols);
+    let kernel_err = max_abs_diff(got, &reference);
+    let naive_err = max_abs_diff(&naive_bf16(x, w, cols), &reference);
+    println!("{kernel} [{rows}, {cols}]: kernel error {kernel_err:.3e}, naive bf16 error {naive_err:.3e}");
+    assert!(
+        naive_err > 0.0,
+        "naive error is zero: inputs are degenerate"
+    );
+    assert!(
+        kernel_err <= 2.0 * naive_err,
+        "{kernel} [{rows}, {cols}]: kernel error {kernel_err} > 2 x naive {naive_err}"
+    );
+}
+
 #[test]
 #[ignore = "needs a CUDA GPU"]
 fn rmsnorm_fwd_matches_cpu_reference() {
@@ -87,18 +104,13 @@ fn rmsnorm_fwd_matches_cpu_reference() {
             .unwrap();
         let got = to_f32(&device.stream.clone_dtoh(&out).unwrap());
 
-        let (x32, w32) = (to_f32(&x_host), to_f32(&w_host));
-        let reference = cpu_reference(&x32, &w32, rows, cols);
-        let kernel_err = max_abs_diff(&got, &reference);
-        let naive_err = max_abs_diff(&naive_bf16(&x32, &w32, cols), &reference);
-        println!("rmsnorm [{rows}, {cols}]: kernel error {kernel_err:.3e}, naive bf16 error {naive_err:.3e}");
-        assert!(
-            naive_err > 0.0,
-            "naive error is zero: inputs are degenerate"
-        );
-        assert!(
-            kernel_err <= 2.0 * naive_err,
-            "[{rows}, {cols}]: kernel error {kernel_err} > 2 x naive {naive_err}"
+        check_within_naive(
+            "rmsnorm",
+            rows,
+            cols,
+            &got,
+            &to_f32(&x_host),
+            &to_f32(&w_host),
         );
     }
 }
@@ -129,18 +141,13 @@ fn add_rmsnorm_fwd_matches_cpu_reference() {
             .collect();
         assert_eq!(got_residual, want_residual, "[{rows}, {cols}]: residual");
 
-        let (res32, w32) = (to_f32(&want_residual), to_f32(&w_host));
-        let reference = cpu_reference(&res32, &w32, rows, cols);
-        let kernel_err = max_abs_diff(&got, &reference);
-        let naive_err = max_abs_diff(&naive_bf16(&res32, &w32, cols), &reference);
-        println!("add_rmsnorm [{rows}, {cols}]: kernel error {kernel_err:.3e}, naive bf16 error {naive_err:.3e}");
-        assert!(
-            naive_err > 0.0,
-            "naive error is zero: inputs are degenerate"
-        );
-        assert!(
-            kernel_err <= 2.0 * naive_err,
-            "[{rows}, {cols}]: kernel error {kernel_err} > 2 x naive {naive_err}"
+        check_within_naive(
+            "add_rmsnorm",
+            rows,
+            cols,
+            &got,
+            &to_f32(&want_residual),
+            &to_f32(&w_host),
         );
     }
 }
