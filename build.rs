@@ -122,7 +122,12 @@ fn main() {
                     line.trim()
                 );
             } else if verbose && line.contains("Used ") {
-                println!("cargo:warning=ptxas {stem}.cu {function}: {}", line.trim());
+                println!(
+                    "cargo:warning=ptxas {stem}.cu {function}: {}",
+                    line.trim()
+                        .trim_start_matches("ptxas info")
+                        .trim_start_matches([' ', ':'])
+                );
             }
         }
         compiled.push((stem, fatbin));
