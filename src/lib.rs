@@ -22,6 +22,7 @@ pub mod bench;
 pub mod config;
 pub mod model;
 pub mod tensor;
+pub mod tokenizer;
 pub mod train;
 
 /// The line every binary prints about where the model runs, e.g.

