@@ -19,6 +19,7 @@
 
 pub mod backend;
 pub mod bench;
+pub mod chat;
 pub mod config;
 pub mod model;
 pub mod tensor;

@@ -24,6 +24,8 @@ pub struct Tokenizer {
     /// The Jinja chat template from `tokenizer_config.json`, if the folder has one.
     chat_template: Option<String>,
     stop_ids: Vec<u32>,
+    /// Contents of the added tokens, longest first (for matching at a position).
+    added_tokens: Vec<String>,
 }
 
 impl Tokenizer {
@@ -77,10 +79,17 @@ impl Tokenizer {
             .iter()
             .filter_map(|t| inner.token_to_id(t))
             .collect();
+        let mut added_tokens: Vec<String> = inner
+            .get_added_tokens_decoder()
+            .values()
+            .map(|t| t.content.clone())
+            .collect();
+        added_tokens.sort_by(|a, b| b.len().cmp(&a.len()).then(a.cmp(b)));
         Ok(Self {
             inner,
             chat_template,
             stop_ids,
+            added_tokens,
         })
     }
 
@@ -91,6 +100,26 @@ impl Tokenizer {
             .encode(text, false)
             .map_err(|e| anyhow!("cannot encode text: {e}"))?;
         Ok(encoding.get_ids().to_vec())
+    }
+
+    /// Token ids of `text` with each token's byte span in `text`.
+    pub fn encode_with_offsets(&self, text: &str) -> Result<(Vec<u32>, Vec<(usize, usize)>)> {
+        let encoding = self
+            .inner
+            .encode(text, false)
+            .map_err(|e| anyhow!("cannot encode text: {e}"))?;
+        Ok((encoding.get_ids().to_vec(), encoding.get_offsets().to_vec()))
+    }
+
+    /// The added token (`<|im_end|>`, `<tool_call>`, ...) that `text` starts with, if any.
+    pub fn added_token_at(&self, text: &str) -> Option<&str> {
+        if text.is_empty() {
+            return None;
+        }
+        self.added_tokens
+            .iter()
+            .map(String::as_str)
+            .find(|t| !t.is_empty() && text.starts_with(t))
     }
 
     /// Text of `ids`; `skip_special` drops the special added tokens (not `<tool_call>` and later).
