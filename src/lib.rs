@@ -24,6 +24,7 @@ pub mod config;
 pub mod model;
 pub mod tensor;
 pub mod tokenizer;
+pub mod toolcall;
 pub mod train;
 
 /// The line every binary prints about where the model runs, e.g.
