@@ -48,6 +48,7 @@ done
 strip --strip-debug .gpu/bin/* .gpu/tests/*
 mkdir -p .gpu/tests/fixtures
 cp -r tests/fixtures/*/ .gpu/tests/fixtures/
+mkdir -p .gpu/assets && cp -r assets/qwen2.5 .gpu/assets/
 if [ -d bench/peers ]; then cp -r bench/peers/. .gpu/peers/; fi
 cp scripts/gpu-run.sh .gpu/run.sh
 git rev-parse HEAD >.gpu/COMMIT 2>/dev/null || echo unknown >.gpu/COMMIT

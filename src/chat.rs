@@ -18,7 +18,7 @@
 //! conversation rendered through it. Tokens come from tokenizing the text piece by piece between
 //! added tokens (which the tokenizer isolates anyway), so they equal the whole text's tokens.
 
-use crate::tokenizer::Tokenizer;
+use crate::tokenizer::{ByteSpans, Tokenizer};
 use anyhow::{anyhow, bail, Context, Result};
 use minijinja::{Environment, ErrorKind, Value as JinjaValue};
 use serde_json::{Map, Value};
@@ -279,10 +279,7 @@ impl ChatTemplate {
 
 /// Tokenizes `text` piece by piece, cutting before and after every added token, and returns
 /// the ids with each token's byte span in `text`.
-fn tokenize_by_pieces(
-    tokenizer: &Tokenizer,
-    text: &str,
-) -> Result<(Vec<u32>, Vec<(usize, usize)>)> {
+fn tokenize_by_pieces(tokenizer: &Tokenizer, text: &str) -> Result<(Vec<u32>, ByteSpans)> {
     let mut tokens = Vec::new();
     let mut offsets = Vec::new();
     let mut piece_start = 0;

@@ -21,6 +21,7 @@ pub mod backend;
 pub mod bench;
 pub mod chat;
 pub mod config;
+pub mod jsonl;
 pub mod model;
 pub mod tensor;
 pub mod tokenizer;

@@ -19,6 +19,9 @@ pub const IM_END: &str = "<|im_end|>";
 /// End of text; also the padding token.
 pub const ENDOFTEXT: &str = "<|endoftext|>";
 
+/// The `[start, end)` byte range in the input text of each token.
+pub type ByteSpans = Vec<(usize, usize)>;
+
 pub struct Tokenizer {
     inner: tokenizers::Tokenizer,
     /// The Jinja chat template from `tokenizer_config.json`, if the folder has one.
@@ -103,7 +106,7 @@ impl Tokenizer {
     }
 
     /// Token ids of `text` with each token's byte span in `text`.
-    pub fn encode_with_offsets(&self, text: &str) -> Result<(Vec<u32>, Vec<(usize, usize)>)> {
+    pub fn encode_with_offsets(&self, text: &str) -> Result<(Vec<u32>, ByteSpans)> {
         let encoding = self
             .inner
             .encode(text, false)

@@ -41,10 +41,16 @@ impl std::fmt::Display for ToolCallFormatError {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {
             Self::Unclosed { index } => write!(f, "tool call {index}: <tool_call> is never closed"),
-            Self::UnexpectedClose { index } => write!(f, "tool call {index}: </tool_call> without <tool_call>"),
-            Self::BadJson { index, message } => write!(f, "tool call {index}: not a JSON object: {message}"),
+            Self::UnexpectedClose { index } => {
+                write!(f, "tool call {index}: </tool_call> without <tool_call>")
+            }
+            Self::BadJson { index, message } => {
+                write!(f, "tool call {index}: not a JSON object: {message}")
+            }
             Self::MissingName { index } => write!(f, "tool call {index}: no string `name`"),
-            Self::BadArguments { index } => write!(f, "tool call {index}: `arguments` must be a JSON object"),
+            Self::BadArguments { index } => {
+                write!(f, "tool call {index}: `arguments` must be a JSON object")
+            }
         }
     }
 }
@@ -63,8 +69,16 @@ pub fn parse_tool_calls(text: &str) -> Result<ParsedAssistant, ToolCallFormatErr
                 content.push_str(rest);
                 break;
             }
-            (None, Some(_)) => return Err(ToolCallFormatError::UnexpectedClose { index: tool_calls.len() }),
-            (Some(o), Some(c)) if c < o => return Err(ToolCallFormatError::UnexpectedClose { index: tool_calls.len() }),
+            (None, Some(_)) => {
+                return Err(ToolCallFormatError::UnexpectedClose {
+                    index: tool_calls.len(),
+                })
+            }
+            (Some(o), Some(c)) if c < o => {
+                return Err(ToolCallFormatError::UnexpectedClose {
+                    index: tool_calls.len(),
+                })
+            }
             (Some(o), _) => {
                 content.push_str(&rest[..o]);
                 let body_start = o + OPEN.len();
@@ -81,14 +95,23 @@ pub fn parse_tool_calls(text: &str) -> Result<ParsedAssistant, ToolCallFormatErr
             }
         }
     }
-    Ok(ParsedAssistant { content: content.trim().to_string(), tool_calls })
+    Ok(ParsedAssistant {
+        content: content.trim().to_string(),
+        tool_calls,
+    })
 }
 
 fn parse_body(body: &str, index: usize) -> Result<ToolCall, ToolCallFormatError> {
-    let value: Value = serde_json::from_str(body.trim())
-        .map_err(|e| ToolCallFormatError::BadJson { index, message: e.to_string() })?;
+    let value: Value =
+        serde_json::from_str(body.trim()).map_err(|e| ToolCallFormatError::BadJson {
+            index,
+            message: e.to_string(),
+        })?;
     let Value::Object(obj) = value else {
-        return Err(ToolCallFormatError::BadJson { index, message: "not an object".into() });
+        return Err(ToolCallFormatError::BadJson {
+            index,
+            message: "not an object".into(),
+        });
     };
     let name = match obj.get("name") {
         Some(Value::String(n)) if !n.is_empty() => n.clone(),
@@ -119,8 +142,14 @@ mod tests {
         assert_eq!(
             parsed.tool_calls,
             [
-                ToolCall { name: "bash".into(), arguments: json!({"command": "ls"}) },
-                ToolCall { name: "read".into(), arguments: json!({"path": "读我.md"}) },
+                ToolCall {
+                    name: "bash".into(),
+                    arguments: json!({"command": "ls"})
+                },
+                ToolCall {
+                    name: "read".into(),
+                    arguments: json!({"path": "读我.md"})
+                },
             ]
         );
     }
@@ -128,7 +157,13 @@ mod tests {
     #[test]
     fn plain_text_has_no_calls() {
         let parsed = parse_tool_calls("  just text, no < tags > here ").unwrap();
-        assert_eq!(parsed, ParsedAssistant { content: "just text, no < tags > here".into(), tool_calls: vec![] });
+        assert_eq!(
+            parsed,
+            ParsedAssistant {
+                content: "just text, no < tags > here".into(),
+                tool_calls: vec![]
+            }
+        );
     }
 
     #[test]
@@ -144,11 +179,29 @@ mod tests {
         let cases = [
             ("<tool_call>\n{\"name\": \"f\"", Unclosed { index: 0 }),
             ("a</tool_call>", UnexpectedClose { index: 0 }),
-            ("<tool_call>{\"name\": \"f\"}</tool_call></tool_call>", UnexpectedClose { index: 1 }),
-            ("<tool_call><tool_call>{\"name\": \"f\"}</tool_call>", Unclosed { index: 0 }),
-            ("<tool_call>{\"arguments\": {}}</tool_call>", MissingName { index: 0 }),
-            ("<tool_call>{\"name\": \"f\", \"arguments\": [1]}</tool_call>", BadArguments { index: 0 }),
-            ("<tool_call>[1, 2]</tool_call>", BadJson { index: 0, message: "not an object".into() }),
+            (
+                "<tool_call>{\"name\": \"f\"}</tool_call></tool_call>",
+                UnexpectedClose { index: 1 },
+            ),
+            (
+                "<tool_call><tool_call>{\"name\": \"f\"}</tool_call>",
+                Unclosed { index: 0 },
+            ),
+            (
+                "<tool_call>{\"arguments\": {}}</tool_call>",
+                MissingName { index: 0 },
+            ),
+            (
+                "<tool_call>{\"name\": \"f\", \"arguments\": [1]}</tool_call>",
+                BadArguments { index: 0 },
+            ),
+            (
+                "<tool_call>[1, 2]</tool_call>",
+                BadJson {
+                    index: 0,
+                    message: "not an object".into(),
+                },
+            ),
         ];
         for (text, want) in cases {
             assert_eq!(parse_tool_calls(text).unwrap_err(), want, "{text:?}");

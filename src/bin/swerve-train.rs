@@ -1,5 +1,6 @@
 //! swerve-train: training-side commands. `score` computes per-token logprobs of given token
-//! sequences; `rft` and `dapo` arrive with the training issue.
+//! sequences; `tokenize` shows a data file as the trainer tokenizes it; `rft` and `dapo` arrive
+//! with the training issue.
 
 use anyhow::Result;
 use clap::{Parser, Subcommand};
@@ -36,6 +37,18 @@ enum Command {
         #[arg(long, default_value_t = 8192, value_parser = clap::value_parser!(u64).range(1..))]
         batch_tokens: u64,
     },
+    /// A data file as the trainer tokenizes it: input lines {"text": ...} or {"messages": [...],
+    /// "tools": [...]}, output lines {"tokens": [...], "action_mask": [...]}.
+    Tokenize {
+        /// Folder with tokenizer.json (and tokenizer_config.json for the chat template); a model
+        /// folder works.
+        #[arg(long)]
+        tokenizer: PathBuf,
+        #[arg(long)]
+        input: PathBuf,
+        #[arg(long)]
+        output: PathBuf,
+    },
 }
 
 fn main() -> Result<()> {
@@ -62,6 +75,19 @@ fn main() -> Result<()> {
                 summary.sequences,
                 summary.tokens,
                 summary.seconds,
+                output.display()
+            );
+        }
+        Command::Tokenize {
+            tokenizer,
+            input,
+            output,
+        } => {
+            let tokenizer = swerve::tokenizer::Tokenizer::from_dir(&tokenizer)?;
+            let (lines, tokens) =
+                swerve::train::tokenize::tokenize_file(&tokenizer, &input, &output)?;
+            eprintln!(
+                "tokenized {lines} lines ({tokens} tokens) -> {}",
                 output.display()
             );
         }

@@ -1,4 +1,5 @@
-//! The training side. For now: `score`, the per-token logprobs of given token sequences (the
-//! trainer's "recompute old logprobs" step).
+//! The training side: `score` (per-token logprobs of given token sequences, the trainer's
+//! "recompute old logprobs" step) and `tokenize` (a data file as the trainer tokenizes it).
 
 pub mod score;
+pub mod tokenize;

@@ -9,54 +9,40 @@
 //! time so the `[T, vocab]` logits are never whole in memory.
 
 use crate::backend::Backend;
+use crate::jsonl;
 use crate::model::{PackedBatch, Qwen2Model};
-use anyhow::{anyhow, bail, Context, Result};
+use anyhow::{anyhow, bail, Result};
 use serde_json::Value;
-use std::io::{BufRead, BufWriter, Write};
 use std::path::Path;
 
 /// Rows of logits materialised at once.
 const LOGIT_ROWS: usize = 256;
 
 /// Reads and checks a score input file: token ids inside the vocabulary, lengths within the
-/// model's context. Errors name the line.
+/// model's context. Errors name `file:line`.
 pub fn read_token_sequences(
     path: &Path,
     vocab_size: usize,
     max_context: usize,
 ) -> Result<Vec<Vec<u32>>> {
-    let file =
-        std::fs::File::open(path).with_context(|| format!("cannot open {}", path.display()))?;
     let mut sequences = Vec::new();
-    for (i, line) in std::io::BufReader::new(file).lines().enumerate() {
-        let line_no = i + 1;
-        let line =
-            line.with_context(|| format!("{}: cannot read line {line_no}", path.display()))?;
-        let at = || format!("{}:{line_no}", path.display());
-        if line.trim().is_empty() {
-            bail!(
-                "{}: empty line (every line must be {{\"tokens\": [...]}})",
-                at()
-            );
-        }
-        let value: Value =
-            serde_json::from_str(&line).with_context(|| format!("{}: not valid JSON", at()))?;
+    for (line_no, value) in jsonl::read_objects(path)? {
+        let at = jsonl::at(path, line_no);
         let tokens = value
             .get("tokens")
             .and_then(Value::as_array)
-            .ok_or_else(|| anyhow!("{}: expected an object with a `tokens` array", at()))?;
+            .ok_or_else(|| anyhow!("{at}: expected an object with a `tokens` array"))?;
         let mut ids = Vec::with_capacity(tokens.len());
         for (t, id) in tokens.iter().enumerate() {
             let id = id
                 .as_u64()
                 .filter(|&id| (id as usize) < vocab_size)
-                .ok_or_else(|| anyhow!("{}: tokens[{t}] = {id} is not a token id below the vocabulary size {vocab_size}", at()))?;
+                .ok_or_else(|| anyhow!("{at}: tokens[{t}] = {id} is not a token id below the vocabulary size {vocab_size}"))?;
             ids.push(id as u32);
         }
         if ids.len() > max_context {
             bail!(
-                "{}: {} tokens exceed the model's context of {max_context}",
-                at(),
+                "{at}: {} tokens exceed the model's context of {max_context}",
                 ids.len()
             );
         }
@@ -156,27 +142,11 @@ pub fn score_file<B: Backend>(
         read_token_sequences(input, model.config.vocab_size, model.config.max_context())?;
     let mut partial = output.as_os_str().to_owned();
     partial.push(".partial");
-    let partial = std::path::PathBuf::from(partial);
-    let file = std::fs::File::create(&partial)
-        .with_context(|| format!("cannot create {}", partial.display()))?;
-    let mut writer = BufWriter::new(file);
-    let written = score_sequences(backend, model, &sequences, batch_tokens, |_, logprobs| {
-        serde_json::to_writer(&mut writer, &serde_json::json!({ "logprobs": logprobs }))?;
-        writer.write_all(b"\n")?;
-        Ok(())
-    })
-    .and_then(|()| {
-        writer
-            .flush()
-            .with_context(|| format!("cannot write {}", partial.display()))
-    });
-    drop(writer);
-    if let Err(e) = written {
-        let _ = std::fs::remove_file(&partial);
-        return Err(e);
-    }
-    std::fs::rename(&partial, output)
-        .with_context(|| format!("cannot move {} to {}", partial.display(), output.display()))?;
+    jsonl::write_atomically(output, |write| {
+        score_sequences(backend, model, &sequences, batch_tokens, |_, logprobs| {
+            write(&serde_json::json!({ "logprobs": logprobs }))
+        })
+    })?;
     Ok(ScoreSummary {
         sequences: sequences.len(),
         tokens: sequences.iter().map(Vec::len).sum(),
