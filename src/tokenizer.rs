@@ -41,6 +41,16 @@ impl Tokenizer {
         )
     }
 
+    /// The tokenizer of a model folder: its own `tokenizer.json` when it has one (those files
+    /// take precedence), else the embedded Qwen2.5 tokenizer.
+    pub fn for_model_dir(dir: &Path) -> Result<Self> {
+        if dir.join("tokenizer.json").is_file() {
+            Self::from_dir(dir)
+        } else {
+            Self::qwen25()
+        }
+    }
+
     /// Loads `DIR/tokenizer.json` and, when present, `DIR/tokenizer_config.json`.
     pub fn from_dir(dir: &Path) -> Result<Self> {
         let json_path = dir.join("tokenizer.json");

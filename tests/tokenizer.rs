@@ -104,7 +104,18 @@ fn a_model_folder_brings_its_own_files() {
         dir.path().join("tokenizer.json"),
     )
     .unwrap();
-    let tokenizer = Tokenizer::from_dir(dir.path()).unwrap();
+    // A folder without tokenizer files gets the embedded Qwen2.5 tokenizer and template.
+    assert!(Tokenizer::for_model_dir(dir.path())
+        .unwrap()
+        .chat_template()
+        .unwrap()
+        .contains("<|im_start|>"));
+    std::fs::copy(
+        assets.join("tokenizer.json"),
+        dir.path().join("tokenizer.json"),
+    )
+    .unwrap();
+    let tokenizer = Tokenizer::for_model_dir(dir.path()).unwrap();
     assert!(tokenizer.chat_template().is_none());
     std::fs::write(
         dir.path().join("tokenizer_config.json"),
