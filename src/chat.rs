@@ -41,6 +41,18 @@ pub struct MaskedTokens {
     pub action_mask: Vec<u8>,
 }
 
+impl MaskedTokens {
+    /// The tokens with mask 1, in order: what the loss trains on.
+    pub fn action_tokens(&self) -> Vec<u32> {
+        self.tokens
+            .iter()
+            .zip(&self.action_mask)
+            .filter(|(_, &m)| m == 1)
+            .map(|(&t, _)| t)
+            .collect()
+    }
+}
+
 impl Conversation {
     /// Checks and normalises OpenAI/HF-style messages. Errors name the message index.
     pub fn new(messages: &[Value], tools: Option<&[Value]>) -> Result<Self> {

@@ -100,13 +100,7 @@ fn masked_tokens_are_the_assistant_text() {
     let masked = template
         .tokenize(&tokenizer, &conversation(&cases[2]))
         .unwrap();
-    let ids: Vec<u32> = masked
-        .tokens
-        .iter()
-        .zip(&masked.action_mask)
-        .filter(|(_, &m)| m == 1)
-        .map(|(&t, _)| t)
-        .collect();
+    let ids = masked.action_tokens();
     assert_eq!(
         tokenizer.decode(&ids, false).unwrap(),
         "<tool_call>\n{\"name\": \"bash\", \"arguments\": {\"command\": \"ls -la\"}}\n</tool_call><|im_end|>\
@@ -126,13 +120,7 @@ fn loss_false_keeps_the_turn_but_masks_it() {
     ]);
     let conv = Conversation::new(messages.as_array().unwrap(), None).unwrap();
     let masked = template.tokenize(&tokenizer, &conv).unwrap();
-    let ids: Vec<u32> = masked
-        .tokens
-        .iter()
-        .zip(&masked.action_mask)
-        .filter(|(_, &m)| m == 1)
-        .map(|(&t, _)| t)
-        .collect();
+    let ids = masked.action_tokens();
     assert_eq!(
         tokenizer.decode(&ids, false).unwrap(),
         "good answer<|im_end|>"
