@@ -276,35 +276,37 @@ impl Backend for CpuBackend {
             "rope: q head_dim {head_dim}, k {:?}",
             k.shape
         );
-        for x in [q, k] {
-            let rows_per_token = x.data.len() / head_dim / positions.len().max(1);
+        let heads_of = |x: &CpuTensor| -> Result<usize> {
+            let heads = x.data.len() / head_dim / positions.len().max(1);
             ensure!(
-                x.data.len() == positions.len() * rows_per_token * head_dim,
+                x.data.len() == positions.len() * heads * head_dim,
                 "rope: {:?} for {} positions",
                 x.shape,
                 positions.len()
             );
-            for (t, &pos) in positions.iter().enumerate() {
-                let (cos, sin): (Vec<f32>, Vec<f32>) = rotary
-                    .inv_freq
-                    .iter()
-                    .map(|&f| {
-                        let angle = pos as f64 * f;
-                        (
-                            (angle.cos() * rotary.attention_scaling) as f32,
-                            (angle.sin() * rotary.attention_scaling) as f32,
-                        )
-                    })
-                    .unzip();
-                let token =
-                    &mut x.data[t * rows_per_token * head_dim..(t + 1) * rows_per_token * head_dim];
-                for head in token.chunks_exact_mut(head_dim) {
-                    let (a, b) = head.split_at_mut(half);
-                    for i in 0..half {
-                        let (x1, x2) = (a[i], b[i]);
-                        a[i] = x1 * cos[i] - x2 * sin[i];
-                        b[i] = x2 * cos[i] + x1 * sin[i];
-                    }
+            Ok(heads)
+        };
+        let (q_heads, k_heads) = (heads_of(q)?, heads_of(k)?);
+        let mut cos = vec![0.0f32; half];
+        let mut sin = vec![0.0f32; half];
+        for (t, &pos) in positions.iter().enumerate() {
+            // One cos/sin row per token, shared by every q and k head.
+            for (i, &f) in rotary.inv_freq.iter().enumerate() {
+                let angle = pos as f64 * f;
+                cos[i] = (angle.cos() * rotary.attention_scaling) as f32;
+                sin[i] = (angle.sin() * rotary.attention_scaling) as f32;
+            }
+            let q_token = &mut q.data[t * q_heads * head_dim..(t + 1) * q_heads * head_dim];
+            let k_token = &mut k.data[t * k_heads * head_dim..(t + 1) * k_heads * head_dim];
+            for head in q_token
+                .chunks_exact_mut(head_dim)
+                .chain(k_token.chunks_exact_mut(head_dim))
+            {
+                let (a, b) = head.split_at_mut(half);
+                for i in 0..half {
+                    let (x1, x2) = (a[i], b[i]);
+                    a[i] = x1 * cos[i] - x2 * sin[i];
+                    b[i] = x2 * cos[i] + x1 * sin[i];
                 }
             }
         }

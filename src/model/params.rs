@@ -130,6 +130,29 @@ impl<T> Qwen2Params<T> {
         })
     }
 
+    /// Every parameter in checkpoint order (the order [`Qwen2Params::try_build`] visits them).
+    pub fn iter(&self) -> impl Iterator<Item = &T> {
+        std::iter::once(&self.embed_tokens)
+            .chain(self.layers.iter().flat_map(|l| {
+                [
+                    &l.input_layernorm,
+                    &l.q_proj_weight,
+                    &l.q_proj_bias,
+                    &l.k_proj_weight,
+                    &l.k_proj_bias,
+                    &l.v_proj_weight,
+                    &l.v_proj_bias,
+                    &l.o_proj_weight,
+                    &l.post_attention_layernorm,
+                    &l.gate_proj_weight,
+                    &l.up_proj_weight,
+                    &l.down_proj_weight,
+                ]
+            }))
+            .chain(std::iter::once(&self.norm))
+            .chain(self.lm_head.iter())
+    }
+
     /// The LM head weight `[vocab_local, hidden]`: `lm_head` or, when tied, the embedding.
     pub fn lm_head_weight(&self) -> &T {
         self.lm_head.as_ref().unwrap_or(&self.embed_tokens)

@@ -18,7 +18,7 @@ use crate::config::{LocalSizes, ModelConfig};
 use crate::model::params::Qwen2Params;
 use crate::model::weights::Checkpoint;
 use crate::tensor::HostTensor;
-use anyhow::{bail, Context, Result};
+use anyhow::{anyhow, bail, Context, Result};
 use std::path::Path;
 
 pub struct Qwen2Model<B: Backend> {
@@ -84,27 +84,11 @@ impl<B: Backend> Qwen2Model<B> {
         local: LocalSizes,
         host: &Qwen2Params<HostTensor<'_>>,
     ) -> Result<Self> {
-        let mut uploads = std::iter::once(&host.embed_tokens)
-            .chain(host.layers.iter().flat_map(|l| {
-                [
-                    &l.input_layernorm,
-                    &l.q_proj_weight,
-                    &l.q_proj_bias,
-                    &l.k_proj_weight,
-                    &l.k_proj_bias,
-                    &l.v_proj_weight,
-                    &l.v_proj_bias,
-                    &l.o_proj_weight,
-                    &l.post_attention_layernorm,
-                    &l.gate_proj_weight,
-                    &l.up_proj_weight,
-                    &l.down_proj_weight,
-                ]
-            }))
-            .chain(std::iter::once(&host.norm))
-            .chain(host.lm_head.iter());
+        let mut uploads = host.iter();
         let params = Qwen2Params::try_build(&config, &local, |name, shape, _| {
-            let tensor = uploads.next().expect("host params follow the same layout");
+            let tensor = uploads
+                .next()
+                .ok_or_else(|| anyhow!("host parameters end before {name}"))?;
             if tensor.shape != shape {
                 bail!(
                     "parameter {name}: shape {:?}, expected {shape:?}",
