@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Packs everything a GPU host needs to check this tree into .gpu/ (git-ignored): the release
-# binaries, every test executable (kernels embedded), the test fixtures and a runner.
+# binaries, every test executable (kernels embedded), the test fixtures, the PyTorch peer
+# benchmarks (bench/peers/*.py) and a runner.
 #
 #   scripts/gpu-pack.sh                  # build with the pinned nvcc, pack into .gpu/
 #   bash .gpu/run.sh OUT_DIR             # on the GPU host, from the repository root or anywhere
@@ -49,7 +50,7 @@ strip --strip-debug .gpu/bin/* .gpu/tests/*
 mkdir -p .gpu/tests/fixtures
 cp -r tests/fixtures/*/ .gpu/tests/fixtures/
 mkdir -p .gpu/assets && cp -r assets/qwen2.5 .gpu/assets/
-if [ -d bench/peers ]; then cp -r bench/peers/. .gpu/peers/; fi
+cp bench/peers/*.py .gpu/peers/
 cp scripts/gpu-run.sh .gpu/run.sh
 git rev-parse HEAD >.gpu/COMMIT 2>/dev/null || echo unknown >.gpu/COMMIT
 if [ -n "$(git status --porcelain 2>/dev/null)" ]; then echo "(with uncommitted changes)" >>.gpu/COMMIT; fi

@@ -5,14 +5,18 @@
 #
 # 1. finds the CUDA libraries cudarc loads (libcuda from the driver; cuBLAS, cuBLASLt and NCCL
 #    from the system or from PyTorch's nvidia/*/lib folders) and sets LD_LIBRARY_PATH;
-# 2. runs every test executable with --include-ignored (the GPU tests run), then the benchmarks;
-# 3. writes one log per step and summary.txt (a table of steps and outcomes) into OUT_DIR.
+# 2. runs every test executable with --include-ignored (the GPU tests run), then the benchmarks:
+#    swerve-bench's, then the PyTorch peers (peers/*.py) on the same card;
+# 3. writes one log per step and summary.txt (a table of steps and outcomes, the benchmark tables,
+#    and swerve against the peers side by side) into OUT_DIR, plus the benchmark rows as JSON lines
+#    (swerve.jsonl, peers.jsonl; schema in bench/peers/README.md).
 set -uo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 out=${1:?usage: run.sh OUT_DIR}
 mkdir -p "$out"
 summary="$out/summary.txt"
 : >"$summary"
+rm -f "$out/swerve.jsonl" "$out/peers.jsonl"
 log() { echo "$*" | tee -a "$summary"; }
 
 log "swerve GPU run: commit $(tr '\n' ' ' <"$here/COMMIT"), $(date -u +%Y-%m-%dT%H:%M:%SZ)"
@@ -54,11 +58,17 @@ for exe in "$here"/tests/*; do
   [ -f "$exe" ] && [ -x "$exe" ] || continue
   step "test-$(basename "$exe")" "$exe" --include-ignored --test-threads=1
 done
-step bench-kernels "$here/bin/swerve-bench" kernels
-step bench-prefill "$here/bin/swerve-bench" prefill
+step bench-kernels "$here/bin/swerve-bench" kernels --jsonl "$out/swerve.jsonl"
+step bench-prefill "$here/bin/swerve-bench" prefill --jsonl "$out/swerve.jsonl"
+step bench-prefill-7b timeout 240 "$here/bin/swerve-bench" prefill --preset qwen2.5-7b --seq-lens 4096,16384,32768 --jsonl "$out/swerve.jsonl"
+# The peers on the same card (PyTorch SDPA flash/cuDNN, transformers' Qwen2): same shapes and keys.
+# The time limits only cap a run gone wrong; rows already measured stay in peers.jsonl.
+step bench-peers-attention timeout 120 python3 "$here/peers/attention.py" --jsonl "$out/peers.jsonl"
+step bench-peers-prefill timeout 180 python3 "$here/peers/prefill.py" --jsonl "$out/peers.jsonl"
 
 for f in "$out"/bench-*.log; do
   [ -f "$f" ] && { echo; echo "== $(basename "$f")"; cat "$f"; } >>"$summary"
 done
 grep -h -E '^(rmsnorm|add_rmsnorm).*error' "$out"/test-*.log >>"$summary" 2>/dev/null
+{ echo; echo "== swerve against the peers"; python3 "$here/peers/compare.py" "$out"/*.jsonl 2>&1; } >>"$summary"
 exit $failed
