@@ -12,6 +12,7 @@
 //! - [`model`]: the parameter layout and HF names ([`model::params`]), safetensors checkpoints
 //!   ([`model::weights`]), the Qwen2 forward pass ([`model::qwen2`]) and synthetic models for
 //!   benchmarks ([`model::synthetic`]).
+//! - [`kvcache`]: the paged KV cache's block pool, prefix cache and [`kvcache::KvCacheManager`].
 //! - [`train`]: `score` (per-token logprobs of given sequences) so far.
 //! - [`bench`]: what `swerve-bench` measures.
 //!
@@ -22,6 +23,7 @@ pub mod bench;
 pub mod chat;
 pub mod config;
 pub mod jsonl;
+pub mod kvcache;
 pub mod model;
 pub mod tensor;
 pub mod tokenizer;

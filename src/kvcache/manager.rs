@@ -1,0 +1,767 @@
+//! [`KvCacheManager`]: each request's block table over one [`BlockPool`], prefix-cache lookups and
+//! registration. The module doc of [`crate::kvcache`] draws a request's regions and the step.
+//!
+//! Per request the manager keeps:
+//!
+//! ```text
+//!   blocks             [ 7 ][ 3 ][ 12 ][ 5 ][ 9 ][ 2 ]     the block table, in token order
+//!   hasher.hashes()    [ h0 ][ h1 ][ h2 ][ h3 ][ h4 ]      hashes of the blocks full so far
+//!   num_cached_blocks  ------------------------------> 5   blocks registered (or found cached
+//!                                                          with equal content) in order
+//!   cacheable          false after a weight reset or a hash collision: nothing more registered
+//! ```
+
+use super::block_pool::{BlockId, BlockPool, NULL_BLOCK};
+use super::prefix::{hash_block, BlockHasher, CacheInsert};
+use super::KvCacheError;
+use std::collections::HashMap;
+
+/// The engine's id of a request (one sequence).
+pub type RequestId = u64;
+
+/// Prefix-cache lookups counted in tokens: `queries` sums the lengths of the token lists looked
+/// up, `hits` the tokens found cached.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct PrefixCacheStats {
+    pub queries: u64,
+    pub hits: u64,
+}
+
+impl PrefixCacheStats {
+    /// `hits / queries`, 0 when nothing was looked up.
+    pub fn hit_rate(&self) -> f64 {
+        if self.queries == 0 {
+            0.0
+        } else {
+            self.hits as f64 / self.queries as f64
+        }
+    }
+}
+
+#[derive(Clone, Debug)]
+struct RequestBlocks {
+    blocks: Vec<BlockId>,
+    hasher: BlockHasher,
+    num_cached_blocks: usize,
+    cacheable: bool,
+}
+
+/// The paged KV cache's bookkeeping for all requests (see the module doc).
+#[derive(Clone, Debug)]
+pub struct KvCacheManager {
+    pool: BlockPool,
+    enable_prefix_caching: bool,
+    requests: HashMap<RequestId, RequestBlocks>,
+    stats: PrefixCacheStats,
+}
+
+impl KvCacheManager {
+    /// `num_blocks` counts the reserved null block (so `num_blocks - 1` are usable).
+    pub fn new(
+        num_blocks: usize,
+        block_size: usize,
+        enable_prefix_caching: bool,
+    ) -> Result<Self, KvCacheError> {
+        Ok(Self {
+            pool: BlockPool::new(num_blocks, block_size)?,
+            enable_prefix_caching,
+            requests: HashMap::new(),
+            stats: PrefixCacheStats::default(),
+        })
+    }
+
+    pub fn block_size(&self) -> usize {
+        self.pool.block_size()
+    }
+
+    /// All blocks, the null block included.
+    pub fn num_blocks(&self) -> usize {
+        self.pool.num_blocks()
+    }
+
+    pub fn num_free_blocks(&self) -> usize {
+        self.pool.num_free_blocks()
+    }
+
+    pub fn num_used_blocks(&self) -> usize {
+        self.pool.num_used_blocks()
+    }
+
+    /// Fraction of the usable blocks held by requests.
+    pub fn usage(&self) -> f64 {
+        self.pool.usage()
+    }
+
+    pub fn prefix_caching_enabled(&self) -> bool {
+        self.enable_prefix_caching
+    }
+
+    /// Read-only view of the pool (ref counts, cached hashes, free-queue order).
+    pub fn pool(&self) -> &BlockPool {
+        &self.pool
+    }
+
+    pub fn prefix_cache_stats(&self) -> PrefixCacheStats {
+        self.stats
+    }
+
+    pub fn reset_prefix_cache_stats(&mut self) {
+        self.stats = PrefixCacheStats::default();
+    }
+
+    /// Requests that own blocks.
+    pub fn num_requests(&self) -> usize {
+        self.requests.len()
+    }
+
+    pub fn contains(&self, req: RequestId) -> bool {
+        self.requests.contains_key(&req)
+    }
+
+    /// The request's blocks in token order (empty for a request the cache does not know).
+    pub fn block_table(&self, req: RequestId) -> &[BlockId] {
+        self.requests.get(&req).map_or(&[], |r| &r.blocks)
+    }
+
+    pub fn num_blocks_of(&self, req: RequestId) -> usize {
+        self.block_table(req).len()
+    }
+
+    /// Blocks that hold `num_tokens` tokens.
+    pub fn blocks_needed(&self, num_tokens: usize) -> usize {
+        num_tokens.div_ceil(self.block_size())
+    }
+
+    /// `Err(NeverFits)` if `num_tokens` tokens need more blocks than the whole pool has; for
+    /// admission checks (e.g. prompt + max_tokens) before a request is ever scheduled.
+    pub fn check_fits(&self, req: RequestId, num_tokens: usize) -> Result<(), KvCacheError> {
+        let blocks_needed = self.blocks_needed(num_tokens);
+        if blocks_needed > self.pool.num_usable_blocks() {
+            return Err(KvCacheError::NeverFits {
+                request: req,
+                num_tokens,
+                blocks_needed,
+                num_usable_blocks: self.pool.num_usable_blocks(),
+                block_size: self.block_size(),
+            });
+        }
+        Ok(())
+    }
+
+    /// The longest cached prefix of full blocks of `tokens`, and the tokens it covers. Never the
+    /// whole list: at most `(tokens.len() - 1) / block_size` blocks, so at least one token is left
+    /// to compute. Counts `tokens.len()` queries and the hit tokens in the stats (nothing when
+    /// prefix caching is off). The blocks are not held until passed to
+    /// [`allocate_slots`](Self::allocate_slots), which must come before any other allocation.
+    pub fn get_computed_blocks(&mut self, tokens: &[u32]) -> (Vec<BlockId>, usize) {
+        if !self.enable_prefix_caching {
+            return (Vec::new(), 0);
+        }
+        let block_size = self.block_size();
+        let max_blocks = tokens.len().saturating_sub(1) / block_size;
+        let mut hits = Vec::new();
+        let mut parent = None;
+        for block_tokens in tokens.chunks_exact(block_size).take(max_blocks) {
+            let hash = hash_block(parent, block_tokens, None);
+            match self.pool.lookup(hash, parent, block_tokens, None) {
+                Some(id) => hits.push(id),
+                None => break,
+            }
+            parent = Some(hash);
+        }
+        let num_hit_tokens = hits.len() * block_size;
+        self.stats.queries += tokens.len() as u64;
+        self.stats.hits += num_hit_tokens as u64;
+        (hits, num_hit_tokens)
+    }
+
+    /// Makes request `req` own blocks for `num_computed_tokens + num_new_tokens` tokens and caches
+    /// each block that is full once those tokens are computed.
+    ///
+    /// - `tokens`: the request's whole known token list (prompt + generated so far). It must
+    ///   extend the list given in earlier calls for the same request, and hold the scheduled
+    ///   tokens: `num_computed_tokens + num_new_tokens <= tokens.len()`.
+    /// - `num_computed_tokens`: tokens whose KV the request already has, hits included. For a
+    ///   request new to the cache it equals the hit tokens, `new_computed_blocks.len() *
+    ///   block_size`; afterwards at most what its blocks hold.
+    /// - `new_computed_blocks`: the hits from [`get_computed_blocks`](Self::get_computed_blocks),
+    ///   only on the request's first call; they are held (ref-counted) from now on.
+    ///
+    /// Returns the ids of the newly allocated blocks (appended to the block table after the hits),
+    /// or `Ok(None)` when too few blocks are free right now; then nothing changed and the caller
+    /// may free another request and retry. `Err` for requests that can never fit and for
+    /// inconsistent arguments, also with nothing changed.
+    pub fn allocate_slots(
+        &mut self,
+        req: RequestId,
+        tokens: &[u32],
+        num_computed_tokens: usize,
+        num_new_tokens: usize,
+        new_computed_blocks: &[BlockId],
+    ) -> Result<Option<Vec<BlockId>>, KvCacheError> {
+        let block_size = self.block_size();
+        let bad = |message: String| KvCacheError::BadArguments {
+            request: req,
+            message,
+        };
+        let num_total = num_computed_tokens
+            .checked_add(num_new_tokens)
+            .ok_or_else(|| {
+                bad(format!(
+                    "num_computed_tokens {num_computed_tokens} + num_new_tokens overflows"
+                ))
+            })?;
+        if num_total > tokens.len() {
+            return Err(bad(format!(
+                "num_computed_tokens {num_computed_tokens} + num_new_tokens {num_new_tokens} = \
+                 {num_total} is more than the {} tokens given",
+                tokens.len()
+            )));
+        }
+        self.check_fits(req, num_total)?;
+        let num_full_blocks = num_total / block_size;
+
+        let mut new_state = None;
+        let num_owned = match self.requests.get(&req) {
+            Some(state) => {
+                if !new_computed_blocks.is_empty() {
+                    return Err(bad(format!(
+                        "prefix-cache hits are taken on a request's first allocation only; it \
+                         owns {} blocks already",
+                        state.blocks.len()
+                    )));
+                }
+                let held = state.blocks.len() * block_size;
+                if num_computed_tokens > held {
+                    return Err(bad(format!(
+                        "num_computed_tokens {num_computed_tokens}, but its {} blocks hold {held}",
+                        state.blocks.len()
+                    )));
+                }
+                state.blocks.len()
+            }
+            None => {
+                let num_hit_tokens = new_computed_blocks.len() * block_size;
+                if num_computed_tokens != num_hit_tokens {
+                    return Err(bad(format!(
+                        "a request new to the cache has computed exactly its prefix hits ({} \
+                         blocks = {num_hit_tokens} tokens), not num_computed_tokens {}",
+                        new_computed_blocks.len(),
+                        num_computed_tokens
+                    )));
+                }
+                if !new_computed_blocks.is_empty() && !self.enable_prefix_caching {
+                    return Err(bad(
+                        "prefix-cache hits given, but prefix caching is off".into()
+                    ));
+                }
+                // The hash chain, needed to register blocks anyway, proves the hits are the
+                // cached blocks for these very tokens.
+                let mut hasher = BlockHasher::new(block_size, None);
+                if self.enable_prefix_caching {
+                    hasher.update(&tokens[..num_full_blocks * block_size]);
+                }
+                for (i, &id) in new_computed_blocks.iter().enumerate() {
+                    if !self.pool.is_valid_block(id) {
+                        return Err(bad(format!(
+                            "prefix hit {i}: {id} is not a usable block id"
+                        )));
+                    }
+                    if self.pool.cached_hash(id) != Some(hasher.hashes()[i]) {
+                        return Err(bad(format!(
+                            "prefix hit {i}: block {id} is not the cached block for these tokens \
+                             (evicted or reset since get_computed_blocks?)"
+                        )));
+                    }
+                }
+                new_state = Some(RequestBlocks {
+                    blocks: Vec::new(),
+                    hasher,
+                    num_cached_blocks: new_computed_blocks.len(),
+                    cacheable: self.enable_prefix_caching,
+                });
+                new_computed_blocks.len()
+            }
+        };
+
+        // Hits sitting in the free queue are taken out of it by `touch`.
+        let num_new_blocks = self.blocks_needed(num_total).saturating_sub(num_owned);
+        let num_reviving = new_computed_blocks
+            .iter()
+            .filter(|&&id| self.pool.ref_count(id) == 0);
+        if num_new_blocks + num_reviving.count() > self.pool.num_free_blocks() {
+            return Ok(None);
+        }
+
+        self.pool.touch(new_computed_blocks);
+        let new_blocks = self
+            .pool
+            .allocate(num_new_blocks)
+            .expect("free blocks counted above");
+        let state = match new_state {
+            Some(state) => self.requests.entry(req).or_insert(state),
+            None => self.requests.get_mut(&req).expect("looked up above"),
+        };
+        state.blocks.extend_from_slice(new_computed_blocks);
+        state.blocks.extend_from_slice(&new_blocks);
+
+        if state.cacheable {
+            let hashes = state.hasher.update(&tokens[..num_full_blocks * block_size]);
+            while state.num_cached_blocks < num_full_blocks {
+                let i = state.num_cached_blocks;
+                let parent = i.checked_sub(1).map(|p| hashes[p]);
+                let block_tokens = &tokens[i * block_size..(i + 1) * block_size];
+                match self
+                    .pool
+                    .cache_block(state.blocks[i], hashes[i], parent, block_tokens, None)
+                {
+                    CacheInsert::Inserted | CacheInsert::Duplicate => state.num_cached_blocks += 1,
+                    CacheInsert::Collision => {
+                        // Blocks after this one would chain on a hash that names other content.
+                        state.cacheable = false;
+                        break;
+                    }
+                }
+            }
+        }
+        Ok(Some(new_blocks))
+    }
+
+    /// Releases the request's blocks (tail first; cached ones stay cached until reused) and
+    /// forgets the request. `false` if the cache did not know it.
+    pub fn free(&mut self, req: RequestId) -> bool {
+        match self.requests.remove(&req) {
+            Some(state) => {
+                self.pool.free(&state.blocks);
+                true
+            }
+            None => false,
+        }
+    }
+
+    /// For a weight update: forgets every cached hash, also those of blocks running requests hold
+    /// (their KV came from the old weights and must never serve a new request), and stops the
+    /// running requests from caching their later blocks. Returns how many entries were dropped.
+    pub fn reset_prefix_cache(&mut self) -> usize {
+        for state in self.requests.values_mut() {
+            state.cacheable = false;
+        }
+        self.pool.reset_prefix_cache()
+    }
+
+    /// Every invariant of the pool and of the requests' tables; the first violation, in words.
+    /// Costs O(blocks + table entries): for tests and debug builds.
+    pub fn check_invariants(&self) -> Result<(), String> {
+        self.pool.check_invariants()?;
+        let mut holders = vec![0u32; self.num_blocks()];
+        for (req, state) in &self.requests {
+            for (i, &id) in state.blocks.iter().enumerate() {
+                if id == NULL_BLOCK || !self.pool.is_valid_block(id) {
+                    return Err(format!("request {req}: block table entry {i} is {id}"));
+                }
+                holders[id as usize] += 1;
+                let own_hash = self.pool.cached_hash(id);
+                if own_hash.is_some() && own_hash != state.hasher.hashes().get(i).copied() {
+                    return Err(format!(
+                        "request {req}: block {id} is cached under another hash"
+                    ));
+                }
+            }
+            if state.num_cached_blocks > state.blocks.len()
+                || state.num_cached_blocks > state.hasher.hashes().len()
+            {
+                return Err(format!(
+                    "request {req}: num_cached_blocks past its blocks or hashes"
+                ));
+            }
+        }
+        for (id, &n) in holders.iter().enumerate().skip(1) {
+            let rc = self.pool.ref_count(id as BlockId);
+            if rc != n {
+                return Err(format!(
+                    "block {id}: ref_cnt {rc} but {n} block tables hold it"
+                ));
+            }
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::kvcache::prefix::hash_request_blocks;
+
+    fn tokens(range: std::ops::Range<u32>) -> Vec<u32> {
+        range.collect()
+    }
+
+    /// get_computed_blocks + allocate_slots for the whole list, as a request new to the cache.
+    fn admit(m: &mut KvCacheManager, req: RequestId, toks: &[u32]) -> Option<Vec<BlockId>> {
+        let (hits, n) = m.get_computed_blocks(toks);
+        let out = m
+            .allocate_slots(req, toks, n, toks.len() - n, &hits)
+            .unwrap();
+        m.check_invariants().unwrap();
+        out
+    }
+
+    /// Everything observable, to show that a refused call changed nothing.
+    fn snapshot(m: &KvCacheManager) -> impl PartialEq + std::fmt::Debug {
+        let mut tables: Vec<_> = m
+            .requests
+            .iter()
+            .map(|(r, s)| (*r, s.blocks.clone()))
+            .collect();
+        tables.sort();
+        let refs: Vec<u32> = (0..m.num_blocks() as BlockId)
+            .map(|b| m.pool.ref_count(b))
+            .collect();
+        let hashes: Vec<_> = (0..m.num_blocks() as BlockId)
+            .map(|b| m.pool.cached_hash(b))
+            .collect();
+        (tables, refs, hashes, m.pool.free_queue_order(), m.stats)
+    }
+
+    #[test]
+    fn new_rejects_unusable_shapes() {
+        assert!(matches!(
+            KvCacheManager::new(1, 16, true),
+            Err(KvCacheError::BadConfig(_))
+        ));
+        assert!(matches!(
+            KvCacheManager::new(64, 0, true),
+            Err(KvCacheError::BadConfig(_))
+        ));
+        let m = KvCacheManager::new(64, 16, true).unwrap();
+        assert_eq!(
+            (m.num_blocks(), m.block_size(), m.num_free_blocks()),
+            (64, 16, 63)
+        );
+        assert_eq!((m.num_used_blocks(), m.usage()), (0, 0.0));
+    }
+
+    #[test]
+    fn chunked_prefill_then_decode_grows_the_table() {
+        let mut m = KvCacheManager::new(16, 4, true).unwrap();
+        let mut toks = tokens(0..10);
+        assert_eq!(
+            m.allocate_slots(1, &toks, 0, 6, &[]).unwrap(),
+            Some(vec![1, 2])
+        );
+        assert_eq!(
+            m.pool().num_cached_blocks(),
+            1,
+            "block 1 is full once the chunk runs"
+        );
+        assert_eq!(
+            m.allocate_slots(1, &toks, 6, 4, &[]).unwrap(),
+            Some(vec![3])
+        );
+        assert_eq!((m.num_blocks_of(1), m.pool().num_cached_blocks()), (3, 2));
+        // Decode: tokens 10 and 11 fill block 3, token 12 opens block 4.
+        let mut new_per_token = Vec::new();
+        for t in 10..13 {
+            toks.push(t);
+            let new = m
+                .allocate_slots(1, &toks, toks.len() - 1, 1, &[])
+                .unwrap()
+                .unwrap();
+            new_per_token.push((new, m.pool().num_cached_blocks()));
+            m.check_invariants().unwrap();
+        }
+        assert_eq!(new_per_token, vec![(vec![], 2), (vec![], 3), (vec![4], 3)]);
+        assert_eq!(m.block_table(1), &[1, 2, 3, 4]);
+        let chain = hash_request_blocks(&toks, 4, None);
+        assert_eq!(m.pool().cached_hash(3), Some(chain[2]));
+        assert_eq!(
+            (m.num_used_blocks(), m.block_table(99), m.num_blocks_of(99)),
+            (4, &[][..], 0)
+        );
+        // Zero new tokens is a no-op allocation.
+        assert_eq!(
+            m.allocate_slots(1, &toks, 13, 0, &[]).unwrap(),
+            Some(vec![])
+        );
+        assert!(m.free(1));
+        assert!(!m.free(1), "freeing an unknown request is a no-op");
+        assert_eq!(m.pool().free_queue_order()[11..], [4, 3, 2, 1]);
+        m.check_invariants().unwrap();
+    }
+
+    #[test]
+    fn prefix_hit_leaves_at_least_one_token_to_compute() {
+        let mut m = KvCacheManager::new(32, 4, true).unwrap();
+        let prompt = tokens(100..108); // exactly 2 full blocks
+        assert_eq!(admit(&mut m, 1, &prompt), Some(vec![1, 2]));
+        assert_eq!(
+            m.get_computed_blocks(&prompt),
+            (vec![1], 4),
+            "the last block is recomputed"
+        );
+        let longer = tokens(100..109);
+        assert_eq!(m.get_computed_blocks(&longer), (vec![1, 2], 8));
+        assert_eq!(
+            m.get_computed_blocks(&tokens(100..103)),
+            (vec![], 0),
+            "no full block"
+        );
+        assert_eq!(m.get_computed_blocks(&[]), (vec![], 0));
+        let other = [vec![100, 101, 102, 999], tokens(104..109)].concat();
+        assert_eq!(
+            m.get_computed_blocks(&other),
+            (vec![], 0),
+            "the chain breaks at block 0"
+        );
+        let stats = m.prefix_cache_stats();
+        assert_eq!(
+            stats,
+            PrefixCacheStats {
+                queries: 8 + 8 + 9 + 3 + 9,
+                hits: 4 + 8
+            }
+        );
+        assert!((stats.hit_rate() - 12.0 / 37.0).abs() < 1e-12);
+        m.reset_prefix_cache_stats();
+        assert_eq!(
+            (m.prefix_cache_stats(), m.prefix_cache_stats().hit_rate()),
+            (Default::default(), 0.0)
+        );
+
+        // A second request takes the two hits and owns only its tail block.
+        assert_eq!(admit(&mut m, 2, &longer), Some(vec![3]));
+        assert_eq!(m.block_table(2), &[1, 2, 3]);
+        assert_eq!(
+            (
+                m.pool().ref_count(1),
+                m.pool().ref_count(2),
+                m.num_used_blocks()
+            ),
+            (2, 2, 3)
+        );
+        m.free(1);
+        assert_eq!(
+            m.num_used_blocks(),
+            3,
+            "request 2 still holds the shared blocks"
+        );
+        m.free(2);
+        assert_eq!(m.num_used_blocks(), 0);
+        m.check_invariants().unwrap();
+    }
+
+    #[test]
+    fn hits_on_free_blocks_revive_them_and_count_against_free_space() {
+        let mut m = KvCacheManager::new(6, 4, true).unwrap(); // 5 usable
+        let prompt = tokens(0..13); // 3 full blocks + 1 token
+        assert_eq!(admit(&mut m, 1, &prompt), Some(vec![1, 2, 3, 4]));
+        m.free(1); // queue: 5 4 3 2 1, blocks 1-3 still cached
+        m.check_invariants().unwrap();
+        // The next request hits the 3 cached free blocks; with 5 free, 2 more can be allocated.
+        let long = [tokens(0..12), tokens(50..58)].concat(); // 5 blocks in all
+        let (hits, n) = m.get_computed_blocks(&long);
+        assert_eq!((hits.clone(), n), (vec![1, 2, 3], 12));
+        let too_long = [tokens(0..12), tokens(50..59)].concat(); // needs 6 - 3 = 3 new, 2 left
+        let before = snapshot(&m);
+        assert_eq!(
+            m.allocate_slots(2, &too_long, 12, 9, &hits),
+            Err(KvCacheError::NeverFits {
+                request: 2,
+                num_tokens: 21,
+                blocks_needed: 6,
+                num_usable_blocks: 5,
+                block_size: 4
+            })
+        );
+        assert_eq!(snapshot(&m), before);
+        assert_eq!(
+            m.allocate_slots(2, &long, 12, 8, &hits).unwrap(),
+            Some(vec![5, 4])
+        );
+        assert_eq!(m.block_table(2), &[1, 2, 3, 5, 4]);
+        assert_eq!(m.num_free_blocks(), 0);
+        m.check_invariants().unwrap();
+    }
+
+    #[test]
+    fn temporarily_full_changes_nothing() {
+        let mut m = KvCacheManager::new(5, 4, true).unwrap(); // 4 usable
+        assert_eq!(admit(&mut m, 1, &tokens(0..9)), Some(vec![1, 2, 3]));
+        let prompt = tokens(0..9);
+        let (hits, n) = m.get_computed_blocks(&prompt);
+        assert_eq!(hits, vec![1, 2]);
+        // Request 2 needs its own third block: 1 free, fine. Request 3 then finds none.
+        assert!(m.allocate_slots(2, &prompt, n, 1, &hits).unwrap().is_some());
+        let other = tokens(200..209);
+        let before = snapshot(&m);
+        assert_eq!(m.allocate_slots(3, &other, 0, 9, &[]).unwrap(), None);
+        assert_eq!(snapshot(&m), before);
+        assert!(!m.contains(3));
+        // A running request that cannot grow is refused the same way.
+        let mut grown = prompt.clone();
+        grown.extend(9..13);
+        assert_eq!(m.allocate_slots(1, &grown, 9, 4, &[]).unwrap(), None);
+        assert_eq!(snapshot(&m), before);
+        // After a preemption the retry succeeds.
+        m.free(2);
+        assert_eq!(
+            m.allocate_slots(1, &grown, 9, 4, &[]).unwrap(),
+            Some(vec![4])
+        );
+        m.check_invariants().unwrap();
+    }
+
+    #[test]
+    fn never_fits_names_the_tokens_and_the_pool() {
+        let mut m = KvCacheManager::new(9, 16, true).unwrap();
+        let toks = vec![7; 200];
+        let err = m.allocate_slots(5, &toks, 0, 200, &[]).unwrap_err();
+        assert_eq!(
+            err.to_string(),
+            "request 5: 200 tokens need 13 KV blocks of 16 tokens, but \
+                                     the whole cache has 8 blocks (128 tokens)"
+        );
+        assert!(m.check_fits(5, 128).is_ok() && m.check_fits(5, 129).is_err());
+        assert_eq!(m.num_requests(), 0);
+    }
+
+    #[test]
+    fn inconsistent_arguments_are_errors_not_panics() {
+        let mut m = KvCacheManager::new(32, 4, true).unwrap();
+        let toks = tokens(0..10);
+        let bad = |r: Result<Option<Vec<BlockId>>, KvCacheError>| match r {
+            Err(KvCacheError::BadArguments { message, .. }) => message,
+            other => panic!("expected BadArguments, got {other:?}"),
+        };
+        assert!(bad(m.allocate_slots(1, &toks, 8, 3, &[])).contains("more than the 10 tokens"));
+        assert!(bad(m.allocate_slots(1, &toks, usize::MAX, 1, &[])).contains("overflows"));
+        assert!(bad(m.allocate_slots(1, &toks, 4, 1, &[])).contains("exactly its prefix hits"));
+        assert!(bad(m.allocate_slots(1, &toks, 4, 1, &[0])).contains("not a usable block"));
+        assert!(bad(m.allocate_slots(1, &toks, 4, 1, &[77])).contains("not a usable block"));
+        assert!(bad(m.allocate_slots(1, &toks, 4, 1, &[3])).contains("not the cached block"));
+        assert_eq!(admit(&mut m, 1, &toks), Some(vec![1, 2, 3]));
+        let (hits, n) = m.get_computed_blocks(&toks);
+        assert_eq!(hits, vec![1, 2]);
+        // Hits given twice, hits for other tokens, more computed than held.
+        assert!(bad(m.allocate_slots(1, &toks, 8, 0, &hits)).contains("first allocation"));
+        let shifted = tokens(1..11);
+        assert!(bad(m.allocate_slots(2, &shifted, n, 2, &hits)).contains("not the cached block"));
+        let mut longer = toks.clone();
+        longer.extend(10..20);
+        assert!(bad(m.allocate_slots(1, &longer, 13, 1, &[])).contains("hold 12"));
+        // Stale hits: the cache was reset between lookup and allocation.
+        m.reset_prefix_cache();
+        assert!(bad(m.allocate_slots(2, &toks, n, 2, &hits)).contains("reset"));
+        let mut off = KvCacheManager::new(8, 4, false).unwrap();
+        assert!(bad(off.allocate_slots(1, &toks, 4, 1, &[1])).contains("prefix caching is off"));
+        m.check_invariants().unwrap();
+        assert_eq!(m.num_requests(), 1);
+    }
+
+    #[test]
+    fn duplicate_content_keeps_the_first_cached_block() {
+        let mut m = KvCacheManager::new(32, 4, true).unwrap();
+        let toks = tokens(0..9);
+        // Both look up before either allocates: both compute the prompt.
+        let (h1, _) = m.get_computed_blocks(&toks);
+        let (h2, _) = m.get_computed_blocks(&toks);
+        assert!(h1.is_empty() && h2.is_empty());
+        assert_eq!(
+            m.allocate_slots(1, &toks, 0, 9, &[]).unwrap(),
+            Some(vec![1, 2, 3])
+        );
+        assert_eq!(
+            m.allocate_slots(2, &toks, 0, 9, &[]).unwrap(),
+            Some(vec![4, 5, 6])
+        );
+        assert_eq!(m.pool().num_cached_blocks(), 2);
+        assert_eq!(
+            (m.pool().cached_hash(4), m.pool().cached_hash(5)),
+            (None, None)
+        );
+        // Request 2 goes on registering its later blocks, chained on the shared hashes.
+        let mut grown = toks.clone();
+        grown.extend(9..12);
+        m.allocate_slots(2, &grown, 9, 3, &[]).unwrap().unwrap();
+        assert_eq!(m.pool().num_cached_blocks(), 3);
+        m.free(1);
+        let (hits, _) = m.get_computed_blocks(&[grown.clone(), vec![0]].concat());
+        assert_eq!(
+            hits,
+            vec![1, 2, 6],
+            "request 1's copies, then request 2's block"
+        );
+        m.check_invariants().unwrap();
+    }
+
+    #[test]
+    fn a_hash_collision_is_a_miss_and_stops_the_chain() {
+        let mut m = KvCacheManager::new(32, 4, true).unwrap();
+        let toks = tokens(0..13);
+        let chain = hash_request_blocks(&toks, 4, None);
+        // Forge a collision: block 1 cached under the real hash of the prompt's block 1 but
+        // holding other tokens.
+        let forged = m.pool.allocate(1).unwrap()[0];
+        let outcome = m
+            .pool
+            .cache_block(forged, chain[1], Some(chain[0]), &[9, 9, 9, 9], None);
+        assert_eq!(outcome, CacheInsert::Inserted);
+        m.pool.free(&[forged]);
+        assert_eq!(admit(&mut m, 1, &toks), Some(vec![2, 3, 4, 5]));
+        assert_eq!(m.pool().cached_hash(2), Some(chain[0]));
+        assert_eq!(
+            (m.pool().cached_hash(3), m.pool().cached_hash(4)),
+            (None, None)
+        );
+        assert!(!m.requests[&1].cacheable);
+        let (hits, n) = m.get_computed_blocks(&[toks.clone(), vec![0]].concat());
+        assert_eq!((hits, n), (vec![2], 4), "never the forged block");
+        m.check_invariants().unwrap();
+    }
+
+    #[test]
+    fn reset_forgets_running_requests_blocks_for_good() {
+        let mut m = KvCacheManager::new(32, 4, true).unwrap();
+        let toks = tokens(0..9);
+        admit(&mut m, 1, &toks).unwrap();
+        admit(&mut m, 2, &tokens(50..55)).unwrap();
+        m.free(2);
+        assert_eq!(m.pool().num_cached_blocks(), 3);
+        assert_eq!(m.reset_prefix_cache(), 3, "in-use and free entries alike");
+        assert_eq!(m.get_computed_blocks(&toks), (vec![], 0));
+        // Request 1 runs on with new weights: its KV mixes both, so nothing more is cached.
+        let mut grown = toks.clone();
+        grown.extend(9..17);
+        m.allocate_slots(1, &grown, 9, 8, &[]).unwrap().unwrap();
+        assert_eq!(m.pool().num_cached_blocks(), 0);
+        // A request new after the reset caches again.
+        admit(&mut m, 3, &tokens(0..9)).unwrap();
+        assert_eq!(m.pool().num_cached_blocks(), 2);
+        m.check_invariants().unwrap();
+    }
+
+    #[test]
+    fn disabled_prefix_caching_never_hits_or_registers() {
+        let mut m = KvCacheManager::new(16, 4, false).unwrap();
+        let toks = tokens(0..9);
+        assert_eq!(admit(&mut m, 1, &toks), Some(vec![1, 2, 3]));
+        assert_eq!(admit(&mut m, 2, &toks), Some(vec![4, 5, 6]));
+        assert_eq!(
+            (m.pool().num_cached_blocks(), m.prefix_cache_stats()),
+            (0, Default::default())
+        );
+        assert!(!m.prefix_caching_enabled());
+        assert_eq!(m.reset_prefix_cache(), 0);
+    }
+
+    #[test]
+    fn check_invariants_catches_a_wrong_ref_count() {
+        let mut m = KvCacheManager::new(8, 4, true).unwrap();
+        admit(&mut m, 1, &tokens(0..6)).unwrap();
+        m.pool.touch(&[1]); // a holder no block table knows about
+        assert!(m
+            .check_invariants()
+            .unwrap_err()
+            .contains("block 1: ref_cnt 2"));
+    }
+}
