@@ -8,7 +8,8 @@
 //! - [`tensor`]: element types and host tensors (checkpoint views or owned buffers).
 //! - [`backend`]: the [`backend::Backend`] trait of fused ops the model calls;
 //!   [`backend::cpu`] is the f32 reference every kernel is checked against; [`backend::cuda`]
-//!   loads the kernels `build.rs` compiled from `kernels/*.cu` (one fatbin per family).
+//!   loads the kernels `build.rs` compiled from `kernels/*.cu` (one fatbin per family) and runs
+//!   the model with them and cuBLASLt; [`backend::select`] picks one at run time.
 //! - [`model`]: the parameter layout and HF names ([`model::params`]), safetensors checkpoints
 //!   ([`model::weights`]), the Qwen2 forward pass ([`model::qwen2`]) and synthetic models for
 //!   benchmarks ([`model::synthetic`]).
@@ -29,17 +30,3 @@ pub mod tensor;
 pub mod tokenizer;
 pub mod toolcall;
 pub mod train;
-
-/// The line every binary prints about where the model runs, e.g.
-/// `backend: cpu (2 threads); CUDA: no CUDA driver (libcuda) on this machine`.
-pub fn backend_report(cpu: &backend::cpu::CpuBackend) -> String {
-    use backend::Backend;
-    let cuda = match backend::cuda::probe() {
-        Ok(device) => format!(
-            "{} found, kernels loaded; the model forward pass runs on the CPU until the CUDA backend lands",
-            device.describe()
-        ),
-        Err(reason) => reason,
-    };
-    format!("backend: {}; CUDA: {cuda}", cpu.name())
-}

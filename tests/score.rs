@@ -11,6 +11,16 @@ fn run_score(
     input_lines: &[String],
     batch_tokens: usize,
 ) -> (std::process::Output, Option<String>) {
+    run_score_on("cpu", model, input_lines, batch_tokens)
+}
+
+/// The CPU reference's tolerances apply to `--device cpu`; tests/gpu_model.rs runs `cuda`.
+pub fn run_score_on(
+    device: &str,
+    model: &str,
+    input_lines: &[String],
+    batch_tokens: usize,
+) -> (std::process::Output, Option<String>) {
     let tmp = tempfile::tempdir().unwrap();
     let input = tmp.path().join("in.jsonl");
     let output = tmp.path().join("out.jsonl");
@@ -23,6 +33,7 @@ fn run_score(
         .arg("--output")
         .arg(&output)
         .args(["--batch-tokens", &batch_tokens.to_string()])
+        .args(["--device", device])
         .output()
         .unwrap();
     (result, std::fs::read_to_string(&output).ok())

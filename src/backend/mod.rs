@@ -12,8 +12,10 @@
 pub mod cpu;
 pub mod cuda;
 
+pub use cuda::CudaBackend;
+
 use crate::tensor::HostTensor;
-use anyhow::Result;
+use anyhow::{bail, Result};
 
 /// Rotary embedding parameters shared by every layer: the inverse frequencies of the
 /// `head_dim / 2` rotated pairs and YaRN's attention scaling (1 without YaRN).
@@ -31,8 +33,17 @@ pub trait Backend {
 
     /// Copies a host tensor (any float dtype) into this backend's storage.
     fn upload(&self, tensor: &HostTensor<'_>) -> Result<Self::Tensor>;
-    /// A zero-filled activation tensor.
+    /// Copies a model's parameters, in order. Backends that keep parameters in one arena
+    /// (CUDA: a single allocation with aligned views) override this.
+    fn upload_params(&self, tensors: &[&HostTensor<'_>]) -> Result<Vec<Self::Tensor>> {
+        tensors.iter().map(|t| self.upload(t)).collect()
+    }
+    /// A zero-filled activation tensor (bf16 on CUDA, f32 on the CPU).
     fn zeros(&self, shape: &[usize]) -> Result<Self::Tensor>;
+    /// A zero-filled tensor kept in f32 on every backend: logits, losses, statistics.
+    fn zeros_f32(&self, shape: &[usize]) -> Result<Self::Tensor> {
+        self.zeros(shape)
+    }
     /// Every element as f32 on the host.
     fn to_host(&self, tensor: &Self::Tensor) -> Result<Vec<f32>>;
     fn shape<'t>(&self, tensor: &'t Self::Tensor) -> &'t [usize];
@@ -62,7 +73,7 @@ pub trait Backend {
         eps: f32,
         out: &mut Self::Tensor,
     ) -> Result<()>;
-    /// `out[T, n] = x[T, k] W[n, k]^T (+ bias[n])`.
+    /// `out[T, n] = x[T, k] W[n, k]^T (+ bias[n])`; `out` may be an f32 tensor (logits).
     fn linear(
         &self,
         x: &Self::Tensor,
@@ -94,4 +105,53 @@ pub trait Backend {
     fn swiglu(&self, gate: &Self::Tensor, up: &Self::Tensor, out: &mut Self::Tensor) -> Result<()>;
     /// `log_softmax(logits[t])[targets[t]]` for every row of `logits: [T, vocab]`.
     fn token_logprobs(&self, logits: &Self::Tensor, targets: &[u32]) -> Result<Vec<f32>>;
+}
+
+/// Where a command runs its model: `auto` (the GPU when there is one, else the CPU), `cpu`, or
+/// `cuda` (an error without a usable GPU).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum DeviceChoice {
+    Auto,
+    Cpu,
+    Cuda,
+}
+
+impl std::str::FromStr for DeviceChoice {
+    type Err = String;
+    fn from_str(s: &str) -> std::result::Result<Self, String> {
+        match s {
+            "auto" => Ok(Self::Auto),
+            "cpu" => Ok(Self::Cpu),
+            "cuda" | "gpu" => Ok(Self::Cuda),
+            other => Err(format!(
+                "unknown device {other:?}: expected auto, cpu or cuda"
+            )),
+        }
+    }
+}
+
+/// The backend a command got, with the line it prints about it, e.g.
+/// `backend: cpu (2 threads); CUDA: no CUDA driver (libcuda) on this machine`.
+pub enum Selected {
+    Cpu(cpu::CpuBackend),
+    Cuda(Box<CudaBackend>),
+}
+
+pub fn select(choice: DeviceChoice) -> Result<(Selected, String)> {
+    let cuda = match choice {
+        DeviceChoice::Cpu => Err("not requested (--device cpu)".to_string()),
+        DeviceChoice::Auto | DeviceChoice::Cuda => CudaBackend::open_default(),
+    };
+    match cuda {
+        Ok(backend) => {
+            let line = format!("backend: {} (CUDA kernels + cuBLASLt)", backend.name());
+            Ok((Selected::Cuda(Box::new(backend)), line))
+        }
+        Err(reason) if choice == DeviceChoice::Cuda => bail!("--device cuda: {reason}"),
+        Err(reason) => {
+            let cpu = cpu::CpuBackend::new();
+            let line = format!("backend: {}; CUDA: {reason}", cpu.name());
+            Ok((Selected::Cpu(cpu), line))
+        }
+    }
 }

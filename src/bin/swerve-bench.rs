@@ -3,8 +3,9 @@
 
 use anyhow::{bail, Context, Result};
 use clap::{Parser, Subcommand};
-use swerve::backend::cpu::CpuBackend;
-use swerve::backend::cuda;
+use std::io::Write;
+use std::path::{Path, PathBuf};
+use swerve::backend::{select, Backend, CudaBackend, DeviceChoice, Selected};
 use swerve::bench;
 use swerve::model::{synthetic, Qwen2Model};
 
@@ -27,8 +28,12 @@ struct Cli {
 enum Command {
     /// Prefill tokens/s and model TFLOP/s of one sequence at each length (the default command).
     Prefill(PrefillArgs),
-    /// Each CUDA kernel against the CPU reference and the card's copy bandwidth (needs a GPU).
-    Kernels,
+    /// Each CUDA kernel against the CPU reference and the card's measured ceilings (needs a GPU).
+    Kernels {
+        /// Also append one JSON record per row to this file (bench/peers/compare.py reads it).
+        #[arg(long)]
+        jsonl: Option<PathBuf>,
+    },
 }
 
 #[derive(clap::Args)]
@@ -43,13 +48,19 @@ struct PrefillArgs {
     /// Timed runs per length (after one warm-up); the median is reported.
     #[arg(long, default_value_t = 3)]
     reps: usize,
+    /// Where the model runs: auto (the GPU when there is one), cpu, or cuda.
+    #[arg(long, default_value = "auto")]
+    device: DeviceChoice,
+    /// Also append one JSON record per row to this file (bench/peers/compare.py reads it).
+    #[arg(long)]
+    jsonl: Option<PathBuf>,
 }
 
 fn main() -> Result<()> {
     let cli = Cli::parse();
     match cli.command.unwrap_or(Command::Prefill(cli.prefill)) {
         Command::Prefill(args) => prefill(args),
-        Command::Kernels => kernels(),
+        Command::Kernels { jsonl } => kernels(jsonl.as_deref()),
     }
 }
 
@@ -64,24 +75,37 @@ fn prefill(args: PrefillArgs) -> Result<()> {
             config.max_context()
         );
     }
-    let backend = CpuBackend::new();
-    println!("{}", swerve::backend_report(&backend));
-    let local = config.local_sizes(tp_size)?;
-    let param_bytes = config.num_parameters() / tp_size * 4;
-    let available = available_memory_bytes();
-    if let Some(available) = available {
-        if param_bytes > available / 2 {
-            bail!(
-                "preset {} needs {:.1} GiB of f32 weights on the CPU backend but only {:.1} GiB is available; \
-                 presets this large are for GPU runs",
-                args.preset,
-                param_bytes as f64 / (1u64 << 30) as f64,
-                available as f64 / (1u64 << 30) as f64
-            );
+    let (backend, line) = select(args.device)?;
+    println!("{line}");
+    match backend {
+        Selected::Cpu(b) => {
+            let param_bytes = config.num_parameters() / tp_size * 4;
+            if let Some(available) = available_memory_bytes() {
+                if param_bytes > available / 2 {
+                    bail!(
+                        "preset {} needs {:.1} GiB of f32 weights on the CPU backend but only {:.1} GiB is available; \
+                         presets this large are for GPU runs",
+                        args.preset,
+                        param_bytes as f64 / (1u64 << 30) as f64,
+                        available as f64 / (1u64 << 30) as f64
+                    );
+                }
+            }
+            prefill_on(&b, config, tp_size, &args)
         }
+        Selected::Cuda(b) => prefill_on(&*b, config, tp_size, &args),
     }
+}
+
+fn prefill_on<B: Backend>(
+    backend: &B,
+    config: swerve::config::ModelConfig,
+    tp_size: usize,
+    args: &PrefillArgs,
+) -> Result<()> {
+    let local = config.local_sizes(tp_size)?;
     let host = synthetic::random_params(&config, &local, 0x5EED)?;
-    let model = Qwen2Model::from_host_params(&backend, config, local, &host)?;
+    let model = Qwen2Model::from_host_params(backend, config, local, &host)?;
     drop(host);
     println!(
         "model: preset {} ({} layers, hidden {}, heads {}/{} kv, vocab {}, tp {} rank 0), random weights",
@@ -93,29 +117,54 @@ fn prefill(args: PrefillArgs) -> Result<()> {
         model.local.vocab_local,
         tp_size
     );
-    let rows = bench::prefill(&backend, &model, &args.seq_lens, args.reps)?;
+    let rows = bench::prefill(backend, &model, &args.seq_lens, args.reps)?;
     bench::print_prefill_table(&rows);
-    if let Ok(device) = cuda::probe() {
-        println!();
-        kernel_table(&device)?;
+    if let Some(path) = &args.jsonl {
+        let records: Vec<serde_json::Value> = rows
+            .iter()
+            .map(|r| {
+                serde_json::json!({
+                    "table": "prefill",
+                    "impl": "swerve",
+                    "key": format!("preset={} len={}", args.preset, r.seq_len),
+                    "median_ms": r.median_seconds * 1e3,
+                    "tflops": r.tflops,
+                    "tokens_per_s": r.tokens_per_second,
+                    "note": backend.name(),
+                })
+            })
+            .collect();
+        append_jsonl(path, &records)?;
     }
     Ok(())
 }
 
-fn kernels() -> Result<()> {
-    let device = cuda::probe()
-        .map_err(|reason| anyhow::anyhow!("swerve-bench kernels needs a GPU: {reason}"))?;
-    println!("device: {}", device.describe());
-    kernel_table(&device)
+fn append_jsonl(path: &Path, records: &[serde_json::Value]) -> Result<()> {
+    let mut file = std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(path)
+        .with_context(|| format!("opening {} for appending", path.display()))?;
+    for r in records {
+        writeln!(file, "{r}").with_context(|| format!("writing {}", path.display()))?;
+    }
+    Ok(())
 }
 
-fn kernel_table(device: &cuda::CudaDevice) -> Result<()> {
-    let copy = bench::kernels::copy_bandwidth(device).context("measuring copy bandwidth")?;
-    let mut rows = Vec::new();
-    for (tokens, hidden) in [(16384, 3584), (16384, 8192), (4099, 896)] {
-        rows.push(bench::kernels::rmsnorm(device, tokens, hidden, copy)?);
+fn kernels(jsonl: Option<&Path>) -> Result<()> {
+    let backend = CudaBackend::open_default()
+        .map_err(|reason| anyhow::anyhow!("swerve-bench kernels needs a GPU: {reason}"))?;
+    println!("device: {}", backend.name());
+    let (ceilings, rows) = bench::kernels::run_all(&backend).context("kernel benchmarks")?;
+    bench::kernels::print_kernel_table(&ceilings, &rows);
+    if let Some(path) = jsonl {
+        let mut records = vec![serde_json::json!({
+            "table": "device", "impl": "swerve", "name": backend.device.name,
+            "copy_gb_per_s": ceilings.copy_gb_per_s, "gemm_tflops": ceilings.gemm_tflops,
+        })];
+        records.extend(bench::kernels::jsonl_records(&rows));
+        append_jsonl(path, &records)?;
     }
-    bench::kernels::print_kernel_table(copy, &rows);
     Ok(())
 }
 

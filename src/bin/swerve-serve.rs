@@ -5,7 +5,7 @@
 use anyhow::Result;
 use clap::Parser;
 use std::path::PathBuf;
-use swerve::backend::cpu::CpuBackend;
+use swerve::backend::{select, Backend, DeviceChoice, Selected};
 use swerve::model::Qwen2Model;
 
 #[derive(Parser)]
@@ -18,13 +18,25 @@ struct Cli {
     /// Model folder: config.json plus model.safetensors or a sharded index.
     #[arg(long)]
     model: PathBuf,
+    /// Where the model runs: auto (the GPU when there is one), cpu, or cuda.
+    #[arg(long, default_value = "auto")]
+    device: DeviceChoice,
 }
 
 fn main() -> Result<()> {
     let cli = Cli::parse();
-    let backend = CpuBackend::new();
-    eprintln!("{}", swerve::backend_report(&backend));
-    let model = Qwen2Model::load(&backend, &cli.model)?;
+    let (backend, line) = select(cli.device)?;
+    eprintln!("{line}");
+    match backend {
+        Selected::Cpu(b) => load(&b, &cli)?,
+        Selected::Cuda(b) => load(&*b, &cli)?,
+    }
+    eprintln!("swerve-serve: the HTTP server is not built yet; nothing is served");
+    std::process::exit(2);
+}
+
+fn load<B: Backend>(backend: &B, cli: &Cli) -> Result<()> {
+    let model = Qwen2Model::load(backend, &cli.model)?;
     eprintln!(
         "loaded {} ({} layers, hidden {}, {} parameters)",
         cli.model.display(),
@@ -32,6 +44,5 @@ fn main() -> Result<()> {
         model.config.hidden_size,
         model.config.num_parameters()
     );
-    eprintln!("swerve-serve: the HTTP server is not built yet; nothing is served");
-    std::process::exit(2);
+    Ok(())
 }

@@ -4,8 +4,8 @@
 
 use anyhow::Result;
 use clap::{Parser, Subcommand};
-use std::path::PathBuf;
-use swerve::backend::cpu::CpuBackend;
+use std::path::{Path, PathBuf};
+use swerve::backend::{select, Backend, DeviceChoice, Selected};
 use swerve::model::Qwen2Model;
 
 #[derive(Parser)]
@@ -36,6 +36,9 @@ enum Command {
         /// Most tokens packed into one forward pass (a longer sequence runs alone).
         #[arg(long, default_value_t = 8192, value_parser = clap::value_parser!(u64).range(1..))]
         batch_tokens: u64,
+        /// Where the model runs: auto (the GPU when there is one), cpu, or cuda.
+        #[arg(long, default_value = "auto")]
+        device: DeviceChoice,
     },
     /// A data file as the trainer tokenizes it: input lines {"text": ...} or {"messages": [...],
     /// "tools": [...]}, output lines {"tokens": [...], "action_mask": [...]}.
@@ -59,17 +62,15 @@ fn main() -> Result<()> {
             input,
             output,
             batch_tokens,
+            device,
         } => {
-            let backend = CpuBackend::new();
-            eprintln!("{}", swerve::backend_report(&backend));
-            let model = Qwen2Model::load(&backend, &model)?;
-            let summary = swerve::train::score::score_file(
-                &backend,
-                &model,
-                &input,
-                &output,
-                batch_tokens as usize,
-            )?;
+            let (backend, line) = select(device)?;
+            eprintln!("{line}");
+            let batch_tokens = batch_tokens as usize;
+            let summary = match backend {
+                Selected::Cpu(b) => score(&b, &model, &input, &output, batch_tokens)?,
+                Selected::Cuda(b) => score(&*b, &model, &input, &output, batch_tokens)?,
+            };
             eprintln!(
                 "scored {} sequences ({} tokens) in {:.2} s -> {}",
                 summary.sequences,
@@ -93,4 +94,15 @@ fn main() -> Result<()> {
         }
     }
     Ok(())
+}
+
+fn score<B: Backend>(
+    backend: &B,
+    model_dir: &Path,
+    input: &Path,
+    output: &Path,
+    batch_tokens: usize,
+) -> Result<swerve::train::score::ScoreSummary> {
+    let model = Qwen2Model::load(backend, model_dir)?;
+    swerve::train::score::score_file(backend, &model, input, output, batch_tokens)
 }

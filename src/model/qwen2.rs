@@ -18,7 +18,7 @@ use crate::config::{LocalSizes, ModelConfig};
 use crate::model::params::Qwen2Params;
 use crate::model::weights::Checkpoint;
 use crate::tensor::HostTensor;
-use anyhow::{anyhow, bail, Context, Result};
+use anyhow::{anyhow, bail, Result};
 use std::path::Path;
 
 pub struct Qwen2Model<B: Backend> {
@@ -84,20 +84,18 @@ impl<B: Backend> Qwen2Model<B> {
         local: LocalSizes,
         host: &Qwen2Params<HostTensor<'_>>,
     ) -> Result<Self> {
-        let mut uploads = host.iter();
+        let host_tensors: Vec<&HostTensor<'_>> = host.iter().collect();
+        let mut uploads = backend.upload_params(&host_tensors)?.into_iter();
         let params = Qwen2Params::try_build(&config, &local, |name, shape, _| {
+            let index = host_tensors.len() - uploads.len();
             let tensor = uploads
                 .next()
                 .ok_or_else(|| anyhow!("host parameters end before {name}"))?;
-            if tensor.shape != shape {
-                bail!(
-                    "parameter {name}: shape {:?}, expected {shape:?}",
-                    tensor.shape
-                );
+            let host_shape = &host_tensors[index].shape;
+            if host_shape != shape {
+                bail!("parameter {name}: shape {host_shape:?}, expected {shape:?}");
             }
-            backend
-                .upload(tensor)
-                .with_context(|| format!("uploading {name}"))
+            Ok(tensor)
         })?;
         let rotary = Rotary {
             inv_freq: config.rope.inv_freq(config.head_dim),
@@ -201,7 +199,7 @@ impl<B: Backend> Qwen2Model<B> {
     /// `hidden [T, d] -> logits [T, vocab_local]`.
     pub fn lm_head(&self, backend: &B, hidden: &B::Tensor) -> Result<B::Tensor> {
         let t = backend.shape(hidden)[0];
-        let mut logits = backend.zeros(&[t, self.local.vocab_local])?;
+        let mut logits = backend.zeros_f32(&[t, self.local.vocab_local])?;
         backend.linear(hidden, self.params.lm_head_weight(), None, &mut logits)?;
         Ok(logits)
     }

@@ -40,6 +40,10 @@ pub struct Expected {
     pub logits: Vec<f64>,
     /// `len - 1` values: log p(tokens[t] | tokens[<t]) for t >= 1.
     pub logprobs: Vec<f64>,
+    /// Largest |error| of the same model run by transformers in bf16: GPU tolerances are twice
+    /// these.
+    pub bf16_logits_error: f64,
+    pub bf16_logprobs_error: f64,
 }
 
 pub fn expected(name: &str) -> Vec<Expected> {
@@ -68,6 +72,12 @@ pub fn expected(name: &str) -> Vec<Expected> {
                 .into_iter()
                 .map(f64::from_le_bytes)
                 .collect(),
+            bf16_logits_error: f64::from_le_bytes(
+                read(&format!("bf16_logits_error_{i}"), Dtype::F64)[0],
+            ),
+            bf16_logprobs_error: f64::from_le_bytes(
+                read(&format!("bf16_logprobs_error_{i}"), Dtype::F64)[0],
+            ),
         })
         .collect()
 }

@@ -1,17 +1,33 @@
-//! The CUDA side: the kernels `build.rs` embedded, loaded through cudarc's driver API.
+//! The CUDA side: the kernels `build.rs` embedded, loaded through cudarc's driver API, and the
+//! [`CudaBackend`] that runs the model with them.
 //!
 //! libcuda is opened at run time, so the same binary runs where there is no driver: [`probe`]
 //! asks `is_culib_present()` before touching CUDA and explains why CUDA is unavailable. Kernel
 //! families are the `kernels/*.cu` files; each is one fatbin (sm_90a + compute_80 PTX), loaded
-//! once per device. Launch wrappers live beside this file, one module per kernel family.
+//! once per device. Launch wrappers live beside this file, one module per kernel family; they
+//! check every size against the tensors before launching.
+//!
+//! ```text
+//!  CudaBackend ─┬─ CudaDevice  context, the one stream, loaded kernel families
+//!               ├─ Gemm        cuBLASLt handle, workspace, plans cached per problem
+//!               └─ BufferPool  caching allocator for activations (parameters: one Arena)
+//! ```
 
+pub mod backend;
+pub mod flash_attn;
+pub mod gemm;
+pub mod pointwise;
 pub mod rmsnorm;
+pub mod tensor;
+
+pub use backend::CudaBackend;
+pub use tensor::{BufferPool, CudaTensor, DeviceDType};
 
 use anyhow::{anyhow, bail, Context, Result};
-use cudarc::driver::{CudaContext, CudaFunction, CudaModule, CudaStream};
+use cudarc::driver::{CudaContext, CudaFunction, CudaModule, CudaStream, LaunchConfig};
 use cudarc::nvrtc::Ptx;
 use std::collections::HashMap;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 
 /// What `build.rs` compiled: `(family, fatbin)` for every `kernels/*.cu`.
 pub mod embedded {
@@ -24,7 +40,10 @@ pub struct CudaDevice {
     pub stream: Arc<CudaStream>,
     pub ordinal: usize,
     pub name: String,
+    /// Streaming multiprocessors, for grid sizing.
+    pub num_sms: u32,
     modules: HashMap<&'static str, Arc<CudaModule>>,
+    functions: Mutex<HashMap<(String, String), CudaFunction>>,
 }
 
 /// Opens device 0 if this build has kernels, libcuda is present and a device answers; otherwise
@@ -61,7 +80,15 @@ impl CudaDevice {
         }
         let ctx = CudaContext::new(ordinal)
             .with_context(|| format!("cannot open CUDA device {ordinal}"))?;
+        // Everything runs on one stream: no cross-stream events needed on any buffer.
+        // SAFETY: no buffer of this context exists yet.
+        unsafe { ctx.disable_event_tracking() };
         let name = ctx.name().unwrap_or_else(|_| "unknown GPU".into());
+        let num_sms = ctx
+            .attribute(
+                cudarc::driver::sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT,
+            )
+            .context("reading the SM count")? as u32;
         let stream = ctx.default_stream();
         let mut modules = HashMap::new();
         for (family, fatbin) in embedded::FATBINS {
@@ -75,22 +102,58 @@ impl CudaDevice {
             stream,
             ordinal,
             name,
+            num_sms,
             modules,
+            functions: Mutex::new(HashMap::new()),
         })
     }
 
-    /// A kernel by family (`.cu` file stem) and `extern "C"` name.
+    /// A kernel by family (`.cu` file stem) and `extern "C"` name, looked up once.
     pub fn function(&self, family: &str, name: &str) -> Result<CudaFunction> {
+        let key = (family.to_string(), name.to_string());
+        if let Some(f) = self
+            .functions
+            .lock()
+            .ok()
+            .and_then(|m| m.get(&key).cloned())
+        {
+            return Ok(f);
+        }
         let module = self
             .modules
             .get(family)
             .ok_or_else(|| anyhow!("no kernel family {family} in this build"))?;
-        module
+        let f = module
             .load_function(name)
-            .with_context(|| format!("kernel {name} in kernels/{family}.cu"))
+            .with_context(|| format!("kernel {name} in kernels/{family}.cu"))?;
+        if let Ok(mut m) = self.functions.lock() {
+            m.insert(key, f.clone());
+        }
+        Ok(f)
     }
 
     pub fn describe(&self) -> String {
         format!("cuda:{} ({})", self.ordinal, self.name)
     }
+
+    /// Waits for all work queued on the stream.
+    pub fn synchronize(&self) -> Result<()> {
+        self.stream.synchronize().context("CUDA stream synchronize")
+    }
+}
+
+/// A 1-D grid-stride launch covering `work_items` with `threads` per block, at most a few waves.
+pub fn grid_stride_config(device: &CudaDevice, work_items: usize, threads: u32) -> LaunchConfig {
+    let blocks = work_items.div_ceil(threads as usize).max(1);
+    let cap = device.num_sms as usize * 8;
+    LaunchConfig {
+        grid_dim: (blocks.min(cap) as u32, 1, 1),
+        block_dim: (threads, 1, 1),
+        shared_mem_bytes: 0,
+    }
+}
+
+/// Checks that a size fits the kernels' `int` arguments.
+pub fn as_i32(what: &str, value: usize) -> Result<i32> {
+    i32::try_from(value).map_err(|_| anyhow!("{what} = {value} exceeds the kernels' 32-bit sizes"))
 }

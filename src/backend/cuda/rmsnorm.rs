@@ -1,9 +1,9 @@
 //! Launches of `kernels/rmsnorm.cu`.
 
-use super::CudaDevice;
+use super::tensor::{CudaTensor, DeviceDType};
+use super::{as_i32, CudaDevice};
 use anyhow::{ensure, Result};
-use cudarc::driver::{CudaSlice, LaunchConfig, PushKernelArg};
-use half::bf16;
+use cudarc::driver::{LaunchConfig, PushKernelArg};
 
 /// Threads per block; matches `RmsNormConfig::threads` in the kernel.
 const THREADS: u32 = 256;
@@ -16,82 +16,82 @@ fn launch_config(rows: usize) -> LaunchConfig {
     }
 }
 
-fn check_dims(rows: usize, cols: usize, lens: &[usize]) -> Result<(i32, i32)> {
-    ensure!(rows > 0 && cols > 0, "rmsnorm: empty [{rows}, {cols}]");
-    ensure!(
-        rows <= i32::MAX as usize && cols <= i32::MAX as usize,
-        "rmsnorm: [{rows}, {cols}] too large"
-    );
-    for &len in lens {
+/// `(rows, cols)` of the row-major `x`, after checking every tensor is bf16 of that size and
+/// `weight` has `cols` elements.
+fn check(x: &CudaTensor, weight: &CudaTensor, others: &[&CudaTensor]) -> Result<(i32, i32)> {
+    let (rows, cols) = (x.rows(), x.cols());
+    ensure!(rows > 0 && cols > 0, "rmsnorm: empty input {:?}", x.shape());
+    for t in others.iter().chain([&x, &weight]) {
         ensure!(
-            len >= rows * cols,
-            "rmsnorm: buffer of {len} elements for [{rows}, {cols}]"
+            t.dtype() == DeviceDType::Bf16,
+            "rmsnorm: {:?} tensor, expected bf16",
+            t.dtype()
         );
     }
-    Ok((rows as i32, cols as i32))
+    for t in others {
+        ensure!(
+            t.len() == rows * cols,
+            "rmsnorm: {:?} beside input {:?}",
+            t.shape(),
+            x.shape()
+        );
+    }
+    ensure!(
+        weight.len() == cols,
+        "rmsnorm: weight of {} for {cols} columns",
+        weight.len()
+    );
+    Ok((as_i32("rows", rows)?, as_i32("cols", cols)?))
 }
 
 impl CudaDevice {
-    /// `out = x * rsqrt(mean(x^2) + eps) * weight` over `rows` rows of `cols` (bf16).
+    /// `out = x * rsqrt(mean(x^2) + eps) * weight`, row by row (bf16).
     pub fn rmsnorm_fwd(
         &self,
-        x: &CudaSlice<bf16>,
-        weight: &CudaSlice<bf16>,
-        rows: usize,
-        cols: usize,
+        x: &CudaTensor,
+        weight: &CudaTensor,
         eps: f32,
-        out: &mut CudaSlice<bf16>,
+        out: &mut CudaTensor,
     ) -> Result<()> {
-        let (rows_i, cols_i) = check_dims(rows, cols, &[x.len(), out.len()])?;
-        ensure!(
-            weight.len() == cols,
-            "rmsnorm: weight of {} for {cols} columns",
-            weight.len()
-        );
+        let (rows, cols) = check(x, weight, &[out])?;
         let f = self.function("rmsnorm", "rmsnorm_fwd_bf16")?;
+        let (o, xp, w) = (out.ptr(), x.ptr(), weight.ptr());
         let mut launch = self.stream.launch_builder(&f);
         launch
-            .arg(out)
-            .arg(x)
-            .arg(weight)
-            .arg(&rows_i)
-            .arg(&cols_i)
+            .arg(&o)
+            .arg(&xp)
+            .arg(&w)
+            .arg(&rows)
+            .arg(&cols)
             .arg(&eps);
         // SAFETY: argument order and types match the kernel; sizes checked above.
-        unsafe { launch.launch(launch_config(rows)) }?;
+        unsafe { launch.launch(launch_config(rows as usize)) }?;
         Ok(())
     }
 
     /// `residual += delta; out = rmsnorm(residual) * weight` (bf16).
-    #[allow(clippy::too_many_arguments)]
     pub fn add_rmsnorm_fwd(
         &self,
-        residual: &mut CudaSlice<bf16>,
-        delta: &CudaSlice<bf16>,
-        weight: &CudaSlice<bf16>,
-        rows: usize,
-        cols: usize,
+        residual: &mut CudaTensor,
+        delta: &CudaTensor,
+        weight: &CudaTensor,
         eps: f32,
-        out: &mut CudaSlice<bf16>,
+        out: &mut CudaTensor,
     ) -> Result<()> {
-        let (rows_i, cols_i) = check_dims(rows, cols, &[residual.len(), delta.len(), out.len()])?;
-        ensure!(
-            weight.len() == cols,
-            "rmsnorm: weight of {} for {cols} columns",
-            weight.len()
-        );
+        let (rows, cols) = check(residual, weight, &[delta, out])?;
         let f = self.function("rmsnorm", "add_rmsnorm_fwd_bf16")?;
+        let (o, r, d, w) = (out.ptr(), residual.ptr(), delta.ptr(), weight.ptr());
         let mut launch = self.stream.launch_builder(&f);
         launch
-            .arg(out)
-            .arg(residual)
-            .arg(delta)
-            .arg(weight)
-            .arg(&rows_i)
-            .arg(&cols_i)
+            .arg(&o)
+            .arg(&r)
+            .arg(&d)
+            .arg(&w)
+            .arg(&rows)
+            .arg(&cols)
             .arg(&eps);
         // SAFETY: argument order and types match the kernel; sizes checked above.
-        unsafe { launch.launch(launch_config(rows)) }?;
+        unsafe { launch.launch(launch_config(rows as usize)) }?;
         Ok(())
     }
 }

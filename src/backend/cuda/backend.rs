@@ -1,0 +1,353 @@
+//! [`CudaBackend`]: every forward op of the [`Backend`] trait on one GPU.
+//!
+//! Weights and activations are bf16, logits fp32 (the LM head GEMM writes fp32 directly, so log
+//! probabilities never see a bf16 rounding of the logits). Parameters live in one arena
+//! ([`Backend::upload_params`]); activations come from the caching [`BufferPool`]. Small per-call
+//! inputs (token ids, positions, `cu_seqlens`) are copied up on each call; the rotary frequencies
+//! once per distinct set.
+
+use super::flash_attn::{check_cu_seqlens, VarlenLayout};
+use super::gemm::Gemm;
+use super::tensor::{Arena, BufferPool, CudaTensor, DeviceDType};
+use super::CudaDevice;
+use crate::backend::{Backend, Rotary};
+use crate::tensor::{DType, HostTensor};
+use anyhow::{bail, ensure, Context, Result};
+use cudarc::driver::result as driver;
+use half::bf16;
+use std::sync::Mutex;
+
+pub struct CudaBackend {
+    pub device: CudaDevice,
+    pub gemm: Gemm,
+    pub pool: BufferPool,
+    inv_freq: Mutex<Option<(Vec<f64>, CudaTensor)>>,
+}
+
+impl CudaBackend {
+    pub fn new(device: CudaDevice) -> Result<Self> {
+        let gemm = Gemm::new(device.stream.clone())?;
+        let pool = BufferPool::new(device.stream.clone());
+        Ok(Self {
+            device,
+            gemm,
+            pool,
+            inv_freq: Mutex::new(None),
+        })
+    }
+
+    /// Device 0, or why not (as [`super::probe`]).
+    pub fn open_default() -> std::result::Result<Self, String> {
+        let device = super::probe()?;
+        Self::new(device).map_err(|e| format!("{e:#}"))
+    }
+
+    /// An uninitialised pooled tensor.
+    pub fn alloc(&self, shape: &[usize], dtype: DeviceDType) -> Result<CudaTensor> {
+        self.pool.alloc(shape, dtype)
+    }
+
+    /// Copies host bytes into `tensor` (sizes must match).
+    pub fn write_bytes(&self, tensor: &mut CudaTensor, bytes: &[u8]) -> Result<()> {
+        ensure!(
+            bytes.len() == tensor.num_bytes(),
+            "upload of {} bytes into a tensor of {}",
+            bytes.len(),
+            tensor.num_bytes()
+        );
+        if bytes.is_empty() {
+            return Ok(());
+        }
+        // SAFETY: the tensor holds exactly `bytes.len()` bytes; a copy from pageable host memory
+        // has staged the source before this call returns.
+        unsafe { driver::memcpy_htod_async(tensor.ptr(), bytes, self.device.stream.cu_stream()) }
+            .context("copying to the GPU")?;
+        Ok(())
+    }
+
+    /// A pooled tensor holding `values`.
+    pub fn upload_pod<T: bytemuck::Pod>(
+        &self,
+        values: &[T],
+        shape: &[usize],
+        dtype: DeviceDType,
+    ) -> Result<CudaTensor> {
+        ensure!(
+            std::mem::size_of::<T>() == dtype.size(),
+            "upload of {}-byte values as {dtype:?}",
+            std::mem::size_of::<T>()
+        );
+        let mut t = self.alloc(shape, dtype)?;
+        self.write_bytes(&mut t, bytemuck::cast_slice(values))?;
+        Ok(t)
+    }
+
+    /// The raw bytes of a tensor, after all queued work.
+    pub fn read_bytes(&self, tensor: &CudaTensor) -> Result<Vec<u8>> {
+        let mut bytes = vec![0u8; tensor.num_bytes()];
+        if !bytes.is_empty() {
+            // SAFETY: the tensor holds `bytes.len()` bytes; a copy to pageable memory returns
+            // only when it has completed.
+            unsafe {
+                driver::memcpy_dtoh_async(&mut bytes, tensor.ptr(), self.device.stream.cu_stream())
+            }
+            .context("copying from the GPU")?;
+        }
+        self.device.synchronize()?;
+        Ok(bytes)
+    }
+
+    /// Fills a tensor with one byte value (0 for zeros; 0xFF makes NaN poison in bf16 and f32).
+    pub fn fill_bytes(&self, tensor: &mut CudaTensor, byte: u8) -> Result<()> {
+        if tensor.num_bytes() > 0 {
+            // SAFETY: the range is the tensor's own memory.
+            unsafe {
+                driver::memset_d8_async(
+                    tensor.ptr(),
+                    byte,
+                    tensor.num_bytes(),
+                    self.device.stream.cu_stream(),
+                )
+            }
+            .context("memset on the GPU")?;
+        }
+        Ok(())
+    }
+
+    /// Writes a host tensor (any float dtype) into a device bf16 tensor of the same size.
+    fn write_host_tensor(&self, host: &HostTensor<'_>, out: &mut CudaTensor) -> Result<()> {
+        host.check()?;
+        match host.dtype {
+            DType::BF16 => self.write_bytes(out, &host.bytes),
+            DType::F16 => self.write_bytes(out, bytemuck::cast_slice(&host.to_bf16_vec())),
+            DType::F32 => {
+                // Rounded on the GPU: the fp32 copy is staged in a pooled buffer.
+                let mut staged = self.alloc(&host.shape, DeviceDType::F32)?;
+                self.write_bytes(&mut staged, &host.bytes)?;
+                self.device.convert(&staged, out)
+            }
+        }
+    }
+
+    fn rotary_frequencies(&self, rotary: &Rotary) -> Result<u64> {
+        let mut cached = self.inv_freq.lock().expect("rotary cache lock poisoned");
+        if let Some((freqs, t)) = cached.as_ref() {
+            if freqs == &rotary.inv_freq {
+                return Ok(t.ptr());
+            }
+        }
+        let t = self.upload_pod(&rotary.inv_freq, &[rotary.inv_freq.len()], DeviceDType::F64)?;
+        let ptr = t.ptr();
+        *cached = Some((rotary.inv_freq.clone(), t));
+        Ok(ptr)
+    }
+}
+
+/// Values from little-endian bytes (which need not be aligned for `T`).
+pub fn pod_vec<T: bytemuck::Pod>(bytes: &[u8]) -> Vec<T> {
+    bytes
+        .chunks_exact(std::mem::size_of::<T>())
+        .map(bytemuck::pod_read_unaligned)
+        .collect()
+}
+
+/// `[tokens, heads, head_dim]` of an attention operand.
+fn heads_of(what: &str, t: &CudaTensor) -> Result<usize> {
+    match t.shape() {
+        [_, heads, _] => Ok(*heads),
+        other => bail!("attention: {what} has shape {other:?}, expected [tokens, heads, head_dim]"),
+    }
+}
+
+impl Backend for CudaBackend {
+    type Tensor = CudaTensor;
+
+    fn name(&self) -> String {
+        self.device.describe()
+    }
+
+    fn upload(&self, tensor: &HostTensor<'_>) -> Result<CudaTensor> {
+        let mut out = self.alloc(&tensor.shape, DeviceDType::Bf16)?;
+        self.write_host_tensor(tensor, &mut out)?;
+        Ok(out)
+    }
+
+    fn upload_params(&self, tensors: &[&HostTensor<'_>]) -> Result<Vec<CudaTensor>> {
+        let bytes = Arena::bytes_for(tensors.iter().map(|t| t.numel() * 2));
+        let mut arena = Arena::new(&self.device.stream, bytes)?;
+        let mut out = Vec::with_capacity(tensors.len());
+        for host in tensors {
+            let mut t = arena.take(&host.shape, DeviceDType::Bf16)?;
+            self.write_host_tensor(host, &mut t)?;
+            out.push(t);
+        }
+        self.device.synchronize()?;
+        Ok(out)
+    }
+
+    fn zeros(&self, shape: &[usize]) -> Result<CudaTensor> {
+        let mut t = self.alloc(shape, DeviceDType::Bf16)?;
+        self.fill_bytes(&mut t, 0)?;
+        Ok(t)
+    }
+
+    fn zeros_f32(&self, shape: &[usize]) -> Result<CudaTensor> {
+        let mut t = self.alloc(shape, DeviceDType::F32)?;
+        self.fill_bytes(&mut t, 0)?;
+        Ok(t)
+    }
+
+    fn to_host(&self, tensor: &CudaTensor) -> Result<Vec<f32>> {
+        let bytes = self.read_bytes(tensor)?;
+        Ok(match tensor.dtype() {
+            DeviceDType::Bf16 => pod_vec::<bf16>(&bytes).iter().map(|v| v.to_f32()).collect(),
+            DeviceDType::F32 => pod_vec::<f32>(&bytes),
+            other => bail!("to_host of a {other:?} tensor"),
+        })
+    }
+
+    fn shape<'t>(&self, tensor: &'t CudaTensor) -> &'t [usize] {
+        tensor.shape()
+    }
+
+    fn slice_rows(&self, tensor: &CudaTensor, range: std::ops::Range<usize>) -> Result<CudaTensor> {
+        let rows = *tensor.shape().first().unwrap_or(&0);
+        ensure!(
+            range.start <= range.end && range.end <= rows,
+            "slice_rows: {range:?} of {rows} rows"
+        );
+        let row_bytes = tensor.num_bytes() / rows.max(1);
+        let mut shape = tensor.shape().to_vec();
+        shape[0] = range.len();
+        let out = self.alloc(&shape, tensor.dtype())?;
+        if out.num_bytes() > 0 {
+            // SAFETY: both ranges lie inside their tensors.
+            unsafe {
+                driver::memcpy_dtod_async(
+                    out.ptr(),
+                    tensor.ptr() + (range.start * row_bytes) as u64,
+                    out.num_bytes(),
+                    self.device.stream.cu_stream(),
+                )
+            }?;
+        }
+        Ok(out)
+    }
+
+    fn embedding(&self, table: &CudaTensor, ids: &[u32], out: &mut CudaTensor) -> Result<()> {
+        let vocab = *table.shape().first().unwrap_or(&0);
+        if let Some((t, &id)) = ids.iter().enumerate().find(|(_, &id)| id as usize >= vocab) {
+            bail!("embedding: token id {id} at position {t} is outside the vocabulary of {vocab}");
+        }
+        let ids = self.upload_pod(ids, &[ids.len()], DeviceDType::U32)?;
+        self.device.embedding_fwd(table, &ids, out)
+    }
+
+    fn rmsnorm(
+        &self,
+        x: &CudaTensor,
+        weight: &CudaTensor,
+        eps: f32,
+        out: &mut CudaTensor,
+    ) -> Result<()> {
+        self.device.rmsnorm_fwd(x, weight, eps, out)
+    }
+
+    fn add_rmsnorm(
+        &self,
+        residual: &mut CudaTensor,
+        delta: &CudaTensor,
+        weight: &CudaTensor,
+        eps: f32,
+        out: &mut CudaTensor,
+    ) -> Result<()> {
+        self.device
+            .add_rmsnorm_fwd(residual, delta, weight, eps, out)
+    }
+
+    fn linear(
+        &self,
+        x: &CudaTensor,
+        weight: &CudaTensor,
+        bias: Option<&CudaTensor>,
+        out: &mut CudaTensor,
+    ) -> Result<()> {
+        self.gemm.linear(x, weight, bias, out)
+    }
+
+    fn rope(
+        &self,
+        q: &mut CudaTensor,
+        k: &mut CudaTensor,
+        positions: &[u32],
+        rotary: &Rotary,
+    ) -> Result<()> {
+        let freqs_ptr = self.rotary_frequencies(rotary)?;
+        let positions = self.upload_pod(positions, &[positions.len()], DeviceDType::U32)?;
+        let cached = self.inv_freq.lock().expect("rotary cache lock poisoned");
+        let (_, inv_freq) = cached.as_ref().expect("uploaded above");
+        debug_assert_eq!(inv_freq.ptr(), freqs_ptr);
+        self.device
+            .rope_fwd(q, k, &positions, inv_freq, rotary.attention_scaling as f32)
+    }
+
+    fn attention(
+        &self,
+        q: &CudaTensor,
+        k: &CudaTensor,
+        v: &CudaTensor,
+        cu_seqlens: &[u32],
+        softmax_scale: f32,
+        out: &mut CudaTensor,
+    ) -> Result<()> {
+        let (max_seqlen, total_tokens) = check_cu_seqlens(cu_seqlens)?;
+        let (heads, kv_heads) = (heads_of("q", q)?, heads_of("k", k)?);
+        ensure!(
+            q.shape()[0] == total_tokens,
+            "attention: q has {} rows, cu_seqlens ends at {total_tokens}",
+            q.shape()[0]
+        );
+        let offsets: Vec<i32> = cu_seqlens.iter().map(|&c| c as i32).collect();
+        ensure!(
+            total_tokens <= i32::MAX as usize,
+            "attention: {total_tokens} tokens"
+        );
+        let layout = VarlenLayout {
+            cu_seqlens: self.upload_pod(&offsets, &[offsets.len()], DeviceDType::I32)?,
+            num_seqs: cu_seqlens.len() - 1,
+            max_seqlen,
+            total_tokens,
+        };
+        let mut lse = self.alloc(&[heads, total_tokens], DeviceDType::F32)?;
+        self.device.flash_attn_fwd(
+            q,
+            k,
+            v,
+            &layout,
+            heads,
+            kv_heads,
+            softmax_scale,
+            out,
+            &mut lse,
+        )
+    }
+
+    fn swiglu(&self, gate: &CudaTensor, up: &CudaTensor, out: &mut CudaTensor) -> Result<()> {
+        self.device.swiglu_fwd(gate, up, out)
+    }
+
+    fn token_logprobs(&self, logits: &CudaTensor, targets: &[u32]) -> Result<Vec<f32>> {
+        let vocab = logits.cols();
+        if let Some((t, &id)) = targets
+            .iter()
+            .enumerate()
+            .find(|(_, &id)| id as usize >= vocab)
+        {
+            bail!("token_logprobs: target {id} at row {t} is outside the vocabulary of {vocab}");
+        }
+        let targets_dev = self.upload_pod(targets, &[targets.len()], DeviceDType::U32)?;
+        let mut out = self.alloc(&[targets.len()], DeviceDType::F32)?;
+        self.device.token_logprobs(logits, &targets_dev, &mut out)?;
+        Ok(pod_vec::<f32>(&self.read_bytes(&out)?))
+    }
+}

@@ -1,0 +1,179 @@
+//! Launches of `kernels/flash_attn.cu`: causal GQA attention over packed variable-length
+//! sequences, with the per-row logsumexp saved for the backward pass.
+
+use super::tensor::{CudaTensor, DeviceDType};
+use super::{as_i32, CudaDevice};
+use anyhow::{bail, ensure, Result};
+use cudarc::driver::sys::CUfunction_attribute;
+use cudarc::driver::{LaunchConfig, PushKernelArg};
+
+/// Mirrors `FlashFwdConfig` in the kernel: (kernel, kBlockM, threads, shared-memory bytes).
+fn forward_variant(head_dim: usize) -> Result<(&'static str, usize, u32, u32)> {
+    const BLOCK_M: usize = 128;
+    const BLOCK_N: usize = 64;
+    const THREADS: u32 = 256;
+    let smem = |d: usize| ((BLOCK_M + 2 * BLOCK_N) * (d + 8) * 2) as u32;
+    Ok(match head_dim {
+        128 => ("flash_attn_fwd_hd128", BLOCK_M, THREADS, smem(128)),
+        64 => ("flash_attn_fwd_hd64", BLOCK_M, THREADS, smem(64)),
+        32 => ("flash_attn_fwd_hd32", BLOCK_M, THREADS, smem(32)),
+        16 => ("flash_attn_fwd_hd16", BLOCK_M, THREADS, smem(16)),
+        other => bail!("flash attention: head_dim {other} has no kernel (16, 32, 64, 128)"),
+    })
+}
+
+/// What the kernels need to know about a packed batch: `cu_seqlens` on the device and the
+/// longest sequence (the grid's first dimension).
+pub struct VarlenLayout {
+    pub cu_seqlens: CudaTensor,
+    pub num_seqs: usize,
+    pub max_seqlen: usize,
+    pub total_tokens: usize,
+}
+
+/// Checks host `cu_seqlens` (starts at 0, non-decreasing) and returns (max_seqlen, total).
+pub fn check_cu_seqlens(cu_seqlens: &[u32]) -> Result<(usize, usize)> {
+    ensure!(
+        cu_seqlens.len() >= 2 && cu_seqlens[0] == 0,
+        "cu_seqlens must start at 0 and describe at least one sequence: {:?}",
+        &cu_seqlens[..cu_seqlens.len().min(4)]
+    );
+    let mut max_seqlen = 0;
+    for (i, w) in cu_seqlens.windows(2).enumerate() {
+        ensure!(
+            w[1] >= w[0],
+            "cu_seqlens decreases at sequence {i}: {} then {}",
+            w[0],
+            w[1]
+        );
+        max_seqlen = max_seqlen.max((w[1] - w[0]) as usize);
+    }
+    Ok((max_seqlen, *cu_seqlens.last().unwrap() as usize))
+}
+
+impl CudaDevice {
+    /// `out = softmax(scale q k^T, causal) v` per sequence and head, `lse [heads, T]` fp32.
+    /// `q, out [T, heads, hd]`, `k, v [T, kv_heads, hd]`, all bf16.
+    #[allow(clippy::too_many_arguments)]
+    pub fn flash_attn_fwd(
+        &self,
+        q: &CudaTensor,
+        k: &CudaTensor,
+        v: &CudaTensor,
+        layout: &VarlenLayout,
+        heads: usize,
+        kv_heads: usize,
+        softmax_scale: f32,
+        out: &mut CudaTensor,
+        lse: &mut CudaTensor,
+    ) -> Result<()> {
+        for (what, t) in [("q", q), ("k", k), ("v", v), ("out", &*out)] {
+            ensure!(
+                t.dtype() == DeviceDType::Bf16,
+                "attention: {what} is {:?}, expected bf16",
+                t.dtype()
+            );
+        }
+        ensure!(
+            lse.dtype() == DeviceDType::F32,
+            "attention: lse must be f32"
+        );
+        ensure!(
+            layout.cu_seqlens.dtype() == DeviceDType::I32,
+            "attention: cu_seqlens must be i32"
+        );
+        let t = layout.total_tokens;
+        ensure!(
+            heads > 0 && kv_heads > 0 && heads % kv_heads == 0,
+            "attention: {heads} heads over {kv_heads} kv heads"
+        );
+        ensure!(
+            t > 0 && q.len() % (t * heads) == 0,
+            "attention: q {:?} for {t} tokens x {heads} heads",
+            q.shape()
+        );
+        let head_dim = q.len() / (t * heads);
+        ensure!(
+            k.len() == t * kv_heads * head_dim
+                && v.len() == k.len()
+                && out.len() == q.len()
+                && lse.len() == heads * t,
+            "attention: q {:?}, k {:?}, v {:?}, out {:?}, lse {:?} for {t} tokens, {heads}/{kv_heads} heads of {head_dim}",
+            q.shape(),
+            k.shape(),
+            v.shape(),
+            out.shape(),
+            lse.shape()
+        );
+        ensure!(
+            layout.num_seqs <= 65_535 && heads <= 65_535,
+            "attention: {} sequences x {heads} heads exceed the grid",
+            layout.num_seqs
+        );
+        let (name, block_m, threads, smem) = forward_variant(head_dim)?;
+        let f = self.function("flash_attn", name)?;
+        f.set_attribute(
+            CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
+            smem as i32,
+        )?;
+        let (t_i, heads_i, kv_i) = (
+            as_i32("tokens", t)?,
+            as_i32("heads", heads)?,
+            as_i32("kv_heads", kv_heads)?,
+        );
+        let cfg = LaunchConfig {
+            grid_dim: (
+                layout.max_seqlen.div_ceil(block_m).max(1) as u32,
+                heads as u32,
+                layout.num_seqs as u32,
+            ),
+            block_dim: (threads, 1, 1),
+            shared_mem_bytes: smem,
+        };
+        let (qp, kp, vp, op, lp, cp) = (
+            q.ptr(),
+            k.ptr(),
+            v.ptr(),
+            out.ptr(),
+            lse.ptr(),
+            layout.cu_seqlens.ptr(),
+        );
+        let mut launch = self.stream.launch_builder(&f);
+        launch
+            .arg(&qp)
+            .arg(&kp)
+            .arg(&vp)
+            .arg(&op)
+            .arg(&lp)
+            .arg(&cp)
+            .arg(&t_i)
+            .arg(&heads_i)
+            .arg(&kv_i)
+            .arg(&softmax_scale);
+        // SAFETY: argument order and types match the kernel; sizes checked above.
+        unsafe { launch.launch(cfg) }?;
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn cu_seqlens_are_validated() {
+        assert_eq!(check_cu_seqlens(&[0, 3, 3, 10]).unwrap(), (7, 10));
+        assert!(check_cu_seqlens(&[0]).is_err());
+        assert!(check_cu_seqlens(&[1, 3]).is_err());
+        assert!(check_cu_seqlens(&[0, 5, 4]).is_err());
+    }
+
+    #[test]
+    fn every_qwen_head_dim_has_a_kernel() {
+        for hd in [64, 128] {
+            let (_, _, _, smem) = forward_variant(hd).unwrap();
+            assert!(smem <= 227 * 1024, "hd {hd}: {smem} bytes of shared memory");
+        }
+        assert!(forward_variant(80).is_err());
+    }
+}
