@@ -3,36 +3,38 @@
 //! full blocks are shared through the prefix cache, and which free blocks get reused next. Pure
 //! CPU logic: no tensors here; the engine turns block tables into the kernels' inputs.
 //!
-//! One request, `block_size` 4, in the step where the scheduler gives it 7 new tokens:
+//! One request with a 30-token prompt, `block_size` 4, in the step where the scheduler gives it 7
+//! new tokens (a chunk of its prefill; in decode it is 1 token, the last one sampled):
 //!
 //! ```text
-//!   token  0 1 2 3 | 4 5 6 7 | 8 9 10 11 | 12 13 14 15 | 16 17 18 19 | 20 21 ...
-//!          [ hit  ] [  hit  ] [ computed ] [ computed:  ] [  new     ] [ not yet
-//!          [prefix] [prefix ] [ earlier  ] [ 12 13 | new] [  16..19  ] [ allocated
-//!          |<------------- num_computed_tokens = 14 ---->|<- num_new_tokens = 7 -> (21 .. 23)
+//!   token   0    4    8    12   16   20   24   28
+//!   region  HHHH HHHH CCCC CCNN NNNN N... ---- --
+//!   block   [ 7] [ 3] [12] [ 5] [ 9] [ 2]            block_table(req) = [7, 3, 12, 5, 9, 2]
 //!
-//!   block table    [ 7 ][ 3 ][ 12 ][ 5 ][ 9 ][ 2 ]   ([`KvCacheManager::block_table`])
-//!                    |    |    |     |    |    '-- allocated this step, partly filled: no hash
-//!                    |    |    |     |    '------- allocated this step, full once the step runs:
-//!                    |    |    |     |             hashed and cached at allocation
-//!                    |    |    |     '------------ allocated earlier, full once the step runs:
-//!                    |    |    |                   cached now
-//!                    '----'----'------------------ full and cached; 7 and 3 came from another
-//!                                                  request's prompt (ref_cnt 2), 12 is ours
+//!   H  prefix-cache hit: full blocks another request computed, shared (ref_cnt 2)  \ computed:
+//!   C  computed by this request in earlier steps                                   / 14 tokens
+//!   N  scheduled this step: num_new_tokens = 7
+//!   .  not scheduled yet; its slot is allocated
+//!   -  not scheduled yet; no block allocated yet
 //! ```
 //!
-//! Token `t` lives in block `block_table[t / block_size]`, slot `t % block_size`. A step:
+//! Blocks 7, 3 and 12 are full and cached. Blocks 5 and 9 are full once this step runs, so
+//! `allocate_slots` hashes and caches them now (vLLM v1 does the same); block 2 is partly filled
+//! and has no hash. Only full blocks are ever cached, and a block is only ever written while one
+//! request holds it: hits cover computed tokens only.
+//!
+//! Token `t` lives in block `block_table[t / block_size]`, slot `t % block_size`. One step:
 //!
 //! 1. A request new to the cache asks [`KvCacheManager::get_computed_blocks`] for the longest
 //!    cached prefix of full blocks (never the whole prompt: one token is always left to compute,
 //!    whose logits give the first sample), and starts with `num_computed_tokens` = the hit tokens.
 //! 2. [`KvCacheManager::allocate_slots`] makes the request own blocks for `num_computed_tokens +
-//!    num_new_tokens` tokens (taking the hits on first call), registers every block that is full
-//!    once the step runs in the prefix cache, or answers `Ok(None)`, changing nothing, when the pool
-//!    is short: the scheduler preempts a request ([`KvCacheManager::free`]) and retries.
-//! 3. The step writes the new tokens' K and V into their slots, layer by layer, before any attention
-//!    of that layer reads them, so a request scheduled in the same step may already hit blocks
-//!    registered in step 2.
+//!    num_new_tokens` tokens (taking the hits on first call) and caches every block that is full
+//!    once the step runs; or it answers `Ok(None)`, changing nothing, when too few blocks are
+//!    free: the scheduler preempts a request ([`KvCacheManager::free`]) and retries.
+//! 3. The step writes the new tokens' K and V into their slots, layer by layer, before any
+//!    attention of that layer reads them, so a request scheduled in the same step may already hit
+//!    blocks cached in step 2.
 //! 4. A finished or preempted request is freed; its blocks keep their hashes while free and are
 //!    evicted lazily, least recently freed first.
 //!
@@ -94,3 +96,517 @@ impl std::fmt::Display for KvCacheError {
 }
 
 impl std::error::Error for KvCacheError {}
+
+/// Scenarios through the public API: prefix sharing, multi-turn growth, weight resets, and a
+/// seeded randomized stress test checked against a model of what each KV slot holds.
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn tokens(range: std::ops::Range<u32>) -> Vec<u32> {
+        range.collect()
+    }
+
+    /// get_computed_blocks + allocate_slots for the whole list, as a request new to the cache.
+    fn admit(m: &mut KvCacheManager, req: RequestId, toks: &[u32]) -> Option<Vec<BlockId>> {
+        let (hits, n) = m.get_computed_blocks(toks);
+        let out = m
+            .allocate_slots(req, toks, n, toks.len() - n, &hits)
+            .unwrap();
+        m.check_invariants().unwrap();
+        out
+    }
+
+    /// Decodes `n` tokens for a running request (one allocation per token), from `next_token`.
+    fn decode(m: &mut KvCacheManager, req: RequestId, toks: &mut Vec<u32>, n: usize, first: u32) {
+        for t in first..first + n as u32 {
+            toks.push(t);
+            m.allocate_slots(req, toks, toks.len() - 1, 1, &[])
+                .unwrap()
+                .unwrap();
+            m.check_invariants().unwrap();
+        }
+    }
+
+    #[test]
+    fn group_of_ten_computes_the_shared_prompt_once() {
+        // A DAPO group: G = 10 samples of one 100-token prompt (6 full blocks of 16 + 4 tokens),
+        // scheduled one after the other in the same step.
+        let mut m = KvCacheManager::new(64, 16, true).unwrap();
+        let prompt: Vec<u32> = (0..100).map(|i| i * 7919 % 151_643).collect();
+        let mut seqs: Vec<Vec<u32>> = vec![prompt.clone(); 10];
+        for g in 0..10 {
+            let (hits, n) = m.get_computed_blocks(&prompt);
+            assert_eq!(n, if g == 0 { 0 } else { 96 }, "sample {g}");
+            let new = m
+                .allocate_slots(g, &prompt, n, 100 - n, &hits)
+                .unwrap()
+                .unwrap();
+            assert_eq!(new.len(), if g == 0 { 7 } else { 1 }, "sample {g}");
+            m.check_invariants().unwrap();
+        }
+        let stats = m.prefix_cache_stats();
+        assert_eq!(
+            stats,
+            PrefixCacheStats {
+                queries: 10 * 100,
+                hits: 9 * 96
+            }
+        );
+        let shared = m.block_table(0)[..6].to_vec();
+        assert!(shared.iter().all(|&b| m.pool().ref_count(b) == 10));
+        assert_eq!(m.num_used_blocks(), 6 + 10);
+        assert_eq!(m.pool().num_cached_blocks(), 6);
+
+        // Each sample decodes 20 different tokens: block 6 fills with its own tokens (cached),
+        // block 7 opens (4 tokens, not cached).
+        for (g, toks) in seqs.iter_mut().enumerate() {
+            decode(&mut m, g as RequestId, toks, 20, 1000 * g as u32);
+        }
+        assert_eq!(m.num_used_blocks(), 6 + 10 * 2);
+        assert_eq!(m.pool().num_cached_blocks(), 6 + 10);
+        for g in 0..10 {
+            assert!(m.free(g));
+        }
+        assert_eq!((m.num_used_blocks(), m.num_requests()), (0, 0));
+        assert_eq!(m.pool().num_cached_blocks(), 16, "freed blocks stay cached");
+
+        // The next group of the same prompt finds all 6 full blocks, now free, and revives them.
+        m.reset_prefix_cache_stats();
+        for g in 10..20 {
+            let (hits, n) = m.get_computed_blocks(&prompt);
+            assert_eq!((&hits, n), (&shared, 96));
+            m.allocate_slots(g, &prompt, n, 4, &hits).unwrap().unwrap();
+        }
+        assert_eq!(m.prefix_cache_stats().hits, 10 * 96);
+        assert_eq!(m.num_used_blocks(), 6 + 10);
+        m.check_invariants().unwrap();
+    }
+
+    #[test]
+    fn multi_turn_conversation_reuses_every_full_block() {
+        let mut m = KvCacheManager::new(64, 16, true).unwrap();
+        let mut toks = tokens(0..40);
+        admit(&mut m, 1, &toks).unwrap();
+        decode(&mut m, 1, &mut toks, 10, 500); // 50 tokens: blocks 0-2 full
+        m.free(1);
+        // Turn 2: the 50 tokens and a tool result. The whole history is in full blocks 0-2.
+        toks.extend(600..615);
+        let (hits, n) = m.get_computed_blocks(&toks);
+        assert_eq!((hits.len(), n), (3, 48));
+        m.allocate_slots(2, &toks, n, toks.len() - n, &hits)
+            .unwrap()
+            .unwrap();
+        decode(&mut m, 2, &mut toks, 15, 700); // 80 tokens: blocks 0-4 full
+        m.free(2);
+        // Turn 3: 85 tokens; the cap ((85 - 1) / 16 = 5 blocks) and the cache agree.
+        toks.extend(800..805);
+        let (hits, n) = m.get_computed_blocks(&toks);
+        assert_eq!((hits.len(), n), (5, 80));
+        assert_eq!(
+            m.allocate_slots(3, &toks, n, 5, &hits)
+                .unwrap()
+                .map(|b| b.len()),
+            Some(1)
+        );
+        assert_eq!(
+            m.prefix_cache_stats(),
+            PrefixCacheStats {
+                queries: 40 + 65 + 85,
+                hits: 48 + 80
+            }
+        );
+        m.free(3);
+        assert_eq!(m.num_used_blocks(), 0);
+        m.check_invariants().unwrap();
+    }
+    #[test]
+    fn duplicate_content_keeps_the_first_cached_block() {
+        let mut m = KvCacheManager::new(32, 4, true).unwrap();
+        let toks = tokens(0..9);
+        // Both look up before either allocates: both compute the prompt.
+        let (h1, _) = m.get_computed_blocks(&toks);
+        let (h2, _) = m.get_computed_blocks(&toks);
+        assert!(h1.is_empty() && h2.is_empty());
+        assert_eq!(
+            m.allocate_slots(1, &toks, 0, 9, &[]).unwrap(),
+            Some(vec![1, 2, 3])
+        );
+        assert_eq!(
+            m.allocate_slots(2, &toks, 0, 9, &[]).unwrap(),
+            Some(vec![4, 5, 6])
+        );
+        assert_eq!(m.pool().num_cached_blocks(), 2);
+        assert_eq!(
+            (m.pool().cached_hash(4), m.pool().cached_hash(5)),
+            (None, None)
+        );
+        // Request 2 goes on registering its later blocks, chained on the shared hashes.
+        let mut grown = toks.clone();
+        grown.extend(9..12);
+        m.allocate_slots(2, &grown, 9, 3, &[]).unwrap().unwrap();
+        assert_eq!(m.pool().num_cached_blocks(), 3);
+        m.free(1);
+        let (hits, _) = m.get_computed_blocks(&[grown.clone(), vec![0]].concat());
+        assert_eq!(
+            hits,
+            vec![1, 2, 6],
+            "request 1's copies, then request 2's block"
+        );
+        m.check_invariants().unwrap();
+    }
+
+    #[test]
+    fn reset_forgets_running_requests_blocks_for_good() {
+        let mut m = KvCacheManager::new(32, 4, true).unwrap();
+        let toks = tokens(0..9);
+        admit(&mut m, 1, &toks).unwrap();
+        admit(&mut m, 2, &tokens(50..55)).unwrap();
+        m.free(2);
+        assert_eq!(m.pool().num_cached_blocks(), 3);
+        assert_eq!(m.reset_prefix_cache(), 3, "in-use and free entries alike");
+        assert_eq!(m.get_computed_blocks(&toks), (vec![], 0));
+        // Request 1 runs on with new weights: its KV mixes both, so nothing more is cached.
+        let mut grown = toks.clone();
+        grown.extend(9..17);
+        m.allocate_slots(1, &grown, 9, 8, &[]).unwrap().unwrap();
+        assert_eq!(m.pool().num_cached_blocks(), 0);
+        // A request new after the reset caches again.
+        admit(&mut m, 3, &tokens(0..9)).unwrap();
+        assert_eq!(m.pool().num_cached_blocks(), 2);
+        m.check_invariants().unwrap();
+    }
+
+    #[test]
+    fn disabled_prefix_caching_never_hits_or_registers() {
+        let mut m = KvCacheManager::new(16, 4, false).unwrap();
+        let toks = tokens(0..9);
+        assert_eq!(admit(&mut m, 1, &toks), Some(vec![1, 2, 3]));
+        assert_eq!(admit(&mut m, 2, &toks), Some(vec![4, 5, 6]));
+        assert_eq!(
+            (m.pool().num_cached_blocks(), m.prefix_cache_stats()),
+            (0, Default::default())
+        );
+        assert!(!m.prefix_caching_enabled());
+        assert_eq!(m.reset_prefix_cache(), 0);
+    }
+
+    #[test]
+    fn prefix_hit_leaves_at_least_one_token_to_compute() {
+        let mut m = KvCacheManager::new(32, 4, true).unwrap();
+        let prompt = tokens(100..108); // exactly 2 full blocks
+        assert_eq!(admit(&mut m, 1, &prompt), Some(vec![1, 2]));
+        assert_eq!(
+            m.get_computed_blocks(&prompt),
+            (vec![1], 4),
+            "the last block is recomputed"
+        );
+        let longer = tokens(100..109);
+        assert_eq!(m.get_computed_blocks(&longer), (vec![1, 2], 8));
+        assert_eq!(
+            m.get_computed_blocks(&tokens(100..103)),
+            (vec![], 0),
+            "no full block"
+        );
+        assert_eq!(m.get_computed_blocks(&[]), (vec![], 0));
+        let other = [vec![100, 101, 102, 999], tokens(104..109)].concat();
+        assert_eq!(
+            m.get_computed_blocks(&other),
+            (vec![], 0),
+            "the chain breaks at block 0"
+        );
+        let stats = m.prefix_cache_stats();
+        assert_eq!(
+            stats,
+            PrefixCacheStats {
+                queries: 8 + 8 + 9 + 3 + 9,
+                hits: 4 + 8
+            }
+        );
+        assert!((stats.hit_rate() - 12.0 / 37.0).abs() < 1e-12);
+        m.reset_prefix_cache_stats();
+        assert_eq!(
+            (m.prefix_cache_stats(), m.prefix_cache_stats().hit_rate()),
+            (Default::default(), 0.0)
+        );
+
+        // A second request takes the two hits and owns only its tail block.
+        assert_eq!(admit(&mut m, 2, &longer), Some(vec![3]));
+        assert_eq!(m.block_table(2), &[1, 2, 3]);
+        assert_eq!(
+            (
+                m.pool().ref_count(1),
+                m.pool().ref_count(2),
+                m.num_used_blocks()
+            ),
+            (2, 2, 3)
+        );
+        m.free(1);
+        assert_eq!(
+            m.num_used_blocks(),
+            3,
+            "request 2 still holds the shared blocks"
+        );
+        m.free(2);
+        assert_eq!(m.num_used_blocks(), 0);
+        m.check_invariants().unwrap();
+    }
+
+    /// splitmix64: the stress test's deterministic PRNG.
+    struct Rng(u64);
+
+    impl Rng {
+        fn next(&mut self) -> u64 {
+            self.0 = self.0.wrapping_add(0x9e37_79b9_7f4a_7c15);
+            let mut z = self.0;
+            z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+            z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+            z ^ (z >> 31)
+        }
+
+        fn below(&mut self, n: usize) -> usize {
+            (self.next() % n as u64) as usize
+        }
+    }
+
+    /// What each KV slot holds, as a fingerprint of the token at that position, the weights it
+    /// was computed with (`epoch`), and the slot before it read through the block table, as
+    /// attention would. A correct hit holds exactly what recomputing the prefix would.
+    struct KvModel {
+        slots: Vec<u64>,
+        block_size: usize,
+    }
+
+    impl KvModel {
+        fn next(prev: u64, token: u32, epoch: u64) -> u64 {
+            hash_block(Some(BlockHash(prev)), &[token], Some(epoch)).0
+        }
+
+        /// The request computes its next `num_new` tokens into its blocks.
+        fn compute(&mut self, m: &KvCacheManager, seq: &Seq, num_new: usize, epoch: u64) {
+            let table = m.block_table(seq.id);
+            let bs = self.block_size;
+            let slot = |pos: usize| table[pos / bs] as usize * bs + pos % bs;
+            for pos in seq.num_computed..seq.num_computed + num_new {
+                let prev = pos.checked_sub(1).map_or(0, |p| self.slots[slot(p)]);
+                let block = table[pos / bs];
+                assert_eq!(
+                    m.pool().ref_count(block),
+                    1,
+                    "a write into shared block {block}"
+                );
+                self.slots[slot(pos)] = Self::next(prev, seq.tokens[pos], epoch);
+            }
+        }
+
+        /// The hit blocks hold what computing `toks` from scratch with the current weights gives.
+        fn check_hits(&self, hits: &[BlockId], toks: &[u32], epoch: u64) {
+            let (bs, mut expected) = (self.block_size, 0);
+            for (pos, &token) in toks.iter().enumerate().take(hits.len() * bs) {
+                expected = Self::next(expected, token, epoch);
+                let block = hits[pos / bs];
+                let held = self.slots[block as usize * bs + pos % bs];
+                assert_eq!(held, expected, "hit block {block} slot {pos}: wrong KV");
+            }
+        }
+    }
+
+    struct Seq {
+        id: RequestId,
+        tokens: Vec<u32>,
+        num_computed: usize,
+    }
+
+    #[derive(Default, Debug)]
+    struct Counts {
+        allocations: usize,
+        queried: usize,
+        looked_up: usize,
+        refused: usize,
+        preemptions: usize,
+        hit_tokens: usize,
+        revived_blocks: usize,
+        resets: usize,
+        finished: usize,
+        later_turns: usize,
+    }
+
+    #[test]
+    fn randomized_stress_keeps_invariants_and_never_serves_wrong_kv() {
+        const BLOCK_SIZE: usize = 4;
+        const MAX_TOKENS: usize = 80;
+        let mut rng = Rng(0x5eed);
+        let mut m = KvCacheManager::new(40, BLOCK_SIZE, true).unwrap(); // 39 blocks: tight
+        let (slots, block_size) = (vec![0; 40 * BLOCK_SIZE], BLOCK_SIZE);
+        let mut kv = KvModel { slots, block_size };
+        let systems: Vec<Vec<u32>> = [13, 22, 31]
+            .iter()
+            .map(|&n| (0..n).map(|_| rng.below(1000) as u32).collect())
+            .collect();
+        let (mut running, mut waiting, mut done) =
+            (Vec::<Seq>::new(), Vec::<Seq>::new(), Vec::<Vec<u32>>::new());
+        let (mut next_id, mut epoch, mut c) = (0u64, 0u64, Counts::default());
+
+        for op in 0..5000 {
+            match rng.below(100) {
+                // A new request: a shared system prompt and a user turn, or the next turn of a
+                // finished conversation.
+                0..=19 => {
+                    let tokens = if !done.is_empty() && rng.below(3) == 0 {
+                        c.later_turns += 1;
+                        let mut t = done.swap_remove(rng.below(done.len()));
+                        t.extend((0..1 + rng.below(8)).map(|_| rng.below(1000) as u32));
+                        t
+                    } else {
+                        let mut t = systems[rng.below(3)].clone();
+                        t.extend((0..1 + rng.below(10)).map(|_| rng.below(1000) as u32));
+                        t
+                    };
+                    next_id += 1;
+                    let (id, num_computed) = (next_id, 0);
+                    waiting.push(Seq {
+                        id,
+                        tokens,
+                        num_computed,
+                    });
+                }
+                // Schedule a chunk for a running or waiting request, preempting one on refusal.
+                20..=69 => {
+                    let from_waiting =
+                        running.is_empty() || (!waiting.is_empty() && rng.below(3) == 0);
+                    if from_waiting && waiting.is_empty() {
+                        continue;
+                    }
+                    let mut seq = if from_waiting {
+                        waiting.swap_remove(rng.below(waiting.len()))
+                    } else {
+                        running.swap_remove(rng.below(running.len()))
+                    };
+                    if seq.num_computed == seq.tokens.len() {
+                        // Decode; a small alphabet makes samples share more.
+                        seq.tokens.push(rng.below(4) as u32);
+                    }
+                    let budget = 1 + rng.below(12);
+                    let mut scheduled = false;
+                    for attempt in 0..2 {
+                        let (hits, n) = if m.contains(seq.id) {
+                            (Vec::new(), seq.num_computed)
+                        } else {
+                            let (hits, n) = m.get_computed_blocks(&seq.tokens);
+                            c.queried += seq.tokens.len();
+                            c.looked_up += n;
+                            (hits, n)
+                        };
+                        let num_new = budget.min(seq.tokens.len() - n);
+                        let revived = hits.iter().filter(|&&b| m.pool().ref_count(b) == 0).count();
+                        match m
+                            .allocate_slots(seq.id, &seq.tokens, n, num_new, &hits)
+                            .unwrap()
+                        {
+                            Some(_) => {
+                                kv.check_hits(&hits, &seq.tokens, epoch);
+                                seq.num_computed = n;
+                                kv.compute(&m, &seq, num_new, epoch);
+                                seq.num_computed += num_new;
+                                c.allocations += 1;
+                                c.hit_tokens += hits.len() * BLOCK_SIZE;
+                                c.revived_blocks += revived;
+                                scheduled = true;
+                                break;
+                            }
+                            None => {
+                                c.refused += 1;
+                                if attempt == 1 || running.is_empty() {
+                                    break;
+                                }
+                                let mut victim = running.swap_remove(rng.below(running.len()));
+                                assert!(m.free(victim.id));
+                                victim.num_computed = 0;
+                                waiting.push(victim);
+                                c.preemptions += 1;
+                            }
+                        }
+                        m.check_invariants().unwrap();
+                    }
+                    if scheduled {
+                        running.push(seq);
+                    } else {
+                        if seq.num_computed < seq.tokens.len() && m.contains(seq.id) {
+                            // Refused even after a preemption: it preempts itself.
+                            assert!(m.free(seq.id));
+                            c.preemptions += 1;
+                        }
+                        seq.num_computed = 0;
+                        waiting.push(seq);
+                    }
+                }
+                // A request finishes (also when it reaches its length limit).
+                70..=79 => {
+                    if let Some(i) = (!running.is_empty()).then(|| rng.below(running.len())) {
+                        let seq = running.swap_remove(i);
+                        assert!(m.free(seq.id));
+                        c.finished += 1;
+                        if seq.tokens.len() < MAX_TOKENS - 20 {
+                            done.push(seq.tokens);
+                        }
+                    }
+                }
+                // New weights.
+                80..=81 => {
+                    m.reset_prefix_cache();
+                    assert_eq!(m.pool().num_cached_blocks(), 0);
+                    epoch += 1;
+                    c.resets += 1;
+                }
+                // Caller errors change nothing.
+                82..=85 => {
+                    let (used, cached) = (m.num_used_blocks(), m.pool().num_cached_blocks());
+                    let huge = vec![1; 40 * BLOCK_SIZE];
+                    let err = m.allocate_slots(next_id + 1, &huge, 0, huge.len(), &[]);
+                    assert!(matches!(err, Err(KvCacheError::NeverFits { .. })));
+                    if let Some(seq) = running.first() {
+                        let (id, past_end) = (seq.id, seq.tokens.len() + 1);
+                        let err =
+                            m.allocate_slots(id, &seq.tokens, seq.num_computed, past_end, &[]);
+                        assert!(matches!(err, Err(KvCacheError::BadArguments { .. })));
+                    }
+                    assert!(!m.free(u64::MAX));
+                    let after = (m.num_used_blocks(), m.pool().num_cached_blocks());
+                    assert_eq!(after, (used, cached));
+                }
+                _ => {}
+            }
+            // Requests at their length limit finish.
+            running.retain(|seq| seq.tokens.len() < MAX_TOKENS || !m.free(seq.id));
+            if let Err(e) = m.check_invariants() {
+                panic!("after operation {op}: {e}");
+            }
+            for seq in &running {
+                let blocks_needed = seq.num_computed.div_ceil(BLOCK_SIZE);
+                assert_eq!(m.num_blocks_of(seq.id), blocks_needed);
+            }
+            assert!(waiting.iter().all(|seq| !m.contains(seq.id)));
+            assert_eq!(m.num_requests(), running.len());
+        }
+
+        for seq in running.drain(..) {
+            assert!(m.free(seq.id));
+        }
+        m.check_invariants().unwrap();
+        let (used, free, live) = (m.num_used_blocks(), m.num_free_blocks(), m.num_requests());
+        assert_eq!((used, free, live), (0, 39, 0), "leaked blocks");
+        // The stats count what was looked up, and the run exercised every path.
+        let stats = m.prefix_cache_stats();
+        let (queries, hits) = (stats.queries as usize, stats.hits as usize);
+        assert_eq!((queries, hits), (c.queried, c.looked_up));
+        assert!(
+            c.allocations > 1000 && c.refused > 20 && c.preemptions > 20,
+            "{c:?}"
+        );
+        assert!(
+            c.hit_tokens > 1000 && c.revived_blocks > 50 && c.resets > 20,
+            "{c:?}"
+        );
+        assert!(c.finished > 100 && c.later_turns > 20, "{c:?}");
+    }
+}

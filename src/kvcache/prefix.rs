@@ -45,9 +45,10 @@ fn mix64(mut x: u64) -> u64 {
 
 /// The hash of one block: `parent` is `None` for a sequence's first block.
 ///
-/// Absorbs 64-bit words (the parent hash and the extra key, each with a presence tag, the token count,
-/// then the token ids two per word) through `state = mix64(state ^ word) * odd constant`, each
-/// step a bijection of the state, so inputs of equal length that differ in one word never collide.
+/// Absorbs 64-bit words (the parent hash and the extra key, each with a presence tag, the token
+/// count, then the token ids two per word) through `state = mix64(state ^ word) * odd constant`,
+/// each step a bijection of the state, so inputs of equal length that differ in one word never
+/// collide.
 pub fn hash_block(parent: Option<BlockHash>, tokens: &[u32], extra: Option<u64>) -> BlockHash {
     const K: u64 = 0x9e37_79b9_7f4a_7c15;
     let mut state = 0x243f_6a88_85a3_08d3u64; // pi's fraction: a nothing-up-my-sleeve seed
