@@ -4,7 +4,7 @@
 //! is checked against these functions. Speed matters only enough for tests and the default
 //! benchmark to be quick: GEMMs and attention split their work over the machine's cores.
 
-use super::{Backend, Rotary};
+use super::{Backend, PagedLayout, Rotary};
 use crate::tensor::HostTensor;
 use anyhow::{bail, ensure, Result};
 
@@ -32,6 +32,46 @@ impl CpuTensor {
 
     fn rows(&self) -> usize {
         self.data.len() / self.cols().max(1)
+    }
+}
+
+/// Causal attention of one query row over its first `num_keys` keys: key `j`'s row starts at
+/// `key_row(j)` in `keys`/`values`, offset by `head_offset` for the kv head. Plain and paged
+/// attention both call this, in the same order, so a paged run equals a full recomputation bit
+/// for bit on this backend.
+#[allow(clippy::too_many_arguments)]
+fn attend_row(
+    q_row: &[f32],
+    keys: &[f32],
+    values: &[f32],
+    head_offset: usize,
+    num_keys: usize,
+    key_row: impl Fn(usize) -> usize,
+    softmax_scale: f32,
+    scores: &mut Vec<f32>,
+    out: &mut [f32],
+) {
+    let head_dim = q_row.len();
+    scores.clear();
+    scores.extend(
+        (0..num_keys)
+            .map(|j| dot(q_row, &keys[key_row(j) + head_offset..][..head_dim]) * softmax_scale),
+    );
+    let max = scores.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+    let mut sum = 0.0f32;
+    for s in scores.iter_mut() {
+        *s = (*s - max).exp();
+        sum += *s;
+    }
+    out.fill(0.0);
+    for (j, &p) in scores.iter().enumerate() {
+        let v_row = &values[key_row(j) + head_offset..][..head_dim];
+        for (od, &vd) in out.iter_mut().zip(v_row) {
+            *od += p * vd;
+        }
+    }
+    for od in out.iter_mut() {
+        *od /= sum;
     }
 }
 
@@ -346,6 +386,7 @@ impl Backend for CpuBackend {
             "attention: cu_seqlens must rise from 0"
         );
         let group = heads / kv_heads;
+        let row_len = kv_heads * head_dim;
         // Each token's output row [heads, head_dim] is computed by the thread owning that token.
         par_rows(
             self.threads,
@@ -357,38 +398,132 @@ impl Backend for CpuBackend {
                     let t = first_token + i;
                     let seq = cu_seqlens.partition_point(|&start| start as usize <= t) - 1;
                     let seq_start = cu_seqlens[seq] as usize;
+                    let key_row = |j: usize| (seq_start + j) * row_len;
                     for h in 0..heads {
-                        let kvh = h / group;
-                        let q_row = &q.data[(t * heads + h) * head_dim..][..head_dim];
-                        scores.clear();
-                        scores.extend((seq_start..=t).map(|j| {
-                            dot(
-                                q_row,
-                                &k.data[(j * kv_heads + kvh) * head_dim..][..head_dim],
-                            ) * softmax_scale
-                        }));
-                        let max = scores.iter().copied().fold(f32::NEG_INFINITY, f32::max);
-                        let mut sum = 0.0f32;
-                        for s in scores.iter_mut() {
-                            *s = (*s - max).exp();
-                            sum += *s;
-                        }
-                        let o = &mut out_row[h * head_dim..(h + 1) * head_dim];
-                        o.fill(0.0);
-                        for (j, &p) in (seq_start..=t).zip(scores.iter()) {
-                            let v_row = &v.data[(j * kv_heads + kvh) * head_dim..][..head_dim];
-                            for (od, &vd) in o.iter_mut().zip(v_row) {
-                                *od += p * vd;
-                            }
-                        }
-                        for od in o.iter_mut() {
-                            *od /= sum;
-                        }
+                        attend_row(
+                            &q.data[(t * heads + h) * head_dim..][..head_dim],
+                            &k.data,
+                            &v.data,
+                            (h / group) * head_dim,
+                            t - seq_start + 1,
+                            key_row,
+                            softmax_scale,
+                            &mut scores,
+                            &mut out_row[h * head_dim..(h + 1) * head_dim],
+                        );
                     }
                 }
             },
         );
         Ok(())
+    }
+
+    fn write_kv(
+        &self,
+        k: &CpuTensor,
+        v: &CpuTensor,
+        slot_mapping: &[u32],
+        k_cache: &mut CpuTensor,
+        v_cache: &mut CpuTensor,
+    ) -> Result<()> {
+        let row_len = k.data.len() / slot_mapping.len().max(1);
+        ensure!(
+            k.data.len() == slot_mapping.len() * row_len && v.data.len() == k.data.len(),
+            "write_kv: k {:?}, v {:?} for {} slots",
+            k.shape,
+            v.shape,
+            slot_mapping.len()
+        );
+        let slots = k_cache.data.len() / row_len.max(1);
+        ensure!(
+            v_cache.data.len() == k_cache.data.len(),
+            "write_kv: caches differ"
+        );
+        for (t, &slot) in slot_mapping.iter().enumerate() {
+            let slot = slot as usize;
+            ensure!(slot < slots, "write_kv: slot {slot} of {slots}");
+            k_cache.data[slot * row_len..][..row_len]
+                .copy_from_slice(&k.data[t * row_len..][..row_len]);
+            v_cache.data[slot * row_len..][..row_len]
+                .copy_from_slice(&v.data[t * row_len..][..row_len]);
+        }
+        Ok(())
+    }
+
+    fn paged_attention(
+        &self,
+        q: &CpuTensor,
+        k_cache: &CpuTensor,
+        v_cache: &CpuTensor,
+        layout: &PagedLayout,
+        softmax_scale: f32,
+        out: &mut CpuTensor,
+    ) -> Result<()> {
+        let head_dim = q.cols();
+        let rows = layout.num_query_rows();
+        let num_blocks = k_cache.shape.first().copied().unwrap_or(0);
+        layout.check(num_blocks)?;
+        ensure!(
+            rows > 0 && q.data.len() % (rows * head_dim) == 0 && out.data.len() == q.data.len(),
+            "paged_attention: q {:?}, out {:?} for {rows} query rows",
+            q.shape,
+            out.shape
+        );
+        let heads = q.data.len() / (rows * head_dim);
+        let slot_len = k_cache.data.len() / (num_blocks * layout.block_size).max(1);
+        let kv_heads = slot_len / head_dim;
+        ensure!(
+            kv_heads > 0 && heads % kv_heads == 0 && v_cache.data.len() == k_cache.data.len(),
+            "paged_attention: {heads} heads over a cache {:?}",
+            k_cache.shape
+        );
+        let group = heads / kv_heads;
+        par_rows(
+            self.threads,
+            &mut out.data,
+            heads * head_dim,
+            |first_row, out_rows| {
+                let mut scores = Vec::new();
+                for (i, out_row) in out_rows.chunks_exact_mut(heads * head_dim).enumerate() {
+                    let r = first_row + i;
+                    let seq = layout.sequence_of_row(r);
+                    let position = layout.position_of_row(seq, r);
+                    let table = layout.block_table(seq);
+                    let bs = layout.block_size;
+                    let key_row = |j: usize| (table[j / bs] as usize * bs + j % bs) * slot_len;
+                    for h in 0..heads {
+                        attend_row(
+                            &q.data[(r * heads + h) * head_dim..][..head_dim],
+                            &k_cache.data,
+                            &v_cache.data,
+                            (h / group) * head_dim,
+                            position + 1,
+                            key_row,
+                            softmax_scale,
+                            &mut scores,
+                            &mut out_row[h * head_dim..(h + 1) * head_dim],
+                        );
+                    }
+                }
+            },
+        );
+        Ok(())
+    }
+
+    fn gather_rows(&self, x: &CpuTensor, rows: &[u32]) -> Result<CpuTensor> {
+        let cols = x.cols();
+        let mut data = Vec::with_capacity(rows.len() * cols);
+        for &r in rows {
+            ensure!(
+                (r as usize) < x.rows(),
+                "gather_rows: row {r} of {}",
+                x.rows()
+            );
+            data.extend_from_slice(&x.data[r as usize * cols..][..cols]);
+        }
+        let mut shape = x.shape.clone();
+        shape[0] = rows.len();
+        Ok(CpuTensor::new(shape, data))
     }
 
     fn swiglu(&self, gate: &CpuTensor, up: &CpuTensor, out: &mut CpuTensor) -> Result<()> {

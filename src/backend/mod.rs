@@ -25,6 +25,88 @@ pub struct Rotary {
     pub attention_scaling: f64,
 }
 
+/// Where one engine step's query rows sit in the paged KV cache (DESIGN.md decision 7).
+///
+/// ```text
+///  sequence s: context positions 0 .. context_lens[s]
+///  ┌──────── already cached ────────┬── this step's query rows ──┐
+///  0                      context_lens[s] - n_s          context_lens[s]
+///  n_s = cu_query[s+1] - cu_query[s]; position p lives in slot
+///  block_tables[s][p / block_size] * block_size + p % block_size
+/// ```
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct PagedLayout {
+    pub block_size: usize,
+    /// `[0, n_0, n_0 + n_1, ...]`: query rows of each sequence, packed.
+    pub cu_query: Vec<u32>,
+    /// Per sequence: context length including this step's rows.
+    pub context_lens: Vec<u32>,
+    /// `[num_seqs, max_blocks_per_seq]` row-major, padded with the null block 0.
+    pub block_tables: Vec<u32>,
+    pub max_blocks_per_seq: usize,
+    /// Per query row: the cache slot its K/V is written to.
+    pub slot_mapping: Vec<u32>,
+}
+
+impl PagedLayout {
+    pub fn num_seqs(&self) -> usize {
+        self.context_lens.len()
+    }
+    pub fn num_query_rows(&self) -> usize {
+        *self.cu_query.last().unwrap_or(&0) as usize
+    }
+    pub fn block_table(&self, seq: usize) -> &[u32] {
+        &self.block_tables[seq * self.max_blocks_per_seq..][..self.max_blocks_per_seq]
+    }
+    /// The sequence a packed query row belongs to.
+    pub fn sequence_of_row(&self, row: usize) -> usize {
+        self.cu_query
+            .partition_point(|&start| start as usize <= row)
+            - 1
+    }
+    /// The context position of query row `row` of sequence `seq`.
+    pub fn position_of_row(&self, seq: usize, row: usize) -> usize {
+        self.context_lens[seq] as usize - (self.cu_query[seq + 1] as usize - row)
+    }
+    /// Checks the layout is consistent and every table entry addresses one of `num_blocks`.
+    pub fn check(&self, num_blocks: usize) -> Result<()> {
+        let n = self.num_seqs();
+        if self.block_size == 0 || self.cu_query.len() != n + 1 || self.cu_query[0] != 0 {
+            bail!("paged layout: {n} sequences, cu_query {:?}", self.cu_query);
+        }
+        if self.block_tables.len() != n * self.max_blocks_per_seq
+            || self.slot_mapping.len() != self.num_query_rows()
+        {
+            bail!(
+                "paged layout: {} table entries for {n} x {}, {} slots for {} rows",
+                self.block_tables.len(),
+                self.max_blocks_per_seq,
+                self.slot_mapping.len(),
+                self.num_query_rows()
+            );
+        }
+        for s in 0..n {
+            let rows = self.cu_query[s + 1].checked_sub(self.cu_query[s]);
+            let context = self.context_lens[s] as usize;
+            match rows {
+                Some(rows) if rows as usize <= context => {}
+                _ => bail!("paged layout: sequence {s} has bad query rows or context"),
+            }
+            if context.div_ceil(self.block_size) > self.max_blocks_per_seq {
+                bail!("paged layout: sequence {s} context {context} exceeds its block table");
+            }
+            if let Some(&b) = self
+                .block_table(s)
+                .iter()
+                .find(|&&b| b as usize >= num_blocks)
+            {
+                bail!("paged layout: block {b} of {num_blocks} in sequence {s}'s table");
+            }
+        }
+        Ok(())
+    }
+}
+
 pub trait Backend {
     type Tensor;
 
@@ -101,6 +183,31 @@ pub trait Backend {
         softmax_scale: f32,
         out: &mut Self::Tensor,
     ) -> Result<()>;
+    /// Copies each new token's K and V rows (`k, v: [T, kv_heads, head_dim]`) into its slot of the
+    /// paged caches (`[num_blocks, block_size, kv_heads, head_dim]`); slot = block * block_size +
+    /// offset.
+    fn write_kv(
+        &self,
+        k: &Self::Tensor,
+        v: &Self::Tensor,
+        slot_mapping: &[u32],
+        k_cache: &mut Self::Tensor,
+        v_cache: &mut Self::Tensor,
+    ) -> Result<()>;
+    /// Causal GQA attention of this step's query rows over their sequences' whole cached context
+    /// (which already holds this step's K/V: call `write_kv` first). One op for chunked prefill,
+    /// prefill after a prefix-cache hit, and decode. `q, out: [rows, heads, head_dim]`.
+    fn paged_attention(
+        &self,
+        q: &Self::Tensor,
+        k_cache: &Self::Tensor,
+        v_cache: &Self::Tensor,
+        layout: &PagedLayout,
+        softmax_scale: f32,
+        out: &mut Self::Tensor,
+    ) -> Result<()>;
+    /// Rows `rows` of `x` (first dimension), in that order.
+    fn gather_rows(&self, x: &Self::Tensor, rows: &[u32]) -> Result<Self::Tensor>;
     /// `out = silu(gate) * up`, elementwise.
     fn swiglu(&self, gate: &Self::Tensor, up: &Self::Tensor, out: &mut Self::Tensor) -> Result<()>;
     /// `log_softmax(logits[t])[targets[t]]` for every row of `logits: [T, vocab]`.

@@ -6,4 +6,4 @@ pub mod synthetic;
 pub mod weights;
 
 pub use params::{LayerParams, Qwen2Params};
-pub use qwen2::{PackedBatch, Qwen2Model};
+pub use qwen2::{PackedBatch, PagedKv, Qwen2Model};

@@ -13,7 +13,7 @@
 //! norm, then the LM head (tied to the embedding or not). Tensor parallelism (DESIGN.md 11) will
 //! all-reduce after o_proj and down_proj; with TP = 1 there is nothing to reduce.
 
-use crate::backend::{Backend, Rotary};
+use crate::backend::{Backend, PagedLayout, Rotary};
 use crate::config::{LocalSizes, ModelConfig};
 use crate::model::params::Qwen2Params;
 use crate::model::weights::Checkpoint;
@@ -26,6 +26,20 @@ pub struct Qwen2Model<B: Backend> {
     pub local: LocalSizes,
     pub params: Qwen2Params<B::Tensor>,
     pub rotary: Rotary,
+}
+
+/// The paged KV cache's device memory: per layer, the K and V block pools (DESIGN.md 7).
+pub struct PagedKv<T> {
+    pub num_blocks: usize,
+    pub block_size: usize,
+    pub layers: Vec<(T, T)>,
+}
+
+impl<T> PagedKv<T> {
+    /// Bytes of K and V per cached token, all layers (`elem_bytes` per element).
+    pub fn bytes_per_token(config: &ModelConfig, local: &LocalSizes, elem_bytes: usize) -> usize {
+        2 * config.num_hidden_layers * local.kv_heads_local * config.head_dim * elem_bytes
+    }
 }
 
 /// Sequences packed back to back: token ids, positions within each sequence, and `cu_seqlens`.
@@ -111,10 +125,66 @@ impl<B: Backend> Qwen2Model<B> {
 
     /// Runs every layer and the final norm: the hidden states `[T, d]` the LM head reads.
     pub fn forward_hidden(&self, backend: &B, batch: &PackedBatch) -> Result<B::Tensor> {
+        let scale = self.softmax_scale();
+        self.forward_layers(
+            backend,
+            &batch.tokens,
+            &batch.positions,
+            |_, q, k, v, out| backend.attention(q, k, v, &batch.cu_seqlens, scale, out),
+        )
+    }
+
+    /// One engine step over the paged KV cache: this step's tokens (`layout` says which sequence
+    /// and position each belongs to) write their K/V into `kv`, then attend to their whole cached
+    /// context. Returns the hidden states `[T, d]` of this step's tokens.
+    pub fn forward_paged(
+        &self,
+        backend: &B,
+        tokens: &[u32],
+        positions: &[u32],
+        layout: &PagedLayout,
+        kv: &mut PagedKv<B::Tensor>,
+    ) -> Result<B::Tensor> {
+        if kv.layers.len() != self.config.num_hidden_layers {
+            bail!(
+                "paged KV cache has {} layers, the model {}",
+                kv.layers.len(),
+                self.config.num_hidden_layers
+            );
+        }
+        let scale = self.softmax_scale();
+        self.forward_layers(backend, tokens, positions, |i, q, k, v, out| {
+            let (k_cache, v_cache) = &mut kv.layers[i];
+            backend.write_kv(k, v, &layout.slot_mapping, k_cache, v_cache)?;
+            backend.paged_attention(q, k_cache, v_cache, layout, scale, out)
+        })
+    }
+
+    fn softmax_scale(&self) -> f32 {
+        1.0 / (self.config.head_dim as f32).sqrt()
+    }
+
+    /// The layer stack, with attention supplied by the caller (packed prefill or paged).
+    fn forward_layers(
+        &self,
+        backend: &B,
+        tokens: &[u32],
+        positions: &[u32],
+        mut attention: impl FnMut(
+            usize,
+            &B::Tensor,
+            &B::Tensor,
+            &B::Tensor,
+            &mut B::Tensor,
+        ) -> Result<()>,
+    ) -> Result<B::Tensor> {
         let c = &self.config;
-        let t = batch.num_tokens();
+        let t = tokens.len();
         if t == 0 {
             bail!("forward of an empty batch");
+        }
+        if positions.len() != t {
+            bail!("{t} tokens but {} positions", positions.len());
         }
         let (d, hd) = (c.hidden_size, c.head_dim);
         let (heads, kv_heads, inter) = (
@@ -123,10 +193,9 @@ impl<B: Backend> Qwen2Model<B> {
             self.local.intermediate_local,
         );
         let eps = c.rms_norm_eps as f32;
-        let softmax_scale = 1.0 / (hd as f32).sqrt();
 
         let mut residual = backend.zeros(&[t, d])?;
-        backend.embedding(&self.params.embed_tokens, &batch.tokens, &mut residual)?;
+        backend.embedding(&self.params.embed_tokens, tokens, &mut residual)?;
         let mut normed = backend.zeros(&[t, d])?;
         let mut q = backend.zeros(&[t, heads, hd])?;
         let mut k = backend.zeros(&[t, kv_heads, hd])?;
@@ -169,8 +238,8 @@ impl<B: Backend> Qwen2Model<B> {
                 Some(&layer.v_proj_bias),
                 &mut v,
             )?;
-            backend.rope(&mut q, &mut k, &batch.positions, &self.rotary)?;
-            backend.attention(&q, &k, &v, &batch.cu_seqlens, softmax_scale, &mut attn)?;
+            backend.rope(&mut q, &mut k, positions, &self.rotary)?;
+            attention(i, &q, &k, &v, &mut attn)?;
             backend.linear(&attn, &layer.o_proj_weight, None, &mut delta)?;
 
             // MLP block.
@@ -188,6 +257,30 @@ impl<B: Backend> Qwen2Model<B> {
         }
         backend.add_rmsnorm(&mut residual, &delta, &self.params.norm, eps, &mut normed)?;
         Ok(normed)
+    }
+
+    /// An empty paged KV cache for this model: per layer, K and V pools of
+    /// `[num_blocks, block_size, kv_heads_local, head_dim]`.
+    pub fn new_paged_kv(
+        &self,
+        backend: &B,
+        num_blocks: usize,
+        block_size: usize,
+    ) -> Result<PagedKv<B::Tensor>> {
+        let shape = [
+            num_blocks,
+            block_size,
+            self.local.kv_heads_local,
+            self.config.head_dim,
+        ];
+        let layers = (0..self.config.num_hidden_layers)
+            .map(|_| Ok((backend.zeros(&shape)?, backend.zeros(&shape)?)))
+            .collect::<Result<Vec<_>>>()?;
+        Ok(PagedKv {
+            num_blocks,
+            block_size,
+            layers,
+        })
     }
 
     /// Logits `[T, vocab_local]` for every token of the batch.

@@ -10,7 +10,7 @@ use super::flash_attn::{check_cu_seqlens, VarlenLayout};
 use super::gemm::Gemm;
 use super::tensor::{Arena, BufferPool, CudaTensor, DeviceDType};
 use super::CudaDevice;
-use crate::backend::{Backend, Rotary};
+use crate::backend::{Backend, PagedLayout, Rotary};
 use crate::tensor::{DType, HostTensor};
 use anyhow::{bail, ensure, Context, Result};
 use cudarc::driver::result as driver;
@@ -330,6 +330,60 @@ impl Backend for CudaBackend {
             out,
             &mut lse,
         )
+    }
+
+    fn write_kv(
+        &self,
+        k: &CudaTensor,
+        v: &CudaTensor,
+        slot_mapping: &[u32],
+        k_cache: &mut CudaTensor,
+        v_cache: &mut CudaTensor,
+    ) -> Result<()> {
+        let slots = self.upload_pod(slot_mapping, &[slot_mapping.len()], DeviceDType::U32)?;
+        self.device.write_kv(k, v, &slots, k_cache, v_cache)
+    }
+
+    fn paged_attention(
+        &self,
+        q: &CudaTensor,
+        k_cache: &CudaTensor,
+        v_cache: &CudaTensor,
+        layout: &PagedLayout,
+        softmax_scale: f32,
+        out: &mut CudaTensor,
+    ) -> Result<()> {
+        layout.check(*k_cache.shape().first().unwrap_or(&0))?;
+        let device_layout = super::paged_attn::DevicePagedLayout::upload(self, layout)?;
+        self.device.paged_attention(
+            q,
+            k_cache,
+            v_cache,
+            &device_layout,
+            softmax_scale,
+            out,
+            &self.pool,
+        )
+    }
+
+    fn gather_rows(&self, x: &CudaTensor, rows: &[u32]) -> Result<CudaTensor> {
+        ensure!(
+            x.dtype() == DeviceDType::Bf16,
+            "gather_rows of a {:?} tensor",
+            x.dtype()
+        );
+        let mut shape = x.shape().to_vec();
+        ensure!(!shape.is_empty(), "gather_rows of a scalar");
+        let table_rows = shape[0];
+        if let Some(&r) = rows.iter().find(|&&r| r as usize >= table_rows) {
+            bail!("gather_rows: row {r} of {table_rows}");
+        }
+        // A row gather is the embedding kernel with `x` as the table.
+        let ids = self.upload_pod(rows, &[rows.len()], DeviceDType::U32)?;
+        shape[0] = rows.len();
+        let mut out = self.alloc(&shape, DeviceDType::Bf16)?;
+        self.device.embedding_fwd(x, &ids, &mut out)?;
+        Ok(out)
     }
 
     fn swiglu(&self, gate: &CudaTensor, up: &CudaTensor, out: &mut CudaTensor) -> Result<()> {

@@ -24,7 +24,7 @@ fn rows_config(rows: usize, threads: (u32, u32)) -> LaunchConfig {
 }
 
 impl CudaDevice {
-    /// `out[t] = table[ids[t]]`; `table [vocab, d]` bf16, `ids [T]` u32, `out [T, d]` bf16.
+    /// `out[t] = table[ids[t]]`; `table [vocab, d...]` bf16, `ids [T]` u32, `out [T, d...]` bf16.
     pub fn embedding_fwd(
         &self,
         table: &CudaTensor,
@@ -34,12 +34,10 @@ impl CudaDevice {
         expect_dtype("embedding", "table", table, DeviceDType::Bf16)?;
         expect_dtype("embedding", "ids", ids, DeviceDType::U32)?;
         expect_dtype("embedding", "out", out, DeviceDType::Bf16)?;
-        ensure!(
-            table.shape().len() == 2,
-            "embedding: table {:?}",
-            table.shape()
-        );
-        let (vocab, d) = (table.shape()[0], table.shape()[1]);
+        // Any [rows, ...] tensor works as a table of rows (gather_rows uses this).
+        let vocab = *table.shape().first().unwrap_or(&0);
+        ensure!(vocab > 0, "embedding: table {:?}", table.shape());
+        let d = table.len() / vocab;
         let tokens = ids.len();
         ensure!(
             tokens > 0 && out.len() == tokens * d,
