@@ -13,6 +13,8 @@
 //! - [`model`]: the parameter layout and HF names ([`model::params`]), safetensors checkpoints
 //!   ([`model::weights`]), the Qwen2 forward pass ([`model::qwen2`]) and synthetic models for
 //!   benchmarks ([`model::synthetic`]).
+//! - [`engine`]: requests, the continuous-batching scheduler, sampling and the step loop
+//!   ([`engine::Engine`], threaded behind [`engine::EngineHandle`]).
 //! - [`kvcache`]: the paged KV cache's block pool, prefix cache and [`kvcache::KvCacheManager`].
 //! - [`train`]: `score` (per-token logprobs of given sequences) so far.
 //! - [`bench`]: what `swerve-bench` measures.
@@ -23,6 +25,7 @@ pub mod backend;
 pub mod bench;
 pub mod chat;
 pub mod config;
+pub mod engine;
 pub mod jsonl;
 pub mod kvcache;
 pub mod model;

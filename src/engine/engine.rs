@@ -1,0 +1,382 @@
+//! The engine: the scheduler's plan, one paged forward pass, sampling, events.
+//!
+//! ```text
+//!  submit ──► Scheduler (waiting ─► running) ──plan──► Qwen2Model::forward_paged over PagedKv
+//!                 ▲                                          │ hidden rows of caught-up requests
+//!                 └── sampled token appended ◄── sampler ◄── LM head (fp32 logits)
+//! ```
+//!
+//! [`Engine`] is synchronous: [`Engine::step`] runs one step and returns what happened. The
+//! [`super::EngineHandle`] runs it on its own thread behind channels, for the server and the RL loop.
+
+use crate::backend::{Backend, PagedLayout};
+use crate::engine::request::{FinishReason, GenerationRequest, Request};
+use crate::engine::sampler::{sample, SampleRng};
+use crate::engine::scheduler::{Scheduler, SchedulerConfig, StepPlan};
+use crate::kvcache::{KvCacheManager, RequestId, DEFAULT_BLOCK_SIZE};
+use crate::model::{PagedKv, Qwen2Model};
+use anyhow::{bail, ensure, Context, Result};
+use std::path::Path;
+use std::time::Instant;
+
+#[derive(Clone, Debug)]
+pub struct EngineConfig {
+    pub block_size: usize,
+    /// Blocks in the KV pools, the null block included.
+    pub num_blocks: usize,
+    pub max_num_seqs: usize,
+    pub max_num_batched_tokens: usize,
+    /// Longest prompt + output; at most the model's context.
+    pub max_model_len: usize,
+    /// Seeds the samplers of requests that bring no seed of their own.
+    pub seed: u64,
+    pub enable_prefix_caching: bool,
+}
+
+impl EngineConfig {
+    /// Defaults for a model: 16-token blocks, 256 sequences, 8,192 tokens per step.
+    pub fn for_model(max_model_len: usize, num_blocks: usize) -> Self {
+        Self {
+            block_size: DEFAULT_BLOCK_SIZE,
+            num_blocks,
+            max_num_seqs: 256,
+            max_num_batched_tokens: 8192,
+            max_model_len,
+            seed: 0,
+            enable_prefix_caching: true,
+        }
+    }
+}
+
+/// A generated token, as it is produced.
+#[derive(Clone, Debug, PartialEq)]
+pub struct TokenEvent {
+    pub id: RequestId,
+    pub token: u32,
+    pub logprob: f32,
+    pub top_logprobs: Vec<(u32, f32)>,
+}
+
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Usage {
+    pub prompt_tokens: usize,
+    pub completion_tokens: usize,
+    /// Prompt tokens served from the prefix cache.
+    pub cached_tokens: usize,
+}
+
+/// Everything about a finished request.
+#[derive(Clone, Debug, PartialEq)]
+pub struct FinalRecord {
+    pub id: RequestId,
+    pub prompt_tokens: Vec<u32>,
+    pub output_tokens: Vec<u32>,
+    pub logprobs: Vec<f32>,
+    pub top_logprobs: Vec<Vec<(u32, f32)>>,
+    pub finish_reason: FinishReason,
+    pub usage: Usage,
+    pub num_preemptions: usize,
+    pub weight_version: u64,
+}
+
+#[derive(Clone, Debug, PartialEq)]
+pub enum EngineEvent {
+    Token(TokenEvent),
+    Finished(FinalRecord),
+}
+
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct EngineStats {
+    pub running: usize,
+    pub waiting: usize,
+    pub kv_used_blocks: usize,
+    pub kv_total_blocks: usize,
+    pub prefix_query_tokens: u64,
+    pub prefix_hit_tokens: u64,
+    pub steps: u64,
+    pub generated_tokens: u64,
+    pub preemptions: u64,
+    pub last_step_seconds: f64,
+    pub weight_version: u64,
+}
+
+pub struct Engine<B: Backend> {
+    pub backend: B,
+    pub model: Qwen2Model<B>,
+    kv: PagedKv<B::Tensor>,
+    scheduler: Scheduler,
+    config: EngineConfig,
+    next_id: RequestId,
+    stats: EngineStats,
+}
+
+impl<B: Backend> Engine<B> {
+    pub fn new(backend: B, model: Qwen2Model<B>, config: EngineConfig) -> Result<Self> {
+        ensure!(
+            config.max_model_len >= 2 && config.max_model_len <= model.config.max_context(),
+            "max_model_len {} must be between 2 and the model's context of {}",
+            config.max_model_len,
+            model.config.max_context()
+        );
+        ensure!(
+            config.max_num_seqs > 0 && config.max_num_batched_tokens > 0,
+            "max_num_seqs and max_num_batched_tokens must be positive"
+        );
+        let manager = KvCacheManager::new(
+            config.num_blocks,
+            config.block_size,
+            config.enable_prefix_caching,
+        )?;
+        let kv = model
+            .new_paged_kv(&backend, config.num_blocks, config.block_size)
+            .context("allocating the KV cache")?;
+        let scheduler = Scheduler::new(
+            SchedulerConfig {
+                max_num_seqs: config.max_num_seqs,
+                max_num_batched_tokens: config.max_num_batched_tokens,
+                max_model_len: config.max_model_len,
+            },
+            manager,
+        );
+        let stats = EngineStats {
+            kv_total_blocks: config.num_blocks - 1,
+            ..Default::default()
+        };
+        Ok(Self {
+            backend,
+            model,
+            kv,
+            scheduler,
+            config,
+            next_id: 1,
+            stats,
+        })
+    }
+
+    pub fn config(&self) -> &EngineConfig {
+        &self.config
+    }
+
+    /// Checks a request against the model and the engine's limits; every error names the field.
+    pub fn validate(&self, request: &GenerationRequest) -> Result<()> {
+        let vocab = self.model.config.vocab_size;
+        ensure!(!request.prompt.is_empty(), "prompt: empty");
+        if let Some((i, &t)) = request
+            .prompt
+            .iter()
+            .enumerate()
+            .find(|(_, &t)| t as usize >= vocab)
+        {
+            bail!("prompt: token {t} at position {i} is outside the vocabulary of {vocab}");
+        }
+        ensure!(request.max_tokens >= 1, "max_tokens: must be at least 1");
+        ensure!(
+            request.prompt.len() < self.config.max_model_len,
+            "prompt: {} tokens leave no room to generate within max_model_len {}",
+            request.prompt.len(),
+            self.config.max_model_len
+        );
+        request
+            .params
+            .validate(vocab)
+            .map_err(|e| anyhow::anyhow!("{e}"))?;
+        self.scheduler
+            .kv
+            .check_fits(0, request.prompt.len() + 1)
+            .map_err(|e| anyhow::anyhow!("prompt: {e}"))?;
+        Ok(())
+    }
+
+    /// Queues a request; its events come out of later [`Engine::step`]s.
+    pub fn add_request(&mut self, request: GenerationRequest) -> Result<RequestId> {
+        self.validate(&request)?;
+        let id = self.next_id;
+        self.next_id += 1;
+        let seed = request
+            .params
+            .seed
+            .unwrap_or_else(|| self.config.seed ^ id.wrapping_mul(0x9E37_79B9_7F4A_7C15));
+        let rng = SampleRng::from_seed(seed);
+        self.scheduler.add(Request::new(id, id, request, rng));
+        Ok(id)
+    }
+
+    /// Ends a request now; its blocks return to the pool. None if it is not in the engine.
+    pub fn abort(&mut self, id: RequestId) -> Option<FinalRecord> {
+        let request = self.scheduler.remove(id)?;
+        Some(self.record(request, FinishReason::Abort))
+    }
+
+    pub fn has_unfinished(&self) -> bool {
+        self.scheduler.has_work()
+    }
+
+    pub fn stats(&self) -> EngineStats {
+        let prefix = self.scheduler.kv.prefix_cache_stats();
+        EngineStats {
+            running: self.scheduler.num_running(),
+            waiting: self.scheduler.num_waiting(),
+            kv_used_blocks: self.scheduler.kv.num_used_blocks(),
+            prefix_query_tokens: prefix.queries,
+            prefix_hit_tokens: prefix.hits,
+            ..self.stats.clone()
+        }
+    }
+
+    /// The KV bookkeeping, for invariant checks in tests.
+    pub fn kv_manager(&self) -> &KvCacheManager {
+        &self.scheduler.kv
+    }
+
+    /// Swaps in the weights in `dir` (same architecture), forgets the prefix cache (its KV came
+    /// from the old weights) and bumps the weight version every record carries. Called between
+    /// steps, so no step mixes two versions. Running requests continue on the new weights.
+    pub fn update_weights(&mut self, dir: &Path) -> Result<u64> {
+        let model = Qwen2Model::load(&self.backend, dir)?;
+        let (old, new) = (&self.model.config, &model.config);
+        ensure!(
+            old.hidden_size == new.hidden_size
+                && old.num_hidden_layers == new.num_hidden_layers
+                && old.num_attention_heads == new.num_attention_heads
+                && old.num_key_value_heads == new.num_key_value_heads
+                && old.head_dim == new.head_dim
+                && old.vocab_size == new.vocab_size
+                && old.intermediate_size == new.intermediate_size,
+            "{}: a different architecture than the loaded model",
+            dir.display()
+        );
+        self.model = model;
+        self.scheduler.kv.reset_prefix_cache();
+        self.stats.weight_version += 1;
+        Ok(self.stats.weight_version)
+    }
+
+    fn record(&self, request: Request, finish_reason: FinishReason) -> FinalRecord {
+        FinalRecord {
+            id: request.id,
+            usage: Usage {
+                prompt_tokens: request.prompt_len,
+                completion_tokens: request.num_tokens() - request.prompt_len,
+                cached_tokens: request.num_cached_tokens.unwrap_or(0),
+            },
+            output_tokens: request.output().to_vec(),
+            prompt_tokens: request.tokens[..request.prompt_len].to_vec(),
+            logprobs: request.logprobs,
+            top_logprobs: request.top_logprobs,
+            finish_reason,
+            num_preemptions: request.num_preemptions,
+            weight_version: self.stats.weight_version,
+        }
+    }
+
+    /// Runs one step: plans it, computes every scheduled token, samples for every request that
+    /// caught up, and returns the tokens and the finished requests.
+    pub fn step(&mut self) -> Result<Vec<EngineEvent>> {
+        let started = Instant::now();
+        let plan = self.scheduler.schedule();
+        let mut events: Vec<EngineEvent> = Vec::new();
+        self.stats.preemptions += plan.preempted.len() as u64;
+        for (request, reason) in plan.rejected.clone() {
+            events.push(EngineEvent::Finished(
+                self.record(request, FinishReason::Error(reason)),
+            ));
+        }
+        if plan.scheduled.is_empty() {
+            return Ok(events);
+        }
+        let (tokens, positions, layout) = self.build_layout(&plan)?;
+        let hidden =
+            self.model
+                .forward_paged(&self.backend, &tokens, &positions, &layout, &mut self.kv)?;
+        self.scheduler.complete(&plan);
+
+        // Requests that caught up sample from their last row.
+        let mut sample_rows = Vec::new();
+        let mut sample_ids = Vec::new();
+        for (s, scheduled) in plan.scheduled.iter().enumerate() {
+            let caught_up = self
+                .scheduler
+                .get_mut(scheduled.id)
+                .is_some_and(|r| r.num_uncomputed() == 0);
+            if caught_up {
+                sample_rows.push(layout.cu_query[s + 1] - 1);
+                sample_ids.push(scheduled.id);
+            }
+        }
+        if !sample_rows.is_empty() {
+            let rows = self.backend.gather_rows(&hidden, &sample_rows)?;
+            let logits = self.model.lm_head(&self.backend, &rows)?;
+            let logits = self.backend.to_host(&logits)?;
+            let vocab = self.model.local.vocab_local;
+            for (id, row) in sample_ids.iter().zip(logits.chunks_exact(vocab)) {
+                let max_model_len = self.config.max_model_len;
+                let request = self.scheduler.get_mut(*id).expect("scheduled request");
+                let sampled = sample(row, &request.params, &mut request.rng);
+                request.tokens.push(sampled.token);
+                request.logprobs.push(sampled.logprob);
+                if request.params.top_logprobs > 0 {
+                    request.top_logprobs.push(sampled.top_logprobs.clone());
+                }
+                let finish = request.finish_after(sampled.token, max_model_len);
+                self.stats.generated_tokens += 1;
+                events.push(EngineEvent::Token(TokenEvent {
+                    id: *id,
+                    token: sampled.token,
+                    logprob: sampled.logprob,
+                    top_logprobs: sampled.top_logprobs,
+                }));
+                if let Some(reason) = finish {
+                    let request = self.scheduler.remove(*id).expect("running request");
+                    events.push(EngineEvent::Finished(self.record(request, reason)));
+                }
+            }
+        }
+        self.stats.steps += 1;
+        self.stats.last_step_seconds = started.elapsed().as_secs_f64();
+        Ok(events)
+    }
+
+    /// Token ids, positions and the paged layout of a planned step.
+    fn build_layout(&mut self, plan: &StepPlan) -> Result<(Vec<u32>, Vec<u32>, PagedLayout)> {
+        let bs = self.config.block_size;
+        let max_blocks = plan
+            .scheduled
+            .iter()
+            .map(|s| (s.num_computed_tokens + s.num_new_tokens).div_ceil(bs))
+            .max()
+            .unwrap_or(0);
+        let mut layout = PagedLayout {
+            block_size: bs,
+            cu_query: vec![0],
+            max_blocks_per_seq: max_blocks,
+            ..Default::default()
+        };
+        let (mut tokens, mut positions) = (Vec::new(), Vec::new());
+        for s in &plan.scheduled {
+            let request = self.scheduler.get_mut(s.id).expect("scheduled request");
+            let end = s.num_computed_tokens + s.num_new_tokens;
+            tokens.extend_from_slice(&request.tokens[s.num_computed_tokens..end]);
+            positions.extend(s.num_computed_tokens as u32..end as u32);
+            let table = self.scheduler.kv.block_table(s.id);
+            ensure!(
+                table.len() * bs >= end,
+                "request {}: {} blocks for {end} tokens",
+                s.id,
+                table.len()
+            );
+            for p in s.num_computed_tokens..end {
+                layout
+                    .slot_mapping
+                    .push(table[p / bs] * bs as u32 + (p % bs) as u32);
+            }
+            let used = end.div_ceil(bs);
+            layout.block_tables.extend_from_slice(&table[..used]);
+            layout
+                .block_tables
+                .extend(std::iter::repeat_n(0, max_blocks - used));
+            layout.context_lens.push(end as u32);
+            layout.cu_query.push(tokens.len() as u32);
+        }
+        Ok((tokens, positions, layout))
+    }
+}

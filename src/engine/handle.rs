@@ -1,0 +1,219 @@
+//! [`EngineHandle`]: the engine on its own thread, driven through channels.
+//!
+//! ```text
+//!  callers ──Command──► engine thread: drain commands ─► step ─► route events
+//!     ▲                                                          │
+//!     └──────────── per-request channel: Token ... Finished ◄────┘
+//! ```
+//!
+//! Commands are handled between steps, so an abort or a weight update never lands inside one.
+//! A request whose receiver is dropped (its client went away) is aborted at the next event and
+//! its blocks return to the pool.
+
+use crate::backend::Backend;
+use crate::engine::engine::{Engine, EngineEvent, EngineStats, FinalRecord, TokenEvent};
+use crate::engine::request::GenerationRequest;
+use crate::kvcache::RequestId;
+use anyhow::{anyhow, Result};
+use std::collections::HashMap;
+use std::path::PathBuf;
+use std::sync::mpsc::{channel, Receiver, Sender};
+use std::thread::JoinHandle;
+
+/// What a request's receiver gets: its tokens as they come, then exactly one `Finished`.
+#[derive(Clone, Debug, PartialEq)]
+pub enum RequestEvent {
+    Token(TokenEvent),
+    Finished(FinalRecord),
+}
+
+enum Command {
+    Submit(
+        GenerationRequest,
+        Sender<RequestEvent>,
+        Sender<Result<RequestId>>,
+    ),
+    Abort(RequestId),
+    UpdateWeights(PathBuf, Sender<Result<u64>>),
+    Stats(Sender<EngineStats>),
+    Shutdown,
+}
+
+pub struct EngineHandle {
+    commands: Sender<Command>,
+    thread: Option<JoinHandle<()>>,
+}
+
+impl EngineHandle {
+    /// Starts the engine thread; `make` builds the engine there (so the backend never crosses
+    /// threads). Returns once the engine is built, or with its construction error.
+    pub fn spawn<B, F>(make: F) -> Result<Self>
+    where
+        B: Backend + 'static,
+        F: FnOnce() -> Result<Engine<B>> + Send + 'static,
+    {
+        let (commands, inbox) = channel::<Command>();
+        let (ready_tx, ready_rx) = channel::<Result<()>>();
+        let thread = std::thread::Builder::new()
+            .name("swerve-engine".into())
+            .spawn(move || match make() {
+                Ok(engine) => {
+                    let _ = ready_tx.send(Ok(()));
+                    run(engine, inbox);
+                }
+                Err(e) => {
+                    let _ = ready_tx.send(Err(e));
+                }
+            })?;
+        ready_rx
+            .recv()
+            .map_err(|_| anyhow!("the engine thread died while starting"))??;
+        Ok(Self {
+            commands,
+            thread: Some(thread),
+        })
+    }
+
+    fn send(&self, command: Command) -> Result<()> {
+        self.commands
+            .send(command)
+            .map_err(|_| anyhow!("the engine has stopped"))
+    }
+
+    /// Queues a request: its id and the receiver of its events. Invalid requests are refused here
+    /// with an error naming the field.
+    pub fn submit(
+        &self,
+        request: GenerationRequest,
+    ) -> Result<(RequestId, Receiver<RequestEvent>)> {
+        let (events_tx, events_rx) = channel();
+        let (reply_tx, reply_rx) = channel();
+        self.send(Command::Submit(request, events_tx, reply_tx))?;
+        let id = reply_rx
+            .recv()
+            .map_err(|_| anyhow!("the engine has stopped"))??;
+        Ok((id, events_rx))
+    }
+
+    /// Ends a request; its receiver gets `Finished` with reason `abort`.
+    pub fn abort(&self, id: RequestId) -> Result<()> {
+        self.send(Command::Abort(id))
+    }
+
+    /// Swaps weights between steps; returns the new weight version.
+    pub fn update_weights(&self, dir: PathBuf) -> Result<u64> {
+        let (tx, rx) = channel();
+        self.send(Command::UpdateWeights(dir, tx))?;
+        rx.recv().map_err(|_| anyhow!("the engine has stopped"))?
+    }
+
+    pub fn stats(&self) -> Result<EngineStats> {
+        let (tx, rx) = channel();
+        self.send(Command::Stats(tx))?;
+        rx.recv().map_err(|_| anyhow!("the engine has stopped"))
+    }
+
+    /// Aborts everything in flight and stops the thread.
+    pub fn shutdown(mut self) {
+        self.stop();
+    }
+
+    fn stop(&mut self) {
+        let _ = self.commands.send(Command::Shutdown);
+        if let Some(thread) = self.thread.take() {
+            let _ = thread.join();
+        }
+    }
+}
+
+impl Drop for EngineHandle {
+    fn drop(&mut self) {
+        self.stop();
+    }
+}
+
+fn run<B: Backend>(mut engine: Engine<B>, inbox: Receiver<Command>) {
+    let mut listeners: HashMap<RequestId, Sender<RequestEvent>> = HashMap::new();
+    loop {
+        // Block for work when idle; otherwise take what has arrived and step.
+        let mut commands = Vec::new();
+        if !engine.has_unfinished() {
+            match inbox.recv() {
+                Ok(c) => commands.push(c),
+                Err(_) => return,
+            }
+        }
+        commands.extend(inbox.try_iter());
+        for command in commands {
+            match command {
+                Command::Submit(request, events, reply) => match engine.add_request(request) {
+                    Ok(id) => {
+                        listeners.insert(id, events);
+                        let _ = reply.send(Ok(id));
+                    }
+                    Err(e) => {
+                        let _ = reply.send(Err(e));
+                    }
+                },
+                Command::Abort(id) => {
+                    if let Some(record) = engine.abort(id) {
+                        if let Some(tx) = listeners.remove(&id) {
+                            let _ = tx.send(RequestEvent::Finished(record));
+                        }
+                    }
+                }
+                Command::UpdateWeights(dir, reply) => {
+                    let _ = reply.send(engine.update_weights(&dir));
+                }
+                Command::Stats(reply) => {
+                    let _ = reply.send(engine.stats());
+                }
+                Command::Shutdown => {
+                    for (id, tx) in listeners.drain() {
+                        if let Some(record) = engine.abort(id) {
+                            let _ = tx.send(RequestEvent::Finished(record));
+                        }
+                    }
+                    return;
+                }
+            }
+        }
+        if !engine.has_unfinished() {
+            continue;
+        }
+        let events = match engine.step() {
+            Ok(events) => events,
+            Err(e) => {
+                // A failed step (out of device memory, a kernel error) ends every request in
+                // flight with the error rather than retrying forever.
+                let reason = format!("{e:#}");
+                for (id, tx) in listeners.drain() {
+                    if let Some(mut record) = engine.abort(id) {
+                        record.finish_reason = crate::engine::FinishReason::Error(reason.clone());
+                        let _ = tx.send(RequestEvent::Finished(record));
+                    }
+                }
+                continue;
+            }
+        };
+        for event in events {
+            match event {
+                EngineEvent::Token(token) => {
+                    let id = token.id;
+                    let gone = listeners
+                        .get(&id)
+                        .is_some_and(|tx| tx.send(RequestEvent::Token(token)).is_err());
+                    if gone {
+                        listeners.remove(&id);
+                        engine.abort(id);
+                    }
+                }
+                EngineEvent::Finished(record) => {
+                    if let Some(tx) = listeners.remove(&record.id) {
+                        let _ = tx.send(RequestEvent::Finished(record));
+                    }
+                }
+            }
+        }
+    }
+}

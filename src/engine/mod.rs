@@ -1,0 +1,21 @@
+//! The inference engine (DESIGN.md decisions 7-10): requests, the continuous-batching
+//! scheduler over the paged KV cache, RL-correct sampling, and the step loop.
+//!
+//! - [`request`]: one request's tokens, computed count and sampling state.
+//! - [`scheduler`]: one rule, `num_computed_tokens` catches up to `num_tokens` under a budget.
+//! - [`sampler`]: temperature / top-k / top-p / min-p sampling with exact logprobs.
+//! - [`engine`]: [`Engine`], synchronous: plan, paged forward, sample, events.
+//! - [`handle`]: [`EngineHandle`], the engine on its own thread behind channels: submit, a stream
+//!   of events per request, abort, weight updates.
+
+#[allow(clippy::module_inception)]
+pub mod engine;
+pub mod handle;
+pub mod request;
+pub mod sampler;
+pub mod scheduler;
+
+pub use engine::{Engine, EngineConfig, EngineEvent, EngineStats, FinalRecord, TokenEvent, Usage};
+pub use handle::{EngineHandle, RequestEvent};
+pub use request::{FinishReason, GenerationRequest};
+pub use sampler::SamplingParams;

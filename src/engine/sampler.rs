@@ -1,0 +1,1032 @@
+//! Token sampling on the host, RL-correct (DESIGN.md decision 9; RL-SPEC.md "Sampling during
+//! rollouts"): one row of logits in, one token and the logprob the trainer must see out.
+//!
+//! The contract:
+//!
+//! - **`temperature == 0`: greedy.** The argmax of the logits, ties to the lowest id; no draw from
+//!   the rng. The reported logprob is [`log_softmax_at`]`(logits, token)`, the model's own
+//!   distribution.
+//! - **Otherwise** the sampled distribution is `softmax(logits / temperature)` restricted to the
+//!   tokens kept by, in this order:
+//!   1. `top_k`: the k most likely tokens (ties by id; k above the vocabulary means all);
+//!   2. `top_p`: the smallest prefix of the descending-probability order (of the top_k-restricted
+//!      distribution, renormalised) whose mass is >= `top_p`; at least one token;
+//!   3. `min_p`: the tokens with `p >= min_p * p_max` (a ratio, so renormalising does not move it);
+//!
+//!   then renormalised. All three keep prefixes of the same order, so the most likely token always
+//!   stays. Scores `z / temperature`, weights `exp(score - max)` and all sums are in f64.
+//! - **Exactly one uniform draw** `u` in [0, 1) per sample (also when no token can be sampled), and
+//!   an inverse CDF: the first kept token whose running weight sum exceeds `u * total`. The order
+//!   walked is the vocabulary's index order when no filter is on (`top_k` off or >= vocabulary,
+//!   `top_p >= 1`, `min_p <= 0`), and descending probability, ties by id, otherwise. Same seed,
+//!   logits and parameters give the same token, always.
+//! - **The reported `logprob`** is that of the sampled token under the distribution actually
+//!   sampled from (after temperature and filters, renormalised). With the defaults it is bit for
+//!   bit [`log_softmax_at`], which computes exactly what the reference backend's `token_logprobs`
+//!   (src/backend/cpu.rs) computes, so rollout logprobs equal trainer logprobs on the CPU backend.
+//! - **`top_logprobs`**: the n most likely tokens under that same distribution, descending, ties
+//!   by id; tokens filtered out or of probability zero are not listed.
+//! - **Non-finite logits**: NaN counts as `-inf` (never sampled, logprob `-inf`). If some logits
+//!   are `+inf`, the distribution is their limit: uniform over the `+inf` tokens. If none is above
+//!   `-inf` (or the row is empty), the sample is token 0 with logprob `-inf`. Nothing panics. Only
+//!   in these cases can [`log_softmax_at`] differ from `token_logprobs`, which gives NaN there.
+//!
+//! Cost for a 152k vocabulary: with no filter, a max pass, an `exp` pass for the sum (recording
+//! the running sum every 1024 tokens) and an inverse-CDF pass over the one 1024-token chunk where
+//! the running sum crosses the draw. Filters collect the candidate
+//! (score, id) pairs; `top_k` keeps a sorted insertion list when k <= 256 and otherwise selects
+//! with `select_nth_unstable_by`; `top_p` first tries the 64 most likely tokens, found in the
+//! pass that sums the mass, then sorts a growing head (512, 4096, ... candidates) until the mass
+//! is reached; only the kept set is ever sorted.
+//!
+//! `sample` expects parameters that passed [`SamplingParams::validate`] and never panics on others:
+//! a NaN or negative temperature is greedy, `top_k = Some(0)` keeps one token, `top_p` <= 0 keeps
+//! one token and NaN turns it off, `min_p` > 1 keeps one token and NaN turns it off, and
+//! `top_logprobs` is capped at [`MAX_TOP_LOGPROBS`].
+
+use std::cmp::Ordering;
+use std::fmt;
+
+/// The most `top_logprobs` a request may ask for (OpenAI's limit).
+pub const MAX_TOP_LOGPROBS: usize = 20;
+
+/// How one request samples. The defaults are the RL-correct ones: temperature 1, no filters.
+#[derive(Clone, Debug, PartialEq)]
+pub struct SamplingParams {
+    /// Divides the logits before the softmax; 0 = greedy. Default 1.
+    pub temperature: f32,
+    /// Nucleus sampling: keep the smallest most-likely prefix with at least this mass, in (0, 1];
+    /// 1 = off (the default).
+    pub top_p: f32,
+    /// Keep only the k most likely tokens (k >= 1, clamped to the vocabulary); `None` = off (the
+    /// default).
+    pub top_k: Option<usize>,
+    /// Keep only tokens with `p >= min_p * p_max`, in [0, 1]; 0 = off (the default).
+    pub min_p: f32,
+    /// Seed of the request's [`SampleRng`]; `None` lets the engine pick one. Not read by
+    /// [`sample`], which takes the rng itself.
+    pub seed: Option<u64>,
+    /// How many most-likely tokens to report with each sample, 0 (the default) to
+    /// [`MAX_TOP_LOGPROBS`].
+    pub top_logprobs: usize,
+}
+
+impl Default for SamplingParams {
+    /// Temperature 1, top_p 1, top_k off, min_p 0, no seed, no top logprobs.
+    fn default() -> Self {
+        Self {
+            temperature: 1.0,
+            top_p: 1.0,
+            top_k: None,
+            min_p: 0.0,
+            seed: None,
+            top_logprobs: 0,
+        }
+    }
+}
+
+impl SamplingParams {
+    /// Greedy decoding: temperature 0, everything else at its default.
+    pub fn greedy() -> Self {
+        Self {
+            temperature: 0.0,
+            ..Self::default()
+        }
+    }
+
+    /// Checks every field for a logits row of `vocab` entries; the error names the first field
+    /// out of range, its value and the range allowed.
+    pub fn validate(&self, vocab: usize) -> Result<(), SamplingError> {
+        if vocab == 0 {
+            return Err(SamplingError::EmptyVocab);
+        }
+        if !(self.temperature.is_finite() && self.temperature >= 0.0) {
+            return Err(SamplingError::Temperature(self.temperature));
+        }
+        if !(self.top_p > 0.0 && self.top_p <= 1.0) {
+            return Err(SamplingError::TopP(self.top_p));
+        }
+        if self.top_k == Some(0) {
+            return Err(SamplingError::TopK(0));
+        }
+        if !(0.0..=1.0).contains(&self.min_p) {
+            return Err(SamplingError::MinP(self.min_p));
+        }
+        if self.top_logprobs > MAX_TOP_LOGPROBS {
+            return Err(SamplingError::TopLogprobs(self.top_logprobs));
+        }
+        Ok(())
+    }
+
+    /// True when the sampled distribution is exactly the model's (temperature 1, top_p 1, top_k
+    /// off, min_p 0), so the reported logprobs are the trainer's: the RL setting.
+    pub fn is_unfiltered(&self) -> bool {
+        self.temperature == 1.0 && self.top_p == 1.0 && self.top_k.is_none() && self.min_p == 0.0
+    }
+}
+
+/// A [`SamplingParams`] field out of range (or an empty vocabulary), with the value given.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub enum SamplingError {
+    /// `temperature` is NaN, infinite or negative.
+    Temperature(f32),
+    /// `top_p` is outside (0, 1] (or NaN).
+    TopP(f32),
+    /// `top_k` is 0.
+    TopK(usize),
+    /// `min_p` is outside [0, 1] (or NaN).
+    MinP(f32),
+    /// `top_logprobs` is above [`MAX_TOP_LOGPROBS`].
+    TopLogprobs(usize),
+    /// The logits row has no entries: nothing can be sampled.
+    EmptyVocab,
+}
+
+impl fmt::Display for SamplingError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Self::Temperature(v) => write!(f, "temperature = {v}: must be finite and >= 0"),
+            Self::TopP(v) => write!(f, "top_p = {v}: must be in (0, 1]"),
+            Self::TopK(v) => write!(
+                f,
+                "top_k = {v}: must be >= 1 (values above the vocabulary size keep every token)"
+            ),
+            Self::MinP(v) => write!(f, "min_p = {v}: must be in [0, 1]"),
+            Self::TopLogprobs(v) => {
+                write!(f, "top_logprobs = {v}: must be in [0, {MAX_TOP_LOGPROBS}]")
+            }
+            Self::EmptyVocab => write!(f, "vocabulary size = 0: must be >= 1 to sample"),
+        }
+    }
+}
+
+impl std::error::Error for SamplingError {}
+
+/// The sampler's deterministic PRNG: xoshiro256** with its state seeded through SplitMix64.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct SampleRng {
+    state: [u64; 4],
+}
+
+impl SampleRng {
+    /// The generator for `seed`; any seed (0 included) gives a valid, distinct stream.
+    pub fn from_seed(seed: u64) -> Self {
+        let mut x = seed;
+        Self {
+            state: std::array::from_fn(|_| splitmix64(&mut x)),
+        }
+    }
+
+    /// The next 64 random bits (xoshiro256**).
+    pub fn next_u64(&mut self) -> u64 {
+        let s = &mut self.state;
+        let out = s[1].wrapping_mul(5).rotate_left(7).wrapping_mul(9);
+        let t = s[1] << 17;
+        s[2] ^= s[0];
+        s[3] ^= s[1];
+        s[1] ^= s[2];
+        s[0] ^= s[3];
+        s[2] ^= t;
+        s[3] = s[3].rotate_left(45);
+        out
+    }
+
+    /// A uniform draw in [0, 1) with 53 random bits: one call to [`Self::next_u64`].
+    pub fn next_f64(&mut self) -> f64 {
+        (self.next_u64() >> 11) as f64 * (1.0 / (1u64 << 53) as f64)
+    }
+}
+
+/// SplitMix64: advances `x` and returns the next output.
+fn splitmix64(x: &mut u64) -> u64 {
+    *x = x.wrapping_add(0x9E37_79B9_7F4A_7C15);
+    let mut z = *x;
+    z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+    z ^ (z >> 31)
+}
+
+/// One sampled token.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Sample {
+    /// The token id.
+    pub token: u32,
+    /// Its log-probability under the distribution sampled from (the model's when greedy).
+    pub logprob: f32,
+    /// The most likely (token, logprob) pairs under that same distribution, descending, ties by
+    /// id; as many as asked for, fewer when fewer tokens are kept.
+    pub top_logprobs: Vec<(u32, f32)>,
+}
+
+impl Sample {
+    /// What a row with no token above `-inf` samples.
+    fn nothing() -> Self {
+        Self {
+            token: 0,
+            logprob: f32::NEG_INFINITY,
+            top_logprobs: Vec::new(),
+        }
+    }
+}
+
+/// Samples one token from one row of logits; see the module doc for the contract. Draws exactly
+/// once from `rng` unless the temperature is 0 (greedy), which does not draw.
+pub fn sample(logits: &[f32], params: &SamplingParams, rng: &mut SampleRng) -> Sample {
+    let n_top = params.top_logprobs.min(MAX_TOP_LOGPROBS);
+    if !matches!(
+        params.temperature.partial_cmp(&0.0),
+        Some(Ordering::Greater)
+    ) {
+        return greedy(logits, n_top);
+    }
+    let u = rng.next_f64();
+    let Some(scores) = Scores::new(logits, params.temperature as f64) else {
+        return Sample::nothing();
+    };
+    let top_k = params.top_k.filter(|&k| k < logits.len());
+    let top_p_on = params.top_p < 1.0;
+    let min_p_on = params.min_p > 0.0;
+    if top_k.is_none() && !top_p_on && !min_p_on {
+        return sample_unfiltered(logits, &scores, u, n_top);
+    }
+    let kept = kept_tokens(logits, &scores, top_k, params.top_p, params.min_p);
+    let total: f64 = kept.iter().map(|&(s, _)| scores.weight(s)).sum();
+    let target = u * total;
+    let mut cum = 0.0;
+    // kept[0] is the most likely token, of weight exp(0) = 1: the fallback if rounding lets the
+    // running sum stay at or below the target.
+    let mut chosen = 0;
+    for (i, &(s, _)) in kept.iter().enumerate() {
+        let w = scores.weight(s);
+        if w > 0.0 {
+            chosen = i;
+            cum += w;
+            if cum > target {
+                break;
+            }
+        }
+    }
+    let ln_total = total.ln();
+    let logprob = |s: f64| (s - scores.max - ln_total) as f32;
+    Sample {
+        token: kept[chosen].1,
+        logprob: logprob(kept[chosen].0),
+        top_logprobs: kept
+            .iter()
+            .take(n_top)
+            .map(|&(s, id)| (id, logprob(s)))
+            .collect(),
+    }
+}
+
+/// `log_softmax(logits)[token]`, exactly as the reference backend's `token_logprobs` computes it:
+/// the max in f32, then in f64 and in index order `sum(exp(z - max))`, and
+/// `(logits[token] - max - ln(sum)) as f32`; bit for bit the same on every row whose logits are
+/// all finite or `-inf` (with at least one finite). NaN counts as `-inf`, `+inf` logits make the
+/// distribution uniform over them, and an out-of-range token or a row with nothing above `-inf`
+/// gives `-inf`.
+pub fn log_softmax_at(logits: &[f32], token: u32) -> f32 {
+    let Some(&z) = logits.get(token as usize) else {
+        return f32::NEG_INFINITY;
+    };
+    let Some(scores) = Scores::new(logits, 1.0) else {
+        return f32::NEG_INFINITY;
+    };
+    (scores.score(z) - scores.max - scores.sum_weights(logits).ln()) as f32
+}
+
+/// Greedy: the argmax (ties to the lowest id) and the model's own logprobs.
+fn greedy(logits: &[f32], n_top: usize) -> Sample {
+    let mut best: Option<(usize, f32)> = None;
+    for (i, &z) in logits.iter().enumerate() {
+        if z > f32::NEG_INFINITY && best.is_none_or(|(_, b)| z > b) {
+            best = Some((i, z));
+        }
+    }
+    let (Some((token, _)), Some(scores)) = (best, Scores::new(logits, 1.0)) else {
+        return Sample::nothing();
+    };
+    let ln_sum = scores.sum_weights(logits).ln();
+    let logprob = |s: f64| (s - scores.max - ln_sum) as f32;
+    Sample {
+        token: token as u32,
+        logprob: logprob(scores.score(logits[token])),
+        top_logprobs: top_n(scores.iter(logits), n_top)
+            .into_iter()
+            .map(|(s, id)| (id, logprob(s)))
+            .collect(),
+    }
+}
+
+/// Tokens per chunk of the unfiltered inverse CDF: the running sum is kept at each chunk's start,
+/// so the draw recomputes the weights of one chunk rather than of the vocabulary.
+const CDF_CHUNK: usize = 1024;
+
+/// No filter: the inverse CDF walks the vocabulary in index order.
+fn sample_unfiltered(logits: &[f32], scores: &Scores, u: f64, n_top: usize) -> Sample {
+    // The sequential f64 sum in index order, as `sum_weights` and the reference compute it (the
+    // same additions in the same order), plus its value at each chunk's start.
+    let mut chunk_starts = Vec::with_capacity(logits.len().div_ceil(CDF_CHUNK));
+    let mut sum = 0.0f64;
+    for chunk in logits.chunks(CDF_CHUNK) {
+        chunk_starts.push(sum);
+        for &z in chunk {
+            sum += scores.weight(scores.score(z));
+        }
+    }
+    let target = u * sum;
+    // The last chunk starting at or below the target: the running sum first exceeds it there.
+    let c = chunk_starts
+        .partition_point(|&start| start <= target)
+        .saturating_sub(1);
+    let mut cum = chunk_starts[c];
+    let weight_at = |i: usize| scores.weight(scores.score(logits[i]));
+    let chosen = (c * CDF_CHUNK..logits.len())
+        .find(|&i| {
+            cum += weight_at(i);
+            cum > target
+        })
+        // Rounding made `u * sum == sum`: the limit u -> 1, the last token of nonzero weight.
+        .or_else(|| (0..logits.len()).rev().find(|&i| weight_at(i) > 0.0))
+        .unwrap_or(0);
+    let ln_sum = sum.ln();
+    let logprob = |s: f64| (s - scores.max - ln_sum) as f32;
+    Sample {
+        token: chosen as u32,
+        logprob: logprob(scores.score(logits[chosen])),
+        top_logprobs: top_n(scores.iter(logits), n_top)
+            .into_iter()
+            .map(|(s, id)| (id, logprob(s)))
+            .collect(),
+    }
+}
+
+/// How logits become sampling scores (f64): `z / temperature`, or the `+inf` limit.
+#[derive(Clone, Copy, Debug)]
+enum Scale {
+    /// `z / temperature`, NaN mapped to `-inf`.
+    Temperature(f64),
+    /// Some logit is `+inf`: score 0 for the `+inf` tokens, `-inf` for the rest.
+    PosInf,
+}
+
+/// The scores of one row and their maximum, so that a token's weight is `exp(score - max)`.
+#[derive(Clone, Copy, Debug)]
+struct Scores {
+    scale: Scale,
+    max: f64,
+}
+
+impl Scores {
+    /// `None` when no logit is above `-inf` (NaN counts as `-inf`), or the row is empty.
+    fn new(logits: &[f32], temperature: f64) -> Option<Self> {
+        // f32::max ignores NaN, so `raw_max` is NaN-free; as in the reference, the max is taken
+        // in f32, and dividing by a positive temperature keeps it the max of the scores.
+        let raw_max = logits.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+        if raw_max == f32::INFINITY {
+            return Some(Self {
+                scale: Scale::PosInf,
+                max: 0.0,
+            });
+        }
+        if raw_max == f32::NEG_INFINITY {
+            return None;
+        }
+        let mut scores = Self {
+            scale: Scale::Temperature(temperature),
+            max: 0.0,
+        };
+        scores.max = scores.score(raw_max);
+        Some(scores)
+    }
+
+    #[inline]
+    fn score(&self, z: f32) -> f64 {
+        match self.scale {
+            Scale::Temperature(t) => {
+                let s = z as f64 / t;
+                if s.is_nan() {
+                    f64::NEG_INFINITY
+                } else {
+                    s
+                }
+            }
+            Scale::PosInf if z == f32::INFINITY => 0.0,
+            Scale::PosInf => f64::NEG_INFINITY,
+        }
+    }
+
+    /// The unnormalised probability of a score.
+    #[inline]
+    fn weight(&self, score: f64) -> f64 {
+        (score - self.max).exp()
+    }
+
+    /// `sum(exp(score - max))` in index order, written as the reference writes it.
+    fn sum_weights(&self, logits: &[f32]) -> f64 {
+        logits
+            .iter()
+            .map(|&z| (self.score(z) - self.max).exp())
+            .sum()
+    }
+
+    /// (score, id) of every token, in index order.
+    fn iter<'a>(&'a self, logits: &'a [f32]) -> impl Iterator<Item = (f64, u32)> + 'a {
+        logits
+            .iter()
+            .enumerate()
+            .map(|(i, &z)| (self.score(z), i as u32))
+    }
+}
+
+/// Descending score, ties by ascending id: the sampler's one order.
+fn by_score_desc(a: &(f64, u32), b: &(f64, u32)) -> Ordering {
+    b.0.partial_cmp(&a.0)
+        .unwrap_or(Ordering::Equal)
+        .then(a.1.cmp(&b.1))
+}
+
+/// The `n` best (score, id) pairs above `-inf` in [`by_score_desc`] order, in one pass.
+fn top_n(items: impl Iterator<Item = (f64, u32)>, n: usize) -> Vec<(f64, u32)> {
+    let mut top: Vec<(f64, u32)> = Vec::with_capacity(n + 1);
+    if n == 0 {
+        return top;
+    }
+    for item in items {
+        if item.0 == f64::NEG_INFINITY
+            || (top.len() == n && by_score_desc(&item, &top[n - 1]) != Ordering::Less)
+        {
+            continue;
+        }
+        let at = top.partition_point(|x| by_score_desc(x, &item) == Ordering::Less);
+        top.insert(at, item);
+        top.truncate(n);
+    }
+    top
+}
+
+/// Up to this `top_k`, one insertion pass ([`top_n`]) beats collecting and selecting.
+const SMALL_TOP_K: usize = 256;
+
+/// How many of the most likely tokens `top_p` first tries, in the pass that sums the mass; most
+/// real distributions reach it there, with no allocation.
+const TOP_P_HEAD: usize = 64;
+
+/// The (score, id) pairs top_k, then top_p, then min_p keep, in [`by_score_desc`] order; never
+/// empty when `scores` exists (the most likely token always stays).
+fn kept_tokens(
+    logits: &[f32],
+    scores: &Scores,
+    top_k: Option<usize>,
+    top_p: f32,
+    min_p: f32,
+) -> Vec<(f64, u32)> {
+    // min_p keeps p >= min_p * p_max, i.e. exp(score - max) >= min_p; capped at 1, the weight of
+    // the most likely token. NaN or <= 0: off. On a sorted list it keeps a prefix.
+    let min_weight = if min_p > 0.0 {
+        (min_p as f64).min(1.0)
+    } else {
+        0.0
+    };
+    let min_p_prefix = |sorted: &[(f64, u32)]| {
+        sorted
+            .partition_point(|&(s, _)| scores.weight(s) >= min_weight)
+            .max(1)
+    };
+    // top_p keeps the shortest prefix of a sorted list with weight >= `need`; None: all fall short.
+    let top_p_prefix = |sorted: &[(f64, u32)], need: f64| {
+        let mut cum = 0.0;
+        sorted
+            .iter()
+            .position(|&(s, _)| {
+                cum += scores.weight(s);
+                cum >= need
+            })
+            .map(|i| i + 1)
+    };
+    let finite = || scores.iter(logits).filter(|&(s, _)| s > f64::NEG_INFINITY);
+    let top_p_on = top_p < 1.0; // NaN: off
+                                // `mass`: the total weight top_p measures against, after top_k and before min_p.
+    let (mut kept, mass, sorted) = match top_k {
+        Some(k) => {
+            let k = k.max(1);
+            let mut kept = if k <= SMALL_TOP_K {
+                top_n(finite(), k)
+            } else {
+                let mut all: Vec<(f64, u32)> = finite().collect();
+                if k < all.len() {
+                    all.select_nth_unstable_by(k - 1, by_score_desc);
+                    all.truncate(k);
+                }
+                all.sort_unstable_by(by_score_desc);
+                all
+            };
+            let mass: f64 = kept.iter().map(|&(s, _)| scores.weight(s)).sum();
+            kept.truncate(min_p_prefix(&kept));
+            (kept, mass, true)
+        }
+        None => {
+            let mut mass = 0.0;
+            if top_p_on {
+                let weighed = finite().inspect(|&(s, _)| mass += scores.weight(s));
+                let mut head = top_n(weighed, TOP_P_HEAD);
+                if let Some(n) = top_p_prefix(&head, top_p as f64 * mass) {
+                    head.truncate(n.min(min_p_prefix(&head)));
+                    return head;
+                }
+            }
+            let kept = finite()
+                .filter(|&(s, _)| scores.weight(s) >= min_weight)
+                .collect();
+            (kept, mass, false)
+        }
+    };
+    if top_p_on {
+        let need = top_p as f64 * mass;
+        // Sort a growing head until it holds the mass.
+        let mut head = if sorted {
+            kept.len()
+        } else {
+            kept.len().min(TOP_P_HEAD * 8)
+        };
+        loop {
+            if head < kept.len() {
+                kept.select_nth_unstable_by(head - 1, by_score_desc);
+            }
+            if !sorted {
+                kept[..head].sort_unstable_by(by_score_desc);
+            }
+            if let Some(n) = top_p_prefix(&kept[..head], need) {
+                kept.truncate(n);
+                return kept;
+            }
+            if head == kept.len() {
+                // Rounding kept the full mass just below `need`: everything stays.
+                return kept;
+            }
+            head = (head * 8).min(kept.len());
+        }
+    }
+    if !sorted {
+        kept.sort_unstable_by(by_score_desc);
+    }
+    kept
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::collections::BTreeMap;
+
+    /// A copy of `token_logprobs` in src/backend/cpu.rs, the trainer's logprob.
+    fn reference_logprob(row: &[f32], t: usize) -> f32 {
+        let max = row.iter().copied().fold(f32::NEG_INFINITY, f32::max) as f64;
+        let sum: f64 = row.iter().map(|&z| (z as f64 - max).exp()).sum();
+        (row[t] as f64 - max - sum.ln()) as f32
+    }
+
+    /// `softmax(logits / temperature)` restricted to `kept` (all when `None`), in f64.
+    fn probs(logits: &[f32], temperature: f64, kept: Option<&[u32]>) -> Vec<f64> {
+        let keep = |i: usize| kept.is_none_or(|k| k.contains(&(i as u32)));
+        let max = logits
+            .iter()
+            .fold(f64::NEG_INFINITY, |m, &z| m.max(z as f64));
+        let w: Vec<f64> = (0..logits.len())
+            .map(|i| match keep(i) {
+                true => ((logits[i] as f64 - max) / temperature).exp(),
+                false => 0.0,
+            })
+            .collect();
+        let total: f64 = w.iter().sum();
+        w.iter().map(|x| x / total).collect()
+    }
+
+    fn random_row(rng: &mut SampleRng, n: usize, scale: f64) -> Vec<f32> {
+        (0..n)
+            .map(|_| ((rng.next_f64() * 2.0 - 1.0) * scale) as f32)
+            .collect()
+    }
+
+    fn params(temperature: f32, top_k: Option<usize>, top_p: f32, min_p: f32) -> SamplingParams {
+        SamplingParams {
+            temperature,
+            top_k,
+            top_p,
+            min_p,
+            ..SamplingParams::default()
+        }
+    }
+
+    /// Samples `draws` times; per token: count, and the logprob (checked to be always the same).
+    fn draw(
+        logits: &[f32],
+        p: &SamplingParams,
+        seed: u64,
+        draws: usize,
+    ) -> BTreeMap<u32, (u64, f32)> {
+        let mut rng = SampleRng::from_seed(seed);
+        let mut seen: BTreeMap<u32, (u64, f32)> = BTreeMap::new();
+        for _ in 0..draws {
+            let s = sample(logits, p, &mut rng);
+            let e = seen.entry(s.token).or_insert((0, s.logprob));
+            assert_eq!(e.1.to_bits(), s.logprob.to_bits(), "token {}", s.token);
+            e.0 += 1;
+        }
+        seen
+    }
+
+    /// Pearson's chi-square of the counts against `p`; a token of probability 0 must never occur.
+    fn chi_square(seen: &BTreeMap<u32, (u64, f32)>, p: &[f64], draws: usize) -> f64 {
+        let mut chi = 0.0;
+        for (i, &pi) in p.iter().enumerate() {
+            let count = seen.get(&(i as u32)).map_or(0, |e| e.0) as f64;
+            if pi == 0.0 {
+                assert_eq!(count, 0.0, "token {i} has probability 0");
+            } else {
+                let expect = pi * draws as f64;
+                chi += (count - expect).powi(2) / expect;
+            }
+        }
+        chi
+    }
+
+    // Probabilities 0.05, 0.4, 0.1, 0.3, 0.15 by id; descending: 1, 3, 4, 2, 0.
+    const P5: [f64; 5] = [0.05, 0.4, 0.1, 0.3, 0.15];
+    fn logits5() -> Vec<f32> {
+        P5.iter().map(|p| p.ln() as f32).collect()
+    }
+
+    /// Samples until every kept token shows up; checks the kept set, that each logprob is that of
+    /// the renormalised distribution (1e-6) and that they sum to 1 over the set.
+    fn check_kept(p: &SamplingParams, expect: &[u32]) {
+        let logits = logits5();
+        let seen = draw(&logits, p, 7, 20_000);
+        let mut want = expect.to_vec();
+        want.sort_unstable();
+        assert_eq!(seen.keys().copied().collect::<Vec<_>>(), want, "{p:?}");
+        let renorm = probs(&logits, p.temperature as f64, Some(expect));
+        let mut total = 0.0;
+        for (&t, &(_, lp)) in &seen {
+            assert!(
+                (lp as f64 - renorm[t as usize].ln()).abs() < 1e-6,
+                "{p:?} token {t}"
+            );
+            total += (lp as f64).exp();
+        }
+        assert!((total - 1.0).abs() < 1e-6, "{p:?}: kept mass {total}");
+    }
+
+    #[test]
+    fn rng_matches_reference_streams() {
+        let mut x = 1234567;
+        assert_eq!(splitmix64(&mut x), 6457827717110365317);
+        assert_eq!(splitmix64(&mut x), 3203168211198807973);
+        let mut rng = SampleRng {
+            state: [1, 2, 3, 4],
+        };
+        let got: Vec<u64> = (0..4).map(|_| rng.next_u64()).collect();
+        assert_eq!(got, [11520, 0, 1509978240, 1215971899390074240]);
+        let mut rng = SampleRng::from_seed(0);
+        for _ in 0..10_000 {
+            let u = rng.next_f64();
+            assert!((0.0..1.0).contains(&u));
+        }
+    }
+
+    #[test]
+    fn greedy_picks_argmax_ties_to_lowest_id_without_drawing() {
+        let logits = [0.5, 3.0, -1.0, 3.0, f32::NAN, 2.0];
+        let mut rng = SampleRng::from_seed(1);
+        let before = rng.clone();
+        let mut p = SamplingParams::greedy();
+        p.top_logprobs = 3;
+        let s = sample(&logits, &p, &mut rng);
+        assert_eq!(s.token, 1);
+        assert_eq!(rng, before, "greedy must not draw");
+        assert_eq!(s.logprob.to_bits(), log_softmax_at(&logits, 1).to_bits());
+        let top: Vec<u32> = s.top_logprobs.iter().map(|t| t.0).collect();
+        assert_eq!(top, [1, 3, 5]);
+        assert_eq!(s.top_logprobs[2].1, log_softmax_at(&logits, 5));
+    }
+
+    #[test]
+    fn top_k_one_equals_greedy() {
+        let mut rng = SampleRng::from_seed(2);
+        for _ in 0..50 {
+            let mut logits = random_row(&mut rng, 300, 5.0);
+            logits[17] = 6.0;
+            logits[250] = 6.0; // a tie: the lower id wins
+            let s = sample(&logits, &params(1.0, Some(1), 1.0, 0.0), &mut rng);
+            let g = sample(&logits, &SamplingParams::greedy(), &mut rng);
+            assert_eq!((s.token, g.token), (17, 17));
+            assert_eq!(s.logprob, 0.0, "the only kept token has probability 1");
+        }
+    }
+
+    #[test]
+    fn same_seed_same_tokens_different_seeds_differ() {
+        let logits = random_row(&mut SampleRng::from_seed(3), 1000, 3.0);
+        for p in [SamplingParams::default(), params(0.7, Some(50), 0.9, 0.01)] {
+            let run = |seed| {
+                let mut rng = SampleRng::from_seed(seed);
+                (0..1000)
+                    .map(|_| sample(&logits, &p, &mut rng).token)
+                    .collect::<Vec<_>>()
+            };
+            assert_eq!(run(42), run(42));
+            assert_ne!(run(42), run(43));
+        }
+    }
+
+    #[test]
+    fn exactly_one_draw_per_sample() {
+        let logits = logits5();
+        for p in [SamplingParams::default(), params(0.5, Some(2), 0.5, 0.1)] {
+            for row in [&logits[..], &[f32::NAN; 3], &[]] {
+                let mut rng = SampleRng::from_seed(4);
+                let mut expect = rng.clone();
+                sample(row, &p, &mut rng);
+                expect.next_u64();
+                assert_eq!(rng, expect);
+            }
+        }
+    }
+
+    #[test]
+    fn frequencies_match_softmax_at_temperatures() {
+        // df <= 5: P(chi-square > 25) < 2e-4. Seeded, so deterministic.
+        let logits = [1.0, 2.0, 0.5, -1.0, 2.0, 0.0];
+        let draws = 200_000;
+        for t in [1.0, 0.5, 2.0] {
+            let seen = draw(&logits, &params(t, None, 1.0, 0.0), 11, draws);
+            let chi = chi_square(&seen, &probs(&logits, t as f64, None), draws);
+            assert!(chi < 25.0, "temperature {t}: chi-square {chi}");
+        }
+        // The filtered (descending-order) path too: top_k 4 drops ids 3 and 5.
+        let seen = draw(&logits, &params(0.5, Some(4), 1.0, 0.0), 12, draws);
+        let p = probs(&logits, 0.5, Some(&[0, 1, 2, 4]));
+        let chi = chi_square(&seen, &p, draws);
+        assert!(chi < 25.0, "top_k 4: chi-square {chi}");
+    }
+
+    #[test]
+    fn filters_keep_exactly_the_documented_sets() {
+        check_kept(&params(1.0, Some(2), 1.0, 0.0), &[1, 3]);
+        check_kept(&params(1.0, Some(4), 1.0, 0.0), &[1, 3, 4, 2]);
+        check_kept(&params(1.0, None, 0.3, 0.0), &[1]);
+        check_kept(&params(1.0, None, 0.6, 0.0), &[1, 3]); // 0.4 + 0.3 >= 0.6
+        check_kept(&params(1.0, None, 0.72, 0.0), &[1, 3, 4]); // 0.7 < 0.72 <= 0.85
+        check_kept(&params(1.0, None, 0.8, 0.0), &[1, 3, 4]);
+        // top_p measures the top_k-renormalised mass: 0.4/0.85 + 0.3/0.85 = 0.82 >= 0.8.
+        check_kept(&params(1.0, Some(3), 0.8, 0.0), &[1, 3]);
+        check_kept(&params(1.0, None, 0.0001, 0.0), &[1]);
+        check_kept(&params(1.0, None, 1.0, 0.3), &[1, 3, 4]); // p >= 0.12
+        check_kept(&params(1.0, None, 1.0, 0.5), &[1, 3]); // p >= 0.2
+        check_kept(&params(1.0, None, 1.0, 1.0), &[1]);
+        check_kept(&params(1.0, None, 0.9, 0.3), &[1, 3, 4]); // top_p keeps 4, min_p 3
+        check_kept(&params(1.0, Some(2), 1.0, 0.3), &[1, 3]);
+        // min_p is a ratio at any temperature: at 2, p / p_max = sqrt(P5 / 0.4), and id 2's is
+        // 0.5, id 0's 0.35.
+        check_kept(&params(2.0, None, 1.0, 0.45), &[1, 3, 4, 2]);
+        check_kept(&params(1.0, Some(1000), 1.0, 0.0), &[0, 1, 2, 3, 4]);
+    }
+
+    #[test]
+    fn chunked_inverse_cdf_matches_a_full_scan() {
+        let mut rng = SampleRng::from_seed(15);
+        let mut row = random_row(&mut rng, 5000, 30.0);
+        row[4000..].fill(f32::NEG_INFINITY);
+        row[17] = f32::NAN;
+        let scores = Scores::new(&row, 1.0).unwrap();
+        let w: Vec<f64> = scores.iter(&row).map(|(s, _)| scores.weight(s)).collect();
+        let sum: f64 = w.iter().sum();
+        let edges = [0.0, 1.0 - f64::EPSILON / 2.0, 1.0]; // 1.0 forces the rounding fallback
+        let us = (0..3000).map(|_| rng.next_f64()).chain(edges);
+        for u in us {
+            let mut cum = 0.0;
+            let want = (0..row.len())
+                .find(|&i| {
+                    cum += w[i];
+                    cum > u * sum
+                })
+                .unwrap_or(3999);
+            assert_eq!(
+                sample_unfiltered(&row, &scores, u, 0).token as usize,
+                want,
+                "u {u}"
+            );
+        }
+    }
+
+    #[test]
+    fn kept_tokens_match_a_full_sort_on_a_large_vocabulary() {
+        let mut rng = SampleRng::from_seed(5);
+        let flat = random_row(&mut rng, 152_064, 4.0);
+        let mut peaked = flat.clone();
+        for i in 0..10 {
+            peaked[i * 9000 + 5] = 12.0 + i as f32 * 0.1; // top_p's first pass finds these
+        }
+        let cases = [
+            (None, 0.9, 0.0),
+            (None, 0.5, 0.0),
+            (None, 0.999, 0.0),
+            (Some(40_000), 0.7, 0.0),
+            (Some(20), 0.95, 0.0),
+            (Some(300), 0.95, 0.0),
+            (Some(256), 0.9, 0.01),
+            (None, 0.95, 0.05),
+            (Some(5000), 1.0, 0.2),
+            (None, 1.0, 0.5),
+        ];
+        for (t, logits) in [(1.0, &flat), (0.3, &flat), (1.0, &peaked), (2.0, &peaked)] {
+            let scores = Scores::new(logits, t).unwrap();
+            let mut all: Vec<(f64, u32)> = scores.iter(logits).collect();
+            all.sort_unstable_by(by_score_desc);
+            for (top_k, top_p, min_p) in cases {
+                let mut want = all.clone();
+                want.truncate(top_k.unwrap_or(usize::MAX).min(want.len()));
+                let mass: f64 = want.iter().map(|&(s, _)| scores.weight(s)).sum();
+                let mut cum = 0.0;
+                let n_p = want
+                    .iter()
+                    .position(|&(s, _)| {
+                        cum += scores.weight(s);
+                        cum >= top_p as f64 * mass
+                    })
+                    .map_or(want.len(), |i| i + 1);
+                want.truncate(n_p);
+                want.retain(|&(s, _)| scores.weight(s) >= min_p as f64);
+                let got = kept_tokens(logits, &scores, top_k, top_p, min_p);
+                assert_eq!(
+                    got, want,
+                    "t {t} top_k {top_k:?} top_p {top_p} min_p {min_p}"
+                );
+                assert!(got.len() > 1 && got.len() < logits.len());
+            }
+        }
+    }
+
+    #[test]
+    fn default_logprob_is_the_trainers_bitwise() {
+        let mut rng = SampleRng::from_seed(6);
+        for (n, scale) in [(1, 1.0), (2, 3.0), (7, 10.0), (1000, 20.0), (152_064, 8.0)] {
+            for _ in 0..20 {
+                let mut row = random_row(&mut rng, n, scale);
+                if n > 2 {
+                    row[n / 2] = f32::NEG_INFINITY;
+                }
+                let s = sample(&row, &SamplingParams::default(), &mut rng);
+                let t = s.token as usize;
+                assert_eq!(s.logprob.to_bits(), reference_logprob(&row, t).to_bits());
+                for t in [0, n - 1, n / 3, t] {
+                    let want = reference_logprob(&row, t).to_bits();
+                    assert_eq!(
+                        log_softmax_at(&row, t as u32).to_bits(),
+                        want,
+                        "n {n} t {t}"
+                    );
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn temperature_logprob_is_the_scaled_softmax() {
+        let logits = random_row(&mut SampleRng::from_seed(8), 500, 6.0);
+        for t in [0.3f32, 0.5, 2.0] {
+            let p = probs(&logits, t as f64, None);
+            for (&token, &(_, lp)) in &draw(&logits, &params(t, None, 1.0, 0.0), 9, 200) {
+                assert!((lp as f64 - p[token as usize].ln()).abs() < 1e-6, "t {t}");
+            }
+        }
+    }
+
+    #[test]
+    fn top_logprobs_are_the_sampled_distributions_best() {
+        let logits = [0.0, 2.0, 1.0, 2.0, -1.0, 0.5];
+        let mut rng = SampleRng::from_seed(10);
+        let mut p = SamplingParams {
+            top_logprobs: 4,
+            ..SamplingParams::default()
+        };
+        let s = sample(&logits, &p, &mut rng);
+        let want: Vec<(u32, f32)> = [1, 3, 2, 5]
+            .iter()
+            .map(|&t| (t, log_softmax_at(&logits, t)))
+            .collect();
+        assert_eq!(s.top_logprobs, want);
+        // Filtered: only kept tokens, renormalised; the sampled token's logprob is among them.
+        p.top_k = Some(3);
+        p.temperature = 0.5;
+        let s = sample(&logits, &p, &mut rng);
+        let renorm = probs(&logits, 0.5, Some(&[1, 2, 3]));
+        let ids: Vec<u32> = s.top_logprobs.iter().map(|t| t.0).collect();
+        assert_eq!(ids, [1, 3, 2]);
+        for &(t, lp) in &s.top_logprobs {
+            assert!((lp as f64 - renorm[t as usize].ln()).abs() < 1e-6);
+        }
+        assert!(s.top_logprobs.contains(&(s.token, s.logprob)));
+        // Capped at MAX_TOP_LOGPROBS, never more than the vocabulary.
+        p.top_logprobs = 500;
+        p.top_k = None;
+        let big = random_row(&mut rng, 100, 1.0);
+        assert_eq!(
+            sample(&big, &p, &mut rng).top_logprobs.len(),
+            MAX_TOP_LOGPROBS
+        );
+        assert_eq!(sample(&logits, &p, &mut rng).top_logprobs.len(), 6);
+    }
+
+    #[test]
+    fn validate_names_the_field_and_value() {
+        let ok = [
+            SamplingParams::default(),
+            SamplingParams::greedy(),
+            params(0.7, Some(1_000_000), 0.95, 0.05),
+        ];
+        for p in ok {
+            assert_eq!(p.validate(10), Ok(()));
+        }
+        let d = SamplingParams::default;
+        let bad = [
+            (params(-0.5, None, 1.0, 0.0), "temperature = -0.5"),
+            (params(f32::NAN, None, 1.0, 0.0), "temperature = NaN"),
+            (params(f32::INFINITY, None, 1.0, 0.0), "temperature = inf"),
+            (params(1.0, None, 0.0, 0.0), "top_p = 0"),
+            (params(1.0, None, 1.5, 0.0), "top_p = 1.5"),
+            (params(1.0, None, f32::NAN, 0.0), "top_p = NaN"),
+            (params(1.0, Some(0), 1.0, 0.0), "top_k = 0"),
+            (params(1.0, None, 1.0, 1.5), "min_p = 1.5"),
+            (params(1.0, None, 1.0, -0.1), "min_p = -0.1"),
+            (
+                SamplingParams {
+                    top_logprobs: 21,
+                    ..d()
+                },
+                "top_logprobs = 21",
+            ),
+        ];
+        for (p, msg) in bad {
+            let err = p.validate(10).unwrap_err().to_string();
+            assert!(err.starts_with(msg), "{err:?} should start with {msg:?}");
+            assert!(err.contains("must be"), "{err:?} should give the range");
+        }
+        assert_eq!(d().validate(0), Err(SamplingError::EmptyVocab));
+    }
+
+    #[test]
+    fn is_unfiltered_only_for_the_rl_defaults() {
+        assert!(SamplingParams::default().is_unfiltered());
+        assert!(!SamplingParams::greedy().is_unfiltered());
+        assert!(!params(1.0, Some(5), 1.0, 0.0).is_unfiltered());
+        assert!(!params(1.0, None, 0.9, 0.0).is_unfiltered());
+        assert!(!params(1.0, None, 1.0, 0.1).is_unfiltered());
+    }
+
+    #[test]
+    fn nan_and_infinite_logits_do_not_panic() {
+        let all = [
+            SamplingParams::default(),
+            SamplingParams::greedy(),
+            params(0.8, Some(2), 0.9, 0.1),
+        ];
+        for p in &all {
+            let mut rng = SampleRng::from_seed(13);
+            // NaN is never sampled.
+            let row = [f32::NAN, 1.0, f32::NAN, 0.5, f32::NEG_INFINITY];
+            for _ in 0..500 {
+                let s = sample(&row, p, &mut rng);
+                assert!(s.token == 1 || s.token == 3, "{p:?}: {s:?}");
+                assert!(s.logprob.is_finite() && s.logprob <= 0.0);
+            }
+            // Nothing above -inf: token 0, logprob -inf.
+            for row in [&[f32::NAN; 4][..], &[f32::NEG_INFINITY; 3], &[]] {
+                let s = sample(row, p, &mut rng);
+                assert_eq!((s.token, s.logprob), (0, f32::NEG_INFINITY), "{p:?}");
+                assert!(s.top_logprobs.is_empty());
+            }
+            // +inf: uniform over the +inf tokens.
+            let row = [1.0, f32::INFINITY, f32::NAN, f32::INFINITY];
+            let s = sample(&row, p, &mut rng);
+            assert!(s.token == 1 || s.token == 3, "{p:?}: {s:?}");
+            assert_eq!(s.logprob, -(2f32.ln()), "{p:?}");
+        }
+        let row = [f32::NAN, 1.0];
+        assert_eq!(log_softmax_at(&row, 0), f32::NEG_INFINITY);
+        assert_eq!(log_softmax_at(&row, 1), 0.0);
+        assert_eq!(log_softmax_at(&row, 2), f32::NEG_INFINITY);
+        assert_eq!(log_softmax_at(&[f32::NAN], 0), f32::NEG_INFINITY);
+        // Out-of-range parameters sample sanely too.
+        let mut rng = SampleRng::from_seed(14);
+        for p in [
+            params(-1.0, None, 1.0, 0.0),
+            params(f32::NAN, Some(0), -1.0, 7.0),
+        ] {
+            assert_eq!(sample(&logits5(), &p, &mut rng).token, 1);
+        }
+        assert_eq!(
+            sample(&logits5(), &params(1.0, Some(0), -1.0, 7.0), &mut rng).token,
+            1
+        );
+    }
+}

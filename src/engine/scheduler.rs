@@ -1,0 +1,331 @@
+//! Continuous batching by one rule (DESIGN.md decision 7): each step, every running request's
+//! `num_computed_tokens` catches up to its `num_tokens` as far as a per-step token budget allows.
+//! There is no prefill or decode phase: a long prompt is prefilled in chunks alongside ongoing
+//! decodes, and a prefix-cache hit simply starts a request with tokens already computed.
+//!
+//! ```text
+//!  step:  budget = max_num_batched_tokens
+//!   1. running, oldest first: n = min(uncomputed, budget); allocate slots for n tokens;
+//!      no room -> preempt the youngest running request not yet scheduled this step (free its
+//!      blocks, computed := 0, back to the front of the queue) and retry
+//!   2. if nobody was preempted: admit waiting requests FIFO while budget and seats remain:
+//!      prefix-cache lookup, then the same allocation; no room -> stop admitting
+//! ```
+//!
+//! Requests scheduled in a step are never freed before that step runs (the KV cache's contract);
+//! aborts arrive between steps.
+
+use crate::engine::request::Request;
+use crate::kvcache::{KvCacheError, KvCacheManager, RequestId};
+use std::collections::VecDeque;
+
+#[derive(Clone, Debug)]
+pub struct SchedulerConfig {
+    /// Most requests running at once.
+    pub max_num_seqs: usize,
+    /// Token budget of one step (prefill chunks plus decodes).
+    pub max_num_batched_tokens: usize,
+    /// Longest sequence (prompt + output).
+    pub max_model_len: usize,
+}
+
+/// One request's share of a step.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ScheduledRequest {
+    pub id: RequestId,
+    /// Tokens already in the cache before this step.
+    pub num_computed_tokens: usize,
+    /// Tokens computed this step (positions `num_computed_tokens ..`).
+    pub num_new_tokens: usize,
+}
+
+#[derive(Clone, Debug, Default)]
+pub struct StepPlan {
+    pub scheduled: Vec<ScheduledRequest>,
+    /// Requests preempted while planning (they recompute later).
+    pub preempted: Vec<RequestId>,
+    /// Requests that can never run (longer than the whole cache), with the reason.
+    pub rejected: Vec<(Request, String)>,
+}
+
+impl StepPlan {
+    pub fn num_tokens(&self) -> usize {
+        self.scheduled.iter().map(|s| s.num_new_tokens).sum()
+    }
+}
+
+pub struct Scheduler {
+    pub config: SchedulerConfig,
+    pub kv: KvCacheManager,
+    waiting: VecDeque<Request>,
+    /// Admission order (oldest first).
+    running: Vec<Request>,
+}
+
+impl Scheduler {
+    pub fn new(config: SchedulerConfig, kv: KvCacheManager) -> Self {
+        Self {
+            config,
+            kv,
+            waiting: VecDeque::new(),
+            running: Vec::new(),
+        }
+    }
+
+    pub fn add(&mut self, request: Request) {
+        self.waiting.push_back(request);
+    }
+
+    pub fn num_waiting(&self) -> usize {
+        self.waiting.len()
+    }
+
+    pub fn num_running(&self) -> usize {
+        self.running.len()
+    }
+
+    pub fn has_work(&self) -> bool {
+        !self.waiting.is_empty() || !self.running.is_empty()
+    }
+
+    pub fn get_mut(&mut self, id: RequestId) -> Option<&mut Request> {
+        self.running
+            .iter_mut()
+            .chain(self.waiting.iter_mut())
+            .find(|r| r.id == id)
+    }
+
+    /// Removes a request wherever it is and returns its blocks to the pool.
+    pub fn remove(&mut self, id: RequestId) -> Option<Request> {
+        let request = if let Some(i) = self.running.iter().position(|r| r.id == id) {
+            Some(self.running.remove(i))
+        } else if let Some(i) = self.waiting.iter().position(|r| r.id == id) {
+            self.waiting.remove(i)
+        } else {
+            None
+        };
+        self.kv.free(id);
+        request
+    }
+
+    /// Plans one step. The caller runs it, then reports with [`Scheduler::complete`].
+    pub fn schedule(&mut self) -> StepPlan {
+        let mut plan = StepPlan::default();
+        let mut budget = self.config.max_num_batched_tokens;
+
+        // 1. Running requests, oldest first.
+        let mut i = 0;
+        while i < self.running.len() && budget > 0 {
+            let n = self.running[i].num_uncomputed().min(budget);
+            if n == 0 {
+                i += 1;
+                continue;
+            }
+            match self.allocate(i, n, &[]) {
+                Ok(true) => {
+                    plan.scheduled.push(ScheduledRequest {
+                        id: self.running[i].id,
+                        num_computed_tokens: self.running[i].num_computed_tokens,
+                        num_new_tokens: n,
+                    });
+                    budget -= n;
+                    i += 1;
+                }
+                Ok(false) => {
+                    // The youngest request not yet scheduled this step makes room (possibly
+                    // this one, when it is the youngest left).
+                    let victim = self.running.len() - 1;
+                    let preempted = self.preempt(victim);
+                    plan.preempted.push(preempted);
+                    if victim == i {
+                        break;
+                    }
+                }
+                Err(e) => {
+                    let request = self.running.remove(i);
+                    self.kv.free(request.id);
+                    plan.rejected.push((request, e.to_string()));
+                }
+            }
+        }
+
+        // 2. Admission, FIFO, only when nothing had to be preempted.
+        while plan.preempted.is_empty()
+            && budget > 0
+            && self.running.len() < self.config.max_num_seqs
+        {
+            let Some(mut request) = self.waiting.pop_front() else {
+                break;
+            };
+            let (hits, hit_tokens) = if request.num_computed_tokens == 0 {
+                self.kv.get_computed_blocks(&request.tokens)
+            } else {
+                (Vec::new(), request.num_computed_tokens)
+            };
+            let n = (request.num_tokens() - hit_tokens).min(budget);
+            match self
+                .kv
+                .allocate_slots(request.id, &request.tokens, hit_tokens, n, &hits)
+            {
+                Ok(Some(_)) => {
+                    request.num_computed_tokens = hit_tokens;
+                    request.num_cached_tokens.get_or_insert(hit_tokens);
+                    plan.scheduled.push(ScheduledRequest {
+                        id: request.id,
+                        num_computed_tokens: hit_tokens,
+                        num_new_tokens: n,
+                    });
+                    budget -= n;
+                    self.running.push(request);
+                }
+                Ok(None) => {
+                    self.waiting.push_front(request);
+                    break;
+                }
+                Err(e) => {
+                    self.kv.free(request.id);
+                    plan.rejected.push((request, e.to_string()));
+                }
+            }
+        }
+        plan
+    }
+
+    /// Allocates `n` more tokens for running request `i`: Ok(false) when the pool is full.
+    fn allocate(&mut self, i: usize, n: usize, hits: &[u32]) -> Result<bool, KvCacheError> {
+        let r = &self.running[i];
+        self.kv
+            .allocate_slots(r.id, &r.tokens, r.num_computed_tokens, n, hits)
+            .map(|allocated| allocated.is_some())
+    }
+
+    fn preempt(&mut self, index: usize) -> RequestId {
+        let mut request = self.running.remove(index);
+        self.kv.free(request.id);
+        request.num_computed_tokens = 0;
+        request.num_preemptions += 1;
+        let id = request.id;
+        self.waiting.push_front(request);
+        id
+    }
+
+    /// After a step ran: every scheduled request has its new tokens computed.
+    pub fn complete(&mut self, plan: &StepPlan) {
+        for s in &plan.scheduled {
+            if let Some(r) = self.running.iter_mut().find(|r| r.id == s.id) {
+                r.num_computed_tokens = s.num_computed_tokens + s.num_new_tokens;
+            }
+        }
+    }
+
+    /// Running requests in admission order.
+    pub fn running(&self) -> &[Request] {
+        &self.running
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::engine::request::GenerationRequest;
+    use crate::engine::sampler::{SampleRng, SamplingParams};
+
+    fn request(id: u64, prompt_len: usize) -> Request {
+        Request::new(
+            id,
+            id,
+            GenerationRequest {
+                prompt: (0..prompt_len as u32)
+                    .map(|t| t + 100 * id as u32)
+                    .collect(),
+                params: SamplingParams::greedy(),
+                max_tokens: 4,
+                stop_ids: vec![],
+            },
+            SampleRng::from_seed(id),
+        )
+    }
+
+    fn scheduler(num_blocks: usize, budget: usize) -> Scheduler {
+        Scheduler::new(
+            SchedulerConfig {
+                max_num_seqs: 8,
+                max_num_batched_tokens: budget,
+                max_model_len: 1024,
+            },
+            KvCacheManager::new(num_blocks, 4, true).unwrap(),
+        )
+    }
+
+    #[test]
+    fn long_prompts_are_chunked_beside_decodes() {
+        let mut s = scheduler(64, 10);
+        s.add(request(1, 3));
+        let plan = s.schedule();
+        assert_eq!(plan.num_tokens(), 3);
+        s.complete(&plan);
+        s.get_mut(1).unwrap().tokens.push(7); // sampled
+        s.add(request(2, 25));
+        let plan = s.schedule();
+        // The decode goes first, the new prompt gets the rest of the budget.
+        assert_eq!(plan.scheduled[0].num_new_tokens, 1);
+        assert_eq!(plan.scheduled[1].num_new_tokens, 9);
+        s.complete(&plan);
+        s.get_mut(1).unwrap().tokens.push(8); // sampled again
+        let plan = s.schedule();
+        assert_eq!(plan.scheduled.len(), 2);
+        assert_eq!(plan.scheduled[1].num_computed_tokens, 9);
+        assert_eq!(plan.scheduled[1].num_new_tokens, 9);
+    }
+
+    #[test]
+    fn full_pool_preempts_the_youngest_and_frees_its_blocks() {
+        // 6 usable blocks of 4 tokens.
+        let mut s = scheduler(7, 64);
+        s.add(request(1, 8));
+        s.add(request(2, 12));
+        let plan = s.schedule();
+        assert_eq!(plan.scheduled.len(), 2);
+        s.complete(&plan);
+        for id in [1, 2] {
+            let r = s.get_mut(id).unwrap();
+            r.tokens.extend([1, 2, 3, 4, 5]); // pretend several samples: both need more blocks
+        }
+        let plan = s.schedule();
+        assert_eq!(plan.preempted, vec![2]);
+        assert_eq!(plan.scheduled.len(), 1);
+        assert_eq!(s.num_waiting(), 1);
+        s.complete(&plan);
+        s.remove(1);
+        s.remove(2);
+        assert_eq!(s.kv.num_used_blocks(), 0);
+        s.kv.check_invariants().unwrap();
+    }
+
+    #[test]
+    fn shared_prompts_hit_the_prefix_cache_in_the_same_step() {
+        let mut s = scheduler(64, 256);
+        for id in 1..=3 {
+            let mut r = request(1, 17);
+            r.id = id;
+            s.add(r);
+        }
+        let plan = s.schedule();
+        let computed: Vec<usize> = plan
+            .scheduled
+            .iter()
+            .map(|p| p.num_computed_tokens)
+            .collect();
+        assert_eq!(computed, vec![0, 16, 16]);
+        assert_eq!(s.kv.prefix_cache_stats().hits, 32);
+    }
+
+    #[test]
+    fn a_prompt_larger_than_the_cache_is_rejected_not_looped() {
+        let mut s = scheduler(3, 64);
+        s.add(request(1, 40));
+        let plan = s.schedule();
+        assert_eq!(plan.rejected.len(), 1);
+        assert!(!s.has_work());
+    }
+}

@@ -1,0 +1,388 @@
+//! The engine on the CPU backend with a fixture model: paged generation equals full
+//! recomputation token for token (and logprob for logprob, bitwise) over many random
+//! interleavings of requests, prompt lengths, chunk sizes, preemptions and aborts; the pool ends
+//! every run with zero used blocks; prefix-cache hits are counted exactly.
+
+mod common;
+
+use common::fixture_dir;
+use std::collections::HashMap;
+use swerve::backend::cpu::CpuBackend;
+use swerve::backend::Backend;
+use swerve::engine::{
+    Engine, EngineConfig, EngineEvent, EngineHandle, FinalRecord, FinishReason, GenerationRequest,
+    RequestEvent, SamplingParams,
+};
+use swerve::model::{PackedBatch, Qwen2Model};
+
+const MODEL: &str = "tied-gqa4-bf16"; // vocab 320, context 128, GQA 4:1
+
+fn model(backend: &CpuBackend) -> Qwen2Model<CpuBackend> {
+    Qwen2Model::load(backend, &fixture_dir(MODEL)).unwrap()
+}
+
+/// SplitMix64, for reproducible random scenarios.
+struct Rng(u64);
+impl Rng {
+    fn next(&mut self) -> u64 {
+        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
+        let mut z = self.0;
+        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+        z ^ (z >> 31)
+    }
+    fn below(&mut self, n: usize) -> usize {
+        (self.next() % n as u64) as usize
+    }
+}
+
+fn greedy(prompt: Vec<u32>, max_tokens: usize) -> GenerationRequest {
+    GenerationRequest {
+        prompt,
+        params: SamplingParams::greedy(),
+        max_tokens,
+        stop_ids: vec![],
+    }
+}
+
+/// Checks a finished greedy request against one full forward pass over prompt + output: each
+/// output token is the argmax (lowest id on ties) of the row before it, and its logprob is the
+/// trainer's `token_logprobs` of that row, bit for bit.
+fn check_against_recompute(
+    backend: &CpuBackend,
+    model: &Qwen2Model<CpuBackend>,
+    record: &FinalRecord,
+) {
+    let mut sequence = record.prompt_tokens.clone();
+    sequence.extend(&record.output_tokens);
+    let logits = model
+        .forward_logits(backend, &PackedBatch::from_sequences(&[sequence.clone()]))
+        .unwrap();
+    let vocab = model.config.vocab_size;
+    let p = record.prompt_tokens.len();
+    let rows = backend
+        .slice_rows(&logits, p - 1..sequence.len() - 1)
+        .unwrap();
+    let trainer = backend
+        .token_logprobs(&rows, &record.output_tokens)
+        .unwrap();
+    for (k, &token) in record.output_tokens.iter().enumerate() {
+        let row = &logits.data[(p - 1 + k) * vocab..(p + k) * vocab];
+        let argmax = row
+            .iter()
+            .enumerate()
+            .fold((0, f32::NEG_INFINITY), |best, (i, &v)| {
+                if v > best.1 {
+                    (i, v)
+                } else {
+                    best
+                }
+            })
+            .0 as u32;
+        assert_eq!(
+            token, argmax,
+            "request {} output {k}: paged {token}, recomputed {argmax}",
+            record.id
+        );
+        assert_eq!(
+            record.logprobs[k].to_bits(),
+            trainer[k].to_bits(),
+            "request {} output {k}: rollout logprob {} vs trainer {}",
+            record.id,
+            record.logprobs[k],
+            trainer[k]
+        );
+    }
+}
+
+#[test]
+fn paged_generation_equals_full_recomputation_over_random_interleavings() {
+    let backend = CpuBackend::with_threads(1);
+    let reference = model(&backend);
+    let (mut preemptions, mut hits, mut aborts, mut checked) = (0u64, 0u64, 0usize, 0usize);
+    for trial in 0..24u64 {
+        let mut rng = Rng(trial * 7919 + 1);
+        let block_size = [1, 2, 4, 16][rng.below(4)];
+        let budget = [1, 3, 7, 32, 256][rng.below(5)];
+        // From barely enough for one long request to plenty.
+        let num_blocks =
+            1 + (128usize.div_ceil(block_size)) * (1 + rng.below(4)) / 2 + rng.below(8);
+        let config = EngineConfig {
+            block_size,
+            num_blocks: num_blocks.max(128usize.div_ceil(block_size) + 1),
+            max_num_seqs: [1, 3, 8][rng.below(3)],
+            max_num_batched_tokens: budget,
+            max_model_len: 128,
+            seed: trial,
+            enable_prefix_caching: rng.below(4) != 0,
+        };
+        let mut engine = Engine::new(CpuBackend::with_threads(1), model(&backend), config).unwrap();
+        let shared: Vec<u32> = (0..50).map(|_| rng.below(320) as u32).collect();
+        let mut pending: Vec<(usize, GenerationRequest)> = (0..8)
+            .map(|_| {
+                let len = 1 + rng.below(60);
+                let mut prompt: Vec<u32> = (0..len).map(|_| rng.below(320) as u32).collect();
+                if rng.below(2) == 0 {
+                    let keep = rng.below(shared.len()).min(len);
+                    prompt[..keep].copy_from_slice(&shared[..keep]);
+                }
+                let at_step = rng.below(12);
+                (at_step, greedy(prompt, 1 + rng.below(24)))
+            })
+            .collect();
+        let mut finished: HashMap<u64, FinalRecord> = HashMap::new();
+        let mut live = Vec::new();
+        let mut step = 0;
+        while !pending.is_empty() || engine.has_unfinished() {
+            let (now, later): (Vec<_>, Vec<_>) = pending.into_iter().partition(|(s, _)| *s <= step);
+            pending = later;
+            for (_, request) in now {
+                live.push(engine.add_request(request).unwrap());
+            }
+            if !live.is_empty() && rng.below(40) == 0 {
+                let id = live.swap_remove(rng.below(live.len()));
+                if let Some(record) = engine.abort(id) {
+                    assert_eq!(record.finish_reason, FinishReason::Abort);
+                    aborts += 1;
+                }
+            }
+            for event in engine.step().unwrap() {
+                if let EngineEvent::Finished(record) = event {
+                    live.retain(|&id| id != record.id);
+                    finished.insert(record.id, record);
+                }
+            }
+            engine.kv_manager().check_invariants().unwrap();
+            step += 1;
+            assert!(step < 20_000, "trial {trial}: no progress");
+        }
+        for record in finished.values() {
+            assert!(
+                matches!(record.finish_reason, FinishReason::Length),
+                "trial {trial}: {:?}",
+                record.finish_reason
+            );
+            check_against_recompute(&backend, &reference, record);
+            checked += 1;
+        }
+        let stats = engine.stats();
+        assert_eq!(stats.kv_used_blocks, 0, "trial {trial}: leaked blocks");
+        preemptions += stats.preemptions;
+        hits += stats.prefix_hit_tokens;
+    }
+    println!("checked {checked} requests; {preemptions} preemptions, {hits} prefix-hit tokens, {aborts} aborts");
+    assert!(checked > 100 && preemptions > 0 && hits > 0 && aborts > 0);
+}
+
+#[test]
+fn a_shared_prompt_is_computed_once_for_the_whole_group() {
+    let backend = CpuBackend::new();
+    let config = EngineConfig::for_model(128, 64);
+    let mut engine = Engine::new(backend, model(&CpuBackend::new()), config).unwrap();
+    let prompt: Vec<u32> = (0..64).map(|i| (i * 37 % 320) as u32).collect();
+    for _ in 0..10 {
+        engine.add_request(greedy(prompt.clone(), 5)).unwrap();
+    }
+    let mut records = Vec::new();
+    while engine.has_unfinished() {
+        for event in engine.step().unwrap() {
+            if let EngineEvent::Finished(r) = event {
+                records.push(r);
+            }
+        }
+    }
+    assert_eq!(records.len(), 10);
+    // 63 of 64 tokens may come from the cache: 3 full blocks of 16.
+    let cached: Vec<usize> = records.iter().map(|r| r.usage.cached_tokens).collect();
+    assert_eq!(cached.iter().filter(|&&c| c == 48).count(), 9, "{cached:?}");
+    assert_eq!(cached.iter().filter(|&&c| c == 0).count(), 1, "{cached:?}");
+    assert_eq!(engine.stats().prefix_hit_tokens, 9 * 48);
+    assert!(records
+        .iter()
+        .all(|r| r.output_tokens == records[0].output_tokens));
+    assert_eq!(engine.stats().kv_used_blocks, 0);
+}
+
+#[test]
+fn each_turn_reuses_the_previous_turns_cache() {
+    let backend = CpuBackend::new();
+    let mut engine = Engine::new(
+        backend,
+        model(&CpuBackend::new()),
+        EngineConfig::for_model(128, 64),
+    )
+    .unwrap();
+    let mut history: Vec<u32> = (0..20).map(|i| (i * 11 % 320) as u32).collect();
+    for turn in 0..4 {
+        engine.add_request(greedy(history.clone(), 6)).unwrap();
+        let mut record = None;
+        while engine.has_unfinished() {
+            for event in engine.step().unwrap() {
+                if let EngineEvent::Finished(r) = event {
+                    record = Some(r);
+                }
+            }
+        }
+        let record = record.unwrap();
+        if turn > 0 {
+            // Everything the last turn computed, in full blocks, except the prompt's last token.
+            assert!(
+                record.usage.cached_tokens >= 16,
+                "turn {turn}: {:?}",
+                record.usage
+            );
+            assert_eq!(record.usage.cached_tokens % 16, 0);
+        }
+        history.extend(&record.output_tokens);
+        history.extend([7, 8, 9, 10, 11]); // the next observation
+    }
+    assert_eq!(engine.stats().kv_used_blocks, 0);
+}
+
+#[test]
+fn same_seed_same_sample_and_defaults_report_the_models_logprobs() {
+    let backend = CpuBackend::new();
+    let reference = model(&backend);
+    let run = |seed: u64, temperature: f32| -> FinalRecord {
+        let mut engine = Engine::new(
+            CpuBackend::new(),
+            model(&CpuBackend::new()),
+            EngineConfig::for_model(128, 64),
+        )
+        .unwrap();
+        let params = SamplingParams {
+            seed: Some(seed),
+            temperature,
+            ..Default::default()
+        };
+        engine
+            .add_request(GenerationRequest {
+                prompt: vec![1, 2, 3, 4, 5],
+                params,
+                max_tokens: 30,
+                stop_ids: vec![],
+            })
+            .unwrap();
+        loop {
+            for event in engine.step().unwrap() {
+                if let EngineEvent::Finished(r) = event {
+                    return r;
+                }
+            }
+        }
+    };
+    let (a, b) = (run(42, 1.0), run(42, 1.0));
+    assert_eq!(a.output_tokens, b.output_tokens);
+    assert_eq!(a.logprobs, b.logprobs);
+    // This tiny model is peaked at temperature 1; at 3 the seeds must show.
+    let (hot, hot_again, other) = (run(42, 3.0), run(42, 3.0), run(43, 3.0));
+    assert_eq!(hot.output_tokens, hot_again.output_tokens);
+    assert_ne!(
+        hot.output_tokens, other.output_tokens,
+        "different seeds gave the same 30 tokens"
+    );
+    // Temperature 1, no filters: the logprob is the model's, exactly what the trainer computes.
+    let mut sequence = a.prompt_tokens.clone();
+    sequence.extend(&a.output_tokens);
+    let logits = reference
+        .forward_logits(&backend, &PackedBatch::from_sequences(&[sequence.clone()]))
+        .unwrap();
+    let rows = backend.slice_rows(&logits, 4..sequence.len() - 1).unwrap();
+    let trainer = backend.token_logprobs(&rows, &a.output_tokens).unwrap();
+    assert_eq!(a.logprobs, trainer);
+}
+
+#[test]
+fn bad_requests_are_refused_with_the_field_named() {
+    let mut engine = Engine::new(
+        CpuBackend::new(),
+        model(&CpuBackend::new()),
+        EngineConfig::for_model(128, 64),
+    )
+    .unwrap();
+    let cases = [
+        (greedy(vec![], 4), "prompt"),
+        (greedy(vec![1, 320], 4), "outside the vocabulary"),
+        (greedy(vec![1; 128], 4), "max_model_len"),
+        (greedy(vec![1], 0), "max_tokens"),
+        (
+            GenerationRequest {
+                params: SamplingParams {
+                    temperature: -1.0,
+                    ..Default::default()
+                },
+                ..greedy(vec![1], 4)
+            },
+            "temperature",
+        ),
+    ];
+    for (request, needle) in cases {
+        let err = engine.add_request(request).unwrap_err();
+        assert!(
+            format!("{err:#}").contains(needle),
+            "{err:#} lacks {needle}"
+        );
+    }
+    assert!(Engine::new(
+        CpuBackend::new(),
+        model(&CpuBackend::new()),
+        EngineConfig::for_model(4096, 64)
+    )
+    .is_err());
+}
+
+#[test]
+fn the_handle_streams_aborts_reloads_and_frees_everything() {
+    let handle = EngineHandle::spawn(|| {
+        let backend = CpuBackend::new();
+        let model = model(&backend);
+        Engine::new(backend, model, EngineConfig::for_model(128, 64))
+    })
+    .unwrap();
+    let prompt: Vec<u32> = (0..40).map(|i| (i * 13 % 320) as u32).collect();
+
+    // A streamed request: tokens, then one Finished carrying the same tokens.
+    let (id, events) = handle.submit(greedy(prompt.clone(), 8)).unwrap();
+    let mut streamed = Vec::new();
+    let record = loop {
+        match events.recv().unwrap() {
+            RequestEvent::Token(t) => {
+                assert_eq!(t.id, id);
+                streamed.push(t.token);
+            }
+            RequestEvent::Finished(r) => break r,
+        }
+    };
+    assert_eq!(record.output_tokens, streamed);
+    assert_eq!(record.weight_version, 0);
+
+    // A dropped receiver (a client that went away) and an explicit abort both free their blocks.
+    let (_, dropped) = handle.submit(greedy(prompt.clone(), 80)).unwrap();
+    drop(dropped);
+    let (id, events) = handle.submit(greedy(prompt.clone(), 80)).unwrap();
+    handle.abort(id).unwrap();
+    let last = events.iter().last().unwrap();
+    assert!(matches!(last, RequestEvent::Finished(r) if r.finish_reason == FinishReason::Abort));
+
+    // Reloading weights bumps the version and forgets the prefix cache.
+    assert_eq!(handle.update_weights(fixture_dir(MODEL)).unwrap(), 1);
+    let (_, events) = handle.submit(greedy(prompt.clone(), 2)).unwrap();
+    let record = match events.iter().last().unwrap() {
+        RequestEvent::Finished(r) => r,
+        other => panic!("{other:?}"),
+    };
+    assert_eq!(record.weight_version, 1);
+    assert_eq!(record.usage.cached_tokens, 0);
+    assert!(handle
+        .update_weights(fixture_dir("untied-gqa2-odd-f32"))
+        .is_err());
+
+    for _ in 0..100 {
+        let stats = handle.stats().unwrap();
+        if stats.kv_used_blocks == 0 && stats.running == 0 && stats.waiting == 0 {
+            return;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+    panic!("blocks still in use: {:?}", handle.stats().unwrap());
+}
