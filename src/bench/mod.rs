@@ -1,6 +1,7 @@
 //! What `swerve-bench` measures: prefill throughput of a Qwen2-shaped model on the backend in
 //! use, and (with a GPU) each CUDA kernel against its CPU reference and the card's limits.
 
+pub mod agent;
 pub mod kernels;
 
 use crate::backend::Backend;

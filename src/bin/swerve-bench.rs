@@ -28,12 +28,39 @@ struct Cli {
 enum Command {
     /// Prefill tokens/s and model TFLOP/s of one sequence at each length (the default command).
     Prefill(PrefillArgs),
+    /// An agent-shaped rollout workload through the engine: G rollouts per task, multi-turn,
+    /// growing contexts; tokens/s, prefix-cache hit rate, step time and host overhead.
+    Agent(AgentArgs),
     /// Each CUDA kernel against the CPU reference and the card's measured ceilings (needs a GPU).
     Kernels {
         /// Also append one JSON record per row to this file (bench/peers/compare.py reads it).
         #[arg(long)]
         jsonl: Option<PathBuf>,
     },
+}
+
+#[derive(clap::Args)]
+struct AgentArgs {
+    /// Model shape (see `prefill --preset`); random weights.
+    #[arg(long, default_value = "default")]
+    preset: String,
+    /// Where the engine runs: auto (the GPU when there is one), cpu, or cuda.
+    #[arg(long, default_value = "auto")]
+    device: DeviceChoice,
+    /// Largest context a rollout grows to (default: 640 on the CPU, 32768 on a GPU).
+    #[arg(long)]
+    max_context: Option<usize>,
+    /// Tasks and rollouts per task (default: 2 x 4 on the CPU, 8 x 10 on a GPU).
+    #[arg(long)]
+    tasks: Option<usize>,
+    #[arg(long)]
+    group: Option<usize>,
+    /// Fraction of free GPU memory given to the KV cache.
+    #[arg(long, default_value_t = 0.85)]
+    kv_cache_fraction: f64,
+    /// Also append the result as one JSON record to this file.
+    #[arg(long)]
+    jsonl: Option<PathBuf>,
 }
 
 #[derive(clap::Args)]
@@ -61,6 +88,7 @@ fn main() -> Result<()> {
     match cli.command.unwrap_or(Command::Prefill(cli.prefill)) {
         Command::Prefill(args) => prefill(args),
         Command::Kernels { jsonl } => kernels(jsonl.as_deref()),
+        Command::Agent(args) => agent(args),
     }
 }
 
@@ -164,6 +192,101 @@ fn kernels(jsonl: Option<&Path>) -> Result<()> {
         })];
         records.extend(bench::kernels::jsonl_records(&rows));
         append_jsonl(path, &records)?;
+    }
+    Ok(())
+}
+
+fn agent(args: AgentArgs) -> Result<()> {
+    let (config, tp_size) = synthetic::preset(&args.preset)?;
+    let (backend, line) = select(args.device)?;
+    println!("{line}");
+    match backend {
+        Selected::Cpu(b) => {
+            let workload = agent_workload(&args, bench::agent::AgentWorkload::cpu());
+            // Every rollout at its largest context, plus slack: no preemption needed.
+            let tokens = workload.tasks * workload.group * (workload.max_context + 16);
+            agent_on(b, config, tp_size, &args, workload, tokens)
+        }
+        Selected::Cuda(b) => {
+            let workload = agent_workload(
+                &args,
+                bench::agent::AgentWorkload::full(32768.min(config.max_context())),
+            );
+            let (free, _) = b.device.ctx.mem_get_info()?;
+            let local = config.local_sizes(tp_size)?;
+            let weights = config.num_parameters() / tp_size * 2;
+            let per_token = swerve::model::PagedKv::<()>::bytes_per_token(&config, &local, 2);
+            // Activations of an 8,192-token step stay well inside the last 15 % and 4 GiB.
+            let budget = (free.saturating_sub(weights) as f64 * args.kv_cache_fraction) as usize;
+            let tokens = budget.saturating_sub(4 << 30) / per_token;
+            agent_on(*b, config, tp_size, &args, workload, tokens)
+        }
+    }
+}
+
+fn agent_workload(
+    args: &AgentArgs,
+    mut workload: bench::agent::AgentWorkload,
+) -> bench::agent::AgentWorkload {
+    if let Some(c) = args.max_context {
+        workload.max_context = c;
+    }
+    if let Some(t) = args.tasks {
+        workload.tasks = t;
+    }
+    if let Some(g) = args.group {
+        workload.group = g;
+    }
+    workload
+}
+
+fn agent_on<B: Backend>(
+    backend: B,
+    config: swerve::config::ModelConfig,
+    tp_size: usize,
+    args: &AgentArgs,
+    workload: bench::agent::AgentWorkload,
+    kv_tokens: usize,
+) -> Result<()> {
+    if workload.max_context > config.max_context() {
+        bail!(
+            "--max-context {} exceeds the model's context of {}",
+            workload.max_context,
+            config.max_context()
+        );
+    }
+    let local = config.local_sizes(tp_size)?;
+    let host = synthetic::random_params(&config, &local, 0x5EED)?;
+    let model = Qwen2Model::from_host_params(&backend, config, local, &host)?;
+    drop(host);
+    let mut engine_config = swerve::engine::EngineConfig::for_model(workload.max_context, 0);
+    engine_config.num_blocks = kv_tokens / engine_config.block_size + 1;
+    if engine_config.num_blocks < workload.max_context / engine_config.block_size + 2 {
+        bail!(
+            "only {kv_tokens} tokens of KV cache fit: not one rollout of {} tokens",
+            workload.max_context
+        );
+    }
+    println!(
+        "model: preset {}, random weights; KV cache {} blocks of {}; workload: {}",
+        args.preset,
+        engine_config.num_blocks,
+        engine_config.block_size,
+        workload.describe()
+    );
+    let mut engine = swerve::engine::Engine::new(backend, model, engine_config)?;
+    let report = bench::agent::run(&mut engine, &workload)?;
+    bench::agent::print_report(&report);
+    if let Some(path) = &args.jsonl {
+        append_jsonl(
+            path,
+            &[serde_json::json!({
+                "table": "agent", "impl": "swerve", "key": format!("preset={} {}", args.preset, workload.describe()),
+                "tokens_per_s": report.tokens_per_second, "prefix_hit_rate": report.prefix_hit_rate,
+                "mean_step_ms": report.mean_step_ms, "host_overhead": report.host_overhead_fraction,
+                "steps": report.steps, "preemptions": report.preemptions, "note": engine.backend.name(),
+            })],
+        )?;
     }
     Ok(())
 }

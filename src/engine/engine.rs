@@ -97,6 +97,11 @@ pub struct EngineStats {
     pub generated_tokens: u64,
     pub preemptions: u64,
     pub last_step_seconds: f64,
+    /// Wall time of all steps, and of their model work (the paged forward, the LM head and the
+    /// logits' copy to the host, which waits for the device): the rest is host overhead
+    /// (scheduling, layouts, sampling, bookkeeping).
+    pub total_step_seconds: f64,
+    pub total_model_seconds: f64,
     pub weight_version: u64,
 }
 
@@ -285,6 +290,8 @@ impl<B: Backend> Engine<B> {
             return Ok(events);
         }
         let (tokens, positions, layout) = self.build_layout(&plan)?;
+        let model_started = Instant::now();
+        let mut model_seconds = 0.0;
         let hidden =
             self.model
                 .forward_paged(&self.backend, &tokens, &positions, &layout, &mut self.kv)?;
@@ -307,6 +314,7 @@ impl<B: Backend> Engine<B> {
             let rows = self.backend.gather_rows(&hidden, &sample_rows)?;
             let logits = self.model.lm_head(&self.backend, &rows)?;
             let logits = self.backend.to_host(&logits)?;
+            model_seconds = model_started.elapsed().as_secs_f64();
             let vocab = self.model.local.vocab_local;
             for (id, row) in sample_ids.iter().zip(logits.chunks_exact(vocab)) {
                 let max_model_len = self.config.max_model_len;
@@ -331,8 +339,16 @@ impl<B: Backend> Engine<B> {
                 }
             }
         }
+        if sample_rows.is_empty() {
+            // Nothing sampled: wait for the device so the split below stays honest.
+            self.backend
+                .to_host(&self.backend.slice_rows(&hidden, 0..1)?)?;
+            model_seconds = model_started.elapsed().as_secs_f64();
+        }
         self.stats.steps += 1;
         self.stats.last_step_seconds = started.elapsed().as_secs_f64();
+        self.stats.total_step_seconds += self.stats.last_step_seconds;
+        self.stats.total_model_seconds += model_seconds;
         Ok(events)
     }
 

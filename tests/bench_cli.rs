@@ -1,0 +1,46 @@
+//! `swerve-bench` end to end on the CPU backend: the agent workload runs through the engine,
+//! hits the prefix cache, and reports; bad flags are named.
+
+mod common;
+
+use common::bin_path;
+use std::process::Command;
+
+#[test]
+fn agent_workload_runs_and_hits_the_prefix_cache() {
+    let out = Command::new(bin_path("swerve-bench"))
+        .args(["agent", "--device", "cpu", "--tasks", "1", "--group", "3"])
+        .args(["--max-context", "400"])
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{stdout}{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let line = stdout
+        .lines()
+        .find(|l| l.starts_with("prefix-cache hit rate"))
+        .unwrap_or_else(|| panic!("no report in {stdout}"));
+    let rate: f64 = line
+        .trim_start_matches("prefix-cache hit rate ")
+        .split('%')
+        .next()
+        .unwrap()
+        .parse()
+        .unwrap();
+    // Two of three rollouts reuse the prompt; later turns reuse their history.
+    assert!(rate > 50.0, "{line}");
+    assert!(stdout.contains("rollouts 3"), "{stdout}");
+}
+
+#[test]
+fn agent_refuses_a_context_beyond_the_model() {
+    let out = Command::new(bin_path("swerve-bench"))
+        .args(["agent", "--device", "cpu", "--max-context", "100000"])
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("--max-context 100000"));
+}
