@@ -60,6 +60,7 @@ for exe in "$here"/tests/*; do
 done
 step bench-kernels "$here/bin/swerve-bench" kernels --jsonl "$out/swerve.jsonl"
 step bench-prefill "$here/bin/swerve-bench" prefill --jsonl "$out/swerve.jsonl"
+step bench-agent timeout 240 "$here/bin/swerve-bench" agent --preset qwen2.5-0.5b --tasks 4 --group 10 --max-context 16384 --jsonl "$out/swerve.jsonl"
 step bench-prefill-7b timeout 240 "$here/bin/swerve-bench" prefill --preset qwen2.5-7b --seq-lens 4096,16384,32768 --jsonl "$out/swerve.jsonl"
 # The peers on the same card (PyTorch SDPA flash/cuDNN, transformers' Qwen2): same shapes and keys.
 # The time limits only cap a run gone wrong; rows already measured stay in peers.jsonl.
