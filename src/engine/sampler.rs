@@ -33,11 +33,11 @@
 //!
 //! Cost for a 152k vocabulary: with no filter, a max pass, an `exp` pass for the sum (recording
 //! the running sum every 1024 tokens) and an inverse-CDF pass over the one 1024-token chunk where
-//! the running sum crosses the draw. Filters collect the candidate
-//! (score, id) pairs; `top_k` keeps a sorted insertion list when k <= 256 and otherwise selects
-//! with `select_nth_unstable_by`; `top_p` first tries the 64 most likely tokens, found in the
-//! pass that sums the mass, then sorts a growing head (512, 4096, ... candidates) until the mass
-//! is reached; only the kept set is ever sorted.
+//! the running sum crosses the draw. With filters, `top_k` keeps a sorted insertion list when
+//! k <= 256 and otherwise selects with `select_nth_unstable_by` over the (score, id) candidates;
+//! `top_p` first tries the 64 most likely tokens, found in the pass that sums the mass, then sorts
+//! a growing head (512, 4096, ... candidates) until the mass is reached; only the kept set is
+//! ever sorted.
 //!
 //! `sample` expects parameters that passed [`SamplingParams::validate`] and never panics on others:
 //! a NaN or negative temperature is greedy, `top_k = Some(0)` keeps one token, `top_p` <= 0 keeps
@@ -253,8 +253,8 @@ pub fn sample(logits: &[f32], params: &SamplingParams, rng: &mut SampleRng) -> S
     let total: f64 = kept.iter().map(|&(s, _)| scores.weight(s)).sum();
     let target = u * total;
     let mut cum = 0.0;
-    // kept[0] is the most likely token, of weight exp(0) = 1: the fallback if rounding lets the
-    // running sum stay at or below the target.
+    // If rounding lets the running sum stay at or below the target, `chosen` ends at the last
+    // kept token of nonzero weight (there is one: kept[0]'s weight is exp(0) = 1).
     let mut chosen = 0;
     for (i, &(s, _)) in kept.iter().enumerate() {
         let w = scores.weight(s);
@@ -400,6 +400,7 @@ impl Scores {
         Some(scores)
     }
 
+    /// The sampling score of logit `z` (f64; never NaN).
     #[inline]
     fn score(&self, z: f32) -> f64 {
         match self.scale {
