@@ -1,11 +1,184 @@
 //! Launches of `kernels/paged_attn.cu`: K/V writes into the paged cache and attention of a step's
 //! query rows over block tables.
+//!
+//! The attention is cut into blocks on the host ([`WorkPlan`]): each sequence's flat rows
+//! (query row x query head of a kv head's group) in tiles, each tile's keys in partitions, so a
+//! lone 131k-token decode row still fills the GPU. Rows whose context spans several partitions
+//! leave one fp32 partial per partition in a pooled scratch buffer, merged by a second kernel.
+//!
+//! ```text
+//!  sequence s, kv head g:   keys 0 ............................................ p_last
+//!  tile of flat rows  ──►   [ partition 0 ][ partition 1 ][ partition 2 ][ ... ]
+//!                              block          block          block     (one per kv head, adjacent)
+//!  row r (position p):      partials 0 ..= p / P  ──► merge (logsumexp) ──► out[r]
+//!                           (p < P: one partition, written straight to out, no merge)
+//! ```
 
 use super::backend::CudaBackend;
 use super::tensor::{BufferPool, CudaTensor, DeviceDType};
-use super::CudaDevice;
+use super::{as_i32, grid_stride_config, CudaDevice};
 use crate::backend::PagedLayout;
-use anyhow::{bail, Result};
+use anyhow::{bail, ensure, Context, Result};
+use cudarc::driver::sys::CUfunction_attribute;
+use cudarc::driver::{LaunchConfig, PushKernelArg};
+use std::sync::{Arc, Mutex};
+
+/// Keys of one tile of both attention kernels (`kBlockN`); partitions are multiples of it.
+pub const KEY_TILE: usize = 64;
+/// The smallest key partition of a split row.
+pub const MIN_PARTITION_KEYS: usize = 512;
+/// Flat rows of a decode-kernel block: sequences with `rows * group` up to this use it.
+pub const DECODE_BLOCK_M: usize = 16;
+/// Flat rows of a prefill-kernel block.
+pub const PREFILL_BLOCK_M: usize = 64;
+/// Blocks per SM the partition size aims at: 2 resident x 2 waves, so long and short sequences
+/// balance.
+const BLOCKS_PER_SM_TARGET: usize = 4;
+const ATTN_THREADS: u32 = 128;
+const MERGE_THREADS: u32 = 256;
+
+/// Mirrors `PagedAttnConfig` in the kernel: the dynamic shared memory of one variant.
+fn smem_bytes(head_dim: usize, warps_m: usize, warps_n: usize, stages: usize) -> u32 {
+    let stride = head_dim + 8;
+    let block_m = 16 * warps_m;
+    let q = block_m * stride * 2;
+    let stats = 2 * warps_n * block_m * 4;
+    let ring = stages * 2 * KEY_TILE * stride * 2;
+    let epilogue = warps_n * block_m * stride * 4;
+    (q + stats + ring.max(epilogue)) as u32
+}
+
+/// (kernel, shared-memory bytes) of the decode (`prefill == false`) or prefill kernel.
+pub fn attention_variant(head_dim: usize, prefill: bool) -> Result<(String, u32)> {
+    if ![16, 32, 64, 128].contains(&head_dim) {
+        bail!("paged attention: head_dim {head_dim} has no kernel (16, 32, 64, 128)");
+    }
+    let (kind, smem) = match prefill {
+        true => ("prefill", smem_bytes(head_dim, 4, 1, 2)),
+        false => ("decode", smem_bytes(head_dim, 1, 4, 3)),
+    };
+    Ok((format!("paged_attn_{kind}_hd{head_dim}"), smem))
+}
+
+/// How one step's attention is cut into blocks, for one `(group, kv_heads)`.
+#[derive(Clone, Debug, PartialEq)]
+pub struct WorkPlan {
+    /// Keys per partition (a multiple of [`KEY_TILE`]).
+    pub partition_keys: usize,
+    /// `[sequence, first flat row, partition, keys]` per decode-kernel block, most keys first.
+    pub decode: Vec<[i32; 4]>,
+    /// The same for the prefill kernel.
+    pub prefill: Vec<[i32; 4]>,
+    /// Per query row: `[first scratch row, partitions]`; a row of one partition has no scratch.
+    pub rows: Vec<[i32; 2]>,
+    /// Query rows of more than one partition: the merge kernel's rows.
+    pub split_rows: Vec<i32>,
+    /// Scratch rows (one per split row and partition).
+    pub scratch_rows: usize,
+}
+
+impl WorkPlan {
+    /// Builds the plan. `partition_keys`: forced (tests), else the smallest power-of-two multiple
+    /// of [`MIN_PARTITION_KEYS`] that still gives about [`BLOCKS_PER_SM_TARGET`] blocks per SM.
+    pub fn build(
+        cu_query: &[u32],
+        context_lens: &[u32],
+        group: usize,
+        kv_heads: usize,
+        num_sms: usize,
+        partition_keys: Option<usize>,
+    ) -> Result<Self> {
+        ensure!(
+            group > 0 && cu_query.len() == context_lens.len() + 1,
+            "paged attention: group {group}, {} cu_query for {} sequences",
+            cu_query.len(),
+            context_lens.len()
+        );
+        // (decode?, sequence, first flat row, keys the tile sees)
+        let mut tiles = Vec::new();
+        for (s, (w, &context)) in cu_query.windows(2).zip(context_lens).enumerate() {
+            let rows = w[1].checked_sub(w[0]).unwrap_or(u32::MAX) as usize;
+            let context = context as usize;
+            ensure!(
+                rows <= context,
+                "paged attention: sequence {s} has {rows} query rows in a context of {context}"
+            );
+            let (flat, first_pos) = (rows * group, context - rows);
+            let decode = flat <= DECODE_BLOCK_M;
+            let block_m = if decode {
+                DECODE_BLOCK_M
+            } else {
+                PREFILL_BLOCK_M
+            };
+            for m0 in (0..flat).step_by(block_m) {
+                let last = (m0 + block_m).min(flat) - 1;
+                tiles.push((decode, s, m0, first_pos + last / group + 1));
+            }
+        }
+        let partition_keys = match partition_keys {
+            Some(p) => {
+                ensure!(
+                    p > 0 && p % KEY_TILE == 0,
+                    "paged attention: partition of {p} keys is not a multiple of {KEY_TILE}"
+                );
+                p
+            }
+            None => {
+                let work = tiles.iter().map(|t| t.3).sum::<usize>() * kv_heads;
+                let longest = tiles.iter().map(|t| t.3).max().unwrap_or(0);
+                let target = num_sms.max(1) * BLOCKS_PER_SM_TARGET;
+                let mut p = MIN_PARTITION_KEYS;
+                while p < longest && 2 * p * target <= work {
+                    p *= 2;
+                }
+                p
+            }
+        };
+        let (mut decode, mut prefill) = (Vec::new(), Vec::new());
+        for &(is_decode, s, m0, keys) in &tiles {
+            let list = if is_decode { &mut decode } else { &mut prefill };
+            for part in 0..keys.div_ceil(partition_keys) {
+                let part_keys = partition_keys.min(keys - part * partition_keys);
+                list.push([s, m0, part, part_keys].map(|x| x as i32));
+            }
+        }
+        // Longest first, so the long blocks do not end up in the last wave.
+        decode.sort_by_key(|item| std::cmp::Reverse(item[3]));
+        prefill.sort_by_key(|item| std::cmp::Reverse(item[3]));
+        let (mut rows, mut split_rows, mut scratch_rows) = (Vec::new(), Vec::new(), 0usize);
+        for (w, &context) in cu_query.windows(2).zip(context_lens) {
+            let n = (w[1] - w[0]) as usize;
+            for local in 0..n {
+                let position = context as usize - n + local;
+                let parts = (position + 1).div_ceil(partition_keys);
+                if parts > 1 {
+                    split_rows.push(rows.len() as i32);
+                    rows.push([scratch_rows as i32, parts as i32]);
+                    scratch_rows += parts;
+                } else {
+                    rows.push([0, 1]);
+                }
+            }
+        }
+        as_i32("paged attention scratch rows", scratch_rows)?;
+        as_i32("paged attention blocks", decode.len().max(prefill.len()))?;
+        Ok(Self {
+            partition_keys,
+            decode,
+            prefill,
+            rows,
+            split_rows,
+            scratch_rows,
+        })
+    }
+}
+
+/// A [`WorkPlan`] on the device, with what it was built for.
+struct DevicePlan {
+    key: (usize, usize, Option<usize>),
+    plan: WorkPlan,
+    tensor: CudaTensor,
+}
 
 /// A [`PagedLayout`] copied to the device.
 pub struct DevicePagedLayout {
@@ -21,11 +194,27 @@ pub struct DevicePagedLayout {
     pub context_lens: CudaTensor,
     /// i32 [num_seqs, max_blocks_per_seq]
     pub block_tables: CudaTensor,
+    /// Keys per partition of a split row; `None` (what [`Self::upload`] sets): chosen from the
+    /// batch and the GPU. Tests force small partitions to exercise the merge.
+    pub partition_keys: Option<usize>,
+    /// Host copies the work plan is built from.
+    host_cu_query: Vec<u32>,
+    host_context_lens: Vec<u32>,
+    /// The largest block id in the tables (checked against the cache at each call).
+    max_block_id: usize,
+    /// The last plan built: every layer of a step shares it.
+    plan: Mutex<Option<Arc<DevicePlan>>>,
 }
 
 impl DevicePagedLayout {
     pub fn upload(backend: &CudaBackend, layout: &PagedLayout) -> Result<Self> {
-        let to_i32 = |v: &[u32]| -> Vec<i32> { v.iter().map(|&x| x as i32).collect() };
+        // Structure only; block ids are checked against the cache in `paged_attention`.
+        layout.check(usize::MAX)?;
+        let to_i32 = |v: &[u32]| -> Result<Vec<i32>> {
+            v.iter()
+                .map(|&x| as_i32("paged layout entry", x as usize))
+                .collect()
+        };
         let n = layout.num_seqs();
         Ok(Self {
             block_size: layout.block_size,
@@ -39,46 +228,313 @@ impl DevicePagedLayout {
                 .map(|w| (w[1] - w[0]) as usize)
                 .max()
                 .unwrap_or(0),
-            cu_query: backend.upload_pod(&to_i32(&layout.cu_query), &[n + 1], DeviceDType::I32)?,
+            cu_query: backend.upload_pod(&to_i32(&layout.cu_query)?, &[n + 1], DeviceDType::I32)?,
             context_lens: backend.upload_pod(
-                &to_i32(&layout.context_lens),
+                &to_i32(&layout.context_lens)?,
                 &[n],
                 DeviceDType::I32,
             )?,
             block_tables: backend.upload_pod(
-                &to_i32(&layout.block_tables),
+                &to_i32(&layout.block_tables)?,
                 &[n, layout.max_blocks_per_seq],
                 DeviceDType::I32,
             )?,
+            partition_keys: None,
+            host_cu_query: layout.cu_query.clone(),
+            host_context_lens: layout.context_lens.clone(),
+            max_block_id: layout.block_tables.iter().copied().max().unwrap_or(0) as usize,
+            plan: Mutex::new(None),
         })
+    }
+
+    /// The work plan for `(group, kv_heads)` on `device`, built and uploaded once.
+    fn plan(
+        &self,
+        device: &CudaDevice,
+        group: usize,
+        kv_heads: usize,
+        pool: &BufferPool,
+    ) -> Result<Arc<DevicePlan>> {
+        let key = (group, kv_heads, self.partition_keys);
+        let mut cached = self.plan.lock().expect("paged plan lock poisoned");
+        if let Some(p) = cached.as_ref().filter(|p| p.key == key) {
+            return Ok(p.clone());
+        }
+        let plan = WorkPlan::build(
+            &self.host_cu_query,
+            &self.host_context_lens,
+            group,
+            kv_heads,
+            device.num_sms as usize,
+            self.partition_keys,
+        )?;
+        // One upload: decode items, prefill items (int4), rows (int2), split rows (int).
+        let flat: Vec<i32> = (plan.decode.iter().chain(&plan.prefill).flatten())
+            .chain(plan.rows.iter().flatten())
+            .chain(&plan.split_rows)
+            .copied()
+            .collect();
+        let tensor = pool.alloc(&[flat.len().max(1)], DeviceDType::I32)?;
+        if !flat.is_empty() {
+            // SAFETY: the tensor holds at least `flat.len()` i32; a copy from pageable memory has
+            // staged the source before the call returns.
+            unsafe {
+                cudarc::driver::result::memcpy_htod_async(
+                    tensor.ptr(),
+                    bytemuck::cast_slice::<i32, u8>(&flat),
+                    device.stream.cu_stream(),
+                )
+            }
+            .context("copying the paged-attention plan to the GPU")?;
+        }
+        let p = Arc::new(DevicePlan { key, plan, tensor });
+        *cached = Some(p.clone());
+        Ok(p)
     }
 }
 
+/// Checks the dtype of each named tensor.
+fn expect_dtypes(op: &str, dtype: DeviceDType, tensors: &[(&str, &CudaTensor)]) -> Result<()> {
+    for (what, t) in tensors {
+        ensure!(
+            t.dtype() == dtype,
+            "{op}: {what} is {:?}, expected {dtype:?}",
+            t.dtype()
+        );
+    }
+    Ok(())
+}
+
 impl CudaDevice {
-    /// Writes each row's K and V into its cache slot.
+    /// Writes each row's K and V into its cache slot: `k, v [T, kv_heads, hd]` bf16,
+    /// `slot_mapping [T]` u32, caches `[num_blocks, block_size, kv_heads, hd]` bf16. Slots outside
+    /// the cache are skipped by the kernel (the caller checks them on the host).
     pub fn write_kv(
         &self,
-        _k: &CudaTensor,
-        _v: &CudaTensor,
-        _slot_mapping: &CudaTensor,
-        _k_cache: &mut CudaTensor,
-        _v_cache: &mut CudaTensor,
+        k: &CudaTensor,
+        v: &CudaTensor,
+        slot_mapping: &CudaTensor,
+        k_cache: &mut CudaTensor,
+        v_cache: &mut CudaTensor,
     ) -> Result<()> {
-        bail!("write_kv: the CUDA paged-attention kernels are not in this build yet")
+        let tensors = [
+            ("k", k),
+            ("v", v),
+            ("k_cache", &*k_cache),
+            ("v_cache", &*v_cache),
+        ];
+        expect_dtypes("write_kv", DeviceDType::Bf16, &tensors)?;
+        expect_dtypes(
+            "write_kv",
+            DeviceDType::U32,
+            &[("slot_mapping", slot_mapping)],
+        )?;
+        let rows = slot_mapping.len();
+        if rows == 0 && k.is_empty() && v.is_empty() {
+            return Ok(());
+        }
+        ensure!(
+            rows > 0 && k.len() % rows == 0 && v.len() == k.len(),
+            "write_kv: k {:?}, v {:?} for {rows} slots",
+            k.shape(),
+            v.shape()
+        );
+        let row_elems = k.len() / rows;
+        ensure!(
+            row_elems % 8 == 0,
+            "write_kv: rows of {row_elems} elements are not whole 16-byte vectors"
+        );
+        let cache_shape = k_cache.shape();
+        ensure!(
+            v_cache.shape() == cache_shape
+                && cache_shape.len() == 4
+                && cache_shape[2] * cache_shape[3] == row_elems,
+            "write_kv: caches {cache_shape:?} and {:?} for rows of {row_elems} (k {:?})",
+            v_cache.shape(),
+            k.shape()
+        );
+        let num_slots = cache_shape[0] * cache_shape[1];
+        let ints = [
+            as_i32("write_kv rows", rows)?,
+            as_i32("write_kv row elements", row_elems)?,
+            as_i32("write_kv cache slots", num_slots)?,
+        ];
+        let pointers = [
+            k_cache.ptr(),
+            v_cache.ptr(),
+            k.ptr(),
+            v.ptr(),
+            slot_mapping.ptr(),
+        ];
+        let f = self.function("paged_attn", "write_kv_bf16")?;
+        let cfg = grid_stride_config(self, rows * (row_elems / 8), 256);
+        let mut launch = self.stream.launch_builder(&f);
+        for p in &pointers {
+            launch.arg(p);
+        }
+        for i in &ints {
+            launch.arg(i);
+        }
+        // SAFETY: argument order and types match the kernel; sizes checked above.
+        unsafe { launch.launch(cfg) }?;
+        Ok(())
     }
 
-    /// Attention of the layout's query rows over their cached contexts.
+    /// Attention of the layout's query rows over their cached contexts: `q, out [rows, heads,
+    /// hd]` bf16, caches `[num_blocks, block_size, kv_heads, hd]` bf16. Scratch for split rows
+    /// comes from `pool`.
     #[allow(clippy::too_many_arguments)]
     pub fn paged_attention(
         &self,
-        _q: &CudaTensor,
-        _k_cache: &CudaTensor,
-        _v_cache: &CudaTensor,
-        _layout: &DevicePagedLayout,
-        _softmax_scale: f32,
-        _out: &mut CudaTensor,
-        _pool: &BufferPool,
+        q: &CudaTensor,
+        k_cache: &CudaTensor,
+        v_cache: &CudaTensor,
+        layout: &DevicePagedLayout,
+        softmax_scale: f32,
+        out: &mut CudaTensor,
+        pool: &BufferPool,
     ) -> Result<()> {
-        bail!("paged_attention: the CUDA paged-attention kernels are not in this build yet")
+        let op = "paged_attention";
+        let tensors = [
+            ("q", q),
+            ("k_cache", k_cache),
+            ("v_cache", v_cache),
+            ("out", &*out),
+        ];
+        expect_dtypes(op, DeviceDType::Bf16, &tensors)?;
+        let tables = [
+            ("cu_query", &layout.cu_query),
+            ("context_lens", &layout.context_lens),
+            ("block_tables", &layout.block_tables),
+        ];
+        expect_dtypes(op, DeviceDType::I32, &tables)?;
+        let rows = layout.num_query_rows;
+        let head_dim = q.cols();
+        ensure!(
+            rows > 0
+                && q.shape().first() == Some(&rows)
+                && q.len() % (rows * head_dim) == 0
+                && out.shape() == q.shape(),
+            "{op}: q {:?}, out {:?} for {rows} query rows",
+            q.shape(),
+            out.shape()
+        );
+        let heads = q.len() / (rows * head_dim);
+        let cache = k_cache.shape();
+        ensure!(
+            v_cache.shape() == cache && cache.len() == 4 && cache[1] == layout.block_size,
+            "{op}: caches {cache:?} and {:?} for blocks of {}",
+            v_cache.shape(),
+            layout.block_size
+        );
+        let (num_blocks, kv_heads) = (cache[0], cache[2]);
+        ensure!(
+            cache[3] == head_dim && kv_heads > 0 && heads % kv_heads == 0,
+            "{op}: {heads} query heads of {head_dim} over a cache {cache:?}"
+        );
+        ensure!(
+            layout.max_block_id < num_blocks,
+            "{op}: block {} in the tables of a cache of {num_blocks} blocks",
+            layout.max_block_id
+        );
+        let group = heads / kv_heads;
+        attention_variant(head_dim, false)?; // a head dim without kernels fails before any work
+        as_i32("max context", layout.max_context)?;
+        as_i32("query rows x heads", rows * heads)?;
+        let device_plan = layout.plan(self, group, kv_heads, pool)?;
+        let plan = &device_plan.plan;
+        ensure!(
+            plan.rows.len() == rows,
+            "{op}: the layout's plan has {} rows, q {rows}",
+            plan.rows.len()
+        );
+        let ints = [
+            as_i32("max_blocks_per_seq", layout.max_blocks_per_seq)?,
+            as_i32("block_size", layout.block_size)?,
+            as_i32("heads", heads)?,
+            as_i32("kv_heads", kv_heads)?,
+            as_i32("partition_keys", plan.partition_keys)?,
+        ];
+        // Scratch: part_o [scratch_rows, heads, hd] then part_lse [scratch_rows, heads], fp32.
+        let scratch = match plan.scratch_rows {
+            0 => None,
+            n => Some(pool.alloc(&[n * heads * (head_dim + 1)], DeviceDType::F32)?),
+        };
+        let part_o = scratch.as_ref().map_or(0, |s| s.ptr());
+        let part_lse = part_o + (plan.scratch_rows * heads * head_dim * 4) as u64;
+        // The plan tensor: decode items, prefill items (int4), rows (int2), split rows (int).
+        let decode_items = device_plan.tensor.ptr();
+        let prefill_items = decode_items + 16 * plan.decode.len() as u64;
+        let row_plan = prefill_items + 16 * plan.prefill.len() as u64;
+        let split_rows = row_plan + 8 * plan.rows.len() as u64;
+        let pointers = [
+            q.ptr(),
+            k_cache.ptr(),
+            v_cache.ptr(),
+            out.ptr(),
+            part_o,
+            part_lse,
+            layout.cu_query.ptr(),
+            layout.context_lens.ptr(),
+            layout.block_tables.ptr(),
+        ];
+        for (prefill, items, count) in [
+            (false, decode_items, plan.decode.len()),
+            (true, prefill_items, plan.prefill.len()),
+        ] {
+            if count == 0 {
+                continue;
+            }
+            let (name, smem) = attention_variant(head_dim, prefill)?;
+            let f = self.function("paged_attn", &name)?;
+            f.set_attribute(
+                CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
+                smem as i32,
+            )?;
+            let cfg = LaunchConfig {
+                grid_dim: (
+                    as_i32("paged attention blocks", count * kv_heads)? as u32,
+                    1,
+                    1,
+                ),
+                block_dim: (ATTN_THREADS, 1, 1),
+                shared_mem_bytes: smem,
+            };
+            let mut launch = self.stream.launch_builder(&f);
+            for p in &pointers {
+                launch.arg(p);
+            }
+            launch.arg(&items).arg(&row_plan);
+            for i in &ints {
+                launch.arg(i);
+            }
+            launch.arg(&softmax_scale);
+            // SAFETY: argument order and types match the kernel; sizes and block ids checked
+            // above; the plan's items address rows and keys inside the layout.
+            unsafe { launch.launch(cfg) }?;
+        }
+        if !plan.split_rows.is_empty() {
+            let f = self.function("paged_attn", &format!("paged_attn_merge_hd{head_dim}"))?;
+            let blocks = as_i32("merge blocks", plan.split_rows.len() * heads)? as u32;
+            let cfg = LaunchConfig {
+                grid_dim: (blocks, 1, 1),
+                block_dim: (MERGE_THREADS, 1, 1),
+                shared_mem_bytes: 0,
+            };
+            let mut launch = self.stream.launch_builder(&f);
+            launch
+                .arg(&pointers[3])
+                .arg(&part_o)
+                .arg(&part_lse)
+                .arg(&row_plan)
+                .arg(&split_rows)
+                .arg(&ints[2]);
+            // SAFETY: argument order and types match the kernel; every split row's partitions
+            // were written by the launches above (same stream).
+            unsafe { launch.launch(cfg) }?;
+        }
+        // The scratch returns to the pool; its next user runs after these kernels (one stream).
+        drop(scratch);
+        Ok(())
     }
 }
