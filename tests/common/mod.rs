@@ -1,6 +1,8 @@
 //! Helpers shared by the integration tests: fixture paths and the oracle's expected outputs.
 #![allow(dead_code)]
 
+pub mod gpu;
+
 use safetensors::{Dtype, SafeTensors};
 use std::path::PathBuf;
 

@@ -340,6 +340,14 @@ impl Backend for CudaBackend {
         k_cache: &mut CudaTensor,
         v_cache: &mut CudaTensor,
     ) -> Result<()> {
+        let cache_slots = k_cache.shape().iter().take(2).product::<usize>();
+        if let Some((row, &slot)) = slot_mapping
+            .iter()
+            .enumerate()
+            .find(|(_, &s)| s as usize >= cache_slots)
+        {
+            bail!("write_kv: row {row} maps to slot {slot} of a {cache_slots}-slot cache");
+        }
         let slots = self.upload_pod(slot_mapping, &[slot_mapping.len()], DeviceDType::U32)?;
         self.device.write_kv(k, v, &slots, k_cache, v_cache)
     }
