@@ -320,32 +320,7 @@ __device__ __forceinline__ void paged_attn(const __nv_bfloat16* __restrict__ q, 
         }
 
         // Online softmax over the 4 threads sharing a row.
-#pragma unroll
-        for (int r = 0; r < 2; ++r) {
-            float tile_max = -INFINITY;
-#pragma unroll
-            for (int nt = 0; nt < kNTiles; ++nt) tile_max = fmaxf(tile_max, fmaxf(s_acc[nt][2 * r], s_acc[nt][2 * r + 1]));
-            tile_max = fmaxf(tile_max, __shfl_xor_sync(0xffffffffu, tile_max, 1));
-            tile_max = fmaxf(tile_max, __shfl_xor_sync(0xffffffffu, tile_max, 2));
-            const float new_max = fmaxf(row_max[r], tile_max);
-            const float max_scaled = new_max == -INFINITY ? 0.0f : new_max * scale_log2;
-            const float correction = exp2f(row_max[r] * scale_log2 - max_scaled);
-            row_max[r] = new_max;
-            row_sum[r] *= correction;
-#pragma unroll
-            for (int dt = 0; dt < kDTiles; ++dt) {
-                o_acc[dt][2 * r] *= correction;
-                o_acc[dt][2 * r + 1] *= correction;
-            }
-#pragma unroll
-            for (int nt = 0; nt < kNTiles; ++nt) {
-                const float p0 = exp2f(s_acc[nt][2 * r] * scale_log2 - max_scaled);
-                const float p1 = exp2f(s_acc[nt][2 * r + 1] * scale_log2 - max_scaled);
-                s_acc[nt][2 * r] = p0;
-                s_acc[nt][2 * r + 1] = p1;
-                row_sum[r] += p0 + p1;
-            }
-        }
+        online_softmax_tile<kNTiles, kDTiles>(s_acc, o_acc, row_max, row_sum, scale_log2);
 
         // O += P V over this warp's keys: the score accumulator is the next MMA's A fragment.
 #pragma unroll

@@ -128,19 +128,6 @@ impl CudaBackend {
             }
         }
     }
-
-    fn rotary_frequencies(&self, rotary: &Rotary) -> Result<u64> {
-        let mut cached = self.inv_freq.lock().expect("rotary cache lock poisoned");
-        if let Some((freqs, t)) = cached.as_ref() {
-            if freqs == &rotary.inv_freq {
-                return Ok(t.ptr());
-            }
-        }
-        let t = self.upload_pod(&rotary.inv_freq, &[rotary.inv_freq.len()], DeviceDType::F64)?;
-        let ptr = t.ptr();
-        *cached = Some((rotary.inv_freq.clone(), t));
-        Ok(ptr)
-    }
 }
 
 /// Values from little-endian bytes (which need not be aligned for `T`).
@@ -282,11 +269,18 @@ impl Backend for CudaBackend {
         positions: &[u32],
         rotary: &Rotary,
     ) -> Result<()> {
-        let freqs_ptr = self.rotary_frequencies(rotary)?;
         let positions = self.upload_pod(positions, &[positions.len()], DeviceDType::U32)?;
-        let cached = self.inv_freq.lock().expect("rotary cache lock poisoned");
-        let (_, inv_freq) = cached.as_ref().expect("uploaded above");
-        debug_assert_eq!(inv_freq.ptr(), freqs_ptr);
+        // The frequencies are uploaded once per distinct set (every layer shares one).
+        let mut cached = self.inv_freq.lock().expect("rotary cache lock poisoned");
+        if cached
+            .as_ref()
+            .is_none_or(|(freqs, _)| freqs != &rotary.inv_freq)
+        {
+            let freqs = rotary.inv_freq.clone();
+            let t = self.upload_pod(&freqs, &[freqs.len()], DeviceDType::F64)?;
+            *cached = Some((freqs, t));
+        }
+        let (_, inv_freq) = cached.as_ref().expect("filled above");
         self.device
             .rope_fwd(q, k, &positions, inv_freq, rotary.attention_scaling as f32)
     }
