@@ -292,6 +292,95 @@ fn same_seed_same_sample_and_defaults_report_the_models_logprobs() {
     assert_eq!(a.logprobs, trainer);
 }
 
+/// Runs requests in one engine to completion; records in submission order.
+fn run_all(requests: &[GenerationRequest]) -> Vec<FinalRecord> {
+    let mut engine = Engine::new(
+        CpuBackend::new(),
+        model(&CpuBackend::new()),
+        EngineConfig::for_model(128, 64),
+    )
+    .unwrap();
+    let ids: Vec<u64> = requests
+        .iter()
+        .map(|r| engine.add_request(r.clone()).unwrap())
+        .collect();
+    let mut done = HashMap::new();
+    while engine.has_unfinished() {
+        for event in engine.step().unwrap() {
+            if let EngineEvent::Finished(r) = event {
+                done.insert(r.id, r);
+            }
+        }
+    }
+    ids.iter().map(|id| done.remove(id).unwrap()).collect()
+}
+
+#[test]
+fn device_and_host_sampled_rows_in_one_step_match_each_request_alone() {
+    // Unfiltered and greedy rows go through `Backend::sample_rows`, filtered rows and rows asking
+    // for top logprobs through the host sampler; the engine splits and reorders a step's rows
+    // between the two. Each request must get exactly what it gets alone.
+    let request = |seed: u64, params: SamplingParams| GenerationRequest {
+        prompt: vec![7, 8, 9, (seed % 300) as u32 + 10],
+        params: SamplingParams {
+            seed: Some(seed),
+            ..params
+        },
+        max_tokens: 12,
+        stop_ids: vec![],
+    };
+    let hot = |temperature: f32| SamplingParams {
+        temperature,
+        ..Default::default()
+    };
+    let requests = vec![
+        request(1, hot(3.0)),
+        request(
+            2,
+            SamplingParams {
+                top_k: Some(40),
+                ..hot(3.0)
+            },
+        ),
+        request(3, SamplingParams::greedy()),
+        request(
+            4,
+            SamplingParams {
+                top_logprobs: 3,
+                ..hot(2.0)
+            },
+        ),
+        request(5, hot(0.5)),
+        request(
+            6,
+            SamplingParams {
+                top_p: 0.9,
+                min_p: 0.01,
+                ..hot(3.0)
+            },
+        ),
+        request(7, hot(1.0)),
+    ];
+    let together = run_all(&requests);
+    for (r, record) in requests.iter().zip(&together) {
+        let alone = run_all(std::slice::from_ref(r));
+        assert_eq!(
+            record.output_tokens, alone[0].output_tokens,
+            "{:?}",
+            r.params
+        );
+        assert_eq!(record.logprobs, alone[0].logprobs, "{:?}", r.params);
+        assert_eq!(record.top_logprobs, alone[0].top_logprobs, "{:?}", r.params);
+        assert_eq!(record.output_tokens.len(), 12);
+    }
+    assert_eq!(
+        together[3].top_logprobs.len(),
+        12,
+        "one top-3 list per token"
+    );
+    assert!(together[3].top_logprobs.iter().all(|top| top.len() == 3));
+}
+
 #[test]
 fn bad_requests_are_refused_with_the_field_named() {
     let mut engine = Engine::new(

@@ -4,7 +4,8 @@
 //! is checked against these functions. Speed matters only enough for tests and the default
 //! benchmark to be quick: GEMMs and attention split their work over the machine's cores.
 
-use super::{Backend, PagedLayout, Rotary};
+use super::{Backend, PagedLayout, Rotary, RowDraw};
+use crate::engine::sampler::sample_unfiltered_at;
 use crate::tensor::HostTensor;
 use anyhow::{bail, ensure, Result};
 
@@ -558,6 +559,27 @@ impl Backend for CpuBackend {
                 let max = row.iter().copied().fold(f32::NEG_INFINITY, f32::max) as f64;
                 let sum: f64 = row.iter().map(|&z| (z as f64 - max).exp()).sum();
                 Ok((row[target as usize] as f64 - max - sum.ln()) as f32)
+            })
+            .collect()
+    }
+
+    fn sample_rows(&self, logits: &CpuTensor, draws: &[RowDraw]) -> Result<Vec<(u32, f32)>> {
+        ensure!(
+            logits.rows() == draws.len(),
+            "sample_rows: {} rows of logits for {} draws",
+            logits.rows(),
+            draws.len()
+        );
+        let vocab = logits.cols();
+        ensure!(vocab > 0, "sample_rows: logits {:?}", logits.shape);
+        logits
+            .data
+            .chunks_exact(vocab)
+            .zip(draws)
+            .enumerate()
+            .map(|(r, (row, draw))| {
+                draw.check(r)?;
+                Ok(sample_unfiltered_at(row, draw.temperature, draw.uniform))
             })
             .collect()
     }

@@ -25,6 +25,36 @@ pub struct Rotary {
     pub attention_scaling: f64,
 }
 
+/// How one row of logits is sampled by [`Backend::sample_rows`]: no filters, no top-n logprobs
+/// (those stay on the host sampler, `engine/sampler.rs`, which this op follows exactly on the CPU).
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct RowDraw {
+    /// 0 = greedy (the argmax, ties to the lowest id; `uniform` unused); otherwise the row's
+    /// `softmax(logits / temperature)` is sampled.
+    pub temperature: f32,
+    /// The inverse CDF's uniform draw in [0, 1), taken from the request's seeded generator.
+    pub uniform: f64,
+}
+
+impl RowDraw {
+    /// Checks the draw is in range; the error names the row and field.
+    pub fn check(&self, row: usize) -> Result<()> {
+        if !(self.temperature.is_finite() && self.temperature >= 0.0) {
+            bail!(
+                "sample_rows: row {row} has temperature {}",
+                self.temperature
+            );
+        }
+        if !(0.0..1.0).contains(&self.uniform) {
+            bail!(
+                "sample_rows: row {row} has uniform draw {} outside [0, 1)",
+                self.uniform
+            );
+        }
+        Ok(())
+    }
+}
+
 /// Where one engine step's query rows sit in the paged KV cache (DESIGN.md decision 7).
 ///
 /// ```text
@@ -212,6 +242,12 @@ pub trait Backend {
     fn swiglu(&self, gate: &Self::Tensor, up: &Self::Tensor, out: &mut Self::Tensor) -> Result<()>;
     /// `log_softmax(logits[t])[targets[t]]` for every row of `logits: [T, vocab]`.
     fn token_logprobs(&self, logits: &Self::Tensor, targets: &[u32]) -> Result<Vec<f32>>;
+    /// Samples one token from each row of `logits: [rows, vocab]` (f32) as [`RowDraw`] says:
+    /// the inverse CDF of `softmax(logits / temperature)` in index order at the draw, or the
+    /// argmax at temperature 0. Returns `(token, logprob)` per row, the logprob under the
+    /// distribution sampled from; at temperature 1 (and greedy) it is this backend's
+    /// `token_logprobs` of the token, bit for bit.
+    fn sample_rows(&self, logits: &Self::Tensor, draws: &[RowDraw]) -> Result<Vec<(u32, f32)>>;
 }
 
 /// Where a command runs its model: `auto` (the GPU when there is one, else the CPU), `cpu`, or

@@ -9,13 +9,14 @@
 //! [`Engine`] is synchronous: [`Engine::step`] runs one step and returns what happened. The
 //! [`super::EngineHandle`] runs it on its own thread behind channels, for the server and the RL loop.
 
-use crate::backend::{Backend, PagedLayout};
+use crate::backend::{Backend, PagedLayout, RowDraw};
 use crate::engine::request::{FinishReason, GenerationRequest, Request};
-use crate::engine::sampler::{sample, SampleRng};
+use crate::engine::sampler::{sample, Sample, SampleRng, SamplingParams};
 use crate::engine::scheduler::{Scheduler, SchedulerConfig, StepPlan};
 use crate::kvcache::{KvCacheManager, RequestId, DEFAULT_BLOCK_SIZE};
 use crate::model::{PagedKv, Qwen2Model};
 use anyhow::{bail, ensure, Context, Result};
+use std::collections::HashMap;
 use std::path::Path;
 use std::time::Instant;
 
@@ -311,15 +312,79 @@ impl<B: Backend> Engine<B> {
             }
         }
         if !sample_rows.is_empty() {
-            let rows = self.backend.gather_rows(&hidden, &sample_rows)?;
-            let logits = self.model.lm_head(&self.backend, &rows)?;
-            let logits = self.backend.to_host(&logits)?;
-            model_seconds = model_started.elapsed().as_secs_f64();
+            // Rows the device samples (no filters, no top logprobs: the RL setting) go first, the
+            // rest after them, so the host copies only the logits it needs.
             let vocab = self.model.local.vocab_local;
-            for (id, row) in sample_ids.iter().zip(logits.chunks_exact(vocab)) {
+            let (device_ids, host_ids): (Vec<RequestId>, Vec<RequestId>) =
+                sample_ids.iter().partition(|&&id| {
+                    let request = self.scheduler.get_mut(id).expect("scheduled request");
+                    samples_on_device(&request.params, vocab)
+                });
+            let row_of: HashMap<RequestId, u32> = sample_ids
+                .iter()
+                .copied()
+                .zip(sample_rows.iter().copied())
+                .collect();
+            let ordered_rows: Vec<u32> = device_ids
+                .iter()
+                .chain(&host_ids)
+                .map(|id| row_of[id])
+                .collect();
+            let rows = self.backend.gather_rows(&hidden, &ordered_rows)?;
+            let logits = self.model.lm_head(&self.backend, &rows)?;
+            let n_device = device_ids.len();
+            let mut samples: Vec<(RequestId, Sample)> = Vec::with_capacity(sample_ids.len());
+            if n_device > 0 {
+                let draws: Vec<RowDraw> = device_ids
+                    .iter()
+                    .map(|id| {
+                        let request = self.scheduler.get_mut(*id).expect("scheduled request");
+                        draw_for(&request.params, &mut request.rng)
+                    })
+                    .collect();
+                let sampled = if host_ids.is_empty() {
+                    self.backend.sample_rows(&logits, &draws)?
+                } else {
+                    let device_logits = self.backend.slice_rows(&logits, 0..n_device)?;
+                    self.backend.sample_rows(&device_logits, &draws)?
+                };
+                samples.extend(
+                    device_ids
+                        .iter()
+                        .zip(sampled)
+                        .map(|(&id, (token, logprob))| {
+                            let top_logprobs = Vec::new();
+                            let sample = Sample {
+                                token,
+                                logprob,
+                                top_logprobs,
+                            };
+                            (id, sample)
+                        }),
+                );
+            }
+            if !host_ids.is_empty() {
+                let host_logits = if n_device == 0 {
+                    self.backend.to_host(&logits)?
+                } else {
+                    let rows = self
+                        .backend
+                        .slice_rows(&logits, n_device..ordered_rows.len())?;
+                    self.backend.to_host(&rows)?
+                };
+                let vocab = self.model.local.vocab_local;
+                for (id, row) in host_ids.iter().zip(host_logits.chunks_exact(vocab)) {
+                    let request = self.scheduler.get_mut(*id).expect("scheduled request");
+                    samples.push((*id, sample(row, &request.params, &mut request.rng)));
+                }
+            }
+            model_seconds = model_started.elapsed().as_secs_f64();
+            // Events in the step's scheduling order, whichever path sampled.
+            let mut by_id: HashMap<RequestId, Sample> = samples.into_iter().collect();
+            for id in &sample_ids {
+                let sampled = by_id.remove(id).expect("every sampling row sampled");
                 let max_model_len = self.config.max_model_len;
                 let request = self.scheduler.get_mut(*id).expect("scheduled request");
-                let sampled = sample(row, &request.params, &mut request.rng);
                 request.tokens.push(sampled.token);
                 request.logprobs.push(sampled.logprob);
                 if request.params.top_logprobs > 0 {
@@ -394,5 +459,25 @@ impl<B: Backend> Engine<B> {
             layout.cu_query.push(tokens.len() as u32);
         }
         Ok((tokens, positions, layout))
+    }
+}
+
+/// True when a request's sampling is what `Backend::sample_rows` does: greedy, or no filter
+/// (top_k off or at least the vocabulary, top_p 1, min_p 0), and no top logprobs. The rest need
+/// a sort and go to the host sampler.
+fn samples_on_device(params: &SamplingParams, vocab: usize) -> bool {
+    let greedy = params.is_greedy();
+    let unfiltered =
+        params.top_k.is_none_or(|k| k >= vocab) && params.top_p >= 1.0 && params.min_p <= 0.0;
+    params.top_logprobs == 0 && (greedy || unfiltered)
+}
+
+/// The device draw of one sample: the temperature and, unless greedy, the request's one uniform
+/// draw (the host sampler's contract: exactly one draw per sample, none when greedy).
+fn draw_for(params: &SamplingParams, rng: &mut SampleRng) -> RowDraw {
+    let greedy = params.is_greedy();
+    RowDraw {
+        temperature: if greedy { 0.0 } else { params.temperature },
+        uniform: if greedy { 0.0 } else { rng.next_f64() },
     }
 }

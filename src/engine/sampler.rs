@@ -118,6 +118,11 @@ impl SamplingParams {
         Ok(())
     }
 
+    /// True when [`sample`] takes the argmax: a temperature not above 0 (NaN included).
+    pub fn is_greedy(&self) -> bool {
+        !matches!(self.temperature.partial_cmp(&0.0), Some(Ordering::Greater))
+    }
+
     /// True when the sampled distribution is exactly the model's (temperature 1, top_p 1, top_k
     /// off, min_p 0), so the reported logprobs are the trainer's: the RL setting.
     pub fn is_unfiltered(&self) -> bool {
@@ -277,6 +282,21 @@ pub fn sample(logits: &[f32], params: &SamplingParams, rng: &mut SampleRng) -> S
             .map(|&(s, id)| (id, logprob(s)))
             .collect(),
     }
+}
+
+/// [`sample`] for a row without filters or top logprobs, with its uniform draw `u` given: what
+/// `Backend::sample_rows` computes on the reference backend. Greedy when `temperature` is not
+/// above 0 (`u` unused). Returns the token and its logprob.
+pub fn sample_unfiltered_at(logits: &[f32], temperature: f32, u: f64) -> (u32, f32) {
+    let sampled = if !matches!(temperature.partial_cmp(&0.0), Some(Ordering::Greater)) {
+        greedy(logits, 0)
+    } else {
+        match Scores::new(logits, temperature as f64) {
+            Some(scores) => sample_unfiltered(logits, &scores, u, 0),
+            None => Sample::nothing(),
+        }
+    };
+    (sampled.token, sampled.logprob)
 }
 
 /// `log_softmax(logits)[token]`, exactly as the reference backend's `token_logprobs` computes it:
@@ -675,6 +695,34 @@ mod tests {
             total += (lp as f64).exp();
         }
         assert!((total - 1.0).abs() < 1e-6, "{p:?}: kept mass {total}");
+    }
+
+    #[test]
+    fn unfiltered_at_is_sample_with_its_draw() {
+        // `Backend::sample_rows` on the CPU (this function) and `sample` must agree exactly, so
+        // the engine gives the same tokens whichever path a row takes.
+        let mut rng = SampleRng::from_seed(99);
+        for (n, &temperature) in [1usize, 2, 1000, 40_000]
+            .iter()
+            .zip(&[1.0f32, 0.0, 0.6, 1.7])
+        {
+            let row = random_row(&mut rng, *n, 8.0);
+            for seed in 0..20 {
+                let p = params(temperature, None, 1.0, 0.0);
+                let (mut a, mut b) = (SampleRng::from_seed(seed), SampleRng::from_seed(seed));
+                let expect = sample(&row, &p, &mut a);
+                let u = if temperature > 0.0 { b.next_f64() } else { 0.0 };
+                let got = sample_unfiltered_at(&row, temperature, u);
+                assert_eq!(
+                    got,
+                    (expect.token, expect.logprob),
+                    "n {n}, T {temperature}, seed {seed}"
+                );
+                assert_eq!(a, b, "one draw each, none when greedy");
+            }
+        }
+        let nothing = sample_unfiltered_at(&[f32::NAN, f32::NEG_INFINITY], 1.0, 0.3);
+        assert_eq!(nothing, (0, f32::NEG_INFINITY));
     }
 
     #[test]

@@ -10,7 +10,7 @@ use super::flash_attn::{check_cu_seqlens, VarlenLayout};
 use super::gemm::Gemm;
 use super::tensor::{Arena, BufferPool, CudaTensor, DeviceDType};
 use super::CudaDevice;
-use crate::backend::{Backend, PagedLayout, Rotary};
+use crate::backend::{Backend, PagedLayout, Rotary, RowDraw};
 use crate::tensor::{DType, HostTensor};
 use anyhow::{bail, ensure, Context, Result};
 use cudarc::driver::result as driver;
@@ -405,5 +405,28 @@ impl Backend for CudaBackend {
         let mut out = self.alloc(&[targets.len()], DeviceDType::F32)?;
         self.device.token_logprobs(logits, &targets_dev, &mut out)?;
         Ok(pod_vec::<f32>(&self.read_bytes(&out)?))
+    }
+
+    fn sample_rows(&self, logits: &CudaTensor, draws: &[RowDraw]) -> Result<Vec<(u32, f32)>> {
+        ensure!(
+            logits.rows() == draws.len() && !draws.is_empty(),
+            "sample_rows: {} rows of logits for {} draws",
+            logits.rows(),
+            draws.len()
+        );
+        for (r, draw) in draws.iter().enumerate() {
+            draw.check(r)?;
+        }
+        let temperatures: Vec<f32> = draws.iter().map(|d| d.temperature).collect();
+        let uniforms: Vec<f64> = draws.iter().map(|d| d.uniform).collect();
+        let temperatures = self.upload_pod(&temperatures, &[draws.len()], DeviceDType::F32)?;
+        let uniforms = self.upload_pod(&uniforms, &[draws.len()], DeviceDType::F64)?;
+        let mut out = self.alloc(&[draws.len(), 2], DeviceDType::U32)?;
+        self.device
+            .sample_rows(logits, &temperatures, &uniforms, &mut out)?;
+        Ok(pod_vec::<u32>(&self.read_bytes(&out)?)
+            .chunks_exact(2)
+            .map(|pair| (pair[0], f32::from_bits(pair[1])))
+            .collect())
     }
 }

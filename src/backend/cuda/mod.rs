@@ -19,6 +19,7 @@ pub mod gemm;
 pub mod paged_attn;
 pub mod pointwise;
 pub mod rmsnorm;
+pub mod sampling;
 pub mod tensor;
 
 pub use backend::CudaBackend;

@@ -1,0 +1,158 @@
+// Rollout sampling from fp32 logits, one block per row: the token and its logprob under the
+// distribution actually sampled from (DESIGN.md decision 9; the host contract is
+// src/engine/sampler.rs, which this kernel follows for rows without filters).
+//
+//   sample_rows_f32: for each row r with temperature T_r and uniform draw u_r in [0, 1):
+//     T_r == 0: token = argmax(logits[r]) (ties to the lowest id, NaN ignored);
+//               logprob = log_softmax(logits[r])[token]
+//     T_r  > 0: scores x = logits[r] / T_r (NaN as -inf); token = the first id whose running sum of
+//               exp(x - max) in index order exceeds u_r * sum(exp(x - max)) (inverse CDF);
+//               logprob = x[token] - logsumexp(x)
+//     If some logits are +inf the distribution is uniform over them; if none is above -inf the
+//     token is 0 with logprob -inf (the host sampler's limits).
+//
+// Shapes: logits [rows, vocab] fp32 (the LM head's output for the rows that sample);
+// temperatures [rows] fp32; uniforms [rows] f64 (drawn on the host from each request's seeded
+// generator, one per sample, so a seed fixes the tokens whatever the batch); out [rows, 2] u32 as
+// (token, logprob bits), read back in one copy.
+//
+// Passes over a row: (1) row_max_sum_exp (logsumexp.cuh), the reduction token_logprobs_f32 uses,
+// so at T = 1 the logprob equals the trainer's bit for bit; (2, sampling rows) each thread sums the
+// weights of one contiguous chunk, a block scan turns the chunk sums into intervals of the CDF, and
+// the one thread whose interval holds the target walks its chunk; (2, greedy rows) an argmax.
+// The logits row is read two or three times (from L2 for a batch's rows), the [rows, vocab]
+// probabilities are never written. Filters (top_k, top_p, min_p) and top-n logprobs need a sort and
+// stay on the host sampler.
+
+#include "logsumexp.cuh"
+
+struct SamplingConfig {
+    static constexpr int threads = 512;  // must match LogprobsConfig::threads (same reduction order)
+    static constexpr int warps = threads / SWERVE_WARP;
+};
+
+struct TemperatureScore {
+    float temperature;
+    __device__ __forceinline__ float operator()(float z) const {
+        if (isnan(z)) return -INFINITY;
+        return temperature == 1.0f ? z : z / temperature;
+    }
+};
+
+// exp(x - max), or the +inf limit: weight 1 for the +inf scores, 0 for the rest.
+__device__ __forceinline__ float sample_weight(float x, float max) {
+    if (max == INFINITY) return x == INFINITY ? 1.0f : 0.0f;
+    return __expf(x - max);
+}
+
+extern "C" __global__ void __launch_bounds__(SamplingConfig::threads)
+    sample_rows_f32(uint32_t* __restrict__ out, const float* __restrict__ logits, const float* __restrict__ temperatures,
+                    const double* __restrict__ uniforms, int rows, int vocab) {
+    __shared__ float warp_max[SamplingConfig::warps];
+    __shared__ float warp_sum_exp[SamplingConfig::warps];
+    __shared__ float warp_offsets[SamplingConfig::warps + 1];
+    __shared__ float row_max_shared, row_sum_shared;
+    __shared__ int last_nonzero_thread;
+    __shared__ unsigned long long argmax_key;
+    const int r = blockIdx.x;
+    if (r >= rows) return;
+    const float* row = logits + (size_t)r * vocab;
+    const float temperature = temperatures[r];
+    const bool greedy = !(temperature > 0.0f);
+    const TemperatureScore score{greedy ? 1.0f : temperature};
+    const int lane = threadIdx.x % SWERVE_WARP, warp = threadIdx.x / SWERVE_WARP;
+
+    // (1) max and sum of exp: exactly token_logprobs_f32's reduction when T = 1.
+    const MaxSumExp lse = row_max_sum_exp(row, vocab, score, warp_max, warp_sum_exp);
+    if (threadIdx.x == 0) {
+        row_max_shared = lse.max;
+        row_sum_shared = lse.sum;
+        last_nonzero_thread = -1;
+        argmax_key = 0;
+    }
+    __syncthreads();
+    const float max = row_max_shared, sum_exp = row_sum_shared;
+    if (max == -INFINITY) {  // nothing above -inf (or an empty row)
+        if (threadIdx.x == 0) {
+            out[2 * r] = 0;
+            out[2 * r + 1] = __float_as_uint(-INFINITY);
+        }
+        return;
+    }
+
+    // (2) Weights of one contiguous chunk per thread, in index order.
+    const int chunk = (vocab + blockDim.x - 1) / blockDim.x;
+    const int begin = min(vocab, (int)threadIdx.x * chunk), end = min(vocab, begin + chunk);
+    float chunk_sum = 0.0f;
+    for (int i = begin; i < end; ++i) chunk_sum += sample_weight(score(row[i]), max);
+    if (chunk_sum > 0.0f) atomicMax(&last_nonzero_thread, (int)threadIdx.x);
+
+    // Block scan: interval [exclusive, inclusive) of the CDF per thread. Each boundary is computed
+    // by one addition shared by both neighbours, so the intervals tile [0, total) exactly.
+    float inclusive = chunk_sum;
+#pragma unroll
+    for (int offset = 1; offset < SWERVE_WARP; offset *= 2) {
+        const float up = __shfl_up_sync(0xffffffffu, inclusive, offset);
+        if (lane >= offset) inclusive += up;
+    }
+    float exclusive = __shfl_up_sync(0xffffffffu, inclusive, 1);
+    if (lane == SWERVE_WARP - 1) warp_sum_exp[warp] = inclusive;  // reused: warp totals
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        float offset = 0.0f;
+        for (int w = 0; w < SamplingConfig::warps; ++w) {
+            warp_offsets[w] = offset;
+            offset = warp_sum_exp[w] + offset;
+        }
+        warp_offsets[SamplingConfig::warps] = offset;
+    }
+    __syncthreads();
+    const float total = warp_offsets[SamplingConfig::warps];
+    exclusive = lane == 0 ? warp_offsets[warp] : exclusive + warp_offsets[warp];
+    inclusive = inclusive + warp_offsets[warp];
+
+    if (greedy) {
+        // Argmax with ties to the lowest id: the key orders by value, then by reversed id.
+        // Scores are never NaN here; map the float to an order-preserving uint.
+        unsigned long long best = 0;
+        for (int i = threadIdx.x; i < vocab; i += blockDim.x) {
+            const float x = score(row[i]);
+            if (x == -INFINITY) continue;
+            const uint32_t bits = __float_as_uint(x);
+            const uint32_t ordered = (bits & 0x80000000u) ? ~bits : bits | 0x80000000u;
+            const unsigned long long key = ((unsigned long long)ordered << 32) | (uint32_t)(vocab - 1 - i);
+            best = key > best ? key : best;
+        }
+        atomicMax(&argmax_key, best);
+        __syncthreads();
+        if (threadIdx.x == 0) {
+            const int token = vocab - 1 - (int)(uint32_t)(argmax_key & 0xffffffffu);
+            const float logprob = max == INFINITY ? -logf(total) : row[token] - (max + logf(sum_exp));
+            out[2 * r] = (uint32_t)token;
+            out[2 * r + 1] = __float_as_uint(logprob);
+        }
+        return;
+    }
+
+    const float target = (float)(uniforms[r] * (double)total);
+    const bool holds_target = exclusive <= target && target < inclusive;
+    // Rounding can leave target == total: then the last token of nonzero weight (the u -> 1 limit).
+    const bool past_end = (int)threadIdx.x == last_nonzero_thread && target >= inclusive;
+    if (holds_target || past_end) {
+        float cum = exclusive;
+        int chosen = begin;
+        for (int i = begin; i < end; ++i) {
+            const float w = sample_weight(score(row[i]), max);
+            if (w > 0.0f) {
+                chosen = i;
+                cum += w;
+                if (cum > target) break;
+            }
+        }
+        // The same expression as token_logprobs_f32's: x - (max + log(sum)) with pass 1's pair.
+        const float x = score(row[chosen]);
+        const float logprob = max == INFINITY ? -logf(total) : x - (max + logf(sum_exp));
+        out[2 * r] = (uint32_t)chosen;
+        out[2 * r + 1] = __float_as_uint(logprob);
+    }
+}
