@@ -44,3 +44,48 @@ fn agent_refuses_a_context_beyond_the_model() {
     assert!(!out.status.success());
     assert!(String::from_utf8_lossy(&out.stderr).contains("--max-context 100000"));
 }
+
+#[test]
+fn decode_reports_each_batch_size_and_writes_jsonl() {
+    let dir = tempfile::tempdir().unwrap();
+    let jsonl = dir.path().join("decode.jsonl");
+    let out = Command::new(bin_path("swerve-bench"))
+        .args(["decode", "--device", "cpu", "--batch-sizes", "1,3"])
+        .args(["--context", "40", "--steps", "2", "--jsonl"])
+        .arg(&jsonl)
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{stdout}{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let records: Vec<serde_json::Value> = std::fs::read_to_string(&jsonl)
+        .unwrap()
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    assert_eq!(records.len(), 2, "{records:?}");
+    for (record, batch) in records.iter().zip([1, 3]) {
+        assert_eq!(record["table"], "decode");
+        assert!(record["key"]
+            .as_str()
+            .unwrap()
+            .contains(&format!("batch={batch} context=40")));
+        assert!(record["tokens_per_s"].as_f64().unwrap() > 0.0);
+        // Weights (f32 on the CPU) plus the K/V of every cached token.
+        assert!(record["bytes_per_step"].as_f64().unwrap() > 1e6);
+    }
+}
+
+#[test]
+fn decode_refuses_a_context_beyond_the_model() {
+    let out = Command::new(bin_path("swerve-bench"))
+        .args(["decode", "--device", "cpu", "--context", "1000000"])
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(stderr.contains("context 1000000"), "{stderr}");
+}

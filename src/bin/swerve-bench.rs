@@ -31,6 +31,9 @@ enum Command {
     /// An agent-shaped rollout workload through the engine: G rollouts per task, multi-turn,
     /// growing contexts; tokens/s, prefix-cache hit rate, step time and host overhead.
     Agent(AgentArgs),
+    /// Decode steps over the paged KV cache at several batch sizes (tokens/s, share of the
+    /// bandwidth roofline on a GPU), and paged decode attention alone at long contexts.
+    Decode(DecodeArgs),
     /// Each CUDA kernel against the CPU reference and the card's measured ceilings (needs a GPU).
     Kernels {
         /// Also append one JSON record per row to this file (bench/peers/compare.py reads it).
@@ -64,6 +67,32 @@ struct AgentArgs {
 }
 
 #[derive(clap::Args)]
+struct DecodeArgs {
+    /// Model shape (see `prefill --preset`); random weights.
+    #[arg(long, default_value = "default")]
+    preset: String,
+    /// Sequences per step, comma-separated (default: 1,8,32,128 on a GPU, 1,4 on the CPU).
+    #[arg(long, value_delimiter = ',')]
+    batch_sizes: Vec<usize>,
+    /// Tokens already cached per sequence when timing starts (default: 4096 on a GPU, 256 on
+    /// the CPU).
+    #[arg(long)]
+    context: Option<usize>,
+    /// Timed steps per batch size (after two warm-ups); the median is reported.
+    #[arg(long, default_value_t = 16)]
+    steps: usize,
+    /// Contexts of the decode-attention rows (GPU only), comma-separated; 0 skips them.
+    #[arg(long, value_delimiter = ',', default_values_t = [32768usize, 131072])]
+    attention_contexts: Vec<usize>,
+    /// Where the model runs: auto (the GPU when there is one), cpu, or cuda.
+    #[arg(long, default_value = "auto")]
+    device: DeviceChoice,
+    /// Also append one JSON record per row to this file.
+    #[arg(long)]
+    jsonl: Option<PathBuf>,
+}
+
+#[derive(clap::Args)]
 struct PrefillArgs {
     /// Model shape: default (small, CPU-friendly), qwen2.5-0.5b, -1.5b, -7b, -32b, -72b-tp8 (one
     /// rank of tensor-parallel 8, no collective). Weights are random.
@@ -89,6 +118,7 @@ fn main() -> Result<()> {
         Command::Prefill(args) => prefill(args),
         Command::Kernels { jsonl } => kernels(jsonl.as_deref()),
         Command::Agent(args) => agent(args),
+        Command::Decode(args) => decode(args),
     }
 }
 
@@ -287,6 +317,132 @@ fn agent_on<B: Backend>(
                 "steps": report.steps, "preemptions": report.preemptions, "note": engine.backend.name(),
             })],
         )?;
+    }
+    Ok(())
+}
+
+fn decode(args: DecodeArgs) -> Result<()> {
+    let (config, tp_size) = synthetic::preset(&args.preset)?;
+    if args.batch_sizes.contains(&0) || args.context == Some(0) || args.steps == 0 {
+        bail!("--batch-sizes, --context and --steps must be positive");
+    }
+    let (backend, line) = select(args.device)?;
+    println!("{line}");
+    match backend {
+        Selected::Cpu(b) => {
+            let batches = or_default(&args.batch_sizes, &[1, 4]);
+            decode_on(
+                &b,
+                config,
+                tp_size,
+                &args,
+                &batches,
+                args.context.unwrap_or(256),
+                4,
+                None,
+            )
+        }
+        Selected::Cuda(b) => {
+            let batches = or_default(&args.batch_sizes, &[1, 8, 32, 128]);
+            let bandwidth = bench::decode::copy_bandwidth(&b)?;
+            println!("measured copy bandwidth: {bandwidth:.0} GB/s (read + write)");
+            let context = args.context.unwrap_or(4096);
+            decode_on(
+                &*b,
+                config.clone(),
+                tp_size,
+                &args,
+                &batches,
+                context,
+                2,
+                Some(bandwidth),
+            )?;
+            let local = config.local_sizes(tp_size)?;
+            let mut rows = Vec::new();
+            for &context in args.attention_contexts.iter().filter(|&&c| c > 0) {
+                for seqs in [1, 8] {
+                    let row = bench::decode::decode_attention(
+                        &b,
+                        seqs,
+                        context,
+                        local.heads_local,
+                        local.kv_heads_local,
+                    )?;
+                    println!(
+                        "decode attention {}: {:.3} ms, {:.0} GB/s of K/V = {:.1}% of copy bandwidth",
+                        row.key,
+                        row.median_ms,
+                        row.gb_per_s,
+                        100.0 * row.gb_per_s / bandwidth
+                    );
+                    rows.push(row);
+                }
+            }
+            if let Some(path) = &args.jsonl {
+                let records: Vec<serde_json::Value> = rows
+                    .iter()
+                    .map(|r| {
+                        serde_json::json!({
+                            "table": "decode_attention", "impl": "swerve", "key": r.key,
+                            "median_ms": r.median_ms, "gb_per_s": r.gb_per_s,
+                            "copy_fraction": r.gb_per_s / bandwidth, "note": b.name(),
+                        })
+                    })
+                    .collect();
+                append_jsonl(path, &records)?;
+            }
+            Ok(())
+        }
+    }
+}
+
+fn or_default(given: &[usize], default: &[usize]) -> Vec<usize> {
+    if given.is_empty() {
+        default.to_vec()
+    } else {
+        given.to_vec()
+    }
+}
+
+#[allow(clippy::too_many_arguments)]
+fn decode_on<B: Backend>(
+    backend: &B,
+    config: swerve::config::ModelConfig,
+    tp_size: usize,
+    args: &DecodeArgs,
+    batches: &[usize],
+    context: usize,
+    elem_bytes: usize,
+    copy_gb_per_s: Option<f64>,
+) -> Result<()> {
+    let local = config.local_sizes(tp_size)?;
+    let host = synthetic::random_params(&config, &local, 0x5EED)?;
+    let model = Qwen2Model::from_host_params(backend, config, local, &host)?;
+    drop(host);
+    println!(
+        "model: preset {} ({} layers, hidden {}), random weights; {context} tokens cached per sequence",
+        args.preset, model.config.num_hidden_layers, model.config.hidden_size
+    );
+    let rows = batches
+        .iter()
+        .map(|&batch| {
+            bench::decode::decode(backend, &model, batch, context, args.steps, elem_bytes)
+        })
+        .collect::<Result<Vec<_>>>()?;
+    bench::decode::print_decode_table(&rows, copy_gb_per_s);
+    if let Some(path) = &args.jsonl {
+        let records: Vec<serde_json::Value> = rows
+            .iter()
+            .map(|r| serde_json::json!({
+                "table": "decode", "impl": "swerve",
+                "key": format!("preset={} batch={} context={}", args.preset, r.batch, r.context),
+                "median_ms": r.median_step_seconds * 1e3, "tokens_per_s": r.tokens_per_second,
+                "bytes_per_step": r.bytes_per_step,
+                "roofline_fraction": copy_gb_per_s.map(|bw| r.roofline_fraction(bw)),
+                "note": backend.name(),
+            }))
+            .collect();
+        append_jsonl(path, &records)?;
     }
     Ok(())
 }
