@@ -546,6 +546,44 @@ fn paged_attention_over_written_cache_equals_flash_prefill() {
 
 #[test]
 #[ignore = "needs a CUDA GPU"]
+fn a_step_scope_uploads_each_layout_once_and_keeps_them_apart() {
+    // Inside `begin_step` .. `end_step` the backend keeps device copies of layouts and slot
+    // mappings by address. Two layouts alive at once must each get their own, a repeated call
+    // must give the same bits, and the results must equal unscoped calls.
+    let gpu = gpu();
+    let (heads, kv_heads, hd) = (8, 2, 64);
+    let (a, num_blocks_a) = shuffled_layout(16, &[1, 1, 5], &[30, 900, 77], 501);
+    let (b, num_blocks_b) = shuffled_layout(16, &[1, 3], &[1200, 40], 502);
+    let num_blocks = num_blocks_a.max(num_blocks_b);
+    let cache_shape = [num_blocks, 16, kv_heads, hd];
+    let (k_cache, _) = random(&gpu, &cache_shape, 511, 2.0);
+    let (v_cache, _) = random(&gpu, &cache_shape, 512, 1.0);
+    let scale = 1.0 / (hd as f32).sqrt();
+    let run = |layout: &PagedLayout, seed: u64| -> Vec<f32> {
+        let rows = layout.num_query_rows();
+        let (q, _) = random(&gpu, &[rows, heads, hd], seed, 2.0);
+        let mut out = poisoned(&gpu, &[rows, heads, hd], DeviceDType::Bf16);
+        gpu.paged_attention(&q, &k_cache, &v_cache, layout, scale, &mut out)
+            .unwrap();
+        gpu.to_host(&out).unwrap()
+    };
+    let (plain_a, plain_b) = (run(&a, 7), run(&b, 8));
+    gpu.begin_step();
+    let scoped = [run(&a, 7), run(&b, 8), run(&a, 7), run(&b, 8)];
+    gpu.end_step();
+    for (i, got) in scoped.iter().enumerate() {
+        let expect = if i % 2 == 0 { &plain_a } else { &plain_b };
+        assert!(
+            got.iter()
+                .zip(expect)
+                .all(|(x, y)| x.to_bits() == y.to_bits()),
+            "call {i} inside the step scope differs from the unscoped call"
+        );
+    }
+}
+
+#[test]
+#[ignore = "needs a CUDA GPU"]
 fn every_paged_kernel_loads() {
     let gpu = gpu();
     gpu.device.function("paged_attn", "write_kv_bf16").unwrap();

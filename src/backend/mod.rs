@@ -150,6 +150,14 @@ pub trait Backend {
     fn upload_params(&self, tensors: &[&HostTensor<'_>]) -> Result<Vec<Self::Tensor>> {
         tensors.iter().map(|t| self.upload(t)).collect()
     }
+    /// Opens a step scope, closed by [`Backend::end_step`]. Inside it the backend may keep device
+    /// copies of the host index arrays its ops are given (positions, slot mappings, paged
+    /// layouts), keyed by their address, so that the layers of one forward upload them once.
+    /// Callers keep those arrays alive and unchanged until `end_step` (a forward that borrows
+    /// them for its whole duration does). Scopes nest. Default: nothing is kept.
+    fn begin_step(&self) {}
+    /// Closes the innermost step scope; the outermost close drops the kept copies.
+    fn end_step(&self) {}
     /// A zero-filled activation tensor (bf16 on CUDA, f32 on the CPU).
     fn zeros(&self, shape: &[usize]) -> Result<Self::Tensor>;
     /// A zero-filled tensor kept in f32 on every backend: logits, losses, statistics.

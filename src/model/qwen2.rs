@@ -178,6 +178,27 @@ impl<B: Backend> Qwen2Model<B> {
             &mut B::Tensor,
         ) -> Result<()>,
     ) -> Result<B::Tensor> {
+        // `tokens`, `positions` and whatever `attention` captures are borrowed for the whole call:
+        // the backend may upload them once for all layers.
+        backend.begin_step();
+        let hidden = self.run_layers(backend, tokens, positions, &mut attention);
+        backend.end_step();
+        hidden
+    }
+
+    fn run_layers(
+        &self,
+        backend: &B,
+        tokens: &[u32],
+        positions: &[u32],
+        attention: &mut impl FnMut(
+            usize,
+            &B::Tensor,
+            &B::Tensor,
+            &B::Tensor,
+            &mut B::Tensor,
+        ) -> Result<()>,
+    ) -> Result<B::Tensor> {
         let c = &self.config;
         let t = tokens.len();
         if t == 0 {

@@ -3,11 +3,13 @@
 //! Weights and activations are bf16, logits fp32 (the LM head GEMM writes fp32 directly, so log
 //! probabilities never see a bf16 rounding of the logits). Parameters live in one arena
 //! ([`Backend::upload_params`]); activations come from the caching [`BufferPool`]. Small per-call
-//! inputs (token ids, positions, `cu_seqlens`) are copied up on each call; the rotary frequencies
-//! once per distinct set.
+//! inputs (token ids, `cu_seqlens`) are copied up on each call; positions, slot mappings and paged
+//! layouts once per step inside a step scope ([`Backend::begin_step`]), else on each call; the
+//! rotary frequencies once per distinct set.
 
 use super::flash_attn::{check_cu_seqlens, VarlenLayout};
 use super::gemm::Gemm;
+use super::paged_attn::DevicePagedLayout;
 use super::tensor::{Arena, BufferPool, CudaTensor, DeviceDType};
 use super::CudaDevice;
 use crate::backend::{Backend, PagedLayout, Rotary, RowDraw};
@@ -22,6 +24,20 @@ pub struct CudaBackend {
     pub gemm: Gemm,
     pub pool: BufferPool,
     inv_freq: Mutex<Option<(Vec<f64>, CudaTensor)>>,
+    step: Mutex<StepUploads>,
+}
+
+/// Device copies of the current step's host index arrays (see [`Backend::begin_step`]): every
+/// layer of a forward passes the same positions, slot mapping and paged layout, which are then
+/// uploaded (and the attention work plan built) once per step instead of once per layer.
+#[derive(Default)]
+struct StepUploads {
+    /// Open scopes; copies are kept only while it is above 0.
+    depth: usize,
+    /// (host address, length) of a `u32` array -> its device copy.
+    arrays: Vec<((usize, usize), CudaTensor)>,
+    /// Host address of a `PagedLayout` -> its device form.
+    layouts: Vec<(usize, DevicePagedLayout)>,
 }
 
 impl CudaBackend {
@@ -33,6 +49,7 @@ impl CudaBackend {
             gemm,
             pool,
             inv_freq: Mutex::new(None),
+            step: Mutex::new(StepUploads::default()),
         })
     }
 
@@ -40,6 +57,53 @@ impl CudaBackend {
     pub fn open_default() -> std::result::Result<Self, String> {
         let device = super::probe()?;
         Self::new(device).map_err(|e| format!("{e:#}"))
+    }
+
+    /// Calls `f` with a device copy of the `u32` array `data`: the step's copy inside a step
+    /// scope (uploaded on first use), a fresh one outside.
+    fn with_step_array<R>(
+        &self,
+        data: &[u32],
+        f: impl FnOnce(&CudaTensor) -> Result<R>,
+    ) -> Result<R> {
+        let mut step = self.step.lock().expect("step uploads lock poisoned");
+        if step.depth == 0 {
+            drop(step);
+            return f(&self.upload_pod(data, &[data.len()], DeviceDType::U32)?);
+        }
+        let key = (data.as_ptr() as usize, data.len());
+        let i = match step.arrays.iter().position(|(k, _)| *k == key) {
+            Some(i) => i,
+            None => {
+                let t = self.upload_pod(data, &[data.len()], DeviceDType::U32)?;
+                step.arrays.push((key, t));
+                step.arrays.len() - 1
+            }
+        };
+        f(&step.arrays[i].1)
+    }
+
+    /// Calls `f` with the device form of `layout`, kept for the step inside a step scope.
+    fn with_step_layout<R>(
+        &self,
+        layout: &PagedLayout,
+        f: impl FnOnce(&DevicePagedLayout) -> Result<R>,
+    ) -> Result<R> {
+        let mut step = self.step.lock().expect("step uploads lock poisoned");
+        if step.depth == 0 {
+            drop(step);
+            return f(&DevicePagedLayout::upload(self, layout)?);
+        }
+        let key = layout as *const PagedLayout as usize;
+        let i = match step.layouts.iter().position(|(k, _)| *k == key) {
+            Some(i) => i,
+            None => {
+                step.layouts
+                    .push((key, DevicePagedLayout::upload(self, layout)?));
+                step.layouts.len() - 1
+            }
+        };
+        f(&step.layouts[i].1)
     }
 
     /// An uninitialised pooled tensor.
@@ -262,6 +326,22 @@ impl Backend for CudaBackend {
         self.gemm.linear(x, weight, bias, out)
     }
 
+    fn begin_step(&self) {
+        if let Ok(mut step) = self.step.lock() {
+            step.depth += 1;
+        }
+    }
+
+    fn end_step(&self) {
+        if let Ok(mut step) = self.step.lock() {
+            step.depth = step.depth.saturating_sub(1);
+            if step.depth == 0 {
+                step.arrays.clear();
+                step.layouts.clear();
+            }
+        }
+    }
+
     fn rope(
         &self,
         q: &mut CudaTensor,
@@ -269,20 +349,21 @@ impl Backend for CudaBackend {
         positions: &[u32],
         rotary: &Rotary,
     ) -> Result<()> {
-        let positions = self.upload_pod(positions, &[positions.len()], DeviceDType::U32)?;
-        // The frequencies are uploaded once per distinct set (every layer shares one).
-        let mut cached = self.inv_freq.lock().expect("rotary cache lock poisoned");
-        if cached
-            .as_ref()
-            .is_none_or(|(freqs, _)| freqs != &rotary.inv_freq)
-        {
-            let freqs = rotary.inv_freq.clone();
-            let t = self.upload_pod(&freqs, &[freqs.len()], DeviceDType::F64)?;
-            *cached = Some((freqs, t));
-        }
-        let (_, inv_freq) = cached.as_ref().expect("filled above");
-        self.device
-            .rope_fwd(q, k, &positions, inv_freq, rotary.attention_scaling as f32)
+        self.with_step_array(positions, |positions| {
+            // The frequencies are uploaded once per distinct set (every layer shares one).
+            let mut cached = self.inv_freq.lock().expect("rotary cache lock poisoned");
+            if cached
+                .as_ref()
+                .is_none_or(|(freqs, _)| freqs != &rotary.inv_freq)
+            {
+                let freqs = rotary.inv_freq.clone();
+                let t = self.upload_pod(&freqs, &[freqs.len()], DeviceDType::F64)?;
+                *cached = Some((freqs, t));
+            }
+            let (_, inv_freq) = cached.as_ref().expect("filled above");
+            self.device
+                .rope_fwd(q, k, positions, inv_freq, rotary.attention_scaling as f32)
+        })
     }
 
     fn attention(
@@ -342,8 +423,9 @@ impl Backend for CudaBackend {
         {
             bail!("write_kv: row {row} maps to slot {slot} of a {cache_slots}-slot cache");
         }
-        let slots = self.upload_pod(slot_mapping, &[slot_mapping.len()], DeviceDType::U32)?;
-        self.device.write_kv(k, v, &slots, k_cache, v_cache)
+        self.with_step_array(slot_mapping, |slots| {
+            self.device.write_kv(k, v, slots, k_cache, v_cache)
+        })
     }
 
     fn paged_attention(
@@ -355,17 +437,19 @@ impl Backend for CudaBackend {
         softmax_scale: f32,
         out: &mut CudaTensor,
     ) -> Result<()> {
-        layout.check(*k_cache.shape().first().unwrap_or(&0))?;
-        let device_layout = super::paged_attn::DevicePagedLayout::upload(self, layout)?;
-        self.device.paged_attention(
-            q,
-            k_cache,
-            v_cache,
-            &device_layout,
-            softmax_scale,
-            out,
-            &self.pool,
-        )
+        // The layout's structure is checked when it is uploaded, its block ids against this cache
+        // in `CudaDevice::paged_attention`: once per step, not once per layer.
+        self.with_step_layout(layout, |device_layout| {
+            self.device.paged_attention(
+                q,
+                k_cache,
+                v_cache,
+                device_layout,
+                softmax_scale,
+                out,
+                &self.pool,
+            )
+        })
     }
 
     fn gather_rows(&self, x: &CudaTensor, rows: &[u32]) -> Result<CudaTensor> {
