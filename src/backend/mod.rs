@@ -10,9 +10,12 @@
 //! stored `[out_features, in_features]`).
 
 pub mod cpu;
+pub mod cpu_grad;
 pub mod cuda;
+pub mod grad;
 
 pub use cuda::CudaBackend;
+pub use grad::BackendGrad;
 
 use crate::tensor::HostTensor;
 use anyhow::{bail, Result};

@@ -1,5 +1,6 @@
 //! The Qwen2 model: parameter layout, checkpoint loading, the forward pass, synthetic models.
 
+pub mod backward;
 pub mod params;
 pub mod qwen2;
 pub mod synthetic;

@@ -153,6 +153,34 @@ impl<T> Qwen2Params<T> {
             .chain(self.lm_head.iter())
     }
 
+    /// Every parameter in checkpoint order, mutably (gradients, optimizer masters).
+    pub fn iter_mut(&mut self) -> impl Iterator<Item = &mut T> {
+        std::iter::once(&mut self.embed_tokens)
+            .chain(self.layers.iter_mut().flat_map(|l| {
+                [
+                    &mut l.input_layernorm,
+                    &mut l.q_proj_weight,
+                    &mut l.q_proj_bias,
+                    &mut l.k_proj_weight,
+                    &mut l.k_proj_bias,
+                    &mut l.v_proj_weight,
+                    &mut l.v_proj_bias,
+                    &mut l.o_proj_weight,
+                    &mut l.post_attention_layernorm,
+                    &mut l.gate_proj_weight,
+                    &mut l.up_proj_weight,
+                    &mut l.down_proj_weight,
+                ]
+            }))
+            .chain(std::iter::once(&mut self.norm))
+            .chain(self.lm_head.iter_mut())
+    }
+
+    /// The LM head weight, mutably (its gradient, when tied, is the embedding's).
+    pub fn lm_head_weight_mut(&mut self) -> &mut T {
+        self.lm_head.as_mut().unwrap_or(&mut self.embed_tokens)
+    }
+
     /// The LM head weight `[vocab_local, hidden]`: `lm_head` or, when tied, the embedding.
     pub fn lm_head_weight(&self) -> &T {
         self.lm_head.as_ref().unwrap_or(&self.embed_tokens)

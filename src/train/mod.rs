@@ -1,5 +1,9 @@
 //! The training side: `score` (per-token logprobs of given token sequences, the trainer's
-//! "recompute old logprobs" step) and `tokenize` (a data file as the trainer tokenizes it).
+//! "recompute old logprobs" step), `tokenize` (a data file as the trainer tokenizes it), `loss`
+//! (the fused LM-head loss of RFT and DAPO, CPU reference) and `optimizer` (AdamW, clipping,
+//! schedules).
 
+pub mod loss;
+pub mod optimizer;
 pub mod score;
 pub mod tokenize;

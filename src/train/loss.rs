@@ -1,0 +1,299 @@
+//! The LM-head loss of RFT and DAPO (RL-SPEC.md), fused with the LM head: the CPU reference that
+//! `kernels/dapo_loss.cu` is checked against.
+//!
+//! Rows: row `r` of a packed batch predicts `targets[r]`, the next token of its sequence; an
+//! action row (`action_mask[r]`) is one whose target the policy generated. Per action row, with
+//! `logp = log_softmax(h_r W^T)[targets[r]]`:
+//!
+//! ```text
+//! masked CE (RFT)  term = logp                                   d term / d logp = 1
+//! DAPO             rho  = exp(logp - old_logp)
+//!                  term = w * min(rho A, clip(rho, 1 - eps_low, 1 + eps_high) A)
+//!                                                                d term / d logp = w rho A when
+//!                                                                the unclipped term is the min, else 0
+//!                  w    = min(exp(old_logp - rollout_logp), tis_cap) with TIS, else 1
+//! loss = -(1 / N_act) * sum over action rows of term
+//! ```
+//!
+//! `N_act` is the whole optimizer batch's action-token count, passed in: a micro-batch's losses
+//! and gradients then simply add up to the batch's (never a per-micro-batch mean).
+//!
+//! The `[T, V]` logits are never stored: the reference walks tiles of `ROW_CHUNK x VOCAB_CHUNK`
+//! logits, twice. Pass 1 keeps, per row, an online logsumexp (running max `m`, `s = sum exp(z -
+//! m)`, `u = sum exp(z - m) z` for the entropy `lse - u / s`) and the target's logit. Pass 2
+//! recomputes each tile and turns it into the logits' gradient `c_r (onehot - softmax)` (`c_r = d
+//! loss / d logp_r`), then `d_hidden += G W` and `d_weight += G^T H`. With tensor parallelism
+//! over the vocabulary, each rank's `(m, s, u)` and target logit are combined across ranks
+//! between the passes.
+
+use anyhow::{bail, ensure, Result};
+
+/// Rows of logits in one tile.
+const ROW_CHUNK: usize = 16;
+/// Vocabulary entries in one tile.
+const VOCAB_CHUNK: usize = 512;
+
+/// What the loss optimises.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub enum Objective {
+    /// RFT: masked cross-entropy on the action tokens.
+    MaskedCe,
+    /// DAPO's clipped token-level objective, optionally with truncated importance sampling.
+    Dapo {
+        eps_low: f32,
+        eps_high: f32,
+        /// `C` of the TIS factor `min(exp(old_logp - rollout_logp), C)`; `None`: no TIS.
+        tis_cap: Option<f32>,
+    },
+}
+
+/// Per-row inputs of one micro-batch (all `T` long; DAPO fields may be empty for masked CE and
+/// `rollout_logprobs` is read only with TIS).
+#[derive(Clone, Copy, Debug, Default)]
+pub struct LossRows<'a> {
+    pub targets: &'a [u32],
+    pub action_mask: &'a [bool],
+    pub advantages: &'a [f32],
+    pub old_logprobs: &'a [f32],
+    pub rollout_logprobs: &'a [f32],
+}
+
+/// What one call computed. `loss` is already divided by the global `N_act`, so the calls of one
+/// optimizer step add up.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct LossOutput {
+    pub loss: f64,
+    /// Action rows in this call.
+    pub action_tokens: usize,
+    /// `log p(targets[r])` for every row.
+    pub logprobs: Vec<f32>,
+    /// The policy's entropy at every row.
+    pub entropy: Vec<f32>,
+    /// Action rows with `A < 0` and `rho < 1 - eps_low` (the clipped term is the min).
+    pub clipped_low: usize,
+    /// Action rows with `A > 0` and `rho > 1 + eps_high`.
+    pub clipped_high: usize,
+    /// Sum over action rows of `|rho - 1|` (DAPO) for the mean-ratio metric.
+    pub ratio_deviation_sum: f64,
+}
+
+/// One action row's contribution: the term inside the sum and `d term / d logp`.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct TokenTerm {
+    pub term: f64,
+    pub d_term_d_logp: f64,
+    pub ratio: f64,
+    pub clipped_low: bool,
+    pub clipped_high: bool,
+}
+
+/// The objective's term for one action row (see the module doc).
+pub fn token_term(objective: &Objective, rows: &LossRows<'_>, r: usize, logp: f64) -> TokenTerm {
+    match *objective {
+        Objective::MaskedCe => TokenTerm {
+            term: logp,
+            d_term_d_logp: 1.0,
+            ratio: 1.0,
+            clipped_low: false,
+            clipped_high: false,
+        },
+        Objective::Dapo {
+            eps_low,
+            eps_high,
+            tis_cap,
+        } => {
+            let advantage = rows.advantages[r] as f64;
+            let old = rows.old_logprobs[r] as f64;
+            let ratio = (logp - old).exp();
+            let clipped_ratio = ratio.clamp(1.0 - eps_low as f64, 1.0 + eps_high as f64);
+            let weight = match tis_cap {
+                Some(cap) => (old - rows.rollout_logprobs[r] as f64)
+                    .exp()
+                    .min(cap as f64),
+                None => 1.0,
+            };
+            let unclipped = ratio * advantage;
+            let clipped = clipped_ratio * advantage;
+            let takes_unclipped = unclipped <= clipped;
+            TokenTerm {
+                term: weight * unclipped.min(clipped),
+                d_term_d_logp: if takes_unclipped {
+                    weight * unclipped
+                } else {
+                    0.0
+                },
+                ratio,
+                clipped_low: advantage < 0.0 && ratio < 1.0 - eps_low as f64,
+                clipped_high: advantage > 0.0 && ratio > 1.0 + eps_high as f64,
+            }
+        }
+    }
+}
+
+fn check_rows(rows: &LossRows<'_>, objective: &Objective, t: usize, vocab: usize) -> Result<()> {
+    ensure!(
+        rows.targets.len() == t && rows.action_mask.len() == t,
+        "loss: {} targets and {} mask entries for {t} rows",
+        rows.targets.len(),
+        rows.action_mask.len()
+    );
+    if let Some(&bad) = rows.targets.iter().find(|&&id| id as usize >= vocab) {
+        bail!("loss: target id {bad} is outside the vocabulary of {vocab}");
+    }
+    if let Objective::Dapo { tis_cap, .. } = objective {
+        ensure!(
+            rows.advantages.len() == t && rows.old_logprobs.len() == t,
+            "loss: DAPO needs advantages and old logprobs for all {t} rows"
+        );
+        if tis_cap.is_some() {
+            ensure!(
+                rows.rollout_logprobs.len() == t,
+                "loss: TIS needs rollout logprobs for all {t} rows"
+            );
+        }
+    }
+    Ok(())
+}
+
+fn dot(a: &[f32], b: &[f32]) -> f32 {
+    a.iter().zip(b).map(|(x, y)| x * y).sum()
+}
+
+/// Logits of rows `rows` against vocabulary entries `vocab`, into `tile` (`rows x vocab`).
+fn logits_tile(
+    hidden: &[f32],
+    weight: &[f32],
+    d: usize,
+    rows: std::ops::Range<usize>,
+    vocab: std::ops::Range<usize>,
+    tile: &mut Vec<f32>,
+) {
+    tile.clear();
+    for r in rows {
+        let h = &hidden[r * d..(r + 1) * d];
+        tile.extend(vocab.clone().map(|j| dot(h, &weight[j * d..(j + 1) * d])));
+    }
+}
+
+/// The fused loss on host slices: `hidden: [T, d]`, `weight: [V, d]`; accumulates into
+/// `d_hidden: [T, d]` and `d_weight: [V, d]`.
+#[allow(clippy::too_many_arguments)]
+pub fn lm_head_loss_cpu(
+    hidden: &[f32],
+    weight: &[f32],
+    d: usize,
+    rows: &LossRows<'_>,
+    objective: &Objective,
+    num_action_tokens: f64,
+    d_hidden: &mut [f32],
+    d_weight: &mut [f32],
+) -> Result<LossOutput> {
+    ensure!(
+        d > 0 && hidden.len() % d == 0 && weight.len() % d == 0,
+        "loss: hidden of {} and LM head of {} values for width {d}",
+        hidden.len(),
+        weight.len()
+    );
+    let (t, vocab) = (hidden.len() / d, weight.len() / d);
+    ensure!(
+        d_hidden.len() == hidden.len() && d_weight.len() == weight.len(),
+        "loss: gradient buffers do not match hidden [{t}, {d}] and LM head [{vocab}, {d}]"
+    );
+    check_rows(rows, objective, t, vocab)?;
+    ensure!(
+        num_action_tokens > 0.0,
+        "loss: the global action-token count is {num_action_tokens}"
+    );
+
+    let mut out = LossOutput {
+        logprobs: vec![0.0; t],
+        entropy: vec![0.0; t],
+        ..Default::default()
+    };
+    let mut tile = Vec::with_capacity(ROW_CHUNK * VOCAB_CHUNK);
+    let mut d_logits = Vec::with_capacity(ROW_CHUNK * VOCAB_CHUNK);
+    for r0 in (0..t).step_by(ROW_CHUNK) {
+        let r1 = (r0 + ROW_CHUNK).min(t);
+        let n = r1 - r0;
+        // Pass 1: online logsumexp, entropy pieces and target logits of these rows.
+        let mut max = vec![f64::NEG_INFINITY; n];
+        let mut sum_exp = vec![0.0f64; n];
+        let mut sum_exp_z = vec![0.0f64; n];
+        let mut target_logit = vec![0.0f64; n];
+        for v0 in (0..vocab).step_by(VOCAB_CHUNK) {
+            let v1 = (v0 + VOCAB_CHUNK).min(vocab);
+            logits_tile(hidden, weight, d, r0..r1, v0..v1, &mut tile);
+            for (i, row) in tile.chunks_exact(v1 - v0).enumerate() {
+                let chunk_max = row.iter().fold(f32::NEG_INFINITY, |m, &z| m.max(z)) as f64;
+                let new_max = max[i].max(chunk_max);
+                let rescale = (max[i] - new_max).exp();
+                sum_exp[i] *= rescale;
+                sum_exp_z[i] *= rescale;
+                for &z in row {
+                    let e = (z as f64 - new_max).exp();
+                    sum_exp[i] += e;
+                    sum_exp_z[i] += e * z as f64;
+                }
+                max[i] = new_max;
+                let target = rows.targets[r0 + i] as usize;
+                if (v0..v1).contains(&target) {
+                    target_logit[i] = row[target - v0] as f64;
+                }
+            }
+        }
+        // The loss terms and each row's d loss / d logp.
+        let mut lse = vec![0.0f64; n];
+        let mut d_logp = vec![0.0f64; n];
+        for i in 0..n {
+            let r = r0 + i;
+            lse[i] = max[i] + sum_exp[i].ln();
+            let logp = target_logit[i] - lse[i];
+            out.logprobs[r] = logp as f32;
+            out.entropy[r] = (lse[i] - sum_exp_z[i] / sum_exp[i]) as f32;
+            if !rows.action_mask[r] {
+                continue;
+            }
+            let term = token_term(objective, rows, r, logp);
+            out.loss -= term.term / num_action_tokens;
+            out.action_tokens += 1;
+            out.clipped_low += term.clipped_low as usize;
+            out.clipped_high += term.clipped_high as usize;
+            out.ratio_deviation_sum += (term.ratio - 1.0).abs();
+            d_logp[i] = -term.d_term_d_logp / num_action_tokens;
+        }
+        if d_logp.iter().all(|&c| c == 0.0) {
+            continue;
+        }
+        // Pass 2: d logits = c (onehot - softmax), then both GEMMs of the LM head's backward.
+        for v0 in (0..vocab).step_by(VOCAB_CHUNK) {
+            let v1 = (v0 + VOCAB_CHUNK).min(vocab);
+            let width = v1 - v0;
+            logits_tile(hidden, weight, d, r0..r1, v0..v1, &mut tile);
+            d_logits.clear();
+            for (i, row) in tile.chunks_exact(width).enumerate() {
+                let target = rows.targets[r0 + i] as usize;
+                d_logits.extend(row.iter().enumerate().map(|(j, &z)| {
+                    let onehot = if v0 + j == target { 1.0 } else { 0.0 };
+                    (d_logp[i] * (onehot - (z as f64 - lse[i]).exp())) as f32
+                }));
+            }
+            for (i, g_row) in d_logits.chunks_exact(width).enumerate() {
+                if d_logp[i] == 0.0 {
+                    continue;
+                }
+                let r = r0 + i;
+                let h = &hidden[r * d..(r + 1) * d];
+                let dh = &mut d_hidden[r * d..(r + 1) * d];
+                for (j, &g) in g_row.iter().enumerate() {
+                    let w = &weight[(v0 + j) * d..(v0 + j + 1) * d];
+                    let dw = &mut d_weight[(v0 + j) * d..(v0 + j + 1) * d];
+                    for k in 0..d {
+                        dh[k] += g * w[k];
+                        dw[k] += g * h[k];
+                    }
+                }
+            }
+        }
+    }
+    Ok(out)
+}
