@@ -16,6 +16,8 @@
 //! - [`engine`]: requests, the continuous-batching scheduler, sampling and the step loop
 //!   ([`engine::Engine`], threaded behind [`engine::EngineHandle`]).
 //! - [`kvcache`]: the paged KV cache's block pool, prefix cache and [`kvcache::KvCacheManager`].
+//! - [`server`]: `swerve-serve`, the OpenAI-compatible rollout server (axum over the engine
+//!   handle): token ids in and out, weight reloads, pause and resume, Prometheus metrics.
 //! - [`train`]: `score` (per-token logprobs of given sequences) so far.
 //! - [`bench`]: what `swerve-bench` measures.
 //!
@@ -29,6 +31,7 @@ pub mod engine;
 pub mod jsonl;
 pub mod kvcache;
 pub mod model;
+pub mod server;
 pub mod tensor;
 pub mod tokenizer;
 pub mod toolcall;

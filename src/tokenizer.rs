@@ -142,6 +142,11 @@ impl Tokenizer {
             .map_err(|e| anyhow!("cannot decode token ids: {e}"))
     }
 
+    /// The underlying HF tokenizer: its vocabulary, added tokens and decoder.
+    pub fn hf(&self) -> &tokenizers::Tokenizer {
+        &self.inner
+    }
+
     pub fn token_id(&self, token: &str) -> Option<u32> {
         self.inner.token_to_id(token)
     }

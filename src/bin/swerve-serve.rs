@@ -1,12 +1,12 @@
-//! swerve-serve: the OpenAI-compatible rollout server. Today it loads and checks a model and
-//! reports the backend; the HTTP API arrives with the server issue, and until then it says so
-//! and exits with status 2 rather than pretending to serve.
+//! swerve-serve: the OpenAI-compatible rollout server. Parses arguments and runs
+//! [`swerve::server::run`]; exits 0 after a graceful stop on SIGTERM.
 
 use anyhow::Result;
 use clap::Parser;
 use std::path::PathBuf;
-use swerve::backend::{select, Backend, DeviceChoice, Selected};
-use swerve::model::Qwen2Model;
+use std::time::Duration;
+use swerve::backend::DeviceChoice;
+use swerve::server::{run, ServeOptions};
 
 #[derive(Parser)]
 #[command(
@@ -15,34 +15,74 @@ use swerve::model::Qwen2Model;
     about = "swerve's OpenAI-compatible rollout server"
 )]
 struct Cli {
-    /// Model folder: config.json plus model.safetensors or a sharded index.
+    /// Model folder: config.json plus model.safetensors or a sharded index (tokenizer files
+    /// optional: the embedded Qwen2.5 tokenizer otherwise).
     #[arg(long)]
     model: PathBuf,
+    #[arg(long, default_value = "127.0.0.1")]
+    host: String,
+    /// 0 picks a free port; the address is printed on stdout.
+    #[arg(long, default_value_t = 8000)]
+    port: u16,
     /// Where the model runs: auto (the GPU when there is one), cpu, or cuda.
     #[arg(long, default_value = "auto")]
     device: DeviceChoice,
+    /// Longest prompt + completion in tokens (default: the model's context).
+    #[arg(long)]
+    max_model_len: Option<usize>,
+    /// Fraction of the memory free after loading the weights given to the KV cache.
+    #[arg(long, default_value_t = 0.9)]
+    kv_cache_fraction: f64,
+    /// KV-cache size in blocks of 16 tokens, instead of --kv-cache-fraction.
+    #[arg(long)]
+    num_kv_blocks: Option<usize>,
+    /// Sequences scheduled together at most.
+    #[arg(long, default_value_t = 256)]
+    max_num_seqs: usize,
+    /// Tokens computed per engine step at most (chunked prefill).
+    #[arg(long, default_value_t = 8192)]
+    max_num_batched_tokens: usize,
+    /// Sequences that may wait beyond --max-num-seqs; past that, requests get 429.
+    #[arg(long, default_value_t = 1024)]
+    max_queue_len: usize,
+    /// The model name clients send (default: the --model argument).
+    #[arg(long)]
+    served_model_name: Option<String>,
+    /// Require `Authorization: Bearer KEY` on /v1/*.
+    #[arg(long)]
+    api_key: Option<String>,
+    /// Use generation_config.json's sampling defaults (off: RL needs temperature 1, no filters).
+    #[arg(long)]
+    use_generation_config: bool,
+    /// Seconds in-flight requests get to finish after SIGTERM before they are aborted.
+    #[arg(long, default_value_t = 30.0)]
+    shutdown_grace_seconds: f64,
+    /// Seeds the samplers of requests that bring no seed.
+    #[arg(long, default_value_t = 0)]
+    seed: u64,
 }
 
 fn main() -> Result<()> {
     let cli = Cli::parse();
-    let (backend, line) = select(cli.device)?;
-    eprintln!("{line}");
-    match backend {
-        Selected::Cpu(b) => load(&b, &cli)?,
-        Selected::Cuda(b) => load(&*b, &cli)?,
-    }
-    eprintln!("swerve-serve: the HTTP server is not built yet; nothing is served");
-    std::process::exit(2);
-}
-
-fn load<B: Backend>(backend: &B, cli: &Cli) -> Result<()> {
-    let model = Qwen2Model::load(backend, &cli.model)?;
-    eprintln!(
-        "loaded {} ({} layers, hidden {}, {} parameters)",
-        cli.model.display(),
-        model.config.num_hidden_layers,
-        model.config.hidden_size,
-        model.config.num_parameters()
+    anyhow::ensure!(
+        cli.shutdown_grace_seconds.is_finite() && cli.shutdown_grace_seconds >= 0.0,
+        "--shutdown-grace-seconds must be a non-negative number"
     );
-    Ok(())
+    run(ServeOptions {
+        model: cli.model,
+        host: cli.host,
+        port: cli.port,
+        device: cli.device,
+        max_model_len: cli.max_model_len,
+        kv_cache_fraction: cli.kv_cache_fraction,
+        num_kv_blocks: cli.num_kv_blocks,
+        max_num_seqs: cli.max_num_seqs,
+        max_num_batched_tokens: cli.max_num_batched_tokens,
+        max_queue_len: cli.max_queue_len,
+        served_model_name: cli.served_model_name,
+        api_key: cli.api_key,
+        use_generation_config: cli.use_generation_config,
+        shutdown_grace: Duration::from_secs_f64(cli.shutdown_grace_seconds),
+        seed: cli.seed,
+    })
 }

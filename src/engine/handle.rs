@@ -8,10 +8,14 @@
 //!
 //! Commands are handled between steps, so an abort or a weight update never lands inside one.
 //! A request whose receiver is dropped (its client went away) is aborted at the next event and
-//! its blocks return to the pool.
+//! its blocks return to the pool. [`EngineHandle::submit_with`] takes any [`EventSink`] (the
+//! server's is an async channel) and answers through a callback, so an async caller never blocks
+//! on the engine. [`EngineHandle::pause`] stops stepping (requests keep their state and blocks;
+//! commands are still served) until [`EngineHandle::resume`].
 
 use crate::backend::Backend;
 use crate::engine::engine::{Engine, EngineEvent, EngineStats, FinalRecord, TokenEvent};
+use crate::engine::prompt_logprobs::{prompt_logprobs, PromptLogprobs};
 use crate::engine::request::GenerationRequest;
 use crate::kvcache::RequestId;
 use anyhow::{anyhow, Result};
@@ -27,15 +31,20 @@ pub enum RequestEvent {
     Finished(FinalRecord),
 }
 
+/// Where a request's events go. Returns false once nobody listens (the request is then aborted).
+pub type EventSink = Box<dyn FnMut(RequestEvent) -> bool + Send>;
+
+/// Receives the outcome of a submission: the request's id, or why it was refused.
+pub type SubmitReply = Box<dyn FnOnce(Result<RequestId>) + Send>;
+
 enum Command {
-    Submit(
-        GenerationRequest,
-        Sender<RequestEvent>,
-        Sender<Result<RequestId>>,
-    ),
+    Submit(GenerationRequest, EventSink, SubmitReply),
     Abort(RequestId),
     UpdateWeights(PathBuf, Sender<Result<u64>>),
     Stats(Sender<EngineStats>),
+    PromptLogprobs(Vec<u32>, usize, Sender<Result<PromptLogprobs>>),
+    Pause,
+    Resume,
     Shutdown,
 }
 
@@ -88,11 +97,47 @@ impl EngineHandle {
     ) -> Result<(RequestId, Receiver<RequestEvent>)> {
         let (events_tx, events_rx) = channel();
         let (reply_tx, reply_rx) = channel();
-        self.send(Command::Submit(request, events_tx, reply_tx))?;
+        self.submit_with(
+            request,
+            Box::new(move |event| events_tx.send(event).is_ok()),
+            Box::new(move |result| {
+                let _ = reply_tx.send(result);
+            }),
+        )?;
         let id = reply_rx
             .recv()
             .map_err(|_| anyhow!("the engine has stopped"))??;
         Ok((id, events_rx))
+    }
+
+    /// Queues a request without waiting: `reply` gets its id (or the validation error, naming
+    /// the field) between steps, and `sink` its events. Errors only if the engine has stopped.
+    pub fn submit_with(
+        &self,
+        request: GenerationRequest,
+        sink: EventSink,
+        reply: SubmitReply,
+    ) -> Result<()> {
+        self.send(Command::Submit(request, sink, reply))
+    }
+
+    /// Stops stepping after the current step: running and waiting requests keep their state and
+    /// blocks, new ones queue, and every command is still served. Idempotent.
+    pub fn pause(&self) -> Result<()> {
+        self.send(Command::Pause)
+    }
+
+    /// Steps again after [`EngineHandle::pause`]. Idempotent.
+    pub fn resume(&self) -> Result<()> {
+        self.send(Command::Resume)
+    }
+
+    /// `log p(tokens[t] | tokens[<t])` for every t >= 1 and the `top_n` most likely tokens at
+    /// each position, computed between steps with the current weights (for `echo`).
+    pub fn prompt_logprobs(&self, tokens: Vec<u32>, top_n: usize) -> Result<PromptLogprobs> {
+        let (tx, rx) = channel();
+        self.send(Command::PromptLogprobs(tokens, top_n, tx))?;
+        rx.recv().map_err(|_| anyhow!("the engine has stopped"))?
     }
 
     /// Ends a request; its receiver gets `Finished` with reason `abort`.
@@ -133,11 +178,12 @@ impl Drop for EngineHandle {
 }
 
 fn run<B: Backend>(mut engine: Engine<B>, inbox: Receiver<Command>) {
-    let mut listeners: HashMap<RequestId, Sender<RequestEvent>> = HashMap::new();
+    let mut listeners: HashMap<RequestId, EventSink> = HashMap::new();
+    let mut paused = false;
     loop {
-        // Block for work when idle; otherwise take what has arrived and step.
+        // Block for work when idle or paused; otherwise take what has arrived and step.
         let mut commands = Vec::new();
-        if !engine.has_unfinished() {
+        if !engine.has_unfinished() || paused {
             match inbox.recv() {
                 Ok(c) => commands.push(c),
                 Err(_) => return,
@@ -149,19 +195,22 @@ fn run<B: Backend>(mut engine: Engine<B>, inbox: Receiver<Command>) {
                 Command::Submit(request, events, reply) => match engine.add_request(request) {
                     Ok(id) => {
                         listeners.insert(id, events);
-                        let _ = reply.send(Ok(id));
+                        reply(Ok(id));
                     }
-                    Err(e) => {
-                        let _ = reply.send(Err(e));
-                    }
+                    Err(e) => reply(Err(e)),
                 },
                 Command::Abort(id) => {
                     if let Some(record) = engine.abort(id) {
-                        if let Some(tx) = listeners.remove(&id) {
-                            let _ = tx.send(RequestEvent::Finished(record));
+                        if let Some(mut tx) = listeners.remove(&id) {
+                            tx(RequestEvent::Finished(record));
                         }
                     }
                 }
+                Command::PromptLogprobs(tokens, top_n, reply) => {
+                    let _ = reply.send(prompt_logprobs(&engine, &tokens, top_n));
+                }
+                Command::Pause => paused = true,
+                Command::Resume => paused = false,
                 Command::UpdateWeights(dir, reply) => {
                     let _ = reply.send(engine.update_weights(&dir));
                 }
@@ -169,16 +218,16 @@ fn run<B: Backend>(mut engine: Engine<B>, inbox: Receiver<Command>) {
                     let _ = reply.send(engine.stats());
                 }
                 Command::Shutdown => {
-                    for (id, tx) in listeners.drain() {
+                    for (id, mut tx) in listeners.drain() {
                         if let Some(record) = engine.abort(id) {
-                            let _ = tx.send(RequestEvent::Finished(record));
+                            tx(RequestEvent::Finished(record));
                         }
                     }
                     return;
                 }
             }
         }
-        if !engine.has_unfinished() {
+        if !engine.has_unfinished() || paused {
             continue;
         }
         let events = match engine.step() {
@@ -187,10 +236,10 @@ fn run<B: Backend>(mut engine: Engine<B>, inbox: Receiver<Command>) {
                 // A failed step (out of device memory, a kernel error) ends every request in
                 // flight with the error rather than retrying forever.
                 let reason = format!("{e:#}");
-                for (id, tx) in listeners.drain() {
+                for (id, mut tx) in listeners.drain() {
                     if let Some(mut record) = engine.abort(id) {
                         record.finish_reason = crate::engine::FinishReason::Error(reason.clone());
-                        let _ = tx.send(RequestEvent::Finished(record));
+                        tx(RequestEvent::Finished(record));
                     }
                 }
                 continue;
@@ -201,16 +250,16 @@ fn run<B: Backend>(mut engine: Engine<B>, inbox: Receiver<Command>) {
                 EngineEvent::Token(token) => {
                     let id = token.id;
                     let gone = listeners
-                        .get(&id)
-                        .is_some_and(|tx| tx.send(RequestEvent::Token(token)).is_err());
+                        .get_mut(&id)
+                        .is_some_and(|tx| !tx(RequestEvent::Token(token)));
                     if gone {
                         listeners.remove(&id);
                         engine.abort(id);
                     }
                 }
                 EngineEvent::Finished(record) => {
-                    if let Some(tx) = listeners.remove(&record.id) {
-                        let _ = tx.send(RequestEvent::Finished(record));
+                    if let Some(mut tx) = listeners.remove(&record.id) {
+                        tx(RequestEvent::Finished(record));
                     }
                 }
             }

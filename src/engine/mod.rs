@@ -6,16 +6,19 @@
 //! - [`sampler`]: temperature / top-k / top-p / min-p sampling with exact logprobs.
 //! - [`engine`]: [`Engine`], synchronous: plan, paged forward, sample, events.
 //! - [`handle`]: [`EngineHandle`], the engine on its own thread behind channels: submit, a stream
-//!   of events per request, abort, weight updates.
+//!   of events per request, abort, weight updates, pause and resume.
+//! - [`prompt_logprobs`]: logprobs of a prompt's own tokens (for `echo`).
 
 #[allow(clippy::module_inception)]
 pub mod engine;
 pub mod handle;
+pub mod prompt_logprobs;
 pub mod request;
 pub mod sampler;
 pub mod scheduler;
 
 pub use engine::{Engine, EngineConfig, EngineEvent, EngineStats, FinalRecord, TokenEvent, Usage};
-pub use handle::{EngineHandle, RequestEvent};
+pub use handle::{EngineHandle, EventSink, RequestEvent, SubmitReply};
+pub use prompt_logprobs::PromptLogprobs;
 pub use request::{FinishReason, GenerationRequest};
 pub use sampler::SamplingParams;
