@@ -459,9 +459,18 @@ impl BackendGrad for CpuBackend {
         Ok(())
     }
 
-    fn copy_weights(&self, master: &CpuTensor, compute: &mut CpuTensor) -> Result<()> {
-        same_len("copy_weights", master, compute)?;
-        compute.data.copy_from_slice(&master.data);
+    fn copy_weights(&self, src: &CpuTensor, dst: &mut CpuTensor) -> Result<()> {
+        same_len("copy_weights", src, dst)?;
+        dst.data.copy_from_slice(&src.data);
         Ok(())
+    }
+
+    fn upload_f32(&self, shape: &[usize], values: &[f32]) -> Result<CpuTensor> {
+        ensure!(
+            shape.iter().product::<usize>() == values.len(),
+            "upload_f32: {} values for shape {shape:?}",
+            values.len()
+        );
+        Ok(CpuTensor::new(shape.to_vec(), values.to_vec()))
     }
 }

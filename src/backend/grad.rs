@@ -137,6 +137,9 @@ pub trait BackendGrad: Backend {
         exp_avg_sq: &mut Self::Tensor,
         step: &AdamWStep,
     ) -> Result<()>;
-    /// Copies f32 master weights into compute weights of the same shape (bf16 on CUDA).
-    fn copy_weights(&self, master: &Self::Tensor, compute: &mut Self::Tensor) -> Result<()>;
+    /// Copies `src` into `dst` of the same shape, converting between the f32 masters and the
+    /// compute weights' dtype (bf16 on CUDA) in either direction.
+    fn copy_weights(&self, src: &Self::Tensor, dst: &mut Self::Tensor) -> Result<()>;
+    /// A tensor kept in f32 (masters, moments) holding `values`.
+    fn upload_f32(&self, shape: &[usize], values: &[f32]) -> Result<Self::Tensor>;
 }

@@ -3,7 +3,10 @@
 //! (the fused LM-head loss of RFT and DAPO, CPU reference) and `optimizer` (AdamW, clipping,
 //! schedules).
 
+pub mod checkpoint;
+pub mod data;
 pub mod loss;
 pub mod optimizer;
 pub mod score;
 pub mod tokenize;
+pub mod trainer;
