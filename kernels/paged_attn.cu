@@ -461,6 +461,9 @@ __device__ __forceinline__ void paged_attn_merge(__nv_bfloat16* __restrict__ out
     const int row = split_rows[blockIdx.x / heads], head = blockIdx.x % heads;
     const int2 plan = row_plan[row];
     const int parts = plan.y;
+    // A row of one partition was written straight to `out` (CUDA-graph plans list every row here
+    // and say per step which ones were split).
+    if (parts <= 1) return;
     __shared__ float scratch[kMergeThreads / SWERVE_WARP];
     __shared__ __align__(16) float acc_smem[kLanes][D];
     const float* lse = part_lse + (size_t)plan.x * heads + head;  // partition k at lse[k * heads]

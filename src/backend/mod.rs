@@ -17,6 +17,7 @@ pub mod grad;
 pub use cuda::CudaBackend;
 pub use grad::BackendGrad;
 
+use crate::model::{PagedKv, Qwen2Model};
 use crate::tensor::HostTensor;
 use anyhow::{bail, Result};
 
@@ -259,6 +260,27 @@ pub trait Backend {
     /// distribution sampled from; at temperature 1 (and greedy) it is this backend's
     /// `token_logprobs` of the token, bit for bit.
     fn sample_rows(&self, logits: &Self::Tensor, draws: &[RowDraw]) -> Result<Vec<(u32, f32)>>;
+
+    /// One pure decode step (every sequence of `layout` adds the one token in `tokens`), its LM
+    /// head and [`Backend::sample_rows`] with `draws`, replayed from a captured graph where the
+    /// backend has them (CUDA: `cuda/graphs.rs`). `None`: no graph for this step, run it eagerly
+    /// (the CPU backend always answers `None`).
+    fn decode_step_graph(
+        &self,
+        _model: &Qwen2Model<Self>,
+        _kv: &mut PagedKv<Self::Tensor>,
+        _tokens: &[u32],
+        _positions: &[u32],
+        _layout: &PagedLayout,
+        _draws: &[RowDraw],
+    ) -> Result<Option<Vec<(u32, f32)>>>
+    where
+        Self: Sized,
+    {
+        Ok(None)
+    }
+    /// Drops captured graphs: the weights (or cache) they read may be gone.
+    fn reset_graphs(&self) {}
 }
 
 /// Where a command runs its model: `auto` (the GPU when there is one, else the CPU), `cpu`, or

@@ -32,6 +32,9 @@ pub struct EngineConfig {
     /// Seeds the samplers of requests that bring no seed of their own.
     pub seed: u64,
     pub enable_prefix_caching: bool,
+    /// Replay pure decode steps from captured CUDA graphs where the backend has them
+    /// (`Backend::decode_step_graph`); a no-op on the CPU. Default on.
+    pub cuda_graphs: bool,
 }
 
 impl EngineConfig {
@@ -45,6 +48,7 @@ impl EngineConfig {
             max_model_len,
             seed: 0,
             enable_prefix_caching: true,
+            cuda_graphs: true,
         }
     }
 }
@@ -98,12 +102,14 @@ pub struct EngineStats {
     pub generated_tokens: u64,
     pub preemptions: u64,
     pub last_step_seconds: f64,
-    /// Wall time of all steps, and of their model work (the paged forward, the LM head and the
-    /// logits' copy to the host, which waits for the device): the rest is host overhead
-    /// (scheduling, layouts, sampling, bookkeeping).
+    /// Wall time of all steps, and of their model work (the paged forward, the LM head,
+    /// sampling and the copy of its results to the host, which waits for the device): the rest
+    /// is host overhead (scheduling, layouts, bookkeeping).
     pub total_step_seconds: f64,
     pub total_model_seconds: f64,
     pub weight_version: u64,
+    /// Steps replayed from a captured CUDA graph (`EngineConfig::cuda_graphs`).
+    pub graph_steps: u64,
 }
 
 pub struct Engine<B: Backend> {
@@ -251,6 +257,8 @@ impl<B: Backend> Engine<B> {
             "{}: a different architecture than the loaded model",
             dir.display()
         );
+        // Captured graphs read the old weights' memory.
+        self.backend.reset_graphs();
         self.model = model;
         self.scheduler.kv.reset_prefix_cache();
         self.stats.weight_version += 1;
@@ -292,11 +300,120 @@ impl<B: Backend> Engine<B> {
         }
         let (tokens, positions, layout) = self.build_layout(&plan)?;
         let model_started = Instant::now();
-        let mut model_seconds = 0.0;
+        let (sample_ids, samples) = match self.graph_step(&plan, &tokens, &positions, &layout)? {
+            Some(graph_samples) => graph_samples,
+            None => self.eager_step(&plan, &tokens, &positions, &layout)?,
+        };
+        let model_seconds = model_started.elapsed().as_secs_f64();
+
+        // Events in the step's scheduling order, whichever path sampled.
+        let mut by_id: HashMap<RequestId, Sample> = samples.into_iter().collect();
+        for id in &sample_ids {
+            let sampled = by_id.remove(id).expect("every sampling row sampled");
+            let max_model_len = self.config.max_model_len;
+            let request = self.scheduler.get_mut(*id).expect("scheduled request");
+            request.tokens.push(sampled.token);
+            request.logprobs.push(sampled.logprob);
+            if request.params.top_logprobs > 0 {
+                request.top_logprobs.push(sampled.top_logprobs.clone());
+            }
+            let finish = request.finish_after(sampled.token, max_model_len);
+            self.stats.generated_tokens += 1;
+            events.push(EngineEvent::Token(TokenEvent {
+                id: *id,
+                token: sampled.token,
+                logprob: sampled.logprob,
+                top_logprobs: sampled.top_logprobs,
+            }));
+            if let Some(reason) = finish {
+                let request = self.scheduler.remove(*id).expect("running request");
+                events.push(EngineEvent::Finished(self.record(request, reason)));
+            }
+        }
+        self.stats.steps += 1;
+        self.stats.last_step_seconds = started.elapsed().as_secs_f64();
+        self.stats.total_step_seconds += self.stats.last_step_seconds;
+        self.stats.total_model_seconds += model_seconds;
+        Ok(events)
+    }
+
+    /// A step in which every scheduled request adds one token and samples it on the device,
+    /// replayed from the backend's captured graph (`Backend::decode_step_graph`). `None` (and
+    /// no state touched) when the step does not qualify or the backend has no graph for it.
+    #[allow(clippy::type_complexity)]
+    fn graph_step(
+        &mut self,
+        plan: &StepPlan,
+        tokens: &[u32],
+        positions: &[u32],
+        layout: &PagedLayout,
+    ) -> Result<Option<(Vec<RequestId>, Vec<(RequestId, Sample)>)>> {
+        if !self.config.cuda_graphs {
+            return Ok(None);
+        }
+        let vocab = self.model.local.vocab_local;
+        let mut draws = Vec::with_capacity(plan.scheduled.len());
+        let mut rngs = Vec::with_capacity(plan.scheduled.len());
+        for s in &plan.scheduled {
+            let request = self.scheduler.get_mut(s.id).expect("scheduled request");
+            let decode = s.num_new_tokens == 1 && s.num_computed_tokens + 1 == request.num_tokens();
+            if !decode || !samples_on_device(&request.params, vocab) {
+                return Ok(None);
+            }
+            // Draw from a copy: the requests' generators move only if the graph runs.
+            let mut rng = request.rng.clone();
+            draws.push(draw_for(&request.params, &mut rng));
+            rngs.push(rng);
+        }
+        let Some(sampled) = self.backend.decode_step_graph(
+            &self.model,
+            &mut self.kv,
+            tokens,
+            positions,
+            layout,
+            &draws,
+        )?
+        else {
+            return Ok(None);
+        };
+        self.scheduler.complete(plan);
+        self.stats.graph_steps += 1;
+        let ids: Vec<RequestId> = plan.scheduled.iter().map(|s| s.id).collect();
+        for (id, rng) in ids.iter().zip(rngs) {
+            self.scheduler.get_mut(*id).expect("scheduled request").rng = rng;
+        }
+        let samples = ids
+            .iter()
+            .zip(sampled)
+            .map(|(&id, (token, logprob))| {
+                let top_logprobs = Vec::new();
+                (
+                    id,
+                    Sample {
+                        token,
+                        logprob,
+                        top_logprobs,
+                    },
+                )
+            })
+            .collect();
+        Ok(Some((ids, samples)))
+    }
+
+    /// The step run op by op: forward over the paged cache, then the LM head of the rows that
+    /// sample, sampled on the device where the request allows it and on the host otherwise.
+    #[allow(clippy::type_complexity)]
+    fn eager_step(
+        &mut self,
+        plan: &StepPlan,
+        tokens: &[u32],
+        positions: &[u32],
+        layout: &PagedLayout,
+    ) -> Result<(Vec<RequestId>, Vec<(RequestId, Sample)>)> {
         let hidden =
             self.model
-                .forward_paged(&self.backend, &tokens, &positions, &layout, &mut self.kv)?;
-        self.scheduler.complete(&plan);
+                .forward_paged(&self.backend, tokens, positions, layout, &mut self.kv)?;
+        self.scheduler.complete(plan);
 
         // Requests that caught up sample from their last row.
         let mut sample_rows = Vec::new();
@@ -311,110 +428,79 @@ impl<B: Backend> Engine<B> {
                 sample_ids.push(scheduled.id);
             }
         }
-        if !sample_rows.is_empty() {
-            // Rows the device samples (no filters, no top logprobs: the RL setting) go first, the
-            // rest after them, so the host copies only the logits it needs.
-            let vocab = self.model.local.vocab_local;
-            let (device_ids, host_ids): (Vec<RequestId>, Vec<RequestId>) =
-                sample_ids.iter().partition(|&&id| {
-                    let request = self.scheduler.get_mut(id).expect("scheduled request");
-                    samples_on_device(&request.params, vocab)
-                });
-            let row_of: HashMap<RequestId, u32> = sample_ids
-                .iter()
-                .copied()
-                .zip(sample_rows.iter().copied())
-                .collect();
-            let ordered_rows: Vec<u32> = device_ids
-                .iter()
-                .chain(&host_ids)
-                .map(|id| row_of[id])
-                .collect();
-            let rows = self.backend.gather_rows(&hidden, &ordered_rows)?;
-            let logits = self.model.lm_head(&self.backend, &rows)?;
-            let n_device = device_ids.len();
-            let mut samples: Vec<(RequestId, Sample)> = Vec::with_capacity(sample_ids.len());
-            if n_device > 0 {
-                let draws: Vec<RowDraw> = device_ids
-                    .iter()
-                    .map(|id| {
-                        let request = self.scheduler.get_mut(*id).expect("scheduled request");
-                        draw_for(&request.params, &mut request.rng)
-                    })
-                    .collect();
-                let sampled = if host_ids.is_empty() {
-                    self.backend.sample_rows(&logits, &draws)?
-                } else {
-                    let device_logits = self.backend.slice_rows(&logits, 0..n_device)?;
-                    self.backend.sample_rows(&device_logits, &draws)?
-                };
-                samples.extend(
-                    device_ids
-                        .iter()
-                        .zip(sampled)
-                        .map(|(&id, (token, logprob))| {
-                            let top_logprobs = Vec::new();
-                            let sample = Sample {
-                                token,
-                                logprob,
-                                top_logprobs,
-                            };
-                            (id, sample)
-                        }),
-                );
-            }
-            if !host_ids.is_empty() {
-                let host_logits = if n_device == 0 {
-                    self.backend.to_host(&logits)?
-                } else {
-                    let rows = self
-                        .backend
-                        .slice_rows(&logits, n_device..ordered_rows.len())?;
-                    self.backend.to_host(&rows)?
-                };
-                let vocab = self.model.local.vocab_local;
-                for (id, row) in host_ids.iter().zip(host_logits.chunks_exact(vocab)) {
-                    let request = self.scheduler.get_mut(*id).expect("scheduled request");
-                    samples.push((*id, sample(row, &request.params, &mut request.rng)));
-                }
-            }
-            model_seconds = model_started.elapsed().as_secs_f64();
-            // Events in the step's scheduling order, whichever path sampled.
-            let mut by_id: HashMap<RequestId, Sample> = samples.into_iter().collect();
-            for id in &sample_ids {
-                let sampled = by_id.remove(id).expect("every sampling row sampled");
-                let max_model_len = self.config.max_model_len;
-                let request = self.scheduler.get_mut(*id).expect("scheduled request");
-                request.tokens.push(sampled.token);
-                request.logprobs.push(sampled.logprob);
-                if request.params.top_logprobs > 0 {
-                    request.top_logprobs.push(sampled.top_logprobs.clone());
-                }
-                let finish = request.finish_after(sampled.token, max_model_len);
-                self.stats.generated_tokens += 1;
-                events.push(EngineEvent::Token(TokenEvent {
-                    id: *id,
-                    token: sampled.token,
-                    logprob: sampled.logprob,
-                    top_logprobs: sampled.top_logprobs,
-                }));
-                if let Some(reason) = finish {
-                    let request = self.scheduler.remove(*id).expect("running request");
-                    events.push(EngineEvent::Finished(self.record(request, reason)));
-                }
-            }
-        }
         if sample_rows.is_empty() {
-            // Nothing sampled: wait for the device so the split below stays honest.
+            // Nothing sampled: wait for the device so the step's time split stays honest.
             self.backend
                 .to_host(&self.backend.slice_rows(&hidden, 0..1)?)?;
-            model_seconds = model_started.elapsed().as_secs_f64();
+            return Ok((sample_ids, Vec::new()));
         }
-        self.stats.steps += 1;
-        self.stats.last_step_seconds = started.elapsed().as_secs_f64();
-        self.stats.total_step_seconds += self.stats.last_step_seconds;
-        self.stats.total_model_seconds += model_seconds;
-        Ok(events)
+        // Rows the device samples (no filters, no top logprobs: the RL setting) go first, the
+        // rest after them, so the host copies only the logits it needs.
+        let vocab = self.model.local.vocab_local;
+        let (device_ids, host_ids): (Vec<RequestId>, Vec<RequestId>) =
+            sample_ids.iter().partition(|&&id| {
+                let request = self.scheduler.get_mut(id).expect("scheduled request");
+                samples_on_device(&request.params, vocab)
+            });
+        let row_of: HashMap<RequestId, u32> = sample_ids
+            .iter()
+            .copied()
+            .zip(sample_rows.iter().copied())
+            .collect();
+        let ordered_rows: Vec<u32> = device_ids
+            .iter()
+            .chain(&host_ids)
+            .map(|id| row_of[id])
+            .collect();
+        let rows = self.backend.gather_rows(&hidden, &ordered_rows)?;
+        let logits = self.model.lm_head(&self.backend, &rows)?;
+        let n_device = device_ids.len();
+        let mut samples: Vec<(RequestId, Sample)> = Vec::with_capacity(sample_ids.len());
+        if n_device > 0 {
+            let draws: Vec<RowDraw> = device_ids
+                .iter()
+                .map(|id| {
+                    let request = self.scheduler.get_mut(*id).expect("scheduled request");
+                    draw_for(&request.params, &mut request.rng)
+                })
+                .collect();
+            let sampled = if host_ids.is_empty() {
+                self.backend.sample_rows(&logits, &draws)?
+            } else {
+                let device_logits = self.backend.slice_rows(&logits, 0..n_device)?;
+                self.backend.sample_rows(&device_logits, &draws)?
+            };
+            samples.extend(
+                device_ids
+                    .iter()
+                    .zip(sampled)
+                    .map(|(&id, (token, logprob))| {
+                        let top_logprobs = Vec::new();
+                        let sample = Sample {
+                            token,
+                            logprob,
+                            top_logprobs,
+                        };
+                        (id, sample)
+                    }),
+            );
+        }
+        if !host_ids.is_empty() {
+            let host_logits = if n_device == 0 {
+                self.backend.to_host(&logits)?
+            } else {
+                let rows = self
+                    .backend
+                    .slice_rows(&logits, n_device..ordered_rows.len())?;
+                self.backend.to_host(&rows)?
+            };
+            let vocab = self.model.local.vocab_local;
+            for (id, row) in host_ids.iter().zip(host_logits.chunks_exact(vocab)) {
+                let request = self.scheduler.get_mut(*id).expect("scheduled request");
+                samples.push((*id, sample(row, &request.params, &mut request.rng)));
+            }
+        }
+        Ok((sample_ids, samples))
     }
 
     /// Token ids, positions and the paged layout of a planned step.

@@ -9,14 +9,17 @@
 
 use super::flash_attn::{check_cu_seqlens, VarlenLayout};
 use super::gemm::Gemm;
+use super::graphs::DecodeGraphs;
 use super::paged_attn::DevicePagedLayout;
 use super::tensor::{Arena, BufferPool, CudaTensor, DeviceDType};
 use super::CudaDevice;
 use crate::backend::{Backend, PagedLayout, Rotary, RowDraw};
+use crate::model::{PagedKv, Qwen2Model};
 use crate::tensor::{DType, HostTensor};
 use anyhow::{bail, ensure, Context, Result};
 use cudarc::driver::result as driver;
 use half::bf16;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Mutex;
 
 pub struct CudaBackend {
@@ -25,6 +28,14 @@ pub struct CudaBackend {
     pub pool: BufferPool,
     inv_freq: Mutex<Option<(Vec<f64>, CudaTensor)>>,
     step: Mutex<StepUploads>,
+    /// Allocations of CUDA-graph warm-ups and captures: never handed to eager work, so a
+    /// graph's baked-in buffers are only ever reused by other graphs (`cuda/graphs.rs`).
+    pub graph_pool: BufferPool,
+    /// Allocations come from `graph_pool` (a graph's warm-up or capture is running).
+    pub(super) graph_mode: AtomicBool,
+    /// A stream capture is running: host copies are refused.
+    pub(super) capturing: AtomicBool,
+    pub(super) graphs: Mutex<DecodeGraphs>,
 }
 
 /// Device copies of the current step's host index arrays (see [`Backend::begin_step`]): every
@@ -44,12 +55,17 @@ impl CudaBackend {
     pub fn new(device: CudaDevice) -> Result<Self> {
         let gemm = Gemm::new(device.stream.clone())?;
         let pool = BufferPool::new(device.stream.clone());
+        let graph_pool = BufferPool::new(device.stream.clone());
         Ok(Self {
             device,
             gemm,
             pool,
             inv_freq: Mutex::new(None),
             step: Mutex::new(StepUploads::default()),
+            graph_pool,
+            graph_mode: AtomicBool::new(false),
+            capturing: AtomicBool::new(false),
+            graphs: Mutex::new(DecodeGraphs::default()),
         })
     }
 
@@ -106,9 +122,41 @@ impl CudaBackend {
         f(&step.layouts[i].1)
     }
 
+    /// Gives `host` (alive and unchanged until the step scope closes) the device copy `device`
+    /// in the current step scope: ops given `host` use it instead of uploading. How a CUDA graph
+    /// feeds its static input buffers to the generic model code.
+    pub(super) fn pin_step_array(&self, host: &[u32], device: CudaTensor) {
+        let mut step = self.step.lock().expect("step uploads lock poisoned");
+        step.arrays
+            .push(((host.as_ptr() as usize, host.len()), device));
+    }
+
+    /// [`Self::pin_step_array`] for a paged layout.
+    pub(super) fn pin_step_layout(&self, host: &PagedLayout, device: DevicePagedLayout) {
+        let mut step = self.step.lock().expect("step uploads lock poisoned");
+        step.layouts
+            .push((host as *const PagedLayout as usize, device));
+    }
+
+    /// The pool allocations come from now: the graph pool during a graph's warm-up and capture.
+    pub fn active_pool(&self) -> &BufferPool {
+        match self.graph_mode.load(Ordering::Relaxed) {
+            true => &self.graph_pool,
+            false => &self.pool,
+        }
+    }
+
     /// An uninitialised pooled tensor.
     pub fn alloc(&self, shape: &[usize], dtype: DeviceDType) -> Result<CudaTensor> {
-        self.pool.alloc(shape, dtype)
+        self.active_pool().alloc(shape, dtype)
+    }
+
+    fn refuse_host_copy_in_capture(&self, what: &str) -> Result<()> {
+        ensure!(
+            !self.capturing.load(Ordering::Relaxed),
+            "{what} inside a CUDA graph capture: every input of a captured step must be pinned"
+        );
+        Ok(())
     }
 
     /// Copies host bytes into `tensor` (sizes must match).
@@ -122,6 +170,7 @@ impl CudaBackend {
         if bytes.is_empty() {
             return Ok(());
         }
+        self.refuse_host_copy_in_capture("a copy to the GPU")?;
         // SAFETY: the tensor holds exactly `bytes.len()` bytes; a copy from pageable host memory
         // has staged the source before this call returns.
         unsafe { driver::memcpy_htod_async(tensor.ptr(), bytes, self.device.stream.cu_stream()) }
@@ -148,6 +197,7 @@ impl CudaBackend {
 
     /// The raw bytes of a tensor, after all queued work.
     pub fn read_bytes(&self, tensor: &CudaTensor) -> Result<Vec<u8>> {
+        self.refuse_host_copy_in_capture("a copy from the GPU")?;
         let mut bytes = vec![0u8; tensor.num_bytes()];
         if !bytes.is_empty() {
             // SAFETY: the tensor holds `bytes.len()` bytes; a copy to pageable memory returns
@@ -290,8 +340,7 @@ impl Backend for CudaBackend {
         if let Some((t, &id)) = ids.iter().enumerate().find(|(_, &id)| id as usize >= vocab) {
             bail!("embedding: token id {id} at position {t} is outside the vocabulary of {vocab}");
         }
-        let ids = self.upload_pod(ids, &[ids.len()], DeviceDType::U32)?;
-        self.device.embedding_fwd(table, &ids, out)
+        self.with_step_array(ids, |ids| self.device.embedding_fwd(table, ids, out))
     }
 
     fn rmsnorm(
@@ -447,7 +496,7 @@ impl Backend for CudaBackend {
                 device_layout,
                 softmax_scale,
                 out,
-                &self.pool,
+                self.active_pool(),
             )
         })
     }
@@ -512,5 +561,21 @@ impl Backend for CudaBackend {
             .chunks_exact(2)
             .map(|pair| (pair[0], f32::from_bits(pair[1])))
             .collect())
+    }
+
+    fn decode_step_graph(
+        &self,
+        model: &Qwen2Model<Self>,
+        kv: &mut PagedKv<CudaTensor>,
+        tokens: &[u32],
+        positions: &[u32],
+        layout: &PagedLayout,
+        draws: &[RowDraw],
+    ) -> Result<Option<Vec<(u32, f32)>>> {
+        self.run_decode_graph(model, kv, tokens, positions, layout, draws)
+    }
+
+    fn reset_graphs(&self) {
+        self.reset_decode_graphs();
     }
 }

@@ -16,6 +16,7 @@
 pub mod backend;
 pub mod flash_attn;
 pub mod gemm;
+pub mod graphs;
 pub mod paged_attn;
 pub mod pointwise;
 pub mod rmsnorm;

@@ -247,6 +247,48 @@ impl DevicePagedLayout {
         })
     }
 
+    /// A layout whose arrays and work plan live in a CUDA graph's static buffers
+    /// (`cuda/graphs.rs`): `num_seqs` decode rows, one per sequence, tables of
+    /// `max_blocks_per_seq`, and a fixed plan (`plan_tensor` holds its items, rows and split rows,
+    /// the rows rewritten before each replay). Block ids are checked by the graph runner when it
+    /// writes the tables.
+    #[allow(clippy::too_many_arguments)]
+    pub fn for_graph(
+        block_size: usize,
+        max_blocks_per_seq: usize,
+        cu_query: CudaTensor,
+        context_lens: CudaTensor,
+        block_tables: CudaTensor,
+        group: usize,
+        kv_heads: usize,
+        plan: WorkPlan,
+        plan_tensor: CudaTensor,
+    ) -> Self {
+        let num_seqs = context_lens.len();
+        let partition_keys = plan.partition_keys;
+        let device_plan = DevicePlan {
+            key: (group, kv_heads, Some(partition_keys)),
+            plan,
+            tensor: plan_tensor,
+        };
+        Self {
+            block_size,
+            num_seqs,
+            num_query_rows: num_seqs,
+            max_blocks_per_seq,
+            max_context: max_blocks_per_seq * block_size,
+            max_query_rows: 1,
+            cu_query,
+            context_lens,
+            block_tables,
+            partition_keys: Some(partition_keys),
+            host_cu_query: Vec::new(),
+            host_context_lens: Vec::new(),
+            max_block_id: 0,
+            plan: Mutex::new(Some(Arc::new(device_plan))),
+        }
+    }
+
     /// The work plan for `(group, kv_heads)` on `device`, built and uploaded once.
     fn plan(
         &self,

@@ -85,6 +85,32 @@ impl CudaTensor {
     pub fn rows(&self) -> usize {
         self.len() / self.cols().max(1)
     }
+    /// A second handle to the same memory, for tensors carved from an [`Arena`] (which stays
+    /// alive while any handle does); `None` for pooled tensors, which have one owner.
+    pub fn share(&self) -> Option<CudaTensor> {
+        match &self._storage {
+            Storage::Arena(slice) => Some(CudaTensor {
+                shape: self.shape.clone(),
+                dtype: self.dtype,
+                ptr: self.ptr,
+                _storage: Storage::Arena(slice.clone()),
+            }),
+            Storage::Pooled(_) => None,
+        }
+    }
+
+    /// A handle to the arena memory starting at this tensor, under another shape and dtype;
+    /// `None` for pooled tensors.
+    ///
+    /// # Safety
+    /// The new extent must lie inside the arena this tensor was carved from.
+    pub unsafe fn share_as(&self, shape: &[usize], dtype: DeviceDType) -> Option<CudaTensor> {
+        let mut t = self.share()?;
+        t.shape = shape.to_vec();
+        t.dtype = dtype;
+        Some(t)
+    }
+
     /// The same memory under another shape with as many elements.
     pub fn reshape(&mut self, shape: &[usize]) -> Result<()> {
         ensure!(

@@ -1,0 +1,127 @@
+//! The engine on the CUDA backend: paged decode (with and without CUDA graphs) against a
+//! prefill recompute of the same tokens.
+//!
+//! Tolerance, calibrated per run: the GPU's own prefill (flash attention, the trainer's path) of
+//! the generated sequences lands some distance from the CPU f32 reference; the engine's decode
+//! logprobs (paged attention, one row per step, batched with other requests, through a graph or
+//! not) must land within twice that distance, plus one bf16 step of slack for sequences where
+//! the prefill happens to be almost exact.
+//!
+//! Needs a CUDA GPU: run through scripts/gpu-pack.sh. Without one these tests fail, never pass.
+
+mod common;
+
+use common::fixture_dir;
+use swerve::backend::cpu::CpuBackend;
+use swerve::backend::cuda::CudaBackend;
+use swerve::backend::Backend;
+use swerve::engine::{
+    Engine, EngineConfig, EngineEvent, FinalRecord, GenerationRequest, SamplingParams,
+};
+use swerve::model::{PackedBatch, Qwen2Model};
+
+const MODEL: &str = "tied-gqa4-bf16"; // vocab 320, context 128, GQA 4:1
+
+fn gpu() -> CudaBackend {
+    CudaBackend::open_default()
+        .expect("these tests need a CUDA GPU and a build with kernels (SWERVE_REQUIRE_CUDA=1)")
+}
+
+/// Five greedy requests of different prompt lengths, run to completion.
+fn generate(cuda_graphs: bool) -> (Engine<CudaBackend>, Vec<FinalRecord>) {
+    let backend = gpu();
+    let model = Qwen2Model::load(&backend, &fixture_dir(MODEL)).unwrap();
+    let mut config = EngineConfig::for_model(128, 64);
+    config.cuda_graphs = cuda_graphs;
+    let mut engine = Engine::new(backend, model, config).unwrap();
+    for (i, len) in [3usize, 9, 17, 40, 66].iter().enumerate() {
+        let prompt: Vec<u32> = (0..*len as u32)
+            .map(|j| (j * 37 + i as u32 * 11 + 5) % 320)
+            .collect();
+        engine
+            .add_request(GenerationRequest {
+                prompt,
+                params: SamplingParams::greedy(),
+                max_tokens: 24,
+                stop_ids: vec![],
+            })
+            .unwrap();
+    }
+    let mut records = Vec::new();
+    while engine.has_unfinished() {
+        for event in engine.step().unwrap() {
+            if let EngineEvent::Finished(r) = event {
+                records.push(r);
+            }
+        }
+    }
+    records.sort_by_key(|r| r.id);
+    (engine, records)
+}
+
+/// log_softmax of each output token after its prefix, from one prefill forward on `backend`.
+fn prefill_logprobs<B: Backend>(
+    backend: &B,
+    model: &Qwen2Model<B>,
+    record: &FinalRecord,
+) -> Vec<f32> {
+    let mut sequence = record.prompt_tokens.clone();
+    sequence.extend(&record.output_tokens);
+    let logits = model
+        .forward_logits(backend, &PackedBatch::from_sequences(&[sequence.clone()]))
+        .unwrap();
+    let p = record.prompt_tokens.len();
+    let rows = backend
+        .slice_rows(&logits, p - 1..sequence.len() - 1)
+        .unwrap();
+    backend
+        .token_logprobs(&rows, &record.output_tokens)
+        .unwrap()
+}
+
+fn max_gap(a: &[f32], b: &[f32]) -> f32 {
+    a.iter()
+        .zip(b)
+        .fold(0.0f32, |m, (x, y)| m.max((x - y).abs()))
+}
+
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn decode_logprobs_match_a_prefill_recompute_with_and_without_graphs() {
+    let cpu = CpuBackend::new();
+    let reference = Qwen2Model::load(&cpu, &fixture_dir(MODEL)).unwrap();
+    for cuda_graphs in [false, true] {
+        let (engine, records) = generate(cuda_graphs);
+        assert_eq!(records.len(), 5);
+        let stats = engine.stats();
+        let (captures, replays, disabled) = engine.backend.decode_graph_stats();
+        println!(
+            "graphs {cuda_graphs}: {} steps, {} through graphs ({captures} captures, {replays} replays)",
+            stats.steps, stats.graph_steps
+        );
+        if cuda_graphs {
+            assert_eq!(disabled, None, "graphs were turned off");
+            assert!(stats.graph_steps > 10, "{} graph steps", stats.graph_steps);
+            assert_eq!(stats.graph_steps, replays + captures);
+        } else {
+            assert_eq!(stats.graph_steps, 0);
+        }
+        assert_eq!(engine.kv_manager().num_used_blocks(), 0, "blocks leaked");
+        for record in &records {
+            assert_eq!(record.output_tokens.len(), 24);
+            let exact = prefill_logprobs(&cpu, &reference, record);
+            let gpu_prefill = prefill_logprobs(&engine.backend, &engine.model, record);
+            let prefill_err = max_gap(&gpu_prefill, &exact);
+            let decode_err = max_gap(&record.logprobs, &exact);
+            println!(
+                "request {} (graphs {cuda_graphs}): decode error {decode_err:.3e}, GPU prefill error {prefill_err:.3e}",
+                record.id
+            );
+            assert!(
+                decode_err <= 2.0 * prefill_err + 1.0 / 128.0,
+                "request {}: decode logprobs {decode_err} from the f32 reference, prefill {prefill_err}",
+                record.id
+            );
+        }
+    }
+}
