@@ -146,7 +146,7 @@ impl StaticInputs {
             }
         }
         let plan_ints = 4 * items.len() + 2 * batch + batch;
-        let shapes: [(&[usize], DeviceDType); 11] = [
+        let shapes: [(&[usize], DeviceDType); 10] = [
             (&[batch], DeviceDType::U32),
             (&[batch], DeviceDType::U32),
             (&[batch], DeviceDType::U32),
@@ -157,7 +157,6 @@ impl StaticInputs {
             (&[batch], DeviceDType::F64),
             (&[batch + 1], DeviceDType::I32),
             (&[batch, 2], DeviceDType::U32),
-            (&[1], DeviceDType::U32),
         ];
         let bytes = Arena::bytes_for(
             shapes
