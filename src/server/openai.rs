@@ -572,7 +572,16 @@ pub fn parse_chat(mut fields: Fields, ctx: &Context<'_>) -> Result<Job, ApiError
     };
     fields.ignore(&["parallel_tool_calls"]);
     let add_generation_prompt = fields.boolean("add_generation_prompt")?.unwrap_or(true);
-    let (prompt, prompt_field) = match (fields.take("messages"), fields.take("prompt_token_ids")) {
+    let mut messages = fields.take("messages");
+    if fields.has("prompt_token_ids")
+        && messages
+            .as_ref()
+            .is_some_and(|m| m == &Value::Array(Vec::new()))
+    {
+        // Clients whose `messages` is required (the openai package) send [] with token ids.
+        messages = None;
+    }
+    let (prompt, prompt_field) = match (messages, fields.take("prompt_token_ids")) {
         (Some(_), Some(_)) => {
             return Err(ApiError::field(
                 "prompt_token_ids",

@@ -168,7 +168,12 @@ impl Server {
                 "--device",
                 "cpu",
             ])
-            .args(["--served-model-name", MODEL_NAME, "--num-kv-blocks", "1024"])
+            .args(["--served-model-name", MODEL_NAME])
+            .args(if extra.contains(&"--num-kv-blocks") {
+                &[][..]
+            } else {
+                &["--num-kv-blocks", "1024"][..]
+            })
             .args(extra)
             .stdout(Stdio::piped())
             .stderr(Stdio::piped())
@@ -177,7 +182,7 @@ impl Server {
         let stderr = Arc::new(Mutex::new(String::new()));
         let sink = stderr.clone();
         let mut err = child.stderr.take().unwrap();
-        std::thread::spawn(move || {
+        let reader = std::thread::spawn(move || {
             let mut buf = [0u8; 4096];
             while let Ok(n) = err.read(&mut buf) {
                 if n == 0 {
@@ -194,6 +199,7 @@ impl Server {
             line.clear();
             if stdout.read_line(&mut line).unwrap() == 0 {
                 let _ = child.wait();
+                let _ = reader.join();
                 panic!(
                     "swerve-serve exited before listening:\n{}",
                     stderr.lock().unwrap()
