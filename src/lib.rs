@@ -18,7 +18,9 @@
 //! - [`kvcache`]: the paged KV cache's block pool, prefix cache and [`kvcache::KvCacheManager`].
 //! - [`server`]: `swerve-serve`, the OpenAI-compatible rollout server (axum over the engine
 //!   handle): token ids in and out, weight reloads, pause and resume, Prometheus metrics.
-//! - [`train`]: `score` (per-token logprobs of given sequences) so far.
+//! - [`train`]: `score` (per-token logprobs of given sequences); RFT and DAPO training on the CPU
+//!   reference ([`train::trainer`]): data, the fused LM-head loss, AdamW, checkpoints. The
+//!   backward ops are [`backend::BackendGrad`]; the model's backward is [`model::backward`].
 //! - [`bench`]: what `swerve-bench` measures.
 //!
 //! The binaries in `src/bin/` only parse arguments and call into these modules.
