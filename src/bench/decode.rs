@@ -33,6 +33,8 @@ pub struct DecodeRow {
     pub tokens_per_second: f64,
     /// Bytes a step must read: weights + the K/V of every cached token.
     pub bytes_per_step: f64,
+    /// Timed steps replayed from a CUDA graph (`Backend::decode_step_graph`).
+    pub graph_steps: usize,
 }
 
 impl DecodeRow {
@@ -62,7 +64,8 @@ pub fn decode_bytes<B: Backend>(
 }
 
 /// Times `steps` decode steps (after two warm-ups) of `batch` sequences that start `context`
-/// tokens deep; the median step is reported.
+/// tokens deep; the median step is reported. With `cuda_graphs`, steps replay the backend's
+/// captured graph where it has one (as the engine's do); the first step captures it.
 pub fn decode<B: Backend>(
     backend: &B,
     model: &Qwen2Model<B>,
@@ -70,6 +73,7 @@ pub fn decode<B: Backend>(
     context: usize,
     steps: usize,
     elem_bytes: usize,
+    cuda_graphs: bool,
 ) -> Result<DecodeRow> {
     ensure!(
         batch > 0 && context > 0 && steps > 0,
@@ -93,6 +97,7 @@ pub fn decode<B: Backend>(
         .map(|s| ((s * 7919 + 11) % vocab) as u32)
         .collect();
     let mut times = Vec::with_capacity(steps);
+    let mut graph_steps = 0;
     for step in 0..warmup + steps {
         let position = (context - 1 + step) as u32;
         let started = Instant::now();
@@ -111,15 +116,27 @@ pub fn decode<B: Backend>(
                 .collect(),
         };
         let positions = vec![position; batch];
-        let hidden = model.forward_paged(backend, &tokens, &positions, &layout, &mut kv)?;
-        let logits = model.lm_head(backend, &hidden)?;
         let draws: Vec<RowDraw> = (0..batch)
             .map(|_| RowDraw {
                 temperature: 1.0,
                 uniform: rng.next_f64(),
             })
             .collect();
-        let sampled = backend.sample_rows(&logits, &draws)?;
+        let graphed = match cuda_graphs {
+            true => {
+                backend.decode_step_graph(model, &mut kv, &tokens, &positions, &layout, &draws)?
+            }
+            false => None,
+        };
+        graph_steps += usize::from(graphed.is_some() && step >= warmup);
+        let sampled = match graphed {
+            Some(sampled) => sampled,
+            None => {
+                let hidden = model.forward_paged(backend, &tokens, &positions, &layout, &mut kv)?;
+                let logits = model.lm_head(backend, &hidden)?;
+                backend.sample_rows(&logits, &draws)?
+            }
+        };
         tokens = sampled.iter().map(|&(t, _)| t).collect();
         if step >= warmup {
             times.push(started.elapsed().as_secs_f64());
@@ -133,26 +150,28 @@ pub fn decode<B: Backend>(
         median_step_seconds: median,
         tokens_per_second: batch as f64 / median,
         bytes_per_step: decode_bytes(model, batch, context + warmup + steps / 2, elem_bytes),
+        graph_steps,
     })
 }
 
 pub fn print_decode_table(rows: &[DecodeRow], copy_gb_per_s: Option<f64>) {
     println!(
-        "{:>6} {:>9} {:>12} {:>12} {:>12} {:>10}",
-        "batch", "context", "median ms", "tokens/s", "MB/step", "roofline"
+        "{:>6} {:>9} {:>12} {:>12} {:>12} {:>10} {:>7}",
+        "batch", "context", "median ms", "tokens/s", "MB/step", "roofline", "graphs"
     );
     for r in rows {
         let fraction = copy_gb_per_s
             .map(|bw| format!("{:.1}%", 100.0 * r.roofline_fraction(bw)))
             .unwrap_or_else(|| "n/a".into());
         println!(
-            "{:>6} {:>9} {:>12.3} {:>12.1} {:>12.1} {:>10}",
+            "{:>6} {:>9} {:>12.3} {:>12.1} {:>12.1} {:>10} {:>7}",
             r.batch,
             r.context,
             r.median_step_seconds * 1e3,
             r.tokens_per_second,
             r.bytes_per_step / 1e6,
-            fraction
+            fraction,
+            if r.graph_steps > 0 { "yes" } else { "no" }
         );
     }
 }

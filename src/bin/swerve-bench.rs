@@ -84,6 +84,9 @@ struct DecodeArgs {
     /// Contexts of the decode-attention rows (GPU only), comma-separated; 0 skips them.
     #[arg(long, value_delimiter = ',', default_values_t = [32768usize, 131072])]
     attention_contexts: Vec<usize>,
+    /// Run every step op by op instead of replaying captured CUDA graphs.
+    #[arg(long)]
+    no_cuda_graphs: bool,
     /// Where the model runs: auto (the GPU when there is one), cpu, or cuda.
     #[arg(long, default_value = "auto")]
     device: DeviceChoice,
@@ -426,7 +429,10 @@ fn decode_on<B: Backend>(
     let rows = batches
         .iter()
         .map(|&batch| {
-            bench::decode::decode(backend, &model, batch, context, args.steps, elem_bytes)
+            let graphs = !args.no_cuda_graphs;
+            bench::decode::decode(
+                backend, &model, batch, context, args.steps, elem_bytes, graphs,
+            )
         })
         .collect::<Result<Vec<_>>>()?;
     bench::decode::print_decode_table(&rows, copy_gb_per_s);
@@ -437,7 +443,7 @@ fn decode_on<B: Backend>(
                 "table": "decode", "impl": "swerve",
                 "key": format!("preset={} batch={} context={}", args.preset, r.batch, r.context),
                 "median_ms": r.median_step_seconds * 1e3, "tokens_per_s": r.tokens_per_second,
-                "bytes_per_step": r.bytes_per_step,
+                "bytes_per_step": r.bytes_per_step, "cuda_graphs": r.graph_steps > 0,
                 "roofline_fraction": copy_gb_per_s.map(|bw| r.roofline_fraction(bw)),
                 "note": backend.name(),
             }))
