@@ -75,6 +75,15 @@ pub async fn start(state: &Arc<AppState>, job: &Job) -> Result<(Inflight, Events
         return Err(ApiError::unavailable("the server is shutting down"));
     }
     let choices = job.num_choices();
+    if choices > state.admission.capacity {
+        return Err(ApiError::field(
+            "n",
+            format!(
+                "{choices} sequences (prompts x n) can never be admitted: the server admits at most {} at once (--max-num-seqs + --max-queue-len)",
+                state.admission.capacity
+            ),
+        ));
+    }
     let permit = state.admission.try_admit(choices).ok_or_else(|| {
         state.metrics.rejected_overload();
         ApiError::overloaded(
