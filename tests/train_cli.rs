@@ -49,14 +49,7 @@ fn metrics(out: &Path) -> Vec<Value> {
 #[test]
 fn rft_overfits_a_small_set_and_writes_a_loadable_checkpoint() {
     let dir = tempfile::tempdir().unwrap();
-    let data = dir.path().join("rft.jsonl");
-    let lines: Vec<Value> = (0..4)
-        .map(|i| {
-            let action_mask = [vec![0; 10], vec![1; 20]].concat();
-            json!({"tokens": tokens(i, 30), "action_mask": action_mask})
-        })
-        .collect();
-    write_lines(&data, &lines);
+    let data = rft_data(dir.path());
     let out = dir.path().join("out");
     let model = fixture_dir(MODEL);
     let result = run(&[
@@ -267,4 +260,102 @@ fn bad_data_names_the_file_and_line() {
             "{stderr}"
         );
     }
+}
+
+fn rft_data(dir: &Path) -> std::path::PathBuf {
+    let data = dir.join("rft.jsonl");
+    let lines: Vec<Value> = (0..4)
+        .map(|i| {
+            let action_mask = [vec![0; 10], vec![1; 20]].concat();
+            json!({"tokens": tokens(i, 30), "action_mask": action_mask})
+        })
+        .collect();
+    write_lines(&data, &lines);
+    data
+}
+
+#[test]
+fn micro_batch_tokens_do_not_change_the_step() {
+    let dir = tempfile::tempdir().unwrap();
+    let data = rft_data(dir.path());
+    let model = fixture_dir(MODEL);
+    let mut steps = Vec::new();
+    // One trajectory per micro-batch, two, and all four together.
+    for micro in ["30", "60", "1000"] {
+        let out = dir.path().join(format!("out{micro}"));
+        let result = run(&[
+            "rft",
+            "--model",
+            model.to_str().unwrap(),
+            "--data",
+            data.to_str().unwrap(),
+            "--out",
+            out.to_str().unwrap(),
+            "--batch-size",
+            "4",
+            "--steps",
+            "2",
+            "--micro-batch-tokens",
+            micro,
+            "--lr",
+            "1e-3",
+        ]);
+        assert!(
+            result.status.success(),
+            "{}",
+            String::from_utf8_lossy(&result.stderr)
+        );
+        steps.push(metrics(&out));
+    }
+    for m in &steps[1..] {
+        for (x, y) in m.iter().zip(&steps[0]) {
+            for key in ["loss", "grad_norm"] {
+                let (a, b) = (x[key].as_f64().unwrap(), y[key].as_f64().unwrap());
+                assert!((a - b).abs() <= 1e-6 * b.abs(), "{key}: {a} vs {b}");
+            }
+        }
+    }
+}
+
+#[test]
+fn a_step_with_inf_or_nan_is_skipped_and_said_so() {
+    let dir = tempfile::tempdir().unwrap();
+    let data = rft_data(dir.path());
+    let model = fixture_dir(MODEL);
+    let out = dir.path().join("out");
+    // An absurd learning rate: the first update overflows every later forward pass.
+    let result = run(&[
+        "rft",
+        "--model",
+        model.to_str().unwrap(),
+        "--data",
+        data.to_str().unwrap(),
+        "--out",
+        out.to_str().unwrap(),
+        "--batch-size",
+        "2",
+        "--epochs",
+        "2",
+        "--lr",
+        "1e30",
+        "--grad-clip",
+        "0",
+    ]);
+    assert!(
+        result.status.success(),
+        "{}",
+        String::from_utf8_lossy(&result.stderr)
+    );
+    let m = metrics(&out);
+    assert_eq!(m.len(), 4);
+    assert_eq!(m[0]["skipped"], false);
+    for line in &m[1..] {
+        assert_eq!(line["skipped"], true);
+        assert!(line["loss"].is_null() && line["grad_norm"].is_null());
+    }
+    let state: Value = serde_json::from_str(
+        &std::fs::read_to_string(out.join("final/trainer_state.json")).unwrap(),
+    )
+    .unwrap();
+    assert_eq!(state["updates"], 1);
 }
