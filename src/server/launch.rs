@@ -172,9 +172,10 @@ fn generation_config_defaults(dir: &Path, use_it: bool) -> Result<SamplingDefaul
     Ok(d)
 }
 
-/// Starts the engine thread on `backend`: loads the model there, sizes the KV cache.
-fn start_engine<B: KvMemory + Send + 'static>(
-    backend: B,
+/// Starts the engine thread: builds the backend there (a CUDA context is used by the thread that
+/// made it), loads the model, sizes the KV cache.
+fn start_engine<B: KvMemory + 'static>(
+    make_backend: impl FnOnce() -> Result<B> + Send + 'static,
     options: &ServeOptions,
     config: &ModelConfig,
     max_model_len: usize,
@@ -182,6 +183,7 @@ fn start_engine<B: KvMemory + Send + 'static>(
     let options = options.clone();
     let config = config.clone();
     EngineHandle::spawn(move || {
+        let backend = make_backend()?;
         let model = Qwen2Model::load(&backend, &options.model)?;
         let mut engine_config = EngineConfig::for_model(max_model_len, 0);
         engine_config.max_num_seqs = options.max_num_seqs;
@@ -265,8 +267,13 @@ pub fn run(options: ServeOptions) -> Result<()> {
     let (backend, line) = select(options.device)?;
     eprintln!("{line}");
     let engine = match backend {
-        Selected::Cpu(b) => start_engine(b, &options, &config, max_model_len)?,
-        Selected::Cuda(b) => start_engine(*b, &options, &config, max_model_len)?,
+        Selected::Cpu(b) => start_engine(move || Ok(b), &options, &config, max_model_len)?,
+        Selected::Cuda(probe) => {
+            // The probe found a usable GPU; the engine thread opens its own context.
+            drop(probe);
+            let open = || CudaBackend::open_default().map_err(|e| anyhow!("--device cuda: {e}"));
+            start_engine(open, &options, &config, max_model_len)?
+        }
     };
     let state = Arc::new(AppState {
         engine: Arc::new(engine),
