@@ -89,3 +89,50 @@ fn decode_refuses_a_context_beyond_the_model() {
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(stderr.contains("context 1000000"), "{stderr}");
 }
+
+#[test]
+fn agent_through_http_reports_host_time_next_to_the_in_process_run() {
+    let out = Command::new(bin_path("swerve-bench"))
+        .args(["agent", "--device", "cpu", "--tasks", "1", "--group", "2"])
+        .args(["--max-context", "300", "--http"])
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{stdout}{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let per_token = |prefix: &str| -> f64 {
+        let line = stdout
+            .lines()
+            .find(|l| l.starts_with(prefix) && l.contains("host time per generated token"))
+            .unwrap_or_else(|| panic!("no {prefix:?} host-time line in {stdout}"));
+        line.rsplit("token ")
+            .next()
+            .and_then(|s| s.trim_end_matches(" us").split_whitespace().next())
+            .and_then(|s| s.parse().ok())
+            .unwrap_or_else(|| panic!("cannot read {line:?}"))
+    };
+    assert!(per_token("host time") >= 0.0);
+    assert!(per_token("through HTTP") > 0.0);
+    // Same workload both ways: the same turns, and the HTTP run hits the prefix cache too.
+    assert!(stdout.contains("rollouts 2, turns"), "{stdout}");
+    let http = stdout
+        .lines()
+        .find(|l| l.starts_with("through HTTP: rollouts"))
+        .unwrap();
+    let in_process = stdout
+        .lines()
+        .find(|l| l.starts_with("rollouts 2"))
+        .unwrap();
+    let turns = |l: &str| l.split(", ").nth(1).map(str::to_string);
+    assert_eq!(
+        turns(http.trim_start_matches("through HTTP: ")),
+        turns(in_process)
+    );
+    assert!(
+        stdout.contains("through HTTP: prefix-cache hit rate"),
+        "{stdout}"
+    );
+}

@@ -71,9 +71,11 @@ pub struct AgentReport {
     pub mean_step_ms: f64,
     pub host_overhead_fraction: f64,
     pub preemptions: u64,
+    /// (wall time - the engine's model time) / generated tokens.
+    pub host_seconds_per_token: f64,
 }
 
-fn pseudo_tokens(seed: u64, n: usize, vocab: usize) -> Vec<u32> {
+pub(crate) fn pseudo_tokens(seed: u64, n: usize, vocab: usize) -> Vec<u32> {
     let mut state = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
     (0..n)
         .map(|_| {
@@ -171,6 +173,7 @@ pub fn run<B: Backend>(engine: &mut Engine<B>, workload: &AgentWorkload) -> Resu
             0.0
         },
         preemptions: after.preemptions - before.preemptions,
+        host_seconds_per_token: (seconds - model_seconds).max(0.0) / generated.max(1) as f64,
     })
 }
 
@@ -186,5 +189,9 @@ pub fn print_report(r: &AgentReport) {
         r.mean_step_ms,
         100.0 * r.host_overhead_fraction,
         r.preemptions
+    );
+    println!(
+        "host time per generated token {:.1} us (wall time minus model time)",
+        r.host_seconds_per_token * 1e6
     );
 }

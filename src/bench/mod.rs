@@ -2,6 +2,7 @@
 //! use, and (with a GPU) each CUDA kernel against its CPU reference and the card's limits.
 
 pub mod agent;
+pub mod agent_http;
 pub mod decode;
 pub mod kernels;
 

@@ -61,6 +61,11 @@ struct AgentArgs {
     /// Fraction of free GPU memory given to the KV cache.
     #[arg(long, default_value_t = 0.85)]
     kv_cache_fraction: f64,
+    /// Also run the workload through `swerve-serve`'s HTTP API (started from this binary's
+    /// folder on the same random model, written to a temporary folder; tensor-parallel size 1
+    /// presets only) and report host time per generated token next to the in-process figure.
+    #[arg(long)]
+    http: bool,
     /// Also append the result as one JSON record to this file.
     #[arg(long)]
     jsonl: Option<PathBuf>,
@@ -238,7 +243,8 @@ fn agent(args: AgentArgs) -> Result<()> {
             let workload = agent_workload(&args, bench::agent::AgentWorkload::cpu());
             // Every rollout at its largest context, plus slack: no preemption needed.
             let tokens = workload.tasks * workload.group * (workload.max_context + 16);
-            agent_on(b, config, tp_size, &args, workload, tokens)
+            let num_blocks = agent_on(b, config.clone(), tp_size, &args, &workload, tokens)?;
+            agent_http(&args, &config, tp_size, &workload, num_blocks, "cpu")
         }
         Selected::Cuda(b) => {
             let workload = agent_workload(
@@ -252,7 +258,8 @@ fn agent(args: AgentArgs) -> Result<()> {
             // Activations of an 8,192-token step stay well inside the last 15 % and 4 GiB.
             let budget = (free.saturating_sub(weights) as f64 * args.kv_cache_fraction) as usize;
             let tokens = budget.saturating_sub(4 << 30) / per_token;
-            agent_on(*b, config, tp_size, &args, workload, tokens)
+            let num_blocks = agent_on(*b, config.clone(), tp_size, &args, &workload, tokens)?;
+            agent_http(&args, &config, tp_size, &workload, num_blocks, "cuda")
         }
     }
 }
@@ -278,9 +285,9 @@ fn agent_on<B: Backend>(
     config: swerve::config::ModelConfig,
     tp_size: usize,
     args: &AgentArgs,
-    workload: bench::agent::AgentWorkload,
+    workload: &bench::agent::AgentWorkload,
     kv_tokens: usize,
-) -> Result<()> {
+) -> Result<usize> {
     if workload.max_context > config.max_context() {
         bail!(
             "--max-context {} exceeds the model's context of {}",
@@ -307,8 +314,9 @@ fn agent_on<B: Backend>(
         engine_config.block_size,
         workload.describe()
     );
+    let num_blocks = engine_config.num_blocks;
     let mut engine = swerve::engine::Engine::new(backend, model, engine_config)?;
-    let report = bench::agent::run(&mut engine, &workload)?;
+    let report = bench::agent::run(&mut engine, workload)?;
     bench::agent::print_report(&report);
     if let Some(path) = &args.jsonl {
         append_jsonl(
@@ -318,10 +326,79 @@ fn agent_on<B: Backend>(
                 "tokens_per_s": report.tokens_per_second, "prefix_hit_rate": report.prefix_hit_rate,
                 "mean_step_ms": report.mean_step_ms, "host_overhead": report.host_overhead_fraction,
                 "steps": report.steps, "preemptions": report.preemptions, "note": engine.backend.name(),
+                "host_us_per_token": report.host_seconds_per_token * 1e6,
             })],
         )?;
     }
-    Ok(())
+    Ok(num_blocks)
+}
+
+/// With `--http`: the same workload through `swerve-serve` on the same random model.
+fn agent_http(
+    args: &AgentArgs,
+    config: &swerve::config::ModelConfig,
+    tp_size: usize,
+    workload: &bench::agent::AgentWorkload,
+    num_blocks: usize,
+    device: &str,
+) -> Result<()> {
+    if !args.http {
+        return Ok(());
+    }
+    if tp_size != 1 {
+        bail!(
+            "--http needs a preset of tensor-parallel size 1; {} is one rank of {tp_size}",
+            args.preset
+        );
+    }
+    let dir = std::env::temp_dir().join(format!("swerve-bench-model-{}", std::process::id()));
+    synthetic::write_model_dir(config, 0x5EED, &dir)?;
+    let result = (|| -> Result<()> {
+        let bin = std::env::current_exe()?.with_file_name("swerve-serve");
+        let name = "swerve-bench";
+        let server_args: Vec<String> = [
+            "--model",
+            dir.to_str().context("temporary folder path is not UTF-8")?,
+            "--port",
+            "0",
+            "--device",
+            device,
+            "--served-model-name",
+            name,
+        ]
+        .iter()
+        .map(|s| s.to_string())
+        .chain([
+            "--max-model-len".to_string(),
+            workload.max_context.to_string(),
+            "--num-kv-blocks".to_string(),
+            num_blocks.to_string(),
+        ])
+        .collect();
+        let server = bench::agent_http::ServeProcess::start(&bin, &server_args)?;
+        let report = bench::agent_http::run_http(
+            server.addr,
+            name,
+            workload,
+            config.vocab_size,
+            workload.max_context,
+        )?;
+        bench::agent_http::print_http_report(&report);
+        if let Some(path) = &args.jsonl {
+            append_jsonl(
+                path,
+                &[serde_json::json!({
+                    "table": "agent_http", "impl": "swerve",
+                    "key": format!("preset={} {}", args.preset, workload.describe()),
+                    "tokens_per_s": report.tokens_per_second, "prefix_hit_rate": report.prefix_hit_rate,
+                    "host_us_per_token": report.host_seconds_per_token * 1e6, "note": device,
+                })],
+            )?;
+        }
+        Ok(())
+    })();
+    let _ = std::fs::remove_dir_all(&dir);
+    result
 }
 
 fn decode(args: DecodeArgs) -> Result<()> {

@@ -4,9 +4,11 @@
 
 use crate::config::{LocalSizes, ModelConfig, RopeConfig, RopeScaling};
 use crate::model::params::{ParamKind, Qwen2Params};
+use crate::model::weights::write_safetensors;
 use crate::tensor::HostTensor;
-use anyhow::{bail, Result};
+use anyhow::{bail, Context, Result};
 use half::bf16;
+use std::path::Path;
 
 /// Names accepted by `--preset`.
 pub const PRESETS: [&str; 6] = [
@@ -81,15 +83,59 @@ pub fn random_params(
 ) -> Result<Qwen2Params<HostTensor<'static>>> {
     let mut rng = SplitMix64(seed);
     Qwen2Params::try_build(config, local, |_, shape, kind| {
-        let numel: usize = shape.iter().product();
-        let (center, half_width) = match (kind, shape.len()) {
-            (ParamKind::Norm, _) => (1.0, 0.1),
-            (_, 1) => (0.0, 0.1),
-            _ => (0.0, (3.0 / shape[1] as f32).sqrt()),
-        };
-        let values: Vec<bf16> = (0..numel)
-            .map(|_| bf16::from_f32(center + half_width * rng.next_signed()))
-            .collect();
-        Ok(HostTensor::from_bf16(shape.to_vec(), &values))
+        Ok(random_tensor(&mut rng, shape, kind))
     })
+}
+
+fn random_tensor(rng: &mut SplitMix64, shape: &[usize], kind: ParamKind) -> HostTensor<'static> {
+    let numel: usize = shape.iter().product();
+    let (center, half_width) = match (kind, shape.len()) {
+        (ParamKind::Norm, _) => (1.0, 0.1),
+        (_, 1) => (0.0, 0.1),
+        _ => (0.0, (3.0 / shape[1] as f32).sqrt()),
+    };
+    let values: Vec<bf16> = (0..numel)
+        .map(|_| bf16::from_f32(center + half_width * rng.next_signed()))
+        .collect();
+    HostTensor::from_bf16(shape.to_vec(), &values)
+}
+
+/// Writes a (tensor-parallel size 1) model with [`random_params`]' weights for `seed` as an HF
+/// folder: `config.json` and `model.safetensors`, which `swerve-serve` and transformers load (the
+/// tokenizer is the embedded Qwen2.5 one). Used to benchmark the server on preset shapes.
+pub fn write_model_dir(config: &ModelConfig, seed: u64, dir: &Path) -> Result<()> {
+    let local = config.local_sizes(1)?;
+    let mut rng = SplitMix64(seed);
+    let mut tensors = Vec::new();
+    Qwen2Params::<()>::try_build(config, &local, |name, shape, kind| {
+        tensors.push((name.to_string(), random_tensor(&mut rng, shape, kind)));
+        Ok(())
+    })?;
+    std::fs::create_dir_all(dir).with_context(|| format!("cannot create {}", dir.display()))?;
+    let rope_scaling = match &config.rope.scaling {
+        RopeScaling::None => serde_json::Value::Null,
+        other => bail!("write_model_dir: rope scaling {other:?} is not written"),
+    };
+    let hf = serde_json::json!({
+        "architectures": ["Qwen2ForCausalLM"],
+        "model_type": "qwen2",
+        "hidden_act": "silu",
+        "hidden_size": config.hidden_size,
+        "intermediate_size": config.intermediate_size,
+        "num_hidden_layers": config.num_hidden_layers,
+        "num_attention_heads": config.num_attention_heads,
+        "num_key_value_heads": config.num_key_value_heads,
+        "vocab_size": config.vocab_size,
+        "max_position_embeddings": config.max_position_embeddings,
+        "rms_norm_eps": config.rms_norm_eps,
+        "rope_theta": config.rope.theta,
+        "rope_scaling": rope_scaling,
+        "tie_word_embeddings": config.tie_word_embeddings,
+        "use_sliding_window": false,
+        "torch_dtype": "bfloat16",
+    });
+    let config_path = dir.join("config.json");
+    std::fs::write(&config_path, serde_json::to_string_pretty(&hf)? + "\n")
+        .with_context(|| format!("cannot write {}", config_path.display()))?;
+    write_safetensors(&dir.join("model.safetensors"), &tensors)
 }
