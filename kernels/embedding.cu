@@ -1,11 +1,22 @@
-// Token embedding, forward (the backward scatter-add arrives with the training issue, in this file).
+// Token embedding, forward and backward.
 //
 //   embedding_fwd_bf16:  out[t, :] = table[ids[t], :]
+//   embedding_bwd_f32:   d_table[ids[t], :] += d_out[t, :]   (scatter-add; repeated ids add up)
 //
-// Shapes: table [vocab, d] bf16 row-major; ids [tokens] u32; out [tokens, d] bf16.
+// Shapes: table [vocab, d] bf16 row-major; ids [tokens] u32; out, d_out [tokens, d] bf16;
+// d_table [vocab, d] f32 (a parameter gradient: f32 so micro-batches accumulate without loss).
 // A pure gather: one block per token row, 16-byte vector copies when d % 8 == 0 (every Qwen2.5
 // hidden size), scalar otherwise. Ids are validated on the host before launch; an id outside the
 // table still never reads out of bounds here: its row is written as NaN, loudly wrong.
+//
+// The backward is deterministic, without atomics: the host groups the token rows by id (a stable
+// sort of the ids it already holds) into `segments`, each one distinct id with its token rows in
+// ascending order. One block owns a segment, so one id's row is written by one block, and each
+// column adds its token rows in order, starting from the table's value: bit for bit the CPU
+// reference's `table[id] += d_out[t]` for t ascending.
+//
+//   order [tokens] u32       token rows, grouped by id (ascending token index within a group)
+//   seg_start [segments + 1] offsets into `order`; unique_ids [segments] the id of each group
 
 #include "common.cuh"
 
@@ -31,5 +42,22 @@ extern "C" __global__ void __launch_bounds__(EmbeddingConfig::threads)
         for (int i = threadIdx.x; i < d / 8; i += blockDim.x) dst[i] = src[i];
     } else {
         for (int i = threadIdx.x; i < d; i += blockDim.x) out_row[i] = row[i];
+    }
+}
+
+extern "C" __global__ void __launch_bounds__(EmbeddingConfig::threads)
+    embedding_bwd_f32(float* __restrict__ d_table, const __nv_bfloat16* __restrict__ d_out,
+                      const uint32_t* __restrict__ order, const uint32_t* __restrict__ seg_start,
+                      const uint32_t* __restrict__ unique_ids, int segments, int d, int vocab) {
+    for (int seg = blockIdx.x; seg < segments; seg += gridDim.x) {
+        const uint32_t id = unique_ids[seg];
+        if (id >= (uint32_t)vocab) continue;  // validated on the host; never write out of bounds
+        const uint32_t first = seg_start[seg], last = seg_start[seg + 1];
+        float* row = d_table + (size_t)id * d;
+        for (int i = threadIdx.x; i < d; i += blockDim.x) {
+            float acc = row[i];
+            for (uint32_t s = first; s < last; ++s) acc += bf16_to_f32(d_out[(size_t)order[s] * d + i]);
+            row[i] = acc;
+        }
     }
 }

@@ -1,9 +1,13 @@
-// Rotary position embedding (plain and YaRN), forward, applied to q and k in place (the backward,
-// the same rotation by -angle, arrives with the training issue, in this file).
+// Rotary position embedding (plain and YaRN), forward and backward, applied to q and k in place.
 //
 //   rope_fwd_bf16:  for every token t, head h (query heads, then kv heads) and pair i < half:
 //       angle = positions[t] * inv_freq[i]
 //       (x[i], x[i + half]) <- (x[i] cos - x[i + half] sin, x[i + half] cos + x[i] sin) * scaling
+//
+//   rope_bwd_bf16:  the transpose of the forward, in place on the gradients d_q, d_k:
+//       (d[i], d[i + half]) <- (d[i] cos + d[i + half] sin, d[i + half] cos - d[i] sin) * scaling
+//       i.e. the rotation by -angle, with the same scaling (the forward's map is scaling * R(angle),
+//       its transpose scaling * R(-angle)).
 //
 // HF's rotate-half pairing. `inv_freq` carries plain or YaRN frequencies (config.rs computes them)
 // and `attention_scaling` is YaRN's mscale (1 without YaRN). Shapes: q [tokens, heads, head_dim],
@@ -21,10 +25,11 @@ struct RopeConfig {
     static constexpr int threads = 256;  // blockDim = (head_dim / 4, threads / (head_dim / 4))
 };
 
-extern "C" __global__ void __launch_bounds__(RopeConfig::threads)
-    rope_fwd_bf16(__nv_bfloat16* __restrict__ q, __nv_bfloat16* __restrict__ k, const uint32_t* __restrict__ positions,
-                  const double* __restrict__ inv_freq, int tokens, int heads, int kv_heads, int head_dim,
-                  float attention_scaling) {
+template <bool kInverse>
+__device__ __forceinline__ void rope_rotate(__nv_bfloat16* __restrict__ q, __nv_bfloat16* __restrict__ k,
+                                            const uint32_t* __restrict__ positions, const double* __restrict__ inv_freq,
+                                            int tokens, int heads, int kv_heads, int head_dim,
+                                            float attention_scaling) {
     const int t = blockIdx.x;
     if (t >= tokens) return;
     const int half = head_dim / 2;
@@ -37,7 +42,7 @@ extern "C" __global__ void __launch_bounds__(RopeConfig::threads)
         double s, c;
         sincos(position * inv_freq[i + j], &s, &c);
         cos_v[j] = (float)c * attention_scaling;
-        sin_v[j] = (float)s * attention_scaling;
+        sin_v[j] = (kInverse ? -(float)s : (float)s) * attention_scaling;
     }
     for (int h = threadIdx.y; h < heads + kv_heads; h += blockDim.y) {
         __nv_bfloat16* x = h < heads ? q + ((size_t)t * heads + h) * head_dim
@@ -49,4 +54,19 @@ extern "C" __global__ void __launch_bounds__(RopeConfig::threads)
         *reinterpret_cast<__nv_bfloat162*>(x + half + i) =
             __floats2bfloat162_rn(hi.x * cos_v[0] + lo.x * sin_v[0], hi.y * cos_v[1] + lo.y * sin_v[1]);
     }
+}
+
+extern "C" __global__ void __launch_bounds__(RopeConfig::threads)
+    rope_fwd_bf16(__nv_bfloat16* __restrict__ q, __nv_bfloat16* __restrict__ k, const uint32_t* __restrict__ positions,
+                  const double* __restrict__ inv_freq, int tokens, int heads, int kv_heads, int head_dim,
+                  float attention_scaling) {
+    rope_rotate<false>(q, k, positions, inv_freq, tokens, heads, kv_heads, head_dim, attention_scaling);
+}
+
+// Same launch shape and arguments as the forward; q and k are the gradients d_q and d_k.
+extern "C" __global__ void __launch_bounds__(RopeConfig::threads)
+    rope_bwd_bf16(__nv_bfloat16* __restrict__ d_q, __nv_bfloat16* __restrict__ d_k,
+                  const uint32_t* __restrict__ positions, const double* __restrict__ inv_freq, int tokens, int heads,
+                  int kv_heads, int head_dim, float attention_scaling) {
+    rope_rotate<true>(d_q, d_k, positions, inv_freq, tokens, heads, kv_heads, head_dim, attention_scaling);
 }

@@ -168,9 +168,7 @@ fn run_training(device: DeviceChoice, options: &TrainOptions) -> Result<()> {
     eprintln!("{line}");
     let summary = match backend {
         Selected::Cpu(b) => train(&b, options)?,
-        Selected::Cuda(_) => anyhow::bail!(
-            "training on CUDA needs the backward kernels, which are not there yet; use --device cpu"
-        ),
+        Selected::Cuda(b) => train(&*b, options)?,
     };
     eprintln!(
         "trained {} steps ({} skipped); loss {} -> {}; model in {}",

@@ -130,7 +130,13 @@ pub fn token_term(objective: &Objective, rows: &LossRows<'_>, r: usize, logp: f6
     }
 }
 
-fn check_rows(rows: &LossRows<'_>, objective: &Objective, t: usize, vocab: usize) -> Result<()> {
+/// Checks the rows against `t` rows and a vocabulary of `vocab` (shared by every backend's loss).
+pub fn check_rows(
+    rows: &LossRows<'_>,
+    objective: &Objective,
+    t: usize,
+    vocab: usize,
+) -> Result<()> {
     ensure!(
         rows.targets.len() == t && rows.action_mask.len() == t,
         "loss: {} targets and {} mask entries for {t} rows",

@@ -46,20 +46,50 @@ pub fn adamw_update_slice(
             && exp_avg_sq.len() == master.len(),
         "adamw: tensors of different sizes"
     );
-    let bias_correction1 = 1.0 - (s.beta1 as f64).powi(s.step as i32);
-    let bias_correction2_sqrt = (1.0 - (s.beta2 as f64).powi(s.step as i32)).sqrt();
-    let step_size = (s.lr as f64 / bias_correction1) as f32;
-    let bias_correction2_sqrt = bias_correction2_sqrt as f32;
-    let decay = 1.0 - s.lr * s.weight_decay;
+    let k = s.scalars();
     for i in 0..master.len() {
-        let g = grad[i] * s.grad_scale;
-        let p = master[i] * decay;
-        let m = exp_avg[i] + (1.0 - s.beta1) * (g - exp_avg[i]);
-        let v = s.beta2 * exp_avg_sq[i] + (1.0 - s.beta2) * g * g;
-        let denom = v.sqrt() / bias_correction2_sqrt + s.eps;
-        master[i] = p - step_size * (m / denom);
+        let g = grad[i] * k.grad_scale;
+        let p = master[i] * k.decay;
+        let m = exp_avg[i] + k.one_minus_beta1 * (g - exp_avg[i]);
+        let v = k.beta2 * exp_avg_sq[i] + k.one_minus_beta2 * g * g;
+        let denom = v.sqrt() / k.bias_correction2_sqrt + k.eps;
+        master[i] = p - k.step_size * (m / denom);
         exp_avg[i] = m;
         exp_avg_sq[i] = v;
+    }
+}
+
+/// The per-step f32 constants of one update, in the order `kernels/adamw.cu` takes them; one
+/// computation shared by the CPU reference and the GPU kernel, so both see the same bits.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct AdamWScalars {
+    pub grad_scale: f32,
+    /// `1 - lr * weight_decay`.
+    pub decay: f32,
+    pub one_minus_beta1: f32,
+    pub beta2: f32,
+    pub one_minus_beta2: f32,
+    pub bias_correction2_sqrt: f32,
+    pub eps: f32,
+    /// `lr / (1 - beta1^t)`.
+    pub step_size: f32,
+}
+
+impl AdamWStep {
+    pub fn scalars(&self) -> AdamWScalars {
+        let bias_correction1 = 1.0 - (self.beta1 as f64).powi(self.step as i32);
+        let bias_correction2_sqrt = (1.0 - (self.beta2 as f64).powi(self.step as i32)).sqrt();
+        AdamWScalars {
+            grad_scale: self.grad_scale,
+            decay: 1.0 - self.lr * self.weight_decay,
+            one_minus_beta1: 1.0 - self.beta1,
+            beta2: self.beta2,
+            one_minus_beta2: 1.0 - self.beta2,
+            bias_correction2_sqrt: bias_correction2_sqrt as f32,
+            eps: self.eps,
+            step_size: (self.lr as f64 / bias_correction1) as f32,
+        }
     }
 }
 

@@ -122,6 +122,30 @@ impl CudaBackend {
         f(&step.layouts[i].1)
     }
 
+    /// Calls `f` with the device copies of `positions` (the step's, inside a step scope) and of
+    /// the rotary frequencies (uploaded once per distinct set: every layer shares one); the rope
+    /// forward and its backward (`cuda/grad.rs`) both go through here.
+    pub(super) fn with_rope_tables<R>(
+        &self,
+        positions: &[u32],
+        rotary: &Rotary,
+        f: impl FnOnce(&CudaTensor, &CudaTensor) -> Result<R>,
+    ) -> Result<R> {
+        self.with_step_array(positions, |positions| {
+            let mut cached = self.inv_freq.lock().expect("rotary cache lock poisoned");
+            if cached
+                .as_ref()
+                .is_none_or(|(freqs, _)| freqs != &rotary.inv_freq)
+            {
+                let freqs = rotary.inv_freq.clone();
+                let t = self.upload_pod(&freqs, &[freqs.len()], DeviceDType::F64)?;
+                *cached = Some((freqs, t));
+            }
+            let (_, inv_freq) = cached.as_ref().expect("filled above");
+            f(positions, inv_freq)
+        })
+    }
+
     /// Gives `host` (alive and unchanged until the step scope closes) the device copy `device`
     /// in the current step scope: ops given `host` use it instead of uploading. How a CUDA graph
     /// feeds its static input buffers to the generic model code.
@@ -398,18 +422,7 @@ impl Backend for CudaBackend {
         positions: &[u32],
         rotary: &Rotary,
     ) -> Result<()> {
-        self.with_step_array(positions, |positions| {
-            // The frequencies are uploaded once per distinct set (every layer shares one).
-            let mut cached = self.inv_freq.lock().expect("rotary cache lock poisoned");
-            if cached
-                .as_ref()
-                .is_none_or(|(freqs, _)| freqs != &rotary.inv_freq)
-            {
-                let freqs = rotary.inv_freq.clone();
-                let t = self.upload_pod(&freqs, &[freqs.len()], DeviceDType::F64)?;
-                *cached = Some((freqs, t));
-            }
-            let (_, inv_freq) = cached.as_ref().expect("filled above");
+        self.with_rope_tables(positions, rotary, |positions, inv_freq| {
             self.device
                 .rope_fwd(q, k, positions, inv_freq, rotary.attention_scaling as f32)
         })

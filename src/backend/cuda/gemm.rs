@@ -9,6 +9,15 @@
 //! Descriptors, layouts and the heuristic's algorithm are built once per distinct problem and
 //! cached (the model has a handful of shapes per batch size); a call then only sets the bias
 //! pointer and launches. One 32 MiB workspace (NVIDIA's recommendation for Hopper) serves all.
+//! The key carries the pointers' common alignment (up to 256 bytes), which the heuristic is told,
+//! so a view at an odd offset (a chunk of rows of a ragged matrix) never gets an algorithm that
+//! needs more.
+//!
+//! Training adds the general row-major product [`RowMajorGemm`] (either operand transposed,
+//! `beta = 1` to accumulate into bf16 or fp32 outputs) and, on it, the backward of a linear
+//! layer: `d_x += d_out W` (bf16, an activation gradient), `d_weight += d_out^T x` and
+//! `d_bias += colsum(d_out)` (fp32: parameter gradients accumulate across micro-batches without
+//! bf16 rounding). The column sum is a GEMM with a vector of ones (deterministic, no atomics).
 
 use super::tensor::{CudaTensor, DeviceDType};
 use anyhow::{anyhow, bail, ensure, Context, Result};
@@ -38,6 +47,68 @@ pub struct GemmKey {
     pub bias: bool,
     /// Whether C (= D) is accumulated into; changes the heuristic's choice.
     pub accumulate: bool,
+    /// The smallest alignment (bytes, a power of two up to 256) of the A, B and D pointers; set
+    /// by [`Gemm::run`] from the pointers themselves.
+    pub align: u32,
+}
+
+impl RowMajorGemm {
+    /// The column-major cuBLASLt problem this is (see the type's doc): cuBLAS's A is `b`.
+    pub fn key(&self) -> GemmKey {
+        GemmKey {
+            trans_a: self.trans_b,
+            trans_b: self.trans_a,
+            m: self.n as u64,
+            n: self.m as u64,
+            k: self.k as u64,
+            lda: self.ldb as i64,
+            ldb: self.lda as i64,
+            ldd: self.ldo as i64,
+            out_f32: self.out_f32,
+            bias: false,
+            accumulate: self.beta != 0.0,
+            align: 256,
+        }
+    }
+}
+
+/// The alignment in bytes (a power of two, at most 256) common to every pointer.
+fn common_alignment(ptrs: &[CUdeviceptr]) -> u32 {
+    ptrs.iter()
+        .map(|&p| {
+            if p == 0 {
+                256
+            } else {
+                1u64 << p.trailing_zeros().min(8)
+            }
+        })
+        .min()
+        .unwrap_or(256) as u32
+}
+
+/// One row-major product `out[M, N] = alpha op(a)[M, K] op(b)[K, N] + beta out` (bf16 operands,
+/// fp32 accumulation; `out` bf16 or fp32). `lda`, `ldb`, `ldo` are the stored matrices' row
+/// strides in elements: `a` is stored `[M, K]` (`[K, M]` when `trans_a`), `b` `[K, N]` (`[N, K]`
+/// when `trans_b`).
+///
+/// In cuBLAS's column-major terms this is `out^T = op(b)^T op(a)^T`: cuBLAS's A is our `b` and its
+/// B our `a`, with the transpose flags carried over and m = N, n = M.
+#[derive(Clone, Copy, Debug)]
+pub struct RowMajorGemm {
+    pub m: usize,
+    pub n: usize,
+    pub k: usize,
+    pub a: CUdeviceptr,
+    pub lda: usize,
+    pub trans_a: bool,
+    pub b: CUdeviceptr,
+    pub ldb: usize,
+    pub trans_b: bool,
+    pub out: CUdeviceptr,
+    pub ldo: usize,
+    pub out_f32: bool,
+    pub alpha: f32,
+    pub beta: f32,
 }
 
 struct Plan {
@@ -79,6 +150,8 @@ pub struct Gemm {
     handle: Handle,
     _workspace: CudaSlice<u8>,
     workspace_ptr: CUdeviceptr,
+    /// bf16 ones for column sums as GEMMs, grown to the longest column seen.
+    ones: Mutex<Option<(CudaSlice<u16>, CUdeviceptr)>>,
 }
 
 // SAFETY: the raw cuBLASLt objects are only used under the plan mutex or read-only, on one stream.
@@ -116,6 +189,7 @@ impl Gemm {
             handle,
             _workspace: workspace,
             workspace_ptr,
+            ones: Mutex::new(None),
         })
     }
 
@@ -200,6 +274,24 @@ impl Gemm {
                 &workspace as *const usize as *const c_void,
                 size_of::<usize>(),
             );
+            let align = key.align;
+            let set_ws = set_ws.and_then(|_| {
+                use sys::cublasLtMatmulPreferenceAttributes_t as P;
+                for attr in [
+                    P::CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES,
+                    P::CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES,
+                    P::CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES,
+                    P::CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES,
+                ] {
+                    lt::set_matmul_pref_attribute(
+                        pref,
+                        attr,
+                        &align as *const u32 as *const c_void,
+                        size_of::<u32>(),
+                    )?;
+                }
+                Ok(())
+            });
             let heuristic = set_ws.and_then(|_| {
                 lt::get_matmul_algo_heuristic(
                     self.handle.0,
@@ -237,6 +329,8 @@ impl Gemm {
             key.bias == bias.is_some(),
             "GEMM bias flag and pointer disagree"
         );
+        let mut key = key;
+        key.align = common_alignment(&[a, b, d]);
         let mut plans = self
             .plans
             .lock()
@@ -335,6 +429,7 @@ impl Gemm {
             out_f32,
             bias: bias.is_some(),
             accumulate: false,
+            align: 256,
         };
         // SAFETY: the shapes were checked against the tensors' sizes above.
         unsafe {
@@ -348,5 +443,234 @@ impl Gemm {
                 bias.map(|b| b.ptr()),
             )
         }
+    }
+
+    /// Runs one [`RowMajorGemm`].
+    ///
+    /// # Safety
+    /// The pointers must address device memory holding the matrices the sizes and strides imply.
+    pub unsafe fn row_major(&self, g: RowMajorGemm) -> Result<()> {
+        let (a_rows, a_cols) = if g.trans_a { (g.k, g.m) } else { (g.m, g.k) };
+        let (b_rows, b_cols) = if g.trans_b { (g.n, g.k) } else { (g.k, g.n) };
+        ensure!(
+            g.m > 0 && g.n > 0 && g.k > 0,
+            "GEMM of an empty matrix: [{}, {}] x [{}, {}]",
+            g.m,
+            g.k,
+            g.k,
+            g.n
+        );
+        ensure!(
+            g.lda >= a_cols && g.ldb >= b_cols && g.ldo >= g.n,
+            "GEMM strides {} / {} / {} below the rows' {a_cols} / {b_cols} / {}",
+            g.lda,
+            g.ldb,
+            g.ldo,
+            g.n
+        );
+        let _ = (a_rows, b_rows);
+        self.run(g.key(), g.alpha, g.b, g.a, g.beta, g.out, None)
+    }
+
+    /// A device vector of at least `len` bf16 ones.
+    fn ones(&self, len: usize) -> Result<CUdeviceptr> {
+        let mut ones = self
+            .ones
+            .lock()
+            .map_err(|_| anyhow!("GEMM ones lock poisoned"))?;
+        if let Some((slice, ptr)) = ones.as_ref() {
+            if slice.len() >= len {
+                return Ok(*ptr);
+            }
+        }
+        let len = len.next_power_of_two().max(1024);
+        let host = vec![half::bf16::ONE.to_bits(); len];
+        let slice = self
+            .stream
+            .clone_htod(&host)
+            .context("uploading the column-sum ones")?;
+        let ptr = {
+            let (ptr, _sync) = slice.device_ptr(&self.stream);
+            ptr
+        };
+        *ones = Some((slice, ptr));
+        Ok(ptr)
+    }
+
+    /// The backward of [`Gemm::linear`] (`out = x W^T + b`): `d_x += d_out W` (bf16),
+    /// `d_weight += d_out^T x` and `d_bias += colsum(d_out)` (fp32). Every operand keeps its
+    /// forward shape: x `[T, k]`, W `[n, k]`, d_out `[T, n]` (any leading dims viewed flat).
+    pub fn linear_backward(
+        &self,
+        x: &CudaTensor,
+        weight: &CudaTensor,
+        d_out: &CudaTensor,
+        d_x: &mut CudaTensor,
+        d_weight: &mut CudaTensor,
+        d_bias: Option<&mut CudaTensor>,
+    ) -> Result<()> {
+        for (what, t, dtype) in [
+            ("x", x, DeviceDType::Bf16),
+            ("weight", weight, DeviceDType::Bf16),
+            ("d_out", d_out, DeviceDType::Bf16),
+            ("d_x", &*d_x, DeviceDType::Bf16),
+            ("d_weight", &*d_weight, DeviceDType::F32),
+        ] {
+            ensure!(
+                t.dtype() == dtype,
+                "linear_backward: {what} is {:?}, expected {dtype:?} (activation gradients are bf16, \
+                 parameter gradients f32)",
+                t.dtype()
+            );
+        }
+        ensure!(
+            weight.shape().len() == 2,
+            "linear_backward: weight {:?}",
+            weight.shape()
+        );
+        let (n, k) = (weight.shape()[0], weight.shape()[1]);
+        ensure!(
+            k > 0 && n > 0 && !x.is_empty() && x.len() % k == 0,
+            "linear_backward: x {:?} against weight {:?}",
+            x.shape(),
+            weight.shape()
+        );
+        let t = x.len() / k;
+        ensure!(
+            d_out.len() == t * n && d_x.len() == x.len() && d_weight.len() == weight.len(),
+            "linear_backward: d_out {:?}, d_x {:?}, d_weight {:?} for x {:?}, weight {:?}",
+            d_out.shape(),
+            d_x.shape(),
+            d_weight.shape(),
+            x.shape(),
+            weight.shape()
+        );
+        // SAFETY (all three): the sizes were checked against the tensors above.
+        unsafe {
+            // d_x[T, k] += d_out[T, n] W[n, k]
+            self.row_major(RowMajorGemm {
+                m: t,
+                n: k,
+                k: n,
+                a: d_out.ptr(),
+                lda: n,
+                trans_a: false,
+                b: weight.ptr(),
+                ldb: k,
+                trans_b: false,
+                out: d_x.ptr(),
+                ldo: k,
+                out_f32: false,
+                alpha: 1.0,
+                beta: 1.0,
+            })?;
+            // d_weight[n, k] += d_out^T[n, T] x[T, k]
+            self.row_major(RowMajorGemm {
+                m: n,
+                n: k,
+                k: t,
+                a: d_out.ptr(),
+                lda: n,
+                trans_a: true,
+                b: x.ptr(),
+                ldb: k,
+                trans_b: false,
+                out: d_weight.ptr(),
+                ldo: k,
+                out_f32: true,
+                alpha: 1.0,
+                beta: 1.0,
+            })?;
+        }
+        if let Some(d_bias) = d_bias {
+            ensure!(
+                d_bias.dtype() == DeviceDType::F32 && d_bias.len() == n,
+                "linear_backward: d_bias {:?} {:?} for {n} outputs (f32 expected)",
+                d_bias.shape(),
+                d_bias.dtype()
+            );
+            let ones = self.ones(t)?;
+            // d_bias[1, n] += ones[1, T] d_out[T, n]
+            // SAFETY: `ones` holds at least T values; the other sizes were checked above.
+            unsafe {
+                self.row_major(RowMajorGemm {
+                    m: 1,
+                    n,
+                    k: t,
+                    a: ones,
+                    lda: t,
+                    trans_a: false,
+                    b: d_out.ptr(),
+                    ldb: n,
+                    trans_b: false,
+                    out: d_bias.ptr(),
+                    ldo: n,
+                    out_f32: true,
+                    alpha: 1.0,
+                    beta: 1.0,
+                })?;
+            }
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn rm(m: usize, n: usize, k: usize, lda: usize, ta: bool, ldb: usize, tb: bool) -> GemmKey {
+        RowMajorGemm {
+            m,
+            n,
+            k,
+            a: 0,
+            lda,
+            trans_a: ta,
+            b: 0,
+            ldb,
+            trans_b: tb,
+            out: 0,
+            ldo: n,
+            out_f32: false,
+            alpha: 1.0,
+            beta: 0.0,
+        }
+        .key()
+    }
+
+    #[test]
+    fn row_major_products_map_to_the_column_major_problem() {
+        // The forward linear `x[T, k] W[n, k]^T` is the key `Gemm::linear` builds by hand.
+        let (t, k, n) = (5, 96, 24);
+        let key = rm(t, n, k, k, false, k, true);
+        let linear = GemmKey {
+            trans_a: true,
+            trans_b: false,
+            m: n as u64,
+            n: t as u64,
+            k: k as u64,
+            lda: k as i64,
+            ldb: k as i64,
+            ldd: n as i64,
+            out_f32: false,
+            bias: false,
+            accumulate: false,
+            align: 256,
+        };
+        assert_eq!(key, linear);
+        // d_weight[n, k] = d_out^T[n, T] x[T, k]: cuBLAS A = x (k x T, ld k), B = d_out^T.
+        let key = rm(n, k, t, n, true, k, false);
+        assert_eq!((key.trans_a, key.trans_b), (false, true));
+        assert_eq!((key.m, key.n, key.k), (k as u64, n as u64, t as u64));
+        assert_eq!((key.lda, key.ldb, key.ldd), (k as i64, n as i64, k as i64));
+    }
+
+    #[test]
+    fn alignment_is_the_largest_common_power_of_two() {
+        assert_eq!(common_alignment(&[0x1000, 0x2000]), 256);
+        assert_eq!(common_alignment(&[0x1000, 0x1010]), 16);
+        assert_eq!(common_alignment(&[0x1002, 0x1000]), 2);
+        assert_eq!(common_alignment(&[]), 256);
     }
 }

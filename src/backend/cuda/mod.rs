@@ -13,10 +13,13 @@
 //!               └─ BufferPool  caching allocator for activations (parameters: one Arena)
 //! ```
 
+pub mod adamw;
 pub mod backend;
 pub mod flash_attn;
 pub mod gemm;
+pub mod grad;
 pub mod graphs;
+pub mod loss;
 pub mod paged_attn;
 pub mod pointwise;
 pub mod rmsnorm;

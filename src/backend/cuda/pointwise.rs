@@ -1,9 +1,14 @@
 //! Launches of the memory-bound kernel families: `embedding.cu`, `rope.cu`, `swiglu.cu`,
-//! `convert.cu` and `logprobs.cu`. Each wrapper checks dtypes and sizes against the tensors first.
+//! `convert.cu` and `logprobs.cu`, forward and backward. Each wrapper checks dtypes and sizes
+//! against the tensors first.
+//!
+//! Gradient dtypes: activation gradients are bf16 like the activations (`d_q`, `d_gate`, ...);
+//! parameter gradients are f32 (`d_table` of the embedding), so that micro-batches accumulate
+//! without bf16 rounding.
 
 use super::tensor::{CudaTensor, DeviceDType};
 use super::{as_i32, grid_stride_config, CudaDevice};
-use anyhow::{ensure, Result};
+use anyhow::{bail, ensure, Result};
 use cudarc::driver::{LaunchConfig, PushKernelArg};
 
 fn expect_dtype(op: &str, what: &str, t: &CudaTensor, dtype: DeviceDType) -> Result<()> {
@@ -74,6 +79,45 @@ impl CudaDevice {
         inv_freq: &CudaTensor,
         attention_scaling: f32,
     ) -> Result<()> {
+        self.rope_launch(
+            "rope_fwd_bf16",
+            q,
+            k,
+            positions,
+            inv_freq,
+            attention_scaling,
+        )
+    }
+
+    /// The backward of [`Self::rope_fwd`], in place on the gradients `d_q`, `d_k` (bf16): the
+    /// rotation by minus each angle, with the same scaling.
+    pub fn rope_bwd(
+        &self,
+        d_q: &mut CudaTensor,
+        d_k: &mut CudaTensor,
+        positions: &CudaTensor,
+        inv_freq: &CudaTensor,
+        attention_scaling: f32,
+    ) -> Result<()> {
+        self.rope_launch(
+            "rope_bwd_bf16",
+            d_q,
+            d_k,
+            positions,
+            inv_freq,
+            attention_scaling,
+        )
+    }
+
+    fn rope_launch(
+        &self,
+        kernel: &str,
+        q: &mut CudaTensor,
+        k: &mut CudaTensor,
+        positions: &CudaTensor,
+        inv_freq: &CudaTensor,
+        attention_scaling: f32,
+    ) -> Result<()> {
         expect_dtype("rope", "q", q, DeviceDType::Bf16)?;
         expect_dtype("rope", "k", k, DeviceDType::Bf16)?;
         expect_dtype("rope", "positions", positions, DeviceDType::U32)?;
@@ -100,7 +144,7 @@ impl CudaDevice {
             as_i32("kv_heads", kv_heads)?,
             as_i32("head_dim", head_dim)?,
         );
-        let f = self.function("rope", "rope_fwd_bf16")?;
+        let f = self.function("rope", kernel)?;
         let (qp, kp, pp, fp) = (q.ptr(), k.ptr(), positions.ptr(), inv_freq.ptr());
         let mut launch = self.stream.launch_builder(&f);
         launch
@@ -200,5 +244,203 @@ impl CudaDevice {
         // SAFETY: argument order and types match the kernel; sizes checked above.
         unsafe { launch.launch(rows_config(rows, (512, 1))) }?;
         Ok(())
+    }
+
+    /// `d_table[ids[t]] += d_out[t]`: `d_out [T, d]` bf16, `d_table [vocab, d]` f32. Deterministic
+    /// without atomics: the ids are grouped on the host (see `embedding.cu`); every id must be
+    /// below `vocab` (checked here).
+    pub fn embedding_bwd(
+        &self,
+        d_out: &CudaTensor,
+        ids: &[u32],
+        d_table: &mut CudaTensor,
+        upload: impl Fn(&[u32]) -> Result<CudaTensor>,
+    ) -> Result<()> {
+        expect_dtype("embedding_backward", "d_out", d_out, DeviceDType::Bf16)?;
+        expect_dtype("embedding_backward", "d_table", d_table, DeviceDType::F32)?;
+        let vocab = *d_table.shape().first().unwrap_or(&0);
+        ensure!(
+            vocab > 0,
+            "embedding_backward: d_table {:?}",
+            d_table.shape()
+        );
+        let d = d_table.len() / vocab;
+        ensure!(
+            d_out.len() == ids.len() * d,
+            "embedding_backward: d_out {:?} for {} ids of width {d}",
+            d_out.shape(),
+            ids.len()
+        );
+        if ids.is_empty() {
+            return Ok(());
+        }
+        if let Some((t, &id)) = ids.iter().enumerate().find(|(_, &id)| id as usize >= vocab) {
+            bail!("embedding_backward: token id {id} at position {t} is outside the table of {vocab} rows");
+        }
+        let (order, seg_start, unique_ids) = group_ids(ids);
+        let segments = unique_ids.len();
+        let (order, seg_start, unique_ids) =
+            (upload(&order)?, upload(&seg_start)?, upload(&unique_ids)?);
+        let (segments_i, d_i, vocab_i) = (
+            as_i32("segments", segments)?,
+            as_i32("d", d)?,
+            as_i32("vocab", vocab)?,
+        );
+        let f = self.function("embedding", "embedding_bwd_f32")?;
+        let (tb, dy, o, s, u) = (
+            d_table.ptr(),
+            d_out.ptr(),
+            order.ptr(),
+            seg_start.ptr(),
+            unique_ids.ptr(),
+        );
+        let mut launch = self.stream.launch_builder(&f);
+        launch
+            .arg(&tb)
+            .arg(&dy)
+            .arg(&o)
+            .arg(&s)
+            .arg(&u)
+            .arg(&segments_i)
+            .arg(&d_i)
+            .arg(&vocab_i);
+        let blocks = segments.min(self.num_sms as usize * 16).max(1);
+        // SAFETY: argument order and types match the kernel; sizes checked above.
+        unsafe { launch.launch(rows_config(blocks, (128, 1))) }?;
+        Ok(())
+    }
+
+    /// `d_gate += d_out * up * silu'(gate)`, `d_up += d_out * silu(gate)` (bf16, equal sizes).
+    pub fn swiglu_bwd(
+        &self,
+        gate: &CudaTensor,
+        up: &CudaTensor,
+        d_out: &CudaTensor,
+        d_gate: &mut CudaTensor,
+        d_up: &mut CudaTensor,
+    ) -> Result<()> {
+        let n = gate.len();
+        for (what, t) in [
+            ("gate", gate),
+            ("up", up),
+            ("d_out", d_out),
+            ("d_gate", &*d_gate),
+            ("d_up", &*d_up),
+        ] {
+            expect_dtype("swiglu_backward", what, t, DeviceDType::Bf16)?;
+            ensure!(
+                t.len() == n,
+                "swiglu_backward: {what} {:?} beside gate {:?}",
+                t.shape(),
+                gate.shape()
+            );
+        }
+        if n == 0 {
+            return Ok(());
+        }
+        let n_i = n as i64;
+        let f = self.function("swiglu", "swiglu_bwd_bf16")?;
+        let (dg, du, g, u, dy) = (d_gate.ptr(), d_up.ptr(), gate.ptr(), up.ptr(), d_out.ptr());
+        let mut launch = self.stream.launch_builder(&f);
+        launch.arg(&dg).arg(&du).arg(&g).arg(&u).arg(&dy).arg(&n_i);
+        // SAFETY: argument order and types match the kernel; sizes checked above.
+        unsafe { launch.launch(grid_stride_config(self, n.div_ceil(8), 256)) }?;
+        Ok(())
+    }
+
+    /// `dst += src` element-wise: bf16 += bf16, f32 += f32, or bf16 += f32 (rounded once).
+    pub fn add_into(&self, dst: &mut CudaTensor, src: &CudaTensor) -> Result<()> {
+        let name = match (dst.dtype(), src.dtype()) {
+            (DeviceDType::Bf16, DeviceDType::Bf16) => "add_into_bf16",
+            (DeviceDType::F32, DeviceDType::F32) => "add_into_f32",
+            (DeviceDType::Bf16, DeviceDType::F32) => "add_f32_into_bf16",
+            (a, b) => bail!("add_into: no kernel adding {b:?} into {a:?}"),
+        };
+        ensure!(
+            dst.len() == src.len(),
+            "add_into: {:?} into {:?}",
+            src.shape(),
+            dst.shape()
+        );
+        if dst.is_empty() {
+            return Ok(());
+        }
+        let n = dst.len();
+        let n_i = n as i64;
+        let f = self.function("convert", name)?;
+        let (d, s) = (dst.ptr(), src.ptr());
+        let mut launch = self.stream.launch_builder(&f);
+        launch.arg(&d).arg(&s).arg(&n_i);
+        // SAFETY: argument order and types match the kernel; sizes checked above.
+        unsafe { launch.launch(grid_stride_config(self, n.div_ceil(8), 256)) }?;
+        Ok(())
+    }
+
+    /// Per-block f64 partial sums of `x^2` (x f32 or bf16) into `partials` (f64, at least
+    /// [`SUM_SQUARES_BLOCKS`] long); returns how many blocks wrote one.
+    pub fn sum_squares_partials(&self, x: &CudaTensor, partials: &mut CudaTensor) -> Result<usize> {
+        let name = match x.dtype() {
+            DeviceDType::F32 => "sum_squares_f32",
+            DeviceDType::Bf16 => "sum_squares_bf16",
+            other => bail!("sum_of_squares of a {other:?} tensor"),
+        };
+        expect_dtype("sum_of_squares", "partials", partials, DeviceDType::F64)?;
+        let n = x.len();
+        if n == 0 {
+            return Ok(0);
+        }
+        let blocks = n.div_ceil(256 * 8).clamp(1, SUM_SQUARES_BLOCKS);
+        ensure!(
+            partials.len() >= blocks,
+            "sum_of_squares: {} partials",
+            partials.len()
+        );
+        let n_i = n as i64;
+        let f = self.function("convert", name)?;
+        let (p, xp) = (partials.ptr(), x.ptr());
+        let mut launch = self.stream.launch_builder(&f);
+        launch.arg(&p).arg(&xp).arg(&n_i);
+        // SAFETY: argument order and types match the kernel; sizes checked above.
+        unsafe { launch.launch(rows_config(blocks, (256, 1))) }?;
+        Ok(blocks)
+    }
+}
+
+/// Blocks of the sum-of-squares reduction at most (a fixed grid: the same partials, so the same
+/// sum, on every GPU).
+pub const SUM_SQUARES_BLOCKS: usize = 1024;
+
+/// Groups token rows by id for the deterministic embedding backward: `(order, seg_start,
+/// unique_ids)`, where `order[seg_start[u]..seg_start[u + 1]]` are the rows (ascending) of
+/// `unique_ids[u]`, ids ascending.
+pub fn group_ids(ids: &[u32]) -> (Vec<u32>, Vec<u32>, Vec<u32>) {
+    let mut order: Vec<u32> = (0..ids.len() as u32).collect();
+    order.sort_by_key(|&t| ids[t as usize]); // stable: rows stay ascending within an id
+    let mut seg_start = Vec::new();
+    let mut unique_ids = Vec::new();
+    for (i, &t) in order.iter().enumerate() {
+        let id = ids[t as usize];
+        if unique_ids.last() != Some(&id) {
+            unique_ids.push(id);
+            seg_start.push(i as u32);
+        }
+    }
+    seg_start.push(order.len() as u32);
+    (order, seg_start, unique_ids)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::group_ids;
+
+    #[test]
+    fn ids_group_by_value_with_rows_in_order() {
+        let (order, seg_start, unique) = group_ids(&[5, 2, 5, 0, 2, 5]);
+        assert_eq!(unique, vec![0, 2, 5]);
+        assert_eq!(seg_start, vec![0, 1, 3, 6]);
+        assert_eq!(order, vec![3, 1, 4, 0, 2, 5]);
+        let (order, seg_start, unique) = group_ids(&[]);
+        assert!(order.is_empty() && unique.is_empty());
+        assert_eq!(seg_start, vec![0]);
     }
 }

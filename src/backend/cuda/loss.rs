@@ -1,0 +1,401 @@
+//! The fused LM-head loss on the GPU (`BackendGrad::lm_head_loss`): cuBLASLt GEMMs for the
+//! logits tiles and the two gradient products, `kernels/dapo_loss.cu` for everything
+//! element-wise, the objective's per-row terms on the host. Semantics are exactly
+//! [`crate::train::loss`]'s (the reference), with the same [`token_term`].
+//!
+//! ```text
+//! pass 1  for each tile of rows x vocab:   logits = h W^T (fp32 scratch)      [GEMM]
+//!                                          stats[row] merged with the tile's  [lm_loss_stats_f32]
+//!         read the stats (16 bytes a row): lse, logp, entropy, the loss terms and
+//!         coef[row] = d loss / d logp_row, on the host in f64, with `token_term`
+//!         (vocabulary parallel: all-reduce the (m, s, u, z_target) pieces here)
+//! pass 2  for each row chunk with a non-zero coef, each vocabulary chunk:
+//!             logits = h W^T again                                  [GEMM, recomputed]
+//!             g = coef (onehot - exp(logits - lse)) in bf16         [lm_loss_dlogits_bf16]
+//!             dh_acc (f32) (+)= g W_chunk                           [GEMM, K = vocab chunk]
+//!             d_weight[chunk] += g^T h_rows (f32)                   [GEMM, K = row chunk]
+//!         d_hidden[rows] += dh_acc (rounded to bf16 once)
+//! ```
+//!
+//! Never allocated: `[T, V]` anything. The extra memory is [`LossTiles::scratch_bytes`]: at
+//! T = 32k, V = 152k, d = 3584 with the default tiles about 0.52 GB (fp32 logits tile 256 MiB,
+//! its bf16 gradient 128 MiB, the f32 hidden-gradient accumulator 112 MiB, 28 bytes a row).
+//!
+//! Gradient dtypes: `d_hidden` is an activation gradient (bf16, `+=`); `d_weight` a parameter
+//! gradient (f32, `+=`; the embedding's when the head is tied). One host round trip per call
+//! (the stats), between the passes.
+
+use super::backend::{pod_vec, CudaBackend};
+use super::gemm::RowMajorGemm;
+use super::tensor::{CudaTensor, DeviceDType};
+use super::{as_i32, grid_stride_config, CudaDevice};
+use crate::train::loss::{check_rows, token_term, LossOutput, LossRows, Objective};
+use anyhow::{ensure, Result};
+use cudarc::driver::sys::CUdeviceptr;
+use cudarc::driver::{LaunchConfig, PushKernelArg};
+
+/// Tile sizes of the fused loss: `rows x vocab` logits live at a time.
+///
+/// Why these: every GEMM keeps a large inner dimension (the logits GEMM K = d; the hidden
+/// gradient's K = `vocab`; the LM-head gradient's K = `rows`), so the fp32 read-modify-write of
+/// the accumulated outputs (`d_weight` chunk, `dh_acc`) costs 4 bytes per 2 x 8192 FLOPs, far
+/// below the bf16 GEMM ridge point of an H100/H200; 76 tiles at T = 32k, V = 152k, with the
+/// element-wise passes moving ~6 bytes per logit against ~2 d = 7168 FLOPs per logit per GEMM.
+/// Rejected without a measurement yet (no GPU in the session that wrote this): a whole-vocabulary
+/// row chunk (no recompute, but its `d_weight` GEMM has K = rows ~1.3k with an fp32 C of V x d
+/// read and written per chunk: near the ridge, and 0.8 GB of scratch).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct LossTiles {
+    /// Token rows per tile (at most 65535: the gradient kernel's grid y).
+    pub rows: usize,
+    /// Vocabulary entries per tile.
+    pub vocab: usize,
+}
+
+impl LossTiles {
+    pub const DEFAULT: LossTiles = LossTiles {
+        rows: 8192,
+        vocab: 8192,
+    };
+
+    /// Device bytes the loss allocates for `tokens` rows, a vocabulary of `vocab` and hidden
+    /// width `d` (the bound the issue asks for: <= 1 GB at T = 32k, V = 152k, d = 3584).
+    pub fn scratch_bytes(&self, tokens: usize, vocab: usize, d: usize) -> usize {
+        let (r, v) = (self.rows.min(tokens), self.vocab.min(vocab));
+        // logits f32 + g bf16 per tile element; dh_acc f32; stats (16) + lse + coef + targets.
+        r * v * (4 + 2) + r * d * 4 + tokens * (16 + 4 + 4 + 4)
+    }
+}
+
+/// Byte offset of element `i` of a tensor of `dtype`.
+fn at(t: &CudaTensor, i: usize) -> CUdeviceptr {
+    t.ptr() + (i * t.dtype().size()) as u64
+}
+
+impl CudaDevice {
+    /// `lm_loss_stats_f32` over one logits tile of `rows x cols` at vocabulary offset `v0`;
+    /// `stats` and `targets` point at the tile's first row.
+    #[allow(clippy::too_many_arguments)]
+    fn lm_loss_stats(
+        &self,
+        stats: CUdeviceptr,
+        logits: &CudaTensor,
+        targets: CUdeviceptr,
+        rows: usize,
+        cols: usize,
+        v0: usize,
+        first_tile: bool,
+    ) -> Result<()> {
+        let (rows_i, cols_i, v0_i) = (
+            as_i32("rows", rows)?,
+            as_i32("cols", cols)?,
+            as_i32("v0", v0)?,
+        );
+        let first = first_tile as i32;
+        let f = self.function("dapo_loss", "lm_loss_stats_f32")?;
+        let z = logits.ptr();
+        let mut launch = self.stream.launch_builder(&f);
+        launch
+            .arg(&stats)
+            .arg(&z)
+            .arg(&targets)
+            .arg(&rows_i)
+            .arg(&cols_i)
+            .arg(&v0_i)
+            .arg(&first);
+        let config = LaunchConfig {
+            grid_dim: (rows as u32, 1, 1),
+            block_dim: (256, 1, 1),
+            shared_mem_bytes: 0,
+        };
+        // SAFETY: argument order and types match the kernel; the caller sized every buffer.
+        unsafe { launch.launch(config) }?;
+        Ok(())
+    }
+
+    /// `lm_loss_dlogits_bf16`: `g [rows, cols]` from the logits tile; `lse`, `coef`, `targets`
+    /// point at the tile's first row.
+    #[allow(clippy::too_many_arguments)]
+    fn lm_loss_dlogits(
+        &self,
+        g: &CudaTensor,
+        logits: &CudaTensor,
+        lse: CUdeviceptr,
+        coef: CUdeviceptr,
+        targets: CUdeviceptr,
+        rows: usize,
+        cols: usize,
+        v0: usize,
+    ) -> Result<()> {
+        let (rows_i, cols_i, v0_i) = (
+            as_i32("rows", rows)?,
+            as_i32("cols", cols)?,
+            as_i32("v0", v0)?,
+        );
+        let f = self.function("dapo_loss", "lm_loss_dlogits_bf16")?;
+        let (gp, z) = (g.ptr(), logits.ptr());
+        let mut launch = self.stream.launch_builder(&f);
+        launch
+            .arg(&gp)
+            .arg(&z)
+            .arg(&lse)
+            .arg(&coef)
+            .arg(&targets)
+            .arg(&rows_i)
+            .arg(&cols_i)
+            .arg(&v0_i);
+        let per_block = 256 * 4; // LossGradConfig::threads * per_thread
+        let config = LaunchConfig {
+            grid_dim: (cols.div_ceil(per_block) as u32, rows as u32, 1),
+            block_dim: (256, 1, 1),
+            shared_mem_bytes: 0,
+        };
+        // SAFETY: argument order and types match the kernel; the caller sized every buffer.
+        unsafe { launch.launch(config) }?;
+        Ok(())
+    }
+
+    /// `dst[0..n] += src[0..n]` (bf16 += f32) at raw addresses.
+    fn add_f32_into_bf16_at(&self, dst: CUdeviceptr, src: CUdeviceptr, n: usize) -> Result<()> {
+        let n_i = n as i64;
+        let f = self.function("convert", "add_f32_into_bf16")?;
+        let mut launch = self.stream.launch_builder(&f);
+        launch.arg(&dst).arg(&src).arg(&n_i);
+        // SAFETY: the caller guarantees n elements at both addresses.
+        unsafe { launch.launch(grid_stride_config(self, n, 256)) }?;
+        Ok(())
+    }
+}
+
+impl CudaBackend {
+    /// The fused loss with explicit tiles (the trait's `lm_head_loss` uses
+    /// [`LossTiles::DEFAULT`]; tests use small tiles to exercise the merging).
+    #[allow(clippy::too_many_arguments)]
+    pub fn fused_lm_head_loss(
+        &self,
+        hidden: &CudaTensor,
+        weight: &CudaTensor,
+        rows: &LossRows<'_>,
+        objective: &Objective,
+        num_action_tokens: f64,
+        d_hidden: &mut CudaTensor,
+        d_weight: &mut CudaTensor,
+        tiles: LossTiles,
+    ) -> Result<LossOutput> {
+        for (what, t, dtype) in [
+            ("hidden", hidden, DeviceDType::Bf16),
+            ("LM head", weight, DeviceDType::Bf16),
+            ("d_hidden", &*d_hidden, DeviceDType::Bf16),
+            ("d_weight", &*d_weight, DeviceDType::F32),
+        ] {
+            ensure!(
+                t.dtype() == dtype,
+                "loss: {what} is {:?}, expected {dtype:?}",
+                t.dtype()
+            );
+        }
+        ensure!(
+            weight.shape().len() == 2,
+            "loss: LM head {:?}",
+            weight.shape()
+        );
+        let (vocab, d) = (weight.shape()[0], weight.shape()[1]);
+        ensure!(
+            d > 0 && vocab > 0 && !hidden.is_empty() && hidden.len() % d == 0,
+            "loss: hidden {:?} against the LM head {:?}",
+            hidden.shape(),
+            weight.shape()
+        );
+        let t = hidden.len() / d;
+        ensure!(
+            d_hidden.len() == hidden.len() && d_weight.len() == weight.len(),
+            "loss: gradient buffers {:?} / {:?} do not match hidden [{t}, {d}] and LM head \
+             [{vocab}, {d}]",
+            d_hidden.shape(),
+            d_weight.shape()
+        );
+        check_rows(rows, objective, t, vocab)?;
+        ensure!(
+            num_action_tokens > 0.0,
+            "loss: the global action-token count is {num_action_tokens}"
+        );
+        ensure!(
+            tiles.rows > 0 && tiles.rows <= 65535 && tiles.vocab > 0,
+            "loss: tiles {tiles:?}"
+        );
+        let (tile_rows, tile_vocab) = (tiles.rows.min(t), tiles.vocab.min(vocab));
+        let targets = self.upload_pod(rows.targets, &[t], DeviceDType::U32)?;
+        let stats = self.alloc(&[t, 4], DeviceDType::F32)?;
+        let logits = self.alloc(&[tile_rows, tile_vocab], DeviceDType::F32)?;
+        let chunks =
+            |n: usize, step: usize| (0..n).step_by(step).map(move |s| (s, step.min(n - s)));
+
+        // Pass 1: per-row softmax statistics, tile by tile.
+        for (r0, nr) in chunks(t, tile_rows) {
+            for (v0, nv) in chunks(vocab, tile_vocab) {
+                self.logits_tile(hidden, weight, d, r0, nr, v0, nv, &logits)?;
+                self.device.lm_loss_stats(
+                    at(&stats, r0 * 4),
+                    &logits,
+                    at(&targets, r0),
+                    nr,
+                    nv,
+                    v0,
+                    v0 == 0,
+                )?;
+            }
+        }
+
+        // The loss terms on the host, with the reference's own `token_term`.
+        let stats_host: Vec<f32> = pod_vec(&self.read_bytes(&stats)?);
+        let mut out = LossOutput {
+            logprobs: vec![0.0; t],
+            entropy: vec![0.0; t],
+            ..Default::default()
+        };
+        let mut lse = vec![0.0f32; t];
+        let mut coef = vec![0.0f32; t];
+        for r in 0..t {
+            let [m, s, u, z_target] = [0, 1, 2, 3].map(|i| stats_host[r * 4 + i] as f64);
+            let log_s = s.ln();
+            let row_lse = m + log_s;
+            let logp = z_target - row_lse;
+            out.logprobs[r] = logp as f32;
+            out.entropy[r] = (log_s - u / s) as f32;
+            lse[r] = row_lse as f32;
+            if !rows.action_mask[r] {
+                continue;
+            }
+            let term = token_term(objective, rows, r, logp);
+            out.loss -= term.term / num_action_tokens;
+            out.action_tokens += 1;
+            out.clipped_low += term.clipped_low as usize;
+            out.clipped_high += term.clipped_high as usize;
+            out.ratio_deviation_sum += (term.ratio - 1.0).abs();
+            coef[r] = (-term.d_term_d_logp / num_action_tokens) as f32;
+        }
+        if coef.iter().all(|&c| c == 0.0) {
+            return Ok(out);
+        }
+
+        // Pass 2: recompute each tile, its gradient, and both gradient GEMMs.
+        let lse_dev = self.upload_pod(&lse, &[t], DeviceDType::F32)?;
+        let coef_dev = self.upload_pod(&coef, &[t], DeviceDType::F32)?;
+        let g = self.alloc(&[tile_rows, tile_vocab], DeviceDType::Bf16)?;
+        let dh_acc = self.alloc(&[tile_rows, d], DeviceDType::F32)?;
+        for (r0, nr) in chunks(t, tile_rows) {
+            if coef[r0..r0 + nr].iter().all(|&c| c == 0.0) {
+                continue;
+            }
+            for (v0, nv) in chunks(vocab, tile_vocab) {
+                self.logits_tile(hidden, weight, d, r0, nr, v0, nv, &logits)?;
+                self.device.lm_loss_dlogits(
+                    &g,
+                    &logits,
+                    at(&lse_dev, r0),
+                    at(&coef_dev, r0),
+                    at(&targets, r0),
+                    nr,
+                    nv,
+                    v0,
+                )?;
+                // SAFETY (both): the offsets and sizes lie inside the checked tensors.
+                unsafe {
+                    // dh_acc[nr, d] (+)= g[nr, nv] W[v0.., nv x d]
+                    self.gemm.row_major(RowMajorGemm {
+                        m: nr,
+                        n: d,
+                        k: nv,
+                        a: g.ptr(),
+                        lda: nv,
+                        trans_a: false,
+                        b: at(weight, v0 * d),
+                        ldb: d,
+                        trans_b: false,
+                        out: dh_acc.ptr(),
+                        ldo: d,
+                        out_f32: true,
+                        alpha: 1.0,
+                        beta: if v0 == 0 { 0.0 } else { 1.0 },
+                    })?;
+                    // d_weight[v0.., nv x d] += g^T[nv, nr] h[r0.., nr x d]
+                    self.gemm.row_major(RowMajorGemm {
+                        m: nv,
+                        n: d,
+                        k: nr,
+                        a: g.ptr(),
+                        lda: nv,
+                        trans_a: true,
+                        b: at(hidden, r0 * d),
+                        ldb: d,
+                        trans_b: false,
+                        out: at(d_weight, v0 * d),
+                        ldo: d,
+                        out_f32: true,
+                        alpha: 1.0,
+                        beta: 1.0,
+                    })?;
+                }
+            }
+            self.device
+                .add_f32_into_bf16_at(at(d_hidden, r0 * d), dh_acc.ptr(), nr * d)?;
+        }
+        Ok(out)
+    }
+
+    /// `logits[nr, nv] = hidden[r0.., nr x d] weight[v0.., nv x d]^T` in fp32.
+    #[allow(clippy::too_many_arguments)]
+    fn logits_tile(
+        &self,
+        hidden: &CudaTensor,
+        weight: &CudaTensor,
+        d: usize,
+        r0: usize,
+        nr: usize,
+        v0: usize,
+        nv: usize,
+        logits: &CudaTensor,
+    ) -> Result<()> {
+        // SAFETY: rows r0..r0 + nr of hidden and v0..v0 + nv of weight exist (the callers walk
+        // the checked sizes); the scratch holds nr x nv f32.
+        unsafe {
+            self.gemm.row_major(RowMajorGemm {
+                m: nr,
+                n: nv,
+                k: d,
+                a: at(hidden, r0 * d),
+                lda: d,
+                trans_a: false,
+                b: at(weight, v0 * d),
+                ldb: d,
+                trans_b: true,
+                out: logits.ptr(),
+                ldo: nv,
+                out_f32: true,
+                alpha: 1.0,
+                beta: 0.0,
+            })
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::LossTiles;
+
+    #[test]
+    fn default_tiles_fit_the_issue_budget() {
+        // T = 32k, V = 152k (Qwen2.5's padded vocabulary), d = 3584 (7B): <= 1 GB extra.
+        let bytes = LossTiles::DEFAULT.scratch_bytes(32_768, 152_064, 3584);
+        assert!(bytes <= 1_000_000_000, "{bytes} bytes");
+        assert!(
+            bytes > 500_000_000,
+            "{bytes} bytes: the formula lost a buffer"
+        );
+        // Small problems allocate only what they use.
+        assert_eq!(
+            LossTiles::DEFAULT.scratch_bytes(3, 5, 2),
+            3 * 5 * 6 + 3 * 2 * 4 + 3 * 28
+        );
+    }
+}
