@@ -67,6 +67,45 @@ impl LossTiles {
     }
 }
 
+/// Between the passes, on the host: from each row's `(m, s, u, z_target)` statistics, the loss
+/// report (logprob, entropy, the objective's terms with [`token_term`], clip counts) and each
+/// row's `(lse, coef)` for pass 2, `coef = d loss / d logp` (0 outside the loss).
+pub fn finalize_rows(
+    stats: &[f32],
+    rows: &LossRows<'_>,
+    objective: &Objective,
+    num_action_tokens: f64,
+) -> (LossOutput, Vec<f32>, Vec<f32>) {
+    let t = stats.len() / 4;
+    let mut out = LossOutput {
+        logprobs: vec![0.0; t],
+        entropy: vec![0.0; t],
+        ..Default::default()
+    };
+    let mut lse = vec![0.0f32; t];
+    let mut coef = vec![0.0f32; t];
+    for r in 0..t {
+        let [m, s, u, z_target] = [0, 1, 2, 3].map(|i| stats[r * 4 + i] as f64);
+        let log_s = s.ln();
+        let row_lse = m + log_s;
+        let logp = z_target - row_lse;
+        out.logprobs[r] = logp as f32;
+        out.entropy[r] = (log_s - u / s) as f32;
+        lse[r] = row_lse as f32;
+        if !rows.action_mask[r] {
+            continue;
+        }
+        let term = token_term(objective, rows, r, logp);
+        out.loss -= term.term / num_action_tokens;
+        out.action_tokens += 1;
+        out.clipped_low += term.clipped_low as usize;
+        out.clipped_high += term.clipped_high as usize;
+        out.ratio_deviation_sum += (term.ratio - 1.0).abs();
+        coef[r] = (-term.d_term_d_logp / num_action_tokens) as f32;
+    }
+    (out, lse, coef)
+}
+
 /// Byte offset of element `i` of a tensor of `dtype`.
 fn at(t: &CudaTensor, i: usize) -> CUdeviceptr {
     t.ptr() + (i * t.dtype().size()) as u64
@@ -248,32 +287,7 @@ impl CudaBackend {
 
         // The loss terms on the host, with the reference's own `token_term`.
         let stats_host: Vec<f32> = pod_vec(&self.read_bytes(&stats)?);
-        let mut out = LossOutput {
-            logprobs: vec![0.0; t],
-            entropy: vec![0.0; t],
-            ..Default::default()
-        };
-        let mut lse = vec![0.0f32; t];
-        let mut coef = vec![0.0f32; t];
-        for r in 0..t {
-            let [m, s, u, z_target] = [0, 1, 2, 3].map(|i| stats_host[r * 4 + i] as f64);
-            let log_s = s.ln();
-            let row_lse = m + log_s;
-            let logp = z_target - row_lse;
-            out.logprobs[r] = logp as f32;
-            out.entropy[r] = (log_s - u / s) as f32;
-            lse[r] = row_lse as f32;
-            if !rows.action_mask[r] {
-                continue;
-            }
-            let term = token_term(objective, rows, r, logp);
-            out.loss -= term.term / num_action_tokens;
-            out.action_tokens += 1;
-            out.clipped_low += term.clipped_low as usize;
-            out.clipped_high += term.clipped_high as usize;
-            out.ratio_deviation_sum += (term.ratio - 1.0).abs();
-            coef[r] = (-term.d_term_d_logp / num_action_tokens) as f32;
-        }
+        let (out, lse, coef) = finalize_rows(&stats_host, rows, objective, num_action_tokens);
         if coef.iter().all(|&c| c == 0.0) {
             return Ok(out);
         }
@@ -381,7 +395,112 @@ impl CudaBackend {
 
 #[cfg(test)]
 mod tests {
-    use super::LossTiles;
+    use super::{finalize_rows, LossTiles};
+    use crate::train::loss::{lm_head_loss_cpu, LossRows, Objective};
+
+    /// The kernel's merge of two tiles' `(m, s, u)` (dapo_loss.cu), mirrored for the host test.
+    fn merge(a: [f64; 3], b: [f64; 3]) -> [f64; 3] {
+        let big = a[0].max(b[0]);
+        let (a1, a2) = ((a[0] - big).exp(), (b[0] - big).exp());
+        [
+            big,
+            a1 * a[1] + a2 * b[1],
+            a1 * (a[2] + (a[0] - big) * a[1]) + a2 * (b[2] + (b[0] - big) * b[1]),
+        ]
+    }
+
+    #[test]
+    fn finalized_stats_give_the_reference_loss() {
+        // A small problem: logits from the reference's own dot products, statistics merged tile
+        // by tile as the kernel does, then the host half of the GPU loss.
+        let (t, vocab, d) = (9, 23, 5);
+        let val = |i: usize, k: f32| ((i * 7919 % 211) as f32 / 211.0 - 0.5) * k;
+        let hidden: Vec<f32> = (0..t * d).map(|i| val(i, 4.0)).collect();
+        let weight: Vec<f32> = (0..vocab * d).map(|i| val(i + 77, 2.0)).collect();
+        let targets: Vec<u32> = (0..t as u32).map(|r| (r * 5 + 3) % vocab as u32).collect();
+        let mask: Vec<bool> = (0..t).map(|r| r % 3 != 0).collect();
+        let advantages: Vec<f32> = (0..t)
+            .map(|r| if r % 2 == 0 { 1.0 } else { -0.7 })
+            .collect();
+        let old: Vec<f32> = (0..t).map(|r| -3.0 + 0.3 * (r % 4) as f32).collect();
+        let rows = LossRows {
+            targets: &targets,
+            action_mask: &mask,
+            advantages: &advantages,
+            old_logprobs: &old,
+            rollout_logprobs: &old,
+        };
+        let mut stats = vec![0.0f32; t * 4];
+        for r in 0..t {
+            let z: Vec<f64> = (0..vocab)
+                .map(|j| {
+                    (0..d)
+                        .map(|k| hidden[r * d + k] * weight[j * d + k])
+                        .sum::<f32>() as f64
+                })
+                .collect();
+            let mut acc: Option<[f64; 3]> = None;
+            for tile in z.chunks(7) {
+                let m = tile.iter().copied().fold(f64::NEG_INFINITY, f64::max);
+                let s = tile.iter().map(|x| (x - m).exp()).sum::<f64>();
+                let u = tile.iter().map(|x| (x - m).exp() * (x - m)).sum::<f64>();
+                acc = Some(acc.map_or([m, s, u], |a| merge(a, [m, s, u])));
+            }
+            let [m, s, u] = acc.unwrap();
+            stats[r * 4..r * 4 + 4].copy_from_slice(&[
+                m as f32,
+                s as f32,
+                u as f32,
+                z[targets[r] as usize] as f32,
+            ]);
+        }
+        for objective in [
+            Objective::MaskedCe,
+            Objective::Dapo {
+                eps_low: 0.2,
+                eps_high: 0.28,
+                tis_cap: None,
+            },
+        ] {
+            let (mut dh, mut dw) = (vec![0.0; t * d], vec![0.0; vocab * d]);
+            let want = lm_head_loss_cpu(
+                &hidden, &weight, d, &rows, &objective, 10.0, &mut dh, &mut dw,
+            )
+            .unwrap();
+            let (got, lse, coef) = finalize_rows(&stats, &rows, &objective, 10.0);
+            assert!(
+                (got.loss - want.loss).abs() < 1e-5,
+                "{objective:?}: {} vs {}",
+                got.loss,
+                want.loss
+            );
+            assert_eq!(got.action_tokens, want.action_tokens);
+            assert_eq!(
+                (got.clipped_low, got.clipped_high),
+                (want.clipped_low, want.clipped_high)
+            );
+            for r in 0..t {
+                assert!(
+                    (got.logprobs[r] - want.logprobs[r]).abs() < 1e-5,
+                    "row {r} logprob"
+                );
+                assert!(
+                    (got.entropy[r] - want.entropy[r]).abs() < 1e-5,
+                    "row {r} entropy"
+                );
+                assert!(lse[r].is_finite());
+                assert_eq!(
+                    coef[r] == 0.0,
+                    !mask[r] || got_clipped(&objective, &rows, r, got.logprobs[r])
+                );
+            }
+        }
+    }
+
+    /// Whether DAPO's clipped branch (zero gradient) is taken at row `r`.
+    fn got_clipped(objective: &Objective, rows: &LossRows<'_>, r: usize, logp: f32) -> bool {
+        crate::train::loss::token_term(objective, rows, r, logp as f64).d_term_d_logp == 0.0
+    }
 
     #[test]
     fn default_tiles_fit_the_issue_budget() {
