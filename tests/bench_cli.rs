@@ -136,3 +136,53 @@ fn agent_through_http_reports_host_time_next_to_the_in_process_run() {
         "{stdout}"
     );
 }
+
+#[test]
+fn train_reports_a_step_and_refuses_bad_packing() {
+    let dir = tempfile::tempdir().unwrap();
+    let jsonl = dir.path().join("train.jsonl");
+    let out = Command::new(bin_path("swerve-bench"))
+        .args([
+            "train",
+            "--device",
+            "cpu",
+            "--tokens",
+            "32",
+            "--seq-len",
+            "16",
+        ])
+        .args(["--reps", "1", "--jsonl"])
+        .arg(&jsonl)
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{stdout}{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let record: serde_json::Value =
+        serde_json::from_str(std::fs::read_to_string(&jsonl).unwrap().trim()).unwrap();
+    assert_eq!(record["key"], "preset=default tokens=32 seq_len=16");
+    assert!(record["tokens_per_s"].as_f64().unwrap() > 0.0);
+    assert!(record["tflops"].as_f64().unwrap() > 0.0);
+
+    let out = Command::new(bin_path("swerve-bench"))
+        .args([
+            "train",
+            "--device",
+            "cpu",
+            "--tokens",
+            "30",
+            "--seq-len",
+            "16",
+        ])
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        stderr.contains("30 tokens do not pack into sequences of 16"),
+        "{stderr}"
+    );
+}

@@ -34,6 +34,9 @@ enum Command {
     /// Decode steps over the paged KV cache at several batch sizes (tokens/s, share of the
     /// bandwidth roofline on a GPU), and paged decode attention alone at long contexts.
     Decode(DecodeArgs),
+    /// One training step (forward, fused loss, backward, AdamW) on packed tokens: tokens/s,
+    /// model TFLOP/s, MFU against the measured GEMM rate and device memory on a GPU.
+    Train(TrainArgs),
     /// Each CUDA kernel against the CPU reference and the card's measured ceilings (needs a GPU).
     Kernels {
         /// Also append one JSON record per row to this file (bench/peers/compare.py reads it).
@@ -101,6 +104,28 @@ struct DecodeArgs {
 }
 
 #[derive(clap::Args)]
+struct TrainArgs {
+    /// Model shape (see `prefill --preset`); random weights. Tensor-parallel size 1 only.
+    #[arg(long, default_value = "default")]
+    preset: String,
+    /// Packed tokens per step, comma-separated (default: 16384,32768 on a GPU, 256 on the CPU).
+    #[arg(long, value_delimiter = ',')]
+    tokens: Vec<usize>,
+    /// Tokens per packed sequence (default: each step is one sequence).
+    #[arg(long)]
+    seq_len: Option<usize>,
+    /// Timed steps per size (after one warm-up); the median is reported.
+    #[arg(long, default_value_t = 3)]
+    reps: usize,
+    /// Where the model runs: auto (the GPU when there is one), cpu, or cuda.
+    #[arg(long, default_value = "auto")]
+    device: DeviceChoice,
+    /// Also append one JSON record per row to this file.
+    #[arg(long)]
+    jsonl: Option<PathBuf>,
+}
+
+#[derive(clap::Args)]
 struct PrefillArgs {
     /// Model shape: default (small, CPU-friendly), qwen2.5-0.5b, -1.5b, -7b, -32b, -72b-tp8 (one
     /// rank of tensor-parallel 8, no collective). Weights are random.
@@ -127,6 +152,7 @@ fn main() -> Result<()> {
         Command::Kernels { jsonl } => kernels(jsonl.as_deref()),
         Command::Agent(args) => agent(args),
         Command::Decode(args) => decode(args),
+        Command::Train(args) => train(args),
     }
 }
 
@@ -523,6 +549,82 @@ fn decode_on<B: Backend>(
                 "bytes_per_step": r.bytes_per_step, "cuda_graphs": r.graph_steps > 0,
                 "roofline_fraction": copy_gb_per_s.map(|bw| r.roofline_fraction(bw)),
                 "note": backend.name(),
+            }))
+            .collect();
+        append_jsonl(path, &records)?;
+    }
+    Ok(())
+}
+
+fn train(args: TrainArgs) -> Result<()> {
+    let (config, tp_size) = synthetic::preset(&args.preset)?;
+    if tp_size != 1 {
+        bail!(
+            "train: preset {} is one rank of tensor-parallel {tp_size}; training runs TP = 1",
+            args.preset
+        );
+    }
+    if args.tokens.contains(&0) || args.seq_len == Some(0) || args.reps == 0 {
+        bail!("--tokens, --seq-len and --reps must be positive");
+    }
+    let (backend, line) = select(args.device)?;
+    println!("{line}");
+    match backend {
+        Selected::Cpu(b) => {
+            let sizes = or_default(&args.tokens, &[256]);
+            train_on(&b, config, &args, &sizes, None)?;
+        }
+        Selected::Cuda(b) => {
+            let ceilings = bench::kernels::measure_ceilings(&b)?;
+            println!(
+                "measured bf16 GEMM rate: {:.0} TFLOP/s",
+                ceilings.gemm_tflops
+            );
+            let sizes = or_default(&args.tokens, &[16384, 32768]);
+            train_on(&*b, config, &args, &sizes, Some(ceilings.gemm_tflops))?;
+            let (free, total) = b.device.ctx.mem_get_info()?;
+            println!(
+                "device memory in use after the steps (the caching pool's high-water mark included): {:.1} GiB of {:.1} GiB",
+                (total - free) as f64 / (1u64 << 30) as f64,
+                total as f64 / (1u64 << 30) as f64
+            );
+        }
+    }
+    Ok(())
+}
+
+fn train_on<B: swerve::backend::BackendGrad>(
+    backend: &B,
+    config: swerve::config::ModelConfig,
+    args: &TrainArgs,
+    sizes: &[usize],
+    gemm_tflops: Option<f64>,
+) -> Result<()> {
+    let local = config.local_sizes(1)?;
+    let host = synthetic::random_params(&config, &local, 0x5EED)?;
+    let mut model = Qwen2Model::from_host_params(backend, config, local, &host)?;
+    drop(host);
+    println!(
+        "model: preset {} ({} layers, hidden {}), random weights; masked cross-entropy on every token, activation checkpointing on",
+        args.preset, model.config.num_hidden_layers, model.config.hidden_size
+    );
+    let rows = sizes
+        .iter()
+        .map(|&tokens| {
+            let seq_len = args.seq_len.unwrap_or(tokens);
+            bench::train::train_step(backend, &mut model, tokens, seq_len, args.reps)
+        })
+        .collect::<Result<Vec<_>>>()?;
+    bench::train::print_train_table(&rows, gemm_tflops);
+    if let Some(path) = &args.jsonl {
+        let records: Vec<serde_json::Value> = rows
+            .iter()
+            .map(|r| serde_json::json!({
+                "table": "train", "impl": "swerve",
+                "key": format!("preset={} tokens={} seq_len={}", args.preset, r.tokens, r.seq_len),
+                "step_ms": r.step_seconds() * 1e3, "fwd_bwd_ms": r.fwd_bwd_seconds * 1e3,
+                "tokens_per_s": r.tokens_per_second, "tflops": r.tflops,
+                "mfu": gemm_tflops.map(|g| r.mfu(g)), "note": backend.name(),
             }))
             .collect();
         append_jsonl(path, &records)?;
