@@ -1,6 +1,6 @@
 // Tensor-core and async-copy PTX wrappers shared by the attention kernels (flash_attn.cu,
-// paged_attn.cu): cp.async 16-byte copies with zero fill, ldmatrix (plain and transposed), the
-// bf16 m16n8k16 MMA with fp32 accumulation, and bf16x2 packing. sm_80 and newer.
+// paged_attn.cu): cp.async 16- and 4-byte copies with zero fill, ldmatrix (plain and transposed),
+// the bf16 m16n8k16 MMA with fp32 accumulation, bf16x2 packing, fp32x2 atomic adds. sm_80 and newer.
 #pragma once
 
 #include <cuda_bf16.h>
@@ -10,6 +10,12 @@ __device__ __forceinline__ void cp_async_16(void* smem, const void* gmem, bool v
     const unsigned dst = (unsigned)__cvta_generic_to_shared(smem);
     const int src_bytes = valid ? 16 : 0;  // 0: write 16 zero bytes, read nothing
     asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(gmem), "r"(src_bytes));
+}
+// 4-byte variant (through L1: .ca is the only cache mode for sizes below 16); 0 bytes read if !valid.
+__device__ __forceinline__ void cp_async_4(void* smem, const void* gmem, bool valid) {
+    const unsigned dst = (unsigned)__cvta_generic_to_shared(smem);
+    const int src_bytes = valid ? 4 : 0;
+    asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;\n" ::"r"(dst), "l"(gmem), "r"(src_bytes));
 }
 __device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
 template <int kPending>
@@ -79,4 +85,15 @@ __device__ __forceinline__ void online_softmax_tile(float (&s_acc)[kNTiles][4], 
             row_sum[r] += p0 + p1;
         }
     }
+}
+
+// addr[0] += a, addr[1] += b (fp32, relaxed, device scope): one vector reduction on sm_90 (8-byte
+// aligned address), two scalar ones before.
+__device__ __forceinline__ void red_add_f32x2(float* addr, float a, float b) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    asm volatile("red.global.add.v2.f32 [%0], {%1, %2};\n" ::"l"(addr), "f"(a), "f"(b) : "memory");
+#else
+    atomicAdd(addr, a);
+    atomicAdd(addr + 1, b);
+#endif
 }

@@ -369,7 +369,7 @@ fn flash_attention_saves_the_logsumexp() {
         total_tokens: t,
     };
     let mut out = poisoned(&gpu, &[t, heads, hd], DeviceDType::Bf16);
-    let mut lse = poisoned(&gpu, &[heads, t], DeviceDType::F32);
+    let mut lse = poisoned(&gpu, &[t, heads], DeviceDType::F32);
     let scale = 1.0 / (hd as f32).sqrt();
     gpu.device
         .flash_attn_fwd(
@@ -395,7 +395,7 @@ fn flash_attention_saves_the_logsumexp() {
                     .collect();
                 let max = scores.iter().copied().fold(f64::NEG_INFINITY, f64::max);
                 let want = max + scores.iter().map(|s| (s - max).exp()).sum::<f64>().ln();
-                worst = worst.max((got[h * t + i] as f64 - want).abs());
+                worst = worst.max((got[i * heads + h] as f64 - want).abs()); // [T, heads]
             }
         }
     }

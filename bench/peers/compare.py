@@ -2,7 +2,7 @@
 """Side by side: swerve's rows and the peers' from the JSONL records that swerve-bench and the
 peer scripts write (--jsonl). For each table, one line per key: swerve's median and TFLOP/s, each
 peer's, and the ratio peer_median / swerve_median (> 1: swerve is faster); where a table has more
-than one peer (attention: sdpa-flash, sdpa-cudnn), also the ratio to the fastest of them.
+than one peer (attention, attention_bwd: sdpa-flash, sdpa-cudnn), also the ratio to the fastest.
 
     python3 compare.py OUT/swerve.jsonl OUT/peers.jsonl
 """
@@ -11,7 +11,7 @@ import json
 import sys
 
 SWERVE = "swerve"
-TABLE_ORDER = ["attention", "prefill"]
+TABLE_ORDER = ["attention", "attention_bwd", "prefill"]
 
 
 def load(paths):

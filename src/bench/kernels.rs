@@ -1,7 +1,10 @@
 //! `swerve-bench kernels`: each CUDA kernel timed with CUDA events (one warm-up, median of many
 //! runs, input sets rotated so that every run reads from HBM rather than L2), checked against the
 //! CPU reference, and compared with the card's own ceilings measured in the same run: a 1 GiB
-//! device-to-device copy for memory-bound kernels, a large cuBLASLt bf16 GEMM for attention.
+//! device-to-device copy for memory-bound kernels, a large cuBLASLt bf16 GEMM for attention
+//! (forward here, backward in [`attention_bwd`]).
+
+pub mod attention_bwd;
 
 use crate::backend::cpu::{CpuBackend, CpuTensor};
 use crate::backend::cuda::{CudaBackend, CudaDevice, CudaTensor, DeviceDType};
@@ -482,7 +485,7 @@ pub fn attention(
         total_tokens: t,
     };
     let mut out = backend.alloc(&[t, heads, head_dim], DeviceDType::Bf16)?;
-    let mut lse = backend.alloc(&[heads, t], DeviceDType::F32)?;
+    let mut lse = backend.alloc(&[t, heads], DeviceDType::F32)?;
     let scale = 1.0 / (head_dim as f32).sqrt();
     let ms = time_ms(device, 20, |_| {
         device.flash_attn_fwd(
@@ -541,6 +544,11 @@ pub fn run_all(backend: &CudaBackend) -> Result<(Ceilings, Vec<KernelRow>)> {
     for shape in ATTENTION_SHAPES {
         rows.push(attention(backend, shape, &ceilings)?);
     }
+    for shape in attention_bwd::ATTENTION_BACKWARD_SHAPES {
+        rows.push(attention_bwd::attention_backward(
+            backend, shape, &ceilings,
+        )?);
+    }
     Ok((ceilings, rows))
 }
 
@@ -575,11 +583,16 @@ pub fn print_kernel_table(ceilings: &Ceilings, rows: &[KernelRow]) {
 pub fn jsonl_records(rows: &[KernelRow]) -> Vec<serde_json::Value> {
     rows.iter()
         .map(|r| {
-            let table = if r.tflops.is_some() { "attention" } else { "kernels" };
+            // Attention rows join the peers' by shape key, the backward in a table of its own.
+            let table = match (r.tflops.is_some(), r.kernel.starts_with("flash_attn_bwd")) {
+                (true, true) => "attention_bwd",
+                (true, false) => "attention",
+                (false, _) => "kernels",
+            };
             serde_json::json!({
                 "table": table,
                 "impl": "swerve",
-                "key": if table == "attention" { r.shape.clone() } else { format!("{} {}", r.kernel, r.shape) },
+                "key": if table == "kernels" { format!("{} {}", r.kernel, r.shape) } else { r.shape.clone() },
                 "median_ms": r.median_us / 1e3,
                 "tflops": r.tflops,
                 "gb_per_s": r.gb_per_s,

@@ -455,7 +455,7 @@ impl Backend for CudaBackend {
             max_seqlen,
             total_tokens,
         };
-        let mut lse = self.alloc(&[heads, total_tokens], DeviceDType::F32)?;
+        let mut lse = self.alloc(&[total_tokens, heads], DeviceDType::F32)?;
         self.device.flash_attn_fwd(
             q,
             k,

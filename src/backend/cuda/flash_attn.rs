@@ -1,5 +1,6 @@
-//! Launches of `kernels/flash_attn.cu`: causal GQA attention over packed variable-length
-//! sequences, with the per-row logsumexp saved for the backward pass.
+//! Launches of `kernels/flash_attn.cu`'s forward: causal GQA attention over packed
+//! variable-length sequences, with the per-row logsumexp (`[T, heads]` f32) saved for the backward
+//! pass. The backward's launches are in `attention_grad.rs`.
 
 use super::tensor::{CudaTensor, DeviceDType};
 use super::{as_i32, CudaDevice};
@@ -52,7 +53,8 @@ pub fn check_cu_seqlens(cu_seqlens: &[u32]) -> Result<(usize, usize)> {
 }
 
 impl CudaDevice {
-    /// `out = softmax(scale q k^T, causal) v` per sequence and head, `lse [heads, T]` fp32.
+    /// `out = softmax(scale q k^T, causal) v` per sequence and head, `lse [T, heads]` fp32 (the
+    /// layout of `BackendGrad::attention_with_lse`).
     /// `q, out [T, heads, hd]`, `k, v [T, kv_heads, hd]`, all bf16.
     #[allow(clippy::too_many_arguments)]
     pub fn flash_attn_fwd(
@@ -116,11 +118,8 @@ impl CudaDevice {
             CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
             smem as i32,
         )?;
-        let (t_i, heads_i, kv_i) = (
-            as_i32("tokens", t)?,
-            as_i32("heads", heads)?,
-            as_i32("kv_heads", kv_heads)?,
-        );
+        as_i32("tokens", t)?;
+        let (heads_i, kv_i) = (as_i32("heads", heads)?, as_i32("kv_heads", kv_heads)?);
         let cfg = LaunchConfig {
             grid_dim: (
                 layout.max_seqlen.div_ceil(block_m).max(1) as u32,
@@ -146,7 +145,6 @@ impl CudaDevice {
             .arg(&op)
             .arg(&lp)
             .arg(&cp)
-            .arg(&t_i)
             .arg(&heads_i)
             .arg(&kv_i)
             .arg(&softmax_scale);

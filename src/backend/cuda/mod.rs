@@ -14,6 +14,7 @@
 //! ```
 
 pub mod adamw;
+pub mod attention_grad;
 pub mod backend;
 pub mod flash_attn;
 pub mod gemm;

@@ -1,0 +1,387 @@
+//! The CUDA flash-attention backward (`kernels/flash_attn.cu`, `CudaBackend::
+//! flash_attention_backward`) and the forward that saves the logsumexp, against the CPU reference
+//! (`CpuBackend` as `BackendGrad`), on fresh random inputs: ragged packed lengths around the
+//! 64-query and 128-key tiles (an empty sequence, one token, 4099 tokens), GQA 1:1, 2:1, 4:1, 7:1,
+//! head dims 16, 32, 64, 128.
+//!
+//! - The forward's `out` and `lse` are poisoned (NaN bytes) before the launch, and so is the pooled
+//!   memory the backward's scratch is about to reuse: an unwritten element cannot pass.
+//! - The gradients are pre-filled with random values: the kernels must add (`+=`), not overwrite.
+//! - Tolerance (DESIGN.md): the largest error against the reference is at most twice that of a
+//!   naive bf16 computation written out here in the order transformers' eager attention and
+//!   PyTorch autograd take (round after each op; the final `+=` rounds once more).
+//!
+//! Needs a CUDA GPU: run through scripts/gpu-pack.sh. Without one these tests fail, never pass.
+
+mod common;
+
+use common::gpu::{check_within_naive, gpu, naive_attention, poisoned, random, round_bf16};
+use swerve::backend::cpu::{CpuBackend, CpuTensor};
+use swerve::backend::cuda::backend::pod_vec;
+use swerve::backend::cuda::{CudaBackend, CudaTensor, DeviceDType};
+use swerve::backend::{Backend, BackendGrad};
+use swerve::bench::kernels::max_abs_diff;
+
+/// (sequence lengths packed together, heads, kv_heads, head_dim).
+type Case = (&'static [u32], usize, usize, usize);
+
+const CASES: [Case; 8] = [
+    (&[1], 4, 1, 64),                // one token, 4:1
+    (&[7, 129, 0, 64], 8, 4, 128),   // an empty sequence, 2:1
+    (&[4099], 2, 2, 128),            // 33 key tiles, 65 query tiles, 1:1
+    (&[127, 128, 129, 1], 7, 1, 64), // around the tiles, 7:1
+    (&[200, 5], 6, 3, 16),           // 2:1, hd 16
+    (&[65, 300], 8, 2, 32),          // 4:1, hd 32
+    (&[300, 77], 14, 2, 32),         // 7:1, hd 32
+    (&[129, 1, 256], 4, 4, 16),      // 1:1, hd 16
+];
+
+fn cu_seqlens(lens: &[u32]) -> Vec<u32> {
+    let mut cu = vec![0u32];
+    for &l in lens {
+        cu.push(cu.last().unwrap() + l);
+    }
+    cu
+}
+
+/// The backward as transformers' eager bf16 attention and autograd compute it: scores rounded
+/// after the product and after the scaling; P = softmax in f32 (a bf16 copy for P V); dP =
+/// bf16(dO v); dS = bf16(P (dP - sum(dP P))), scaled and rounded; dQ = bf16(dS k); per-head
+/// dK = bf16(dS^T q) and dV = bf16(P^T dO), the GQA group summed and rounded; then `+=` into the
+/// pre-filled gradients with one more rounding.
+#[allow(clippy::too_many_arguments)]
+fn naive_backward(
+    q: &[f32],
+    k: &[f32],
+    v: &[f32],
+    d_out: &[f32],
+    cu: &[u32],
+    heads: usize,
+    kv_heads: usize,
+    hd: usize,
+    prefill: [&[f32]; 3],
+) -> [Vec<f32>; 3] {
+    let scale = 1.0 / (hd as f32).sqrt();
+    let group = heads / kv_heads;
+    let tokens = q.len() / (heads * hd);
+    let mut dq = vec![0.0f32; q.len()];
+    // Per query head, as the repeated K/V of eager attention.
+    let mut dk_h = vec![0.0f32; tokens * heads * hd];
+    let mut dv_h = vec![0.0f32; tokens * heads * hd];
+    let dot = |a: &[f32], b: &[f32]| a.iter().zip(b).map(|(x, y)| x * y).sum::<f32>();
+    for w in cu.windows(2) {
+        let (start, end) = (w[0] as usize, w[1] as usize);
+        for h in 0..heads {
+            let g = h / group;
+            let k_row = |j: usize| &k[(j * kv_heads + g) * hd..][..hd];
+            let v_row = |j: usize| &v[(j * kv_heads + g) * hd..][..hd];
+            for i in start..end {
+                let qi = &q[(i * heads + h) * hd..][..hd];
+                let doi = &d_out[(i * heads + h) * hd..][..hd];
+                let s: Vec<f32> = (start..=i)
+                    .map(|j| round_bf16(round_bf16(dot(qi, k_row(j))) * scale))
+                    .collect();
+                let max = s.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+                let sum: f32 = s.iter().map(|x| (x - max).exp()).sum();
+                let p: Vec<f32> = s.iter().map(|x| (x - max).exp() / sum).collect();
+                let dp: Vec<f32> = (start..=i)
+                    .map(|j| round_bf16(dot(doi, v_row(j))))
+                    .collect();
+                let dp_p: f32 = dp.iter().zip(&p).map(|(a, b)| a * b).sum();
+                let mut dq_row = vec![0.0f32; hd];
+                for (n, j) in (start..=i).enumerate() {
+                    let ds = round_bf16(round_bf16(p[n] * (dp[n] - dp_p)) * scale);
+                    let pb = round_bf16(p[n]);
+                    for (x, y) in dq_row.iter_mut().zip(k_row(j)) {
+                        *x += ds * y;
+                    }
+                    let dk = &mut dk_h[(j * heads + h) * hd..][..hd];
+                    for (x, y) in dk.iter_mut().zip(qi) {
+                        *x += ds * y;
+                    }
+                    let dv = &mut dv_h[(j * heads + h) * hd..][..hd];
+                    for (x, y) in dv.iter_mut().zip(doi) {
+                        *x += pb * y;
+                    }
+                }
+                let out = &mut dq[(i * heads + h) * hd..][..hd];
+                for (o, x) in out.iter_mut().zip(dq_row) {
+                    *o = round_bf16(x);
+                }
+            }
+        }
+    }
+    let group_sum = |per_head: &[f32]| -> Vec<f32> {
+        let mut out = vec![0.0f32; tokens * kv_heads * hd];
+        for t in 0..tokens {
+            for h in 0..heads {
+                let dst = &mut out[(t * kv_heads + h / group) * hd..][..hd];
+                for (o, x) in dst.iter_mut().zip(&per_head[(t * heads + h) * hd..][..hd]) {
+                    *o += round_bf16(*x);
+                }
+            }
+        }
+        out.iter().map(|&x| round_bf16(x)).collect()
+    };
+    let (dk, dv) = (group_sum(&dk_h), group_sum(&dv_h));
+    let add = |pre: &[f32], grad: &[f32]| -> Vec<f32> {
+        pre.iter()
+            .zip(grad)
+            .map(|(a, b)| round_bf16(a + b))
+            .collect()
+    };
+    [
+        add(prefill[0], &dq),
+        add(prefill[1], &dk),
+        add(prefill[2], &dv),
+    ]
+}
+
+/// [`check_within_naive`], except where the naive result is exact (every sequence one token long:
+/// out = v, and dS = 0 so dQ = dK = 0 and the pre-fill stays): then the kernel must be exact too,
+/// up to far below a bf16 ulp.
+fn check_against_naive(what: &str, got: &[f32], reference: &[f32], naive: &[f32]) {
+    if max_abs_diff(naive, reference) == 0.0 {
+        let err = max_abs_diff(got, reference);
+        let size = reference.iter().fold(0.0f32, |m, x| m.max(x.abs()));
+        println!("{what}: naive result exact, kernel error {err:.3e}");
+        assert!(
+            err <= 1e-6 * size,
+            "{what}: {err} where the naive result is exact"
+        );
+    } else {
+        check_within_naive(what, got, reference, naive);
+    }
+}
+
+/// Fills pooled buffers of the backward's scratch sizes with NaN bytes and frees them, so that the
+/// backward's own allocations (same size classes) start out poisoned.
+fn poison_scratch(gpu: &CudaBackend, tokens: usize, heads: usize, hd: usize) {
+    let bufs = [
+        poisoned(gpu, &[heads, tokens], DeviceDType::F32),
+        poisoned(gpu, &[heads, tokens], DeviceDType::F32),
+        poisoned(gpu, &[tokens, heads, hd], DeviceDType::F32),
+    ];
+    gpu.device.synchronize().unwrap();
+    drop(bufs);
+}
+
+struct Run {
+    out: Vec<f32>,
+    lse: Vec<f32>,
+    grads: [Vec<f32>; 3],
+}
+
+/// GPU forward with lse, then the backward into the pre-filled gradients.
+#[allow(clippy::too_many_arguments)]
+fn run_gpu(
+    gpu: &CudaBackend,
+    q: &CudaTensor,
+    k: &CudaTensor,
+    v: &CudaTensor,
+    d_out: &CudaTensor,
+    cu: &[u32],
+    prefill: [&[f32]; 3],
+) -> Run {
+    let (t, heads, hd) = (q.shape()[0], q.shape()[1], q.shape()[2]);
+    let scale = 1.0 / (hd as f32).sqrt();
+    let mut out = poisoned(gpu, q.shape(), DeviceDType::Bf16);
+    let mut lse = poisoned(gpu, &[t, heads], DeviceDType::F32);
+    gpu.flash_attention_with_lse(q, k, v, cu, scale, &mut out, &mut lse)
+        .unwrap();
+    let upload = |values: &[f32], shape: &[usize]| {
+        let bf: Vec<half::bf16> = values.iter().map(|&x| half::bf16::from_f32(x)).collect();
+        gpu.upload_pod(&bf, shape, DeviceDType::Bf16).unwrap()
+    };
+    let mut d_q = upload(prefill[0], q.shape());
+    let mut d_k = upload(prefill[1], k.shape());
+    let mut d_v = upload(prefill[2], v.shape());
+    poison_scratch(gpu, t, heads, hd);
+    gpu.flash_attention_backward(
+        q, k, v, &out, &lse, d_out, cu, scale, &mut d_q, &mut d_k, &mut d_v,
+    )
+    .unwrap();
+    Run {
+        out: gpu.to_host(&out).unwrap(),
+        lse: pod_vec(&gpu.read_bytes(&lse).unwrap()),
+        grads: [
+            gpu.to_host(&d_q).unwrap(),
+            gpu.to_host(&d_k).unwrap(),
+            gpu.to_host(&d_v).unwrap(),
+        ],
+    }
+}
+
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn attention_backward_matches_cpu_reference() {
+    let (gpu, cpu) = (gpu(), CpuBackend::new());
+    for (i, &(lens, heads, kv_heads, hd)) in CASES.iter().enumerate() {
+        let what = format!("lens {lens:?} heads {heads}/{kv_heads} hd {hd}");
+        let cu = cu_seqlens(lens);
+        let t = *cu.last().unwrap() as usize;
+        let seed = 3000 + 10 * i as u64;
+        let (q, q_cpu) = random(&gpu, &[t, heads, hd], seed, 2.0);
+        let (k, k_cpu) = random(&gpu, &[t, kv_heads, hd], seed + 1, 2.0);
+        let (v, v_cpu) = random(&gpu, &[t, kv_heads, hd], seed + 2, 1.0);
+        let (d_out, d_out_cpu) = random(&gpu, &[t, heads, hd], seed + 3, 1.0);
+        // Pre-filled gradients (bf16 values), on both sides.
+        let (_, pre_q) = random(&gpu, &[t, heads, hd], seed + 4, 0.25);
+        let (_, pre_k) = random(&gpu, &[t, kv_heads, hd], seed + 5, 0.25);
+        let (_, pre_v) = random(&gpu, &[t, kv_heads, hd], seed + 6, 0.25);
+        let prefill = [&pre_q.data[..], &pre_k.data[..], &pre_v.data[..]];
+        let got = run_gpu(&gpu, &q, &k, &v, &d_out, &cu, prefill);
+
+        // Reference: the CPU backend (f32, logsumexp in f64), same pre-fill.
+        let scale = 1.0 / (hd as f32).sqrt();
+        let mut out_ref = cpu.zeros(&[t, heads, hd]).unwrap();
+        let mut lse_ref = CpuTensor::new(vec![t, heads], vec![0.0; t * heads]);
+        cpu.attention_with_lse(
+            &q_cpu,
+            &k_cpu,
+            &v_cpu,
+            &cu,
+            scale,
+            &mut out_ref,
+            &mut lse_ref,
+        )
+        .unwrap();
+        let mut refs = [pre_q.clone(), pre_k.clone(), pre_v.clone()];
+        let [rq, rk, rv] = &mut refs;
+        cpu.attention_backward(
+            &q_cpu, &k_cpu, &v_cpu, &out_ref, &lse_ref, &d_out_cpu, &cu, scale, rq, rk, rv,
+        )
+        .unwrap();
+
+        let naive_out = naive_attention(
+            &q_cpu.data,
+            &k_cpu.data,
+            &v_cpu.data,
+            &cu,
+            heads,
+            kv_heads,
+            hd,
+        );
+        check_against_naive(&format!("out {what}"), &got.out, &out_ref.data, &naive_out);
+        let lse_err = got
+            .lse
+            .iter()
+            .zip(&lse_ref.data)
+            .map(|(a, b)| (a - b).abs() / b.abs().max(1.0))
+            .fold(
+                0.0f32,
+                |m, e| if e.is_nan() { f32::INFINITY } else { m.max(e) },
+            );
+        println!("lse {what}: worst relative error {lse_err:.3e}");
+        assert!(lse_err < 1e-4, "lse {what}: off by {lse_err} (relative)");
+
+        let naive = naive_backward(
+            &q_cpu.data,
+            &k_cpu.data,
+            &v_cpu.data,
+            &d_out_cpu.data,
+            &cu,
+            heads,
+            kv_heads,
+            hd,
+            prefill,
+        );
+        for (n, name) in ["d_q", "d_k", "d_v"].iter().enumerate() {
+            check_against_naive(
+                &format!("{name} {what}"),
+                &got.grads[n],
+                &refs[n].data,
+                &naive[n],
+            );
+        }
+    }
+}
+
+/// dK and dV are summed in registers in a fixed order (bitwise reproducible); dQ's fp32 atomics
+/// may add in any order, so two runs agree to rounding only.
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn attention_backward_dk_dv_are_reproducible() {
+    let gpu = gpu();
+    let (lens, heads, kv_heads, hd) = (&[1000u32, 37][..], 28, 4, 128);
+    let cu = cu_seqlens(lens);
+    let t = *cu.last().unwrap() as usize;
+    let (q, _) = random(&gpu, &[t, heads, hd], 4000, 2.0);
+    let (k, _) = random(&gpu, &[t, kv_heads, hd], 4001, 2.0);
+    let (v, _) = random(&gpu, &[t, kv_heads, hd], 4002, 1.0);
+    let (d_out, _) = random(&gpu, &[t, heads, hd], 4003, 1.0);
+    let zeros_q = vec![0.0f32; t * heads * hd];
+    let zeros_kv = vec![0.0f32; t * kv_heads * hd];
+    let prefill = [&zeros_q[..], &zeros_kv[..], &zeros_kv[..]];
+    let a = run_gpu(&gpu, &q, &k, &v, &d_out, &cu, prefill);
+    let b = run_gpu(&gpu, &q, &k, &v, &d_out, &cu, prefill);
+    assert!(a.grads[1] == b.grads[1], "d_k differs between two runs");
+    assert!(a.grads[2] == b.grads[2], "d_v differs between two runs");
+    let size = a.grads[0].iter().fold(0.0f32, |m, x| m.max(x.abs()));
+    let diff = max_abs_diff(&a.grads[0], &b.grads[0]);
+    println!("d_q: run-to-run difference {diff:.3e} of max {size:.3e}");
+    assert!(diff <= size / 128.0, "d_q differs by {diff} between runs");
+    assert!(a.grads.iter().all(|g| g.iter().any(|&x| x != 0.0)));
+}
+
+/// Every backward kernel loads and fits on this card with its shared memory and registers (one
+/// block of 256 threads per SM at least).
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn attention_backward_kernels_load_and_fit() {
+    use cudarc::driver::sys::CUfunction_attribute;
+    use swerve::backend::cuda::attention_grad::backward_variant;
+    let gpu = gpu();
+    for hd in [16, 32, 64, 128] {
+        let (name, smem) = backward_variant(hd).unwrap();
+        let f = gpu.device.function("flash_attn", name).unwrap();
+        f.set_attribute(
+            CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
+            smem as i32,
+        )
+        .unwrap();
+        let blocks = f
+            .occupancy_max_active_blocks_per_multiprocessor(256, smem as usize, None)
+            .unwrap();
+        println!("{name}: {smem} B shared memory, {blocks} block(s) per SM");
+        assert!(blocks >= 1, "{name} cannot run: {smem} B of shared memory");
+    }
+    for name in ["flash_attn_bwd_preprocess", "flash_attn_bwd_dq_add"] {
+        gpu.device.function("flash_attn", name).unwrap();
+    }
+}
+
+/// Shapes and dtypes are checked before anything is launched, with the operand named.
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn attention_backward_refuses_mismatched_operands() {
+    let gpu = gpu();
+    let (t, heads, kv_heads, hd) = (10, 4, 2, 64);
+    let cu = [0u32, 4, 10];
+    let (q, _) = random(&gpu, &[t, heads, hd], 4100, 1.0);
+    let (k, _) = random(&gpu, &[t, kv_heads, hd], 4101, 1.0);
+    let (v, _) = random(&gpu, &[t, kv_heads, hd], 4102, 1.0);
+    let (out, _) = random(&gpu, &[t, heads, hd], 4103, 1.0);
+    let (d_out, _) = random(&gpu, &[t, heads, hd], 4104, 1.0);
+    let lse_wrong = gpu.alloc(&[heads, t], DeviceDType::F32).unwrap();
+    let (mut d_q, _) = random(&gpu, &[t, heads, hd], 4105, 1.0);
+    let (mut d_k, _) = random(&gpu, &[t, kv_heads, hd], 4106, 1.0);
+    let (mut d_v, _) = random(&gpu, &[t, kv_heads, hd], 4107, 1.0);
+    let err = gpu
+        .flash_attention_backward(
+            &q, &k, &v, &out, &lse_wrong, &d_out, &cu, 0.125, &mut d_q, &mut d_k, &mut d_v,
+        )
+        .unwrap_err();
+    assert!(
+        err.to_string()
+            .contains("lse has shape [4, 10], expected [10, 4]"),
+        "{err}"
+    );
+    let lse = gpu.alloc(&[t, heads], DeviceDType::F32).unwrap();
+    let err = gpu
+        .flash_attention_backward(
+            &q, &k, &v, &out, &lse, &d_out, &cu, 0.125, &mut d_k, &mut d_q, &mut d_v,
+        )
+        .unwrap_err();
+    assert!(err.to_string().contains("d_q has shape"), "{err}");
+}
