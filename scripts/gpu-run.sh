@@ -70,9 +70,10 @@ step bench-prefill-7b timeout 240 "$here/bin/swerve-bench" prefill --preset qwen
 step bench-decode-7b timeout 300 "$here/bin/swerve-bench" decode --preset qwen2.5-7b --jsonl "$out/swerve.jsonl"
 step bench-decode-7b-eager timeout 200 "$here/bin/swerve-bench" decode --preset qwen2.5-7b --batch-sizes 1,8 --attention-contexts 0 --no-cuda-graphs
 step bench-train-1.5b timeout 400 "$here/bin/swerve-bench" train --preset qwen2.5-1.5b --jsonl "$out/swerve.jsonl"
+step bench-train-1.5b-131k timeout 500 "$here/bin/swerve-bench" train --preset qwen2.5-1.5b-yarn4 --tokens 131072 --reps 1 --jsonl "$out/swerve.jsonl"
 # The peers on the same card (PyTorch SDPA flash/cuDNN, transformers' Qwen2): same shapes and keys.
 # The time limits only cap a run gone wrong; rows already measured stay in peers.jsonl.
-step bench-peers-attention timeout 120 python3 "$here/peers/attention.py" --jsonl "$out/peers.jsonl"
+step bench-peers-attention timeout 300 python3 "$here/peers/attention.py" --jsonl "$out/peers.jsonl"
 step bench-peers-prefill timeout 180 python3 "$here/peers/prefill.py" --jsonl "$out/peers.jsonl"
 
 for f in "$out"/bench-*.log; do

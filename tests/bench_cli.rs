@@ -186,3 +186,14 @@ fn train_reports_a_step_and_refuses_bad_packing() {
         "{stderr}"
     );
 }
+
+#[test]
+fn yarn4_presets_reach_131k_and_write_a_loadable_folder() {
+    let (config, _) = swerve::model::synthetic::preset("default-yarn4").unwrap();
+    assert_eq!(config.max_context(), 131_072);
+    let dir = tempfile::tempdir().unwrap();
+    swerve::model::synthetic::write_model_dir(&config, 7, dir.path()).unwrap();
+    let loaded = swerve::config::ModelConfig::from_dir(dir.path()).unwrap();
+    assert_eq!(loaded, config);
+    assert!(swerve::model::synthetic::preset("nonsense-yarn4").is_err());
+}

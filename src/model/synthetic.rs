@@ -2,7 +2,7 @@
 //! `swerve-bench` runs with no arguments, and random-weight presets of the real Qwen2.5 shapes
 //! for GPU benchmarks (no weights can be downloaded on the GPU hosts; speed does not care).
 
-use crate::config::{LocalSizes, ModelConfig, RopeConfig, RopeScaling};
+use crate::config::{LocalSizes, ModelConfig, RopeConfig, RopeScaling, YarnConfig};
 use crate::model::params::{ParamKind, Qwen2Params};
 use crate::model::weights::write_safetensors;
 use crate::tensor::HostTensor;
@@ -22,6 +22,21 @@ pub const PRESETS: [&str; 6] = [
 
 /// A preset's architecture and the tensor-parallel size its benchmark measures one rank of.
 pub fn preset(name: &str) -> Result<(ModelConfig, usize)> {
+    // `NAME-yarn4`: the shape of NAME with Qwen2.5's recommended 131,072-token YaRN scaling.
+    if let Some(base) = name.strip_suffix("-yarn4") {
+        let (mut config, tp) = preset(base)?;
+        let factor: f64 = 4.0;
+        config.rope.scaling = RopeScaling::Yarn(YarnConfig {
+            factor,
+            original_max_position_embeddings: config.max_position_embeddings,
+            beta_fast: 32.0,
+            beta_slow: 1.0,
+            attention_factor: 0.1 * factor.ln() + 1.0,
+            truncate: true,
+        });
+        config.validate()?;
+        return Ok((config, tp));
+    }
     // (hidden, intermediate, layers, heads, kv heads, vocab, tied, tp)
     let (d, inter, layers, heads, kv, vocab, tied, tp) = match name {
         // Small enough for a CPU: 4 layers, GQA 4:1, head_dim 64, a 32k vocabulary.
@@ -32,7 +47,7 @@ pub fn preset(name: &str) -> Result<(ModelConfig, usize)> {
         "qwen2.5-32b" => (5120, 27648, 64, 40, 8, 152064, false, 1),
         "qwen2.5-72b-tp8" => (8192, 29568, 80, 64, 8, 152064, false, 8),
         other => bail!(
-            "unknown preset {other:?}; choose one of {}",
+            "unknown preset {other:?}; choose one of {} (each also as NAME-yarn4: 131,072-token YaRN)",
             PRESETS.join(", ")
         ),
     };
@@ -114,7 +129,15 @@ pub fn write_model_dir(config: &ModelConfig, seed: u64, dir: &Path) -> Result<()
     std::fs::create_dir_all(dir).with_context(|| format!("cannot create {}", dir.display()))?;
     let rope_scaling = match &config.rope.scaling {
         RopeScaling::None => serde_json::Value::Null,
-        other => bail!("write_model_dir: rope scaling {other:?} is not written"),
+        RopeScaling::Yarn(yarn) => serde_json::json!({
+            "type": "yarn",
+            "factor": yarn.factor,
+            "original_max_position_embeddings": yarn.original_max_position_embeddings,
+            "beta_fast": yarn.beta_fast,
+            "beta_slow": yarn.beta_slow,
+            "attention_factor": yarn.attention_factor,
+            "truncate": yarn.truncate,
+        }),
     };
     let hf = serde_json::json!({
         "architectures": ["Qwen2ForCausalLM"],

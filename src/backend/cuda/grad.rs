@@ -45,10 +45,7 @@ impl BackendGrad for CudaBackend {
         out: &mut CudaTensor,
         lse: &mut CudaTensor,
     ) -> Result<()> {
-        // TEMPORARY until src/backend/cuda/attention_grad.rs lands; then:
-        // self.flash_attention_with_lse(q, k, v, cu_seqlens, softmax_scale, out, lse)
-        let _ = (q, k, v, cu_seqlens, softmax_scale, out, lse);
-        bail!("attention backward on CUDA lands with kernels/flash_attn.cu's backward")
+        self.flash_attention_with_lse(q, k, v, cu_seqlens, softmax_scale, out, lse)
     }
 
     fn embedding_backward(
@@ -133,10 +130,7 @@ impl BackendGrad for CudaBackend {
         d_k: &mut CudaTensor,
         d_v: &mut CudaTensor,
     ) -> Result<()> {
-        // TEMPORARY until src/backend/cuda/attention_grad.rs lands; then:
-        // self.flash_attention_backward(q, k, v, out, lse, d_out, cu_seqlens, softmax_scale,
-        //     d_q, d_k, d_v)
-        let _ = (
+        self.flash_attention_backward(
             q,
             k,
             v,
@@ -148,8 +142,7 @@ impl BackendGrad for CudaBackend {
             d_q,
             d_k,
             d_v,
-        );
-        bail!("attention backward on CUDA lands with kernels/flash_attn.cu's backward")
+        )
     }
 
     fn lm_head_loss(
