@@ -359,3 +359,126 @@ fn a_step_with_inf_or_nan_is_skipped_and_said_so() {
     .unwrap();
     assert_eq!(state["updates"], 1);
 }
+
+#[test]
+fn rft_runs_on_the_embedded_default_model() {
+    let dir = tempfile::tempdir().unwrap();
+    let data = dir.path().join("rft.jsonl");
+    // Ids spread over the default model's 32,768-token vocabulary.
+    let lines: Vec<Value> = (0..2)
+        .map(|i| {
+            let ids: Vec<u32> = tokens(i + 10, 24).iter().map(|t| t * 109).collect();
+            let action_mask = [vec![0; 8], vec![1; 16]].concat();
+            json!({"tokens": ids, "action_mask": action_mask})
+        })
+        .collect();
+    write_lines(&data, &lines);
+    let out = dir.path().join("out");
+    let result = run(&[
+        "rft",
+        "--model",
+        "preset:default",
+        "--data",
+        data.to_str().unwrap(),
+        "--out",
+        out.to_str().unwrap(),
+        "--batch-size",
+        "2",
+        "--epochs",
+        "2",
+    ]);
+    assert!(
+        result.status.success(),
+        "{}",
+        String::from_utf8_lossy(&result.stderr)
+    );
+    let m = metrics(&out);
+    assert_eq!(m.len(), 2);
+    assert!(m
+        .iter()
+        .all(|l| l["action_tokens"] == 32 && l["loss"].is_number()));
+    assert!(out.join("base-model/config.json").is_file());
+    swerve::model::Qwen2Model::load(&swerve::backend::cpu::CpuBackend::new(), &out.join("final"))
+        .unwrap();
+
+    let bad = run(&[
+        "rft",
+        "--model",
+        "preset:nonsense",
+        "--data",
+        data.to_str().unwrap(),
+    ]
+    .iter()
+    .copied()
+    .chain(["--out", out.to_str().unwrap()])
+    .collect::<Vec<_>>());
+    assert!(!bad.status.success());
+    let stderr = String::from_utf8_lossy(&bad.stderr);
+    assert!(
+        stderr.contains("preset:nonsense") && stderr.contains("unknown preset"),
+        "{stderr}"
+    );
+}
+
+#[test]
+fn chat_form_rft_masks_loss_false_turns_but_keeps_them_in_context() {
+    // The scripted model has Qwen2.5's whole vocabulary, so chat text tokenizes into it.
+    let model = common::serve::scripted_model();
+    let dir = tempfile::tempdir().unwrap();
+    let turn = |content: &str, loss: Option<bool>| {
+        let mut m = json!({"role": "assistant", "content": content});
+        if let Some(loss) = loss {
+            m["loss"] = json!(loss);
+        }
+        m
+    };
+    let user = |content: &str| json!({"role": "user", "content": content});
+    let conversation = |with_masked_turn: bool| {
+        let mut messages = vec![
+            json!({"role": "system", "content": "You are a coding agent."}),
+            user("What is six times seven?"),
+            turn("The answer is forty-two.", None),
+        ];
+        if with_masked_turn {
+            messages.push(user("Run the tests."));
+            messages.push(turn("<tool_call>\n{\"name\": \"broken\"", Some(false)));
+        }
+        json!({"messages": messages})
+    };
+    let run_on = |with_masked_turn: bool| -> Value {
+        let data = dir.path().join(format!("chat-{with_masked_turn}.jsonl"));
+        write_lines(&data, &[conversation(with_masked_turn)]);
+        let out = dir.path().join(format!("out-{with_masked_turn}"));
+        let result = run(&[
+            "rft",
+            "--model",
+            model.to_str().unwrap(),
+            "--data",
+            data.to_str().unwrap(),
+            "--out",
+            out.to_str().unwrap(),
+            "--batch-size",
+            "1",
+            "--steps",
+            "1",
+        ]);
+        assert!(
+            result.status.success(),
+            "{}",
+            String::from_utf8_lossy(&result.stderr)
+        );
+        metrics(&out).remove(0)
+    };
+    let (plain, masked) = (run_on(false), run_on(true));
+    let count = |m: &Value, key: &str| m[key].as_u64().unwrap();
+    assert!(count(&plain, "action_tokens") > 0);
+    assert_eq!(
+        count(&masked, "action_tokens"),
+        count(&plain, "action_tokens"),
+        "a `loss: false` turn adds no action tokens"
+    );
+    assert!(
+        count(&masked, "tokens") > count(&plain, "tokens"),
+        "but it stays in the context"
+    );
+}

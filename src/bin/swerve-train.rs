@@ -84,7 +84,9 @@ enum Command {
 /// Options shared by `rft` and `dapo`.
 #[derive(clap::Args)]
 struct TrainArgs {
-    /// Starting model folder: config.json, safetensors, tokenizer files.
+    /// Starting model folder: config.json, safetensors, tokenizer files; or `preset:NAME`, the
+    /// random-weight model of a swerve-bench preset (`preset:default`: the embedded default),
+    /// written to OUT/base-model.
     #[arg(long)]
     model: PathBuf,
     /// Training data, JSON lines (RL-SPEC.md "Data formats").
@@ -164,11 +166,13 @@ impl TrainArgs {
 }
 
 fn run_training(device: DeviceChoice, options: &TrainOptions) -> Result<()> {
+    let mut options = options.clone();
+    options.model = swerve::train::trainer::resolve_model(&options.model, &options.out)?;
     let (backend, line) = select(device)?;
     eprintln!("{line}");
     let summary = match backend {
-        Selected::Cpu(b) => train(&b, options)?,
-        Selected::Cuda(b) => train(&*b, options)?,
+        Selected::Cpu(b) => train(&b, &options)?,
+        Selected::Cuda(b) => train(&*b, &options)?,
     };
     eprintln!(
         "trained {} steps ({} skipped); loss {} -> {}; model in {}",
