@@ -113,8 +113,11 @@ fn decode_logprobs_match_a_prefill_recompute_with_and_without_graphs() {
             let gpu_prefill = prefill_logprobs(&engine.backend, &engine.model, record);
             let prefill_err = max_gap(&gpu_prefill, &exact);
             let decode_err = max_gap(&record.logprobs, &exact);
+            // DESIGN.md decision 10's figure: rollout logprobs against the trainer's (the GPU
+            // prefill, `swerve-train score`'s path) on the same tokens and GPU; the goal is 0.
+            let rollout_vs_trainer = max_gap(&record.logprobs, &gpu_prefill);
             println!(
-                "request {} (graphs {cuda_graphs}): decode error {decode_err:.3e}, GPU prefill error {prefill_err:.3e}",
+                "request {} (graphs {cuda_graphs}): decode error {decode_err:.3e}, GPU prefill error {prefill_err:.3e}, rollout vs trainer max |diff| {rollout_vs_trainer:.3e}",
                 record.id
             );
             assert!(
