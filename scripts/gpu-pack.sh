@@ -1,14 +1,16 @@
 #!/usr/bin/env bash
 # Packs everything a GPU host needs to check this tree into .gpu/ (git-ignored): the release
-# binaries, every test executable (kernels embedded), the test fixtures, the PyTorch peer
-# benchmarks (bench/peers/*.py) and a runner.
+# binaries, the GPU test executables (`tests/gpu_*.rs`, kernels embedded), the test fixtures, the
+# PyTorch peer benchmarks (bench/peers/*.py) and the runner (scripts/gpu-run.sh), compressed into
+# .gpu/payload.tar.xz beside a small .gpu/run.sh that unpacks and runs it.
 #
 #   scripts/gpu-pack.sh                  # build with the pinned nvcc, pack into .gpu/
 #   bash .gpu/run.sh OUT_DIR             # on the GPU host, from the repository root or anywhere
 #
 # The GPU hosts have a driver, CUDA 13.0 and PyTorch but no Rust and no network, so kernels are
-# compiled here and the executables travel (see shared/GPU.md). Debug info is stripped to keep
-# the pack small (well under 64 MiB).
+# compiled here and the executables travel (see shared/GPU.md); a carry must stay under 64 MiB.
+# The other test executables pin the CPU backend (CI runs them), so they stay home; symbols are
+# stripped and everything is xz-compressed.
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 cd "$root"
@@ -37,26 +39,40 @@ PY
 )
 
 rm -rf .gpu
-mkdir -p .gpu/bin .gpu/tests .gpu/peers
+stage=.gpu/payload
+mkdir -p "$stage/bin" "$stage/tests" "$stage/peers"
 for bin in swerve-serve swerve-train swerve-bench; do
-  cp "target/release/$bin" .gpu/bin/
+  cp "target/release/$bin" "$stage/bin/"
 done
+packed=0
 for exe in "${tests[@]}"; do
-  # target/release/deps/parity-0123abcd -> parity
+  # target/release/deps/gpu_kernels-0123abcd -> gpu_kernels
   name=$(basename "$exe" | sed -E 's/-[0-9a-f]{16}$//')
-  cp "$exe" ".gpu/tests/$name"
+  case "$name" in gpu_*) cp "$exe" "$stage/tests/$name"; packed=$((packed + 1)) ;; esac
 done
-strip --strip-debug .gpu/bin/* .gpu/tests/*
-mkdir -p .gpu/tests/fixtures
-cp -r tests/fixtures/*/ .gpu/tests/fixtures/
-mkdir -p .gpu/assets && cp -r assets/qwen2.5 .gpu/assets/
-cp bench/peers/*.py .gpu/peers/
-cp scripts/gpu-run.sh .gpu/run.sh
-git rev-parse HEAD >.gpu/COMMIT 2>/dev/null || echo unknown >.gpu/COMMIT
-if [ -n "$(git status --porcelain 2>/dev/null)" ]; then echo "(with uncommitted changes)" >>.gpu/COMMIT; fi
+strip --strip-all "$stage"/bin/* "$stage"/tests/*
+mkdir -p "$stage/tests/fixtures"
+cp -r tests/fixtures/*/ "$stage/tests/fixtures/"
+mkdir -p "$stage/assets" && cp -r assets/qwen2.5 "$stage/assets/"
+cp bench/peers/*.py "$stage/peers/"
+cp scripts/gpu-run.sh "$stage/run.sh"
+git rev-parse HEAD >"$stage/COMMIT" 2>/dev/null || echo unknown >"$stage/COMMIT"
+if [ -n "$(git status --porcelain 2>/dev/null)" ]; then echo "(with uncommitted changes)" >>"$stage/COMMIT"; fi
+cp "$stage/COMMIT" .gpu/COMMIT
+XZ_OPT=-6 tar -cJf .gpu/payload.tar.xz -C .gpu payload
+rm -rf "$stage"
+cat >.gpu/run.sh <<'RUN'
+#!/usr/bin/env bash
+# Unpacks payload.tar.xz (made by scripts/gpu-pack.sh) next to this script and runs its runner.
+set -euo pipefail
+here=$(cd "$(dirname "$0")" && pwd)
+rm -rf "$here/payload"
+tar -xJf "$here/payload.tar.xz" -C "$here"
+exec bash "$here/payload/run.sh" "$@"
+RUN
 
 size=$(du -sm .gpu | cut -f1)
-echo "packed .gpu/: ${#tests[@]} test executables, ${size} MiB, commit $(head -n 1 .gpu/COMMIT)" >&2
+echo "packed .gpu/: $packed GPU test executables, ${size} MiB compressed, commit $(head -n 1 .gpu/COMMIT)" >&2
 if [ "$size" -ge 64 ]; then
   echo "error: .gpu/ is ${size} MiB; it must stay under 64 MiB to travel" >&2
   exit 1

@@ -5,7 +5,7 @@
 #
 # 1. finds the CUDA libraries cudarc loads (libcuda from the driver; cuBLAS, cuBLASLt and NCCL
 #    from the system or from PyTorch's nvidia/*/lib folders) and sets LD_LIBRARY_PATH;
-# 2. runs every test executable with --include-ignored (the GPU tests run), then the benchmarks:
+# 2. runs every packed test executable (tests/gpu_*.rs) with --include-ignored, then the benchmarks:
 #    swerve-bench's, then the PyTorch peers (peers/*.py) on the same card;
 # 3. writes one log per step and summary.txt (a table of steps and outcomes, the benchmark tables,
 #    and swerve against the peers side by side) into OUT_DIR, plus the benchmark rows as JSON lines
