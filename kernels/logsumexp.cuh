@@ -34,7 +34,7 @@ __device__ __forceinline__ MaxSumExp row_max_sum_exp(const float* __restrict__ r
         if (x > m) {
             s = s * __expf(m - x) + 1.0f;
             m = x;
-        } else {
+        } else if (x != -INFINITY) {  // -inf adds 0; while m is -inf too, exp(-inf + inf) is NaN
             s += __expf(x - m);
         }
     }
