@@ -55,7 +55,7 @@ impl CudaBackend {
     pub fn new(device: CudaDevice) -> Result<Self> {
         let gemm = Gemm::new(device.stream.clone())?;
         let pool = BufferPool::new(device.stream.clone());
-        let graph_pool = BufferPool::new(device.stream.clone());
+        let graph_pool = BufferPool::for_graphs(device.stream.clone());
         Ok(Self {
             device,
             gemm,

@@ -233,13 +233,11 @@ impl StaticInputs {
             uniforms: draws.iter().map(|d| d.uniform).collect(),
             plan_rows: Vec::with_capacity(b),
         };
+        // Replays run no op's host checks: every context must fit its table (the kernels read
+        // entries up to its last key) and every block id the cache.
+        layout.check(num_blocks).context("decode graph")?;
         for s in 0..n {
             let table = layout.block_table(s);
-            if let Some(&bad) = table.iter().find(|&&id| id as usize >= num_blocks) {
-                anyhow::bail!(
-                    "decode graph: block {bad} of sequence {s} in a cache of {num_blocks}"
-                );
-            }
             step.layout.block_tables.extend_from_slice(table);
             step.layout
                 .block_tables

@@ -153,6 +153,9 @@ pub struct PoolStats {
 pub struct BufferPool {
     stream: Arc<CudaStream>,
     state: Arc<Mutex<PoolState>>,
+    /// Whether an out-of-memory miss may return the cache to the driver (not for a pool whose
+    /// buffers captured CUDA graphs keep using: [`BufferPool::for_graphs`]).
+    release_on_oom: bool,
 }
 
 #[derive(Default)]
@@ -199,6 +202,16 @@ impl BufferPool {
         Self {
             stream,
             state: Arc::default(),
+            release_on_oom: true,
+        }
+    }
+
+    /// A pool whose cached buffers are never returned to the driver, even when it runs out of
+    /// memory: captured CUDA graphs bake them in (`cuda/graphs.rs`) and replay into them later.
+    pub fn for_graphs(stream: Arc<CudaStream>) -> Self {
+        Self {
+            release_on_oom: false,
+            ..Self::new(stream)
         }
     }
 
@@ -255,6 +268,12 @@ impl BufferPool {
         // SAFETY: the memory is uninitialised; every kernel writing a fresh tensor covers it.
         match unsafe { self.stream.alloc::<u8>(bytes) } {
             Ok(slice) => Ok(slice),
+            Err(e) if !self.release_on_oom => Err(e).with_context(|| {
+                format!(
+                    "out of GPU memory allocating {:.1} MiB for a CUDA graph",
+                    bytes as f64 / (1 << 20) as f64
+                )
+            }),
             Err(_) => {
                 self.release_cached();
                 self.stream.synchronize()?;
