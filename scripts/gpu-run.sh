@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # The runner scripts/gpu-pack.sh copies to .gpu/run.sh. On a GPU host:
 #
-#   bash .gpu/run.sh OUT_DIR
+#   bash .gpu/run.sh OUT_DIR                 # every step
+#   bash .gpu/run.sh OUT_DIR 'test-*'        # only the steps whose names match one of the globs
+#                                            # (a device call is capped at 10 minutes: split there)
 #
 # 1. finds the CUDA libraries cudarc loads (libcuda from the driver; cuBLAS, cuBLASLt and NCCL
 #    from the system or from PyTorch's nvidia/*/lib folders) and sets LD_LIBRARY_PATH;
@@ -12,7 +14,9 @@
 #    (swerve.jsonl, peers.jsonl; schema in bench/peers/README.md).
 set -uo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
-out=${1:?usage: run.sh OUT_DIR}
+out=${1:?usage: run.sh OUT_DIR [STEP_GLOB...]}
+shift
+patterns=("$@")
 mkdir -p "$out"
 summary="$out/summary.txt"
 : >"$summary"
@@ -45,8 +49,18 @@ log "LD_LIBRARY_PATH=${LD_LIBRARY_PATH:-}"
 
 export SWERVE_ROOT="$here" SWERVE_BIN_DIR="$here/bin" RUST_BACKTRACE=1
 failed=0
+wanted() {
+  [ ${#patterns[@]} -eq 0 ] && return 0
+  local p
+  for p in "${patterns[@]}"; do
+    # shellcheck disable=SC2053
+    [[ $1 == $p ]] && return 0
+  done
+  return 1
+}
 step() {
   local name=$1; shift
+  wanted "$name" || return 0
   local start=$SECONDS
   if "$@" >"$out/$name.log" 2>&1; then status=ok; else status="FAILED ($?)"; failed=1; fi
   local result
@@ -57,6 +71,7 @@ step() {
 for exe in "$here"/tests/*; do
   [ -f "$exe" ] && [ -x "$exe" ] || continue
   # The official openai client is installed from PyPI by .ci/run; GPU hosts have no network.
+  wanted "test-$(basename "$exe")" || continue
   if [ "$(basename "$exe")" = serve_openai ] && ! python3 -c 'import openai' 2>/dev/null; then
     printf '%-28s %-12s  %s\n' "test-serve_openai" skipped "no openai Python package on this host (CI runs it)" | tee -a "$summary"
     continue

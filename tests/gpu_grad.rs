@@ -826,10 +826,28 @@ fn whole_model_gradients_match_the_fixtures_in_bf16() {
                 .loss_and_backward(&gpu, &batch, &rows, &objective, n_act, true, &mut grads)
                 .unwrap();
             let want_loss = scalar(loss_key);
-            println!("{name} {prefix}: loss {:.6} vs {want_loss:.6}", out.loss);
+            // The loss is a mean of per-token terms; bf16 logprob errors move each term by
+            // about |A_t| |d logp_t| (CE: |d logp_t|), so the error scales with the mean term
+            // size, not with the mean itself: DAPO's terms of size ~1 nearly cancel (0.028 for
+            // the tied model; the H100 gave 0.0225, within 5.7e-3 of it).
+            let term_scale = if matches!(objective, Objective::MaskedCe) {
+                want_loss.abs()
+            } else {
+                mask.iter()
+                    .zip(&advantages)
+                    .filter(|(m, _)| **m)
+                    .map(|(_, a)| a.abs() as f64)
+                    .sum::<f64>()
+                    / n_act
+            };
+            println!(
+                "{name} {prefix}: loss {:.6} vs {want_loss:.6} (mean term size {term_scale:.3})",
+                out.loss
+            );
             assert!(
-                (out.loss - want_loss).abs() <= 2e-2 * want_loss.abs().max(0.1),
-                "{name} {loss_key}"
+                (out.loss - want_loss).abs() <= 2e-2 * term_scale.max(0.1),
+                "{name} {loss_key}: {} vs {want_loss} (mean term size {term_scale})",
+                out.loss
             );
             let mut worst = (0.0, String::new());
             for ((hf_name, _), grad) in names.iter().zip(grads.iter()) {

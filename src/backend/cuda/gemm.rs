@@ -394,13 +394,15 @@ impl Gemm {
             weight.shape()
         );
         let (n, k) = (weight.shape()[0], weight.shape()[1]);
+        // x is [T, k] or any shape of T * k elements whose trailing dims make k (attention's
+        // [T, heads, head_dim] output into o_proj), as in the CPU reference.
         ensure!(
-            x.cols() == k && !x.is_empty(),
+            k > 0 && !x.is_empty() && x.len() % k == 0,
             "linear: x {:?} for weight {:?}",
             x.shape(),
             weight.shape()
         );
-        let t = x.rows();
+        let t = x.len() / k;
         ensure!(
             out.len() == t * n,
             "linear: out {:?} for [{t}, {n}]",

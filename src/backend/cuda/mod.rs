@@ -96,7 +96,9 @@ impl CudaDevice {
                 cudarc::driver::sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT,
             )
             .context("reading the SM count")? as u32;
-        let stream = ctx.default_stream();
+        // A created stream, not `default_stream()`: that is the legacy NULL stream, on which
+        // `cuStreamBeginCapture` is refused, so CUDA graphs could never be captured.
+        let stream = ctx.new_stream().context("creating the CUDA stream")?;
         let mut modules = HashMap::new();
         for (family, fatbin) in embedded::FATBINS {
             let module = ctx
