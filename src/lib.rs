@@ -30,6 +30,7 @@ pub mod bench;
 pub mod chat;
 pub mod config;
 pub mod engine;
+pub mod env;
 pub mod jsonl;
 pub mod kvcache;
 pub mod model;

@@ -7,11 +7,13 @@
 //! - [`engine`]: [`Engine`], synchronous: plan, paged forward, sample, events.
 //! - [`handle`]: [`EngineHandle`], the engine on its own thread behind channels: submit, a stream
 //!   of events per request, abort, weight updates, pause and resume.
+//! - [`launch`]: an engine for a model folder on the backend chosen at run time.
 //! - [`prompt_logprobs`]: logprobs of a prompt's own tokens (for `echo`).
 
 #[allow(clippy::module_inception)]
 pub mod engine;
 pub mod handle;
+pub mod launch;
 pub mod prompt_logprobs;
 pub mod request;
 pub mod sampler;

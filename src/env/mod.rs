@@ -1,0 +1,240 @@
+//! Environments: where an agent's commands run. One trait, several sandboxes.
+//!
+//! ```text
+//!   Environment::start(task) ──► Sandbox (one per episode: a fresh copy of the repo)
+//!        │                          ├─ run(command, stdin, timeout) ──► CommandOutput
+//!        │                          │    (agent actions; setup commands before the episode)
+//!        │                          ├─ copy_in(host folder)   tests before grading; oracle fixes
+//!        │                          └─ close()                every process gone, workspace deleted
+//!        └─ grade(sandbox, task): tests copied over the workspace, then the test command
+//! ```
+//!
+//! - [`local::LocalEnvironment`]: bubblewrap on this machine (read-only system, no network, own
+//!   PID namespace, per-command timeout, memory / process / file-size limits).
+//! - [`docker::DockerEnvironment`]: one container per episode from the task's image
+//!   (SWE-bench / SWE-rebench), same limits through the docker CLI.
+//! - Kubernetes (one pod per episode, as the published system ran) is a third implementation of
+//!   the same two traits: `start` creates a pod from the task's image with the limits as resource
+//!   limits and `activeDeadlineSeconds`, `run` is `kubectl exec -i POD -- timeout ... sh -c`,
+//!   `copy_in` is `kubectl cp`, `close` deletes the pod (README, "Environments").
+//!
+//! Every command runs in a fresh shell in the workspace (as mini-swe-agent does): `cd` and
+//! variables do not carry over, and nothing it started outlives it.
+
+pub mod docker;
+pub mod local;
+pub mod output;
+pub mod task;
+
+use anyhow::{bail, Result};
+use std::path::Path;
+use std::time::Duration;
+pub use task::{load_tasks, Grading, RepoSource, Task};
+
+/// Resource limits of one episode's commands.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Limits {
+    /// Wall-clock limit of one command; past it every process the command started is killed.
+    pub command_timeout: Duration,
+    /// Bytes of a command's output kept for the observation (head and tail; the middle is cut
+    /// with a marker saying how much).
+    pub output_bytes: usize,
+    /// A command printing more than this in all is killed (the observation says so).
+    pub output_kill_bytes: u64,
+    /// Address space of each process (local) or the container's memory (docker).
+    pub memory_bytes: u64,
+    /// Processes and threads the episode may have at once.
+    pub processes: u64,
+    /// Largest file a command may write.
+    pub file_bytes: u64,
+}
+
+impl Default for Limits {
+    fn default() -> Self {
+        Self {
+            command_timeout: Duration::from_secs(120),
+            output_bytes: 16 * 1024,
+            output_kill_bytes: 64 << 20,
+            memory_bytes: 8 << 30,
+            processes: 512,
+            file_bytes: 1 << 30,
+        }
+    }
+}
+
+/// What a command left: its output (stdout and stderr interleaved, truncated) and how it ended.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct CommandOutput {
+    pub output: String,
+    /// The exit status; `None` when it was killed (timeout, too much output) or died by a signal.
+    pub exit_code: Option<i32>,
+    pub timed_out: bool,
+    /// Killed for printing more than [`Limits::output_kill_bytes`].
+    pub output_overflow: bool,
+    /// Bytes of output dropped from the middle.
+    pub omitted_bytes: u64,
+    pub elapsed: Duration,
+}
+
+impl CommandOutput {
+    pub fn success(&self) -> bool {
+        self.exit_code == Some(0) && !self.timed_out && !self.output_overflow
+    }
+}
+
+/// A place where one episode's commands run.
+pub trait Sandbox: Send {
+    /// The workspace as commands see it (`/workspace`, or a SWE-bench image's `/testbed`).
+    fn workdir(&self) -> &str;
+    /// The limits its commands run under.
+    fn limits(&self) -> &Limits;
+    /// Runs `command` with `sh -c` in the workspace, `stdin` fed to it, within `timeout`,
+    /// keeping `output_bytes` of its output.
+    fn exec(
+        &mut self,
+        command: &str,
+        stdin: Option<&[u8]>,
+        timeout: Duration,
+        output_bytes: usize,
+    ) -> Result<CommandOutput>;
+    /// [`Sandbox::exec`] keeping the limits' share of output (what an observation shows).
+    fn run(
+        &mut self,
+        command: &str,
+        stdin: Option<&[u8]>,
+        timeout: Duration,
+    ) -> Result<CommandOutput> {
+        let keep = self.limits().output_bytes;
+        self.exec(command, stdin, timeout, keep)
+    }
+    /// Copies a host folder's contents over the workspace root (`tests/x.py` lands at
+    /// `WORKDIR/tests/x.py`), replacing files that exist, through the sandbox's own view of the
+    /// workspace (a symlink the agent planted cannot point the copy outside it).
+    fn copy_in(&mut self, host_dir: &Path) -> Result<()>;
+    /// Ends the episode: every process it started is gone, its workspace removed. Idempotent;
+    /// dropping a sandbox closes it too.
+    fn close(&mut self) -> Result<()>;
+}
+
+/// A kind of sandbox, started once per episode.
+pub trait Environment: Send + Sync {
+    fn name(&self) -> &'static str;
+    /// A fresh sandbox for `task`, its setup commands run. `episode` is unique in this run and
+    /// names the sandbox's resources (container, folder).
+    fn start(&self, task: &Task, episode: &str) -> Result<Box<dyn Sandbox>>;
+    fn limits(&self) -> &Limits;
+}
+
+/// What grading found.
+#[derive(Clone, Debug, PartialEq)]
+pub struct GradeResult {
+    pub resolved: bool,
+    /// The test command's output (truncated as any command's).
+    pub output: CommandOutput,
+}
+
+/// Runs `task`'s setup commands; the first that fails is an error with its output.
+pub fn run_setup(sandbox: &mut dyn Sandbox, task: &Task, limits: &Limits) -> Result<()> {
+    for (i, command) in task.setup.iter().enumerate() {
+        let out = sandbox.run(command, None, limits.command_timeout)?;
+        if !out.success() {
+            bail!(
+                "task {} ({}): setup[{i}] `{command}` failed ({}):\n{}",
+                task.id,
+                task.origin,
+                describe_end(&out),
+                out.output
+            );
+        }
+    }
+    Ok(())
+}
+
+/// Grades the workspace as the episode left it: the task's tests replace whatever the agent did
+/// to them, then the test command decides (exit 0 within the task's timeout = resolved).
+pub fn grade(sandbox: &mut dyn Sandbox, task: &Task) -> Result<GradeResult> {
+    let timeout = Duration::from_secs(task.timeout_s);
+    match &task.grading {
+        Grading::TestsFolder { tests, .. } => sandbox.copy_in(tests)?,
+        Grading::SweBench { test_patch, .. } => {
+            // The files the test patch touches go back to the repository's version first, so
+            // the patch applies whatever the agent did to them.
+            let files: Vec<String> = patch_files(test_patch)
+                .iter()
+                .map(|f| task::shell_quote(f))
+                .collect();
+            let command = format!(
+                "git checkout -q HEAD -- {} 2>/dev/null; git apply --whitespace=nowarn -",
+                files.join(" ")
+            );
+            let out = sandbox.run(&command, Some(test_patch.as_bytes()), timeout)?;
+            if !out.success() {
+                bail!(
+                    "task {}: the test patch does not apply ({}):\n{}",
+                    task.id,
+                    describe_end(&out),
+                    out.output
+                );
+            }
+        }
+    }
+    let output = sandbox.run(&task.grading_command(), None, timeout)?;
+    Ok(GradeResult {
+        resolved: output.success(),
+        output,
+    })
+}
+
+/// The `b/` paths of a unified diff's `diff --git` headers.
+fn patch_files(patch: &str) -> Vec<String> {
+    patch
+        .lines()
+        .filter_map(|l| l.strip_prefix("diff --git "))
+        .filter_map(|l| l.rsplit_once(" b/").map(|(_, b)| b.to_string()))
+        .collect()
+}
+
+/// "exit 1", "timed out after 120 s", ... for messages and observations.
+pub fn describe_end(out: &CommandOutput) -> String {
+    if out.timed_out {
+        format!("timed out after {:.0} s", out.elapsed.as_secs_f64())
+    } else if out.output_overflow {
+        "killed for printing too much output".to_string()
+    } else {
+        match out.exit_code {
+            Some(code) => format!("exit {code}"),
+            None => "killed by a signal".to_string(),
+        }
+    }
+}
+
+/// Parses `--env local|docker`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum EnvKind {
+    Local,
+    Docker,
+}
+
+impl std::str::FromStr for EnvKind {
+    type Err = String;
+    fn from_str(s: &str) -> std::result::Result<Self, String> {
+        match s {
+            "local" => Ok(Self::Local),
+            "docker" => Ok(Self::Docker),
+            other => Err(format!(
+                "unknown environment {other:?} (expected local or docker)"
+            )),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn patch_files_reads_git_headers() {
+        let patch = "diff --git a/tests/test_a.py b/tests/test_a.py\nindex 1..2\n--- a/x\n+++ b/x\n@@\ndiff --git a/t b/t/new file.py\n";
+        assert_eq!(patch_files(patch), vec!["tests/test_a.py", "t/new file.py"]);
+    }
+}
