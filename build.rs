@@ -61,6 +61,8 @@ fn main() {
         }
     }
 
+    write_builtin_tasks(&manifest_dir, &out_dir);
+
     let require_cuda = env::var("SWERVE_REQUIRE_CUDA").is_ok_and(|v| v == "1");
     let verbose = env::var("SWERVE_PTXAS_VERBOSE").is_ok_and(|v| v == "1");
     let Some(nvcc) = find_nvcc() else {
@@ -186,4 +188,39 @@ fn write_kernels_rs(out_dir: &Path, compiled: bool, fatbins: &[(String, PathBuf)
 fn fail(message: &str) -> ! {
     eprintln!("error: swerve build: {message}");
     std::process::exit(1);
+}
+
+/// Embeds every file under `tasks/` (the built-in task sets, `--tasks builtin:NAME`) as
+/// `BUILTIN_TASK_FILES: &[(relative path, bytes)]` in `$OUT_DIR/builtin_tasks.rs`.
+fn write_builtin_tasks(manifest_dir: &Path, out_dir: &Path) {
+    let root = manifest_dir.join("tasks");
+    println!("cargo:rerun-if-changed={}", root.display());
+    let mut files = Vec::new();
+    fn walk(dir: &Path, files: &mut Vec<PathBuf>) {
+        let Ok(entries) = fs::read_dir(dir) else {
+            return;
+        };
+        let mut entries: Vec<PathBuf> = entries.filter_map(|e| e.ok().map(|e| e.path())).collect();
+        entries.sort();
+        for path in entries {
+            let name = path.file_name().and_then(|n| n.to_str()).unwrap_or("");
+            if name.starts_with('.') || name == "__pycache__" {
+                continue;
+            }
+            println!("cargo:rerun-if-changed={}", path.display());
+            if path.is_dir() {
+                walk(&path, files);
+            } else if path.is_file() {
+                files.push(path);
+            }
+        }
+    }
+    walk(&root, &mut files);
+    let mut code = String::from("pub const BUILTIN_TASK_FILES: &[(&str, &[u8])] = &[\n");
+    for path in &files {
+        let rel = path.strip_prefix(&root).unwrap().to_string_lossy().replace('\\', "/");
+        code.push_str(&format!("    ({rel:?}, include_bytes!({:?})),\n", path.display().to_string()));
+    }
+    code.push_str("];\n");
+    fs::write(out_dir.join("builtin_tasks.rs"), code).expect("writing builtin_tasks.rs");
 }

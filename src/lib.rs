@@ -25,6 +25,7 @@
 //!
 //! The binaries in `src/bin/` only parse arguments and call into these modules.
 
+pub mod agent;
 pub mod backend;
 pub mod bench;
 pub mod chat;
@@ -34,6 +35,7 @@ pub mod env;
 pub mod jsonl;
 pub mod kvcache;
 pub mod model;
+pub mod progress;
 pub mod server;
 pub mod tensor;
 pub mod tokenizer;

@@ -1,12 +1,16 @@
 //! swerve-train: training-side commands. `score` computes per-token logprobs of given token
 //! sequences; `tokenize` shows a data file as the trainer tokenizes it; `rft` (masked
 //! cross-entropy on successful trajectories) and `dapo` (the clipped policy-gradient step on
-//! rollout groups) train, as ../shared/RL-SPEC.md specifies.
+//! rollout groups) train, as ../shared/RL-SPEC.md specifies; `rollout` and `eval` run agent
+//! episodes on coding tasks in sandboxes.
 
 use anyhow::Result;
 use clap::{Parser, Subcommand};
 use std::path::{Path, PathBuf};
+use swerve::agent::command::{run_agent, AgentRunOptions};
+use swerve::agent::episode::EpisodeConfig;
 use swerve::backend::{select, Backend, DeviceChoice, Selected};
+use swerve::env::{EnvKind, Limits};
 use swerve::model::Qwen2Model;
 use swerve::train::optimizer::LrSchedule;
 use swerve::train::trainer::{train, Algorithm, OldLogprobs, TrainOptions};
@@ -79,6 +83,128 @@ enum Command {
         #[arg(long)]
         tis_cap: Option<f32>,
     },
+    /// Agent episodes on coding tasks in sandboxes; writes OUT/trajectories.jsonl (RL-SPEC's
+    /// format plus task, resolved, turns, finish and the chat form; `rft` and `dapo` read it) and
+    /// OUT/rollout.json.
+    Rollout {
+        #[command(flatten)]
+        args: AgentArgs,
+        /// Write only resolved trajectories (RFT data).
+        #[arg(long)]
+        only_resolved: bool,
+    },
+    /// Resolved rate, pass@1 and pass@k (unbiased), mean turns and a per-task table; writes
+    /// OUT/eval.json and OUT/trajectories.jsonl.
+    Eval {
+        #[command(flatten)]
+        args: AgentArgs,
+    },
+}
+
+/// Options shared by `rollout` and `eval`.
+#[derive(clap::Args)]
+struct AgentArgs {
+    /// Model folder or `preset:NAME` (written to OUT/base-model). Scripted policies need none:
+    /// they use the model's tokenizer, or the embedded Qwen2.5 one.
+    #[arg(long)]
+    model: Option<PathBuf>,
+    /// Task file (JSON lines; README "Tasks") or `builtin:NAME` (built in: python-bugs).
+    #[arg(long)]
+    tasks: String,
+    /// Output folder.
+    #[arg(long, default_value = ".")]
+    out: PathBuf,
+    /// Episodes per task.
+    #[arg(long, default_value_t = 10)]
+    group: usize,
+    /// Turns (assistant replies) per episode at most; T_max of the turn penalty.
+    #[arg(long, default_value_t = 40)]
+    max_turns: usize,
+    /// L_thr of the turn penalty: episodes of this many turns or more lose reward.
+    #[arg(long, default_value_t = 10)]
+    turn_threshold: usize,
+    /// Context limit per episode in tokens (default: the model's context, at most 65536).
+    #[arg(long)]
+    max_context: Option<usize>,
+    /// Tokens one reply may have at most (a longer one is cut and is a format error).
+    #[arg(long, default_value_t = 4096)]
+    max_turn_tokens: usize,
+    /// Bytes of one tool result shown to the agent (cut in the middle beyond).
+    #[arg(long, default_value_t = 16384)]
+    observation_bytes: usize,
+    /// Where commands run: local (bubblewrap) or docker (the task's image).
+    #[arg(long, default_value = "local")]
+    env: EnvKind,
+    /// Wall-clock limit of one agent command, seconds.
+    #[arg(long, default_value_t = 120)]
+    command_timeout: u64,
+    /// Memory per sandboxed process (local) or per container (docker), MiB.
+    #[arg(long, default_value_t = 8192)]
+    sandbox_memory_mb: u64,
+    /// Processes and threads an episode may have at once.
+    #[arg(long, default_value_t = 512)]
+    sandbox_processes: u64,
+    /// A host path bound read-only into the local sandbox (repeatable).
+    #[arg(long)]
+    sandbox_bind: Vec<PathBuf>,
+    /// Image for tasks that name none (docker).
+    #[arg(long, default_value = "python:3.11-slim")]
+    image: String,
+    /// Episodes running at once.
+    #[arg(long, default_value_t = 16)]
+    concurrency: usize,
+    #[arg(long, default_value_t = 0)]
+    seed: u64,
+    /// model, oracle (applies the task's solution), noop (submits at once) or replay:FILE.
+    #[arg(long, default_value = "model")]
+    policy: String,
+    /// A running swerve-serve (http://HOST:PORT) to sample from instead of an in-process engine.
+    #[arg(long)]
+    server: Option<String>,
+    #[arg(long)]
+    api_key: Option<String>,
+    /// Only the first N tasks of the file.
+    #[arg(long)]
+    limit_tasks: Option<usize>,
+    /// Where the model runs: auto (the GPU when there is one), cpu, or cuda.
+    #[arg(long, default_value = "auto")]
+    device: DeviceChoice,
+}
+
+impl AgentArgs {
+    fn options(&self, only_resolved: bool) -> AgentRunOptions {
+        AgentRunOptions {
+            model: self.model.clone(),
+            tasks: self.tasks.clone(),
+            out: self.out.clone(),
+            group: self.group,
+            episode: EpisodeConfig {
+                max_turns: self.max_turns,
+                turn_threshold: self.turn_threshold,
+                max_context: self.max_context.unwrap_or(65_536),
+                max_turn_tokens: self.max_turn_tokens,
+                observation_bytes: self.observation_bytes,
+            },
+            max_context: self.max_context,
+            env: self.env,
+            limits: Limits {
+                command_timeout: std::time::Duration::from_secs(self.command_timeout.max(1)),
+                memory_bytes: self.sandbox_memory_mb << 20,
+                processes: self.sandbox_processes,
+                ..Limits::default()
+            },
+            sandbox_binds: self.sandbox_bind.clone(),
+            docker_image: self.image.clone(),
+            concurrency: self.concurrency,
+            seed: self.seed,
+            policy: self.policy.clone(),
+            server: self.server.clone(),
+            api_key: self.api_key.clone(),
+            device: self.device,
+            only_resolved,
+            limit_tasks: self.limit_tasks,
+        }
+    }
 }
 
 /// Options shared by `rft` and `dapo`.
@@ -242,6 +368,15 @@ fn main() -> Result<()> {
                 tis_cap,
             };
             run_training(args.device, &args.options(algorithm, 1e-6))?
+        }
+        Command::Rollout {
+            args,
+            only_resolved,
+        } => {
+            run_agent(&args.options(only_resolved), "rollout")?;
+        }
+        Command::Eval { args } => {
+            run_agent(&args.options(false), "eval")?;
         }
     }
     Ok(())

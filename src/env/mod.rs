@@ -21,6 +21,7 @@
 //! Every command runs in a fresh shell in the workspace (as mini-swe-agent does): `cd` and
 //! variables do not carry over, and nothing it started outlives it.
 
+pub mod builtin;
 pub mod docker;
 pub mod local;
 pub mod output;

@@ -16,7 +16,7 @@
 //! ```
 //!
 //! A SWE-bench line (`instance_id`, `problem_statement`, `test_patch`, `FAIL_TO_PASS`,
-//! `PASS_TO_PASS`, and an image: `image_name` / `docker_image`, else SWE-bench's own naming
+//! `PASS_TO_PASS`, the gold `patch` if any (the oracle applies it), and an image: `image_name` / `docker_image`, else SWE-bench's own naming
 //! `swebench/sweb.eval.x86_64.<id with "__" as "_1776_">:latest`) lives in its image's `/testbed`
 //! and is graded by applying `test_patch` and running the listed tests (`test_cmd` or
 //! SWE-rebench's `install_config.test_cmd`, else `pytest -rA`): resolved when that exits 0.
@@ -64,6 +64,8 @@ pub struct Task {
     pub setup: Vec<String>,
     /// A folder of fixed files (workspace layout), for the oracle policy.
     pub solution: Option<PathBuf>,
+    /// A SWE-bench line's gold `patch`, for the oracle policy.
+    pub gold_patch: Option<String>,
     /// Grading's time limit.
     pub timeout_s: u64,
     /// The container image for the docker environment.
@@ -173,6 +175,7 @@ fn parse_native(value: &Value, base: &Path, at: &str) -> Result<Task> {
         },
         setup: string_list(value, "setup", at)?,
         solution,
+        gold_patch: None,
         timeout_s: timeout(value, at)?,
         image: optional_str(value, "image", at)?,
         origin: at.to_string(),
@@ -228,6 +231,7 @@ fn parse_swe_bench(value: &Value, at: &str) -> Result<Task> {
         },
         setup: string_list(value, "setup", at)?,
         solution: None,
+        gold_patch: optional_str(value, "patch", at)?.filter(|p| !p.trim().is_empty()),
         timeout_s: timeout(value, at)?,
         image: Some(image),
         origin: at.to_string(),

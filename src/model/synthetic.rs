@@ -11,8 +11,9 @@ use half::bf16;
 use std::path::Path;
 
 /// Names accepted by `--preset`.
-pub const PRESETS: [&str; 6] = [
+pub const PRESETS: [&str; 7] = [
     "default",
+    "tiny",
     "qwen2.5-0.5b",
     "qwen2.5-1.5b",
     "qwen2.5-7b",
@@ -41,6 +42,9 @@ pub fn preset(name: &str) -> Result<(ModelConfig, usize)> {
     let (d, inter, layers, heads, kv, vocab, tied, tp) = match name {
         // Small enough for a CPU: 4 layers, GQA 4:1, head_dim 64, a 32k vocabulary.
         "default" => (512, 1408, 4, 8, 2, 32768, true, 1),
+        // Qwen2.5's whole vocabulary at toy size (2 layers, hidden 64): agent episodes end to end
+        // on a CPU, with the real tokenizer and chat template.
+        "tiny" => (64, 128, 2, 4, 2, 151936, true, 1),
         "qwen2.5-0.5b" => (896, 4864, 24, 14, 2, 151936, true, 1),
         "qwen2.5-1.5b" => (1536, 8960, 28, 12, 2, 151936, true, 1),
         "qwen2.5-7b" => (3584, 18944, 28, 28, 4, 152064, false, 1),
@@ -161,4 +165,25 @@ pub fn write_model_dir(config: &ModelConfig, seed: u64, dir: &Path) -> Result<()
     std::fs::write(&config_path, serde_json::to_string_pretty(&hf)? + "\n")
         .with_context(|| format!("cannot write {}", config_path.display()))?;
     write_safetensors(&dir.join("model.safetensors"), &tensors)
+}
+
+/// A `--model` argument as a folder: a folder as given, or `preset:NAME` — the random-weight
+/// model of a preset (`preset:default` is the embedded default), written to `OUT/base-model` the
+/// first time and reused after (the same preset and seed give the same weights).
+pub fn resolve_model_arg(model: &Path, out: &Path) -> Result<std::path::PathBuf> {
+    let Some(name) = model.to_str().and_then(|m| m.strip_prefix("preset:")) else {
+        return Ok(model.to_path_buf());
+    };
+    let (config, tp_size) = preset(name).with_context(|| format!("--model {}", model.display()))?;
+    if tp_size != 1 {
+        bail!(
+            "--model {}: the preset is one rank of tensor-parallel {tp_size}; this runs TP = 1",
+            model.display()
+        );
+    }
+    let dir = out.join("base-model");
+    if !dir.join("model.safetensors").is_file() {
+        write_model_dir(&config, 0x5EED, &dir)?;
+    }
+    Ok(dir)
 }

@@ -22,7 +22,7 @@ use crate::train::data::{self, TrainSequence};
 use crate::train::loss::{LossRows, Objective};
 use crate::train::optimizer::{lr_at, AdamW, AdamWConfig, LrSchedule};
 use crate::train::score::score_sequences;
-use anyhow::{bail, ensure, Context, Result};
+use anyhow::{bail, Context, Result};
 use serde_json::{json, Value};
 use std::io::{IsTerminal, Write};
 use std::path::{Path, PathBuf};
@@ -121,25 +121,9 @@ struct StepSums {
     gap_count: usize,
 }
 
-/// The starting model folder for `--model`: a folder as given, or `preset:NAME` — the
-/// random-weight synthetic model of a `swerve-bench` preset (`preset:default` is the embedded
-/// default model), written to `OUT/base-model` on the first run and reused by `--resume`.
+/// The starting model folder for `--model` (see [`crate::model::synthetic::resolve_model_arg`]).
 pub fn resolve_model(model: &Path, out: &Path) -> Result<PathBuf> {
-    let Some(name) = model.to_str().and_then(|m| m.strip_prefix("preset:")) else {
-        return Ok(model.to_path_buf());
-    };
-    let (config, tp_size) = crate::model::synthetic::preset(name)
-        .with_context(|| format!("--model {}", model.display()))?;
-    ensure!(
-        tp_size == 1,
-        "--model {}: the preset is one rank of tensor-parallel {tp_size}; training runs TP = 1",
-        model.display()
-    );
-    let dir = out.join("base-model");
-    if !dir.join("model.safetensors").is_file() {
-        crate::model::synthetic::write_model_dir(&config, 0x5EED, &dir)?;
-    }
-    Ok(dir)
+    crate::model::synthetic::resolve_model_arg(model, out)
 }
 
 pub fn train<B: BackendGrad>(backend: &B, opts: &TrainOptions) -> Result<TrainSummary> {

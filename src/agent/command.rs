@@ -1,0 +1,241 @@
+//! `swerve-train rollout` and `swerve-train eval`: tasks, an environment, a policy, episodes,
+//! then `trajectories.jsonl` (RL-SPEC's format; `rft` and `dapo` read it) and a summary.
+
+use super::episode::{EpisodeConfig, EpisodeContext};
+use super::policy::{read_replay, EnginePolicy, Policy, Script, ScriptedPolicy, ServerPolicy};
+use super::rollout::{print_summary, run_episodes, summarize};
+use crate::backend::DeviceChoice;
+use crate::chat::ChatTemplate;
+use crate::config::ModelConfig;
+use crate::engine::launch::{launch_engine, EngineLaunch};
+use crate::env::docker::{DockerConfig, DockerEnvironment};
+use crate::env::local::{LocalConfig, LocalEnvironment};
+use crate::env::{builtin, load_tasks, EnvKind, Environment, Limits};
+use crate::tokenizer::Tokenizer;
+use anyhow::{bail, Context, Result};
+use serde_json::json;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+/// Everything `rollout` and `eval` take.
+#[derive(Clone, Debug)]
+pub struct AgentRunOptions {
+    /// Model folder or `preset:NAME`; only the tokenizer is read for scripted policies (the
+    /// embedded Qwen2.5 tokenizer without a model).
+    pub model: Option<PathBuf>,
+    /// A task file or `builtin:NAME`.
+    pub tasks: String,
+    pub out: PathBuf,
+    pub group: usize,
+    pub episode: EpisodeConfig,
+    /// `None`: the model's context, at most 65,536.
+    pub max_context: Option<usize>,
+    pub env: EnvKind,
+    pub limits: Limits,
+    pub sandbox_binds: Vec<PathBuf>,
+    pub docker_image: String,
+    pub concurrency: usize,
+    pub seed: u64,
+    /// `model`, `oracle`, `noop` or `replay:FILE`.
+    pub policy: String,
+    pub server: Option<String>,
+    pub api_key: Option<String>,
+    pub device: DeviceChoice,
+    pub only_resolved: bool,
+    /// Only the first N tasks of the file.
+    pub limit_tasks: Option<usize>,
+}
+
+/// The environment named by `--env`.
+pub fn make_environment(
+    kind: EnvKind,
+    limits: &Limits,
+    binds: &[PathBuf],
+    image: &str,
+) -> Result<Box<dyn Environment>> {
+    Ok(match kind {
+        EnvKind::Local => {
+            let mut config = LocalConfig::new(limits.clone());
+            config.read_only_binds = binds.to_vec();
+            Box::new(LocalEnvironment::new(config)?)
+        }
+        EnvKind::Docker => {
+            let mut config = DockerConfig::new(limits.clone());
+            config.default_image = image.to_string();
+            Box::new(DockerEnvironment::new(config)?)
+        }
+    })
+}
+
+/// What a run produced: its episodes' summary (also written to OUT).
+pub struct AgentRun {
+    pub summary: serde_json::Value,
+    pub trajectories: PathBuf,
+}
+
+/// Runs the episodes and writes `OUT/trajectories.jsonl` and `OUT/{name}.json`.
+pub fn run_agent(options: &AgentRunOptions, name: &str) -> Result<AgentRun> {
+    if options.group == 0 || options.concurrency == 0 {
+        bail!("--group and --concurrency must be at least 1");
+    }
+    if options.episode.max_turns == 0 || options.episode.max_turn_tokens == 0 {
+        bail!("--max-turns and --max-turn-tokens must be at least 1");
+    }
+    std::fs::create_dir_all(&options.out)
+        .with_context(|| format!("creating {}", options.out.display()))?;
+    let tasks_path = builtin::resolve_tasks(&options.tasks)?;
+    let mut tasks = load_tasks(&tasks_path)?;
+    if let Some(n) = options.limit_tasks {
+        tasks.truncate(n.max(1));
+    }
+
+    let model_dir = options
+        .model
+        .as_ref()
+        .map(|m| crate::model::synthetic::resolve_model_arg(m, &options.out))
+        .transpose()?;
+    let tokenizer = Arc::new(match &model_dir {
+        Some(dir) => Tokenizer::for_model_dir(dir)?,
+        None => Tokenizer::qwen25()?,
+    });
+    let template = ChatTemplate::for_tokenizer(&tokenizer)?;
+
+    let mut episode = options.episode.clone();
+    let mut engine = None;
+    let policy: Box<dyn Policy> = match options.policy.as_str() {
+        "noop" => Box::new(ScriptedPolicy {
+            tokenizer: tokenizer.clone(),
+            script: Script::Noop,
+        }),
+        "oracle" => Box::new(ScriptedPolicy {
+            tokenizer: tokenizer.clone(),
+            script: Script::Oracle,
+        }),
+        "model" => {
+            let dir = model_dir.as_ref().ok_or_else(|| {
+                anyhow::anyhow!("--policy model needs --model DIR or --model preset:NAME")
+            })?;
+            let config = ModelConfig::from_dir(dir)?;
+            let stop_ids: Vec<u32> = tokenizer
+                .stop_ids()
+                .iter()
+                .copied()
+                .filter(|&t| (t as usize) < config.vocab_size)
+                .collect();
+            let model_context = config.max_context();
+            episode.max_context = match options.max_context {
+                Some(n) if n > model_context => bail!(
+                    "--max-context {n} is beyond the model's context of {model_context} tokens"
+                ),
+                Some(n) => n,
+                None => model_context.min(65_536),
+            };
+            match &options.server {
+                Some(url) => Box::new(ServerPolicy::new(url, options.api_key.clone(), stop_ids)?),
+                None => {
+                    let handle = Arc::new(launch_engine(&EngineLaunch {
+                        model: dir.clone(),
+                        device: options.device,
+                        max_model_len: episode.max_context,
+                        kv_cache_fraction: 0.9,
+                        num_kv_blocks: None,
+                        max_num_seqs: options.concurrency,
+                        max_num_batched_tokens: 8192,
+                        seed: options.seed,
+                    })?);
+                    engine = Some(handle.clone());
+                    Box::new(EnginePolicy {
+                        engine: handle,
+                        stop_ids,
+                        temperature: 1.0,
+                    })
+                }
+            }
+        }
+        other => match other.strip_prefix("replay:") {
+            Some(file) => Box::new(ScriptedPolicy {
+                tokenizer: tokenizer.clone(),
+                script: Script::Replay(read_replay(Path::new(file))?),
+            }),
+            None => bail!("--policy {other}: expected model, oracle, noop or replay:FILE"),
+        },
+    };
+    if options.policy != "model" {
+        if let Some(n) = options.max_context {
+            episode.max_context = n;
+        }
+    }
+    let env = make_environment(
+        options.env,
+        &options.limits,
+        &options.sandbox_binds,
+        &options.docker_image,
+    )?;
+    eprintln!(
+        "{name}: {} tasks from {} x {} samples, policy {}, environment {}, {} at a time, context {} tokens, {} turns",
+        tasks.len(),
+        if builtin::is_builtin_path(&tasks_path) { options.tasks.clone() } else { tasks_path.display().to_string() },
+        options.group,
+        policy.name(),
+        env.name(),
+        options.concurrency,
+        episode.max_context,
+        episode.max_turns
+    );
+    let ctx = EpisodeContext {
+        env: env.as_ref(),
+        policy: policy.as_ref(),
+        tokenizer: &tokenizer,
+        template: &template,
+        config: &episode,
+    };
+    let episodes = run_episodes(
+        &ctx,
+        &tasks,
+        options.group,
+        options.concurrency,
+        options.seed,
+        name,
+    );
+    drop(ctx);
+    drop(policy);
+    if let Some(handle) = engine {
+        if let Ok(handle) = Arc::try_unwrap(handle) {
+            handle.shutdown();
+        }
+    }
+
+    let trajectories = options.out.join("trajectories.jsonl");
+    crate::jsonl::write_atomically(&trajectories, |write| {
+        for e in &episodes {
+            if !options.only_resolved || e.resolved {
+                write(&e.to_json())?;
+            }
+        }
+        Ok(())
+    })?;
+    let mut summary = summarize(&tasks, &episodes, options.group);
+    summary["policy"] = json!(options.policy);
+    summary["tasks_file"] = json!(options.tasks);
+    summary["environment"] = json!(env.name());
+    summary["seed"] = json!(options.seed);
+    summary["max_context"] = json!(episode.max_context);
+    summary["max_turns"] = json!(episode.max_turns);
+    summary["trajectories_written"] = json!(episodes
+        .iter()
+        .filter(|e| !options.only_resolved || e.resolved)
+        .count());
+    let summary_path = options.out.join(format!("{name}.json"));
+    std::fs::write(&summary_path, serde_json::to_string_pretty(&summary)? + "\n")
+        .with_context(|| format!("writing {}", summary_path.display()))?;
+    print_summary(&summary);
+    eprintln!(
+        "wrote {} and {}",
+        trajectories.display(),
+        summary_path.display()
+    );
+    Ok(AgentRun {
+        summary,
+        trajectories,
+    })
+}

@@ -1,0 +1,426 @@
+//! One episode: the agent works on a fresh sandbox of its task until it submits, runs out of
+//! turns, or fills its context; then the tests decide.
+//!
+//! ```text
+//!  start sandbox (setup) ─► prompt ─► [ generate ─► parse <tool_call>s ─► run tools ─► observe ]*
+//!      ─► submit | max_turns | context_full ─► grade (submitted only) ─► reward ─► close
+//! ```
+//!
+//! A reply with no valid tool call (none, malformed JSON, an unknown tool, missing arguments, or
+//! cut by the per-turn token limit) is a format error: kept in the context, masked from the loss,
+//! answered with a user message saying what was wrong. Several calls in one reply run in order;
+//! `submit` ends the episode at once.
+
+use super::editor::Editor;
+use super::policy::{Policy, TurnInput};
+use super::prompt;
+use super::reward::reward;
+use super::transcript::Transcript;
+use crate::chat::ChatTemplate;
+use crate::env::{describe_end, grade, Environment, Task};
+use crate::tokenizer::Tokenizer;
+use crate::toolcall::{parse_tool_calls, ToolCall};
+use anyhow::Result;
+use serde_json::{json, Value};
+use std::time::Instant;
+
+#[derive(Clone, Debug)]
+pub struct EpisodeConfig {
+    pub max_turns: usize,
+    /// L_thr of the turn penalty (RL-SPEC.md).
+    pub turn_threshold: usize,
+    /// Context limit in tokens (prompt, actions and observations).
+    pub max_context: usize,
+    /// Most tokens one reply may have.
+    pub max_turn_tokens: usize,
+    /// Most bytes of one tool result shown to the agent (the middle is cut with a marker).
+    pub observation_bytes: usize,
+}
+
+impl Default for EpisodeConfig {
+    fn default() -> Self {
+        Self {
+            max_turns: 40,
+            turn_threshold: 10,
+            max_context: 65536,
+            max_turn_tokens: 4096,
+            observation_bytes: 16 * 1024,
+        }
+    }
+}
+
+/// Why an episode ended.
+#[derive(Clone, Debug, PartialEq)]
+pub enum Finish {
+    Submitted,
+    MaxTurns,
+    ContextFull,
+    /// The sandbox or the policy failed (not the agent): the message says how.
+    Error(String),
+}
+
+impl Finish {
+    pub fn as_str(&self) -> &'static str {
+        match self {
+            Finish::Submitted => "submitted",
+            Finish::MaxTurns => "max_turns",
+            Finish::ContextFull => "context_full",
+            Finish::Error(_) => "error",
+        }
+    }
+}
+
+/// An episode's outcome with both forms of its trajectory.
+pub struct Episode {
+    pub task_id: String,
+    pub sample: usize,
+    pub seed: u64,
+    pub transcript: Option<Transcript>,
+    pub turns: usize,
+    pub format_errors: usize,
+    pub finish: Finish,
+    pub resolved: bool,
+    pub reward: f64,
+    pub generation_s: f64,
+    pub environment_s: f64,
+    pub grading_s: f64,
+    /// Weight versions seen across the turns (first, last), where the policy reports them.
+    pub weight_versions: Option<(u64, u64)>,
+}
+
+impl Episode {
+    pub fn generated_tokens(&self) -> usize {
+        self.transcript
+            .as_ref()
+            .map_or(0, |t| t.action_mask.iter().filter(|&&m| m == 1).count())
+    }
+
+    /// The trajectory line (RL-SPEC.md's format plus the episode's facts and chat form).
+    pub fn to_json(&self) -> Value {
+        let mut line = json!({
+            "group": self.task_id,
+            "task": self.task_id,
+            "sample": self.sample,
+            "seed": self.seed,
+            "reward": self.reward,
+            "resolved": self.resolved,
+            "turns": self.turns,
+            "format_errors": self.format_errors,
+            "finish": self.finish.as_str(),
+        });
+        if let Finish::Error(message) = &self.finish {
+            line["error"] = Value::String(message.clone());
+        }
+        if let Some((first, last)) = self.weight_versions {
+            line["weight_version"] = json!([first, last]);
+        }
+        if let Some(t) = &self.transcript {
+            line["tokens"] = json!(t.tokens);
+            line["action_mask"] = json!(t.action_mask);
+            if t.has_logprobs() {
+                line["logprobs"] = json!(t.logprobs);
+            }
+            line["messages"] = json!(t.messages);
+            line["tools"] = json!(t.tools);
+        }
+        line
+    }
+}
+
+/// What every episode shares.
+pub struct EpisodeContext<'a> {
+    pub env: &'a dyn Environment,
+    pub policy: &'a dyn Policy,
+    pub tokenizer: &'a Tokenizer,
+    pub template: &'a ChatTemplate,
+    pub config: &'a EpisodeConfig,
+}
+
+/// Runs one episode to its end. Failures of the sandbox or the policy end it with
+/// [`Finish::Error`] (and reward 0) rather than stopping the run.
+pub fn run_episode(ctx: &EpisodeContext<'_>, task: &Task, sample: usize, seed: u64) -> Episode {
+    let mut episode = Episode {
+        task_id: task.id.clone(),
+        sample,
+        seed,
+        transcript: None,
+        turns: 0,
+        format_errors: 0,
+        finish: Finish::Error(String::new()),
+        resolved: false,
+        reward: 0.0,
+        generation_s: 0.0,
+        environment_s: 0.0,
+        grading_s: 0.0,
+        weight_versions: None,
+    };
+    if let Err(e) = drive(ctx, task, &mut episode) {
+        episode.finish = Finish::Error(format!("{e:#}"));
+        episode.resolved = false;
+        episode.reward = 0.0;
+    }
+    episode
+}
+
+fn drive(ctx: &EpisodeContext<'_>, task: &Task, episode: &mut Episode) -> Result<()> {
+    let config = ctx.config;
+    let name = format!(
+        "{}-{}-{:08x}",
+        task.id,
+        episode.sample,
+        episode.seed as u32 ^ std::process::id()
+    );
+    let started = Instant::now();
+    let mut sandbox = ctx.env.start(task, &name)?;
+    episode.environment_s += started.elapsed().as_secs_f64();
+    let limits = ctx.env.limits().clone();
+    let workdir = sandbox.workdir().to_string();
+    let mut transcript = Transcript::start(
+        ctx.template,
+        ctx.tokenizer,
+        &prompt::system_prompt(&workdir),
+        &prompt::task_prompt(&task.problem_statement, &workdir),
+        prompt::tools(),
+    )?;
+    if transcript.len() >= config.max_context {
+        anyhow::bail!(
+            "task {}: the prompt alone is {} tokens, over --max-context {}",
+            task.id,
+            transcript.len(),
+            config.max_context
+        );
+    }
+    let mut editor = Editor::default();
+    let mut finish = Finish::MaxTurns;
+    for turn in 1..=config.max_turns {
+        let room = config.max_context.saturating_sub(transcript.len());
+        if room == 0 {
+            finish = Finish::ContextFull;
+            break;
+        }
+        let t = Instant::now();
+        let out = ctx.policy.generate(&TurnInput {
+            task,
+            tokens: &transcript.tokens,
+            turn,
+            max_tokens: room.min(config.max_turn_tokens),
+            seed: episode.seed.wrapping_add(turn as u64),
+        })?;
+        episode.generation_s += t.elapsed().as_secs_f64();
+        if let Some(v) = out.weight_version {
+            let (first, _) = episode.weight_versions.unwrap_or((v, v));
+            episode.weight_versions = Some((first, v));
+        }
+        episode.turns = turn;
+        let body = if out.stopped {
+            &out.tokens[..out.tokens.len() - 1]
+        } else {
+            &out.tokens[..]
+        };
+        let text = ctx.tokenizer.decode(body, false)?;
+        let context_full = !out.stopped && transcript.len() + out.tokens.len() >= config.max_context;
+        if context_full {
+            // Kept as generated, not closed: nothing follows it (RL-SPEC: kept, not dropped).
+            transcript.push_assistant(&out.tokens, out.logprobs.as_deref(), &text, true, false);
+            finish = Finish::ContextFull;
+            break;
+        }
+        let calls = if out.stopped {
+            parse_actions(&text)
+        } else {
+            Err(format!(
+                "Your reply was cut at {} tokens before it ended. Keep replies shorter.",
+                out.tokens.len()
+            ))
+        };
+        let calls = match calls {
+            Ok(calls) => {
+                transcript.push_assistant(&out.tokens, out.logprobs.as_deref(), &text, true, true);
+                calls
+            }
+            Err(message) => {
+                episode.format_errors += 1;
+                transcript.push_assistant(&out.tokens, out.logprobs.as_deref(), &text, false, true);
+                let observation = vec![json!({"role": "user", "content": format!("Format error: {message}")})];
+                if !append_observation(ctx, &mut transcript, observation)? {
+                    finish = Finish::ContextFull;
+                    break;
+                }
+                continue;
+            }
+        };
+        let mut observation = Vec::new();
+        let mut submitted = false;
+        for call in &calls {
+            let t = Instant::now();
+            let result = match call.name.as_str() {
+                "submit" => {
+                    submitted = true;
+                    break;
+                }
+                "bash" => {
+                    let command = call.arguments["command"].as_str().unwrap_or_default();
+                    let out = sandbox.run(command, None, limits.command_timeout)?;
+                    bash_observation(&out)
+                }
+                _ => editor.call(sandbox.as_mut(), &call.arguments, limits.command_timeout)?,
+            };
+            episode.environment_s += t.elapsed().as_secs_f64();
+            observation.push(json!({
+                "role": "tool",
+                "content": truncate_middle(&result, config.observation_bytes),
+            }));
+        }
+        if submitted {
+            finish = Finish::Submitted;
+            break;
+        }
+        if !append_observation(ctx, &mut transcript, observation)? {
+            finish = Finish::ContextFull;
+            break;
+        }
+    }
+    if finish == Finish::Submitted {
+        let t = Instant::now();
+        let graded = grade(sandbox.as_mut(), task)?;
+        episode.grading_s += t.elapsed().as_secs_f64();
+        episode.resolved = graded.resolved;
+    }
+    let t = Instant::now();
+    sandbox.close()?;
+    episode.environment_s += t.elapsed().as_secs_f64();
+    episode.reward = reward(
+        episode.resolved,
+        episode.turns,
+        config.turn_threshold,
+        config.max_turns,
+    );
+    episode.finish = finish;
+    episode.transcript = Some(transcript);
+    Ok(())
+}
+
+/// Appends an observation unless it would overflow the context (then false: the episode ends).
+fn append_observation(
+    ctx: &EpisodeContext<'_>,
+    transcript: &mut Transcript,
+    observation: Vec<Value>,
+) -> Result<bool> {
+    let ids = transcript.observation_tokens(ctx.template, ctx.tokenizer, &observation)?;
+    // The next reply needs at least one token of room.
+    if transcript.len() + ids.len() >= ctx.config.max_context {
+        return Ok(false);
+    }
+    transcript.push_observation(observation, ids);
+    Ok(true)
+}
+
+/// The reply's tool calls, or what is wrong with them.
+fn parse_actions(text: &str) -> std::result::Result<Vec<ToolCall>, String> {
+    let parsed = parse_tool_calls(text).map_err(|e| {
+        format!("{e}. Call a tool as <tool_call>\n{{\"name\": NAME, \"arguments\": {{...}}}}\n</tool_call>.")
+    })?;
+    if parsed.tool_calls.is_empty() {
+        return Err("your reply has no tool call. Every reply must call at least one tool (bash, str_replace_editor, or submit when you are done).".into());
+    }
+    for call in &parsed.tool_calls {
+        let required: &[&str] = match call.name.as_str() {
+            "bash" => &["command"],
+            "str_replace_editor" => &["command", "path"],
+            "submit" => &[],
+            other => {
+                return Err(format!(
+                    "unknown tool `{other}`; the tools are bash, str_replace_editor and submit."
+                ))
+            }
+        };
+        for arg in required {
+            if !call.arguments.get(*arg).is_some_and(Value::is_string) {
+                return Err(format!(
+                    "`{}` needs the string argument `{arg}`.",
+                    call.name
+                ));
+            }
+        }
+    }
+    Ok(parsed.tool_calls)
+}
+
+/// A bash result as the agent sees it.
+fn bash_observation(out: &crate::env::CommandOutput) -> String {
+    let mut text = out.output.clone();
+    if out.success() {
+        if text.trim().is_empty() {
+            text = "[no output]".into();
+        }
+        return text;
+    }
+    if !text.is_empty() && !text.ends_with('\n') {
+        text.push('\n');
+    }
+    let end = if out.timed_out {
+        format!(
+            "[the command timed out after {:.0} s and was killed with everything it started]",
+            out.elapsed.as_secs_f64()
+        )
+    } else if out.output_overflow {
+        "[the command printed too much output and was killed]".into()
+    } else {
+        format!("[{}]", describe_end(out))
+    };
+    text.push_str(&end);
+    text
+}
+
+/// `text` cut in the middle to at most about `max_bytes`, with a marker.
+pub fn truncate_middle(text: &str, max_bytes: usize) -> String {
+    if text.len() <= max_bytes {
+        return text.to_string();
+    }
+    let mut head = max_bytes / 2;
+    while !text.is_char_boundary(head) {
+        head -= 1;
+    }
+    let mut tail = text.len() - (max_bytes - max_bytes / 2);
+    while !text.is_char_boundary(tail) {
+        tail += 1;
+    }
+    format!(
+        "{}\n[... {} bytes omitted ...]\n{}",
+        &text[..head],
+        tail - head,
+        &text[tail..]
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn format_errors_name_the_problem() {
+        assert!(parse_actions("just text").unwrap_err().contains("no tool call"));
+        assert!(parse_actions("<tool_call>\n{bad json\n</tool_call>")
+            .unwrap_err()
+            .contains("not a JSON object"));
+        assert!(parse_actions("<tool_call>\n{\"name\": \"rm\", \"arguments\": {}}\n</tool_call>")
+            .unwrap_err()
+            .contains("unknown tool `rm`"));
+        assert!(parse_actions("<tool_call>\n{\"name\": \"bash\", \"arguments\": {}}\n</tool_call>")
+            .unwrap_err()
+            .contains("`command`"));
+        let ok = parse_actions(
+            "x <tool_call>\n{\"name\": \"bash\", \"arguments\": {\"command\": \"ls\"}}\n</tool_call><tool_call>\n{\"name\": \"submit\", \"arguments\": {}}\n</tool_call>",
+        )
+        .unwrap();
+        assert_eq!(ok.len(), 2);
+    }
+
+    #[test]
+    fn truncation_keeps_both_ends_on_char_boundaries() {
+        let text = "é".repeat(100);
+        let cut = truncate_middle(&text, 51);
+        assert!(cut.starts_with("éé") && cut.ends_with("éé") && cut.contains("omitted"));
+        assert_eq!(truncate_middle("short", 10), "short");
+    }
+}

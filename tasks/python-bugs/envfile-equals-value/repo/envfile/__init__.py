@@ -1,0 +1,1 @@
+"""Read .env files."""

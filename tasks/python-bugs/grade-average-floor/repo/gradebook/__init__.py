@@ -1,0 +1,1 @@
+"""Grade book reports."""

@@ -1,0 +1,1 @@
+"""Per-level high scores."""

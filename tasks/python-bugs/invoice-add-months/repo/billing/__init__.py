@@ -1,0 +1,1 @@
+"""Invoicing helpers."""

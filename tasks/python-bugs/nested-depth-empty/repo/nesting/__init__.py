@@ -1,0 +1,1 @@
+"""Nested list utilities."""

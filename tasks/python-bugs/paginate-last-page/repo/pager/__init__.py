@@ -1,0 +1,1 @@
+"""Split result lists into pages."""
