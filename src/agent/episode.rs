@@ -78,6 +78,8 @@ pub struct Episode {
     pub transcript: Option<Transcript>,
     pub turns: usize,
     pub format_errors: usize,
+    /// Tokens the policy generated (format-error turns included).
+    pub generated: usize,
     pub finish: Finish,
     pub resolved: bool,
     pub reward: f64,
@@ -89,7 +91,8 @@ pub struct Episode {
 }
 
 impl Episode {
-    pub fn generated_tokens(&self) -> usize {
+    /// Action tokens (mask 1) of the trajectory.
+    pub fn action_tokens(&self) -> usize {
         self.transcript
             .as_ref()
             .map_or(0, |t| t.action_mask.iter().filter(|&&m| m == 1).count())
@@ -117,7 +120,7 @@ impl Episode {
         if let Some(t) = &self.transcript {
             line["tokens"] = json!(t.tokens);
             line["action_mask"] = json!(t.action_mask);
-            if t.has_logprobs() {
+            if t.sampled {
                 line["logprobs"] = json!(t.logprobs);
             }
             line["messages"] = json!(t.messages);
@@ -146,6 +149,7 @@ pub fn run_episode(ctx: &EpisodeContext<'_>, task: &Task, sample: usize, seed: u
         transcript: None,
         turns: 0,
         format_errors: 0,
+        generated: 0,
         finish: Finish::Error(String::new()),
         resolved: false,
         reward: 0.0,
@@ -207,6 +211,7 @@ fn drive(ctx: &EpisodeContext<'_>, task: &Task, episode: &mut Episode) -> Result
             seed: episode.seed.wrapping_add(turn as u64),
         })?;
         episode.generation_s += t.elapsed().as_secs_f64();
+        episode.generated += out.tokens.len();
         if let Some(v) = out.weight_version {
             let (first, _) = episode.weight_versions.unwrap_or((v, v));
             episode.weight_versions = Some((first, v));
@@ -241,6 +246,9 @@ fn drive(ctx: &EpisodeContext<'_>, task: &Task, episode: &mut Episode) -> Result
             Err(message) => {
                 episode.format_errors += 1;
                 transcript.push_assistant(&out.tokens, out.logprobs.as_deref(), &text, false, true);
+                if turn == config.max_turns {
+                    break;
+                }
                 let observation = vec![json!({"role": "user", "content": format!("Format error: {message}")})];
                 if !append_observation(ctx, &mut transcript, observation)? {
                     finish = Finish::ContextFull;
@@ -273,6 +281,10 @@ fn drive(ctx: &EpisodeContext<'_>, task: &Task, episode: &mut Episode) -> Result
         }
         if submitted {
             finish = Finish::Submitted;
+            break;
+        }
+        // After the last turn nothing reads an observation: the trajectory ends at the reply.
+        if turn == config.max_turns {
             break;
         }
         if !append_observation(ctx, &mut transcript, observation)? {

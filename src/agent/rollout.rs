@@ -60,7 +60,7 @@ pub fn run_episodes(
                     let mut tally = tally.lock().unwrap_or_else(|e| e.into_inner());
                     tally.0 += 1;
                     tally.1 += episode.resolved as usize;
-                    tally.2 += episode.generated_tokens();
+                    tally.2 += episode.generated;
                     *tally
                 };
                 if let Finish::Error(message) = &episode.finish {
@@ -130,7 +130,8 @@ pub fn summarize(tasks: &[Task], episodes: &[Episode], group: usize) -> Value {
         "mean_reward": episodes.iter().map(|e| e.reward).sum::<f64>() / n,
         "mean_turns": episodes.iter().map(|e| e.turns as f64).sum::<f64>() / n,
         "format_errors": episodes.iter().map(|e| e.format_errors).sum::<usize>(),
-        "generated_tokens": episodes.iter().map(Episode::generated_tokens).sum::<usize>(),
+        "generated_tokens": episodes.iter().map(|e| e.generated).sum::<usize>(),
+        "action_tokens": episodes.iter().map(Episode::action_tokens).sum::<usize>(),
         "finish": finishes,
         "time_s": {
             "generation": episodes.iter().map(|e| e.generation_s).sum::<f64>(),

@@ -25,8 +25,11 @@ use serde_json::{json, Value};
 pub struct Transcript {
     pub tokens: Vec<u32>,
     pub action_mask: Vec<u8>,
-    /// The sampler's logprob of each generated token; `None` elsewhere (and for scripted turns).
+    /// The sampler's logprob of each generated token (format-error turns too, though masked);
+    /// `None` on prompt, template and observation tokens, and for scripted turns.
     pub logprobs: Vec<Option<f32>>,
+    /// Whether a turn came with sampler logprobs (a model policy).
+    pub sampled: bool,
     pub messages: Vec<Value>,
     pub tools: Vec<Value>,
     im_end: u32,
@@ -58,6 +61,7 @@ impl Transcript {
             messages,
             tools,
             im_end,
+            sampled: false,
         })
     }
 
@@ -85,9 +89,10 @@ impl Transcript {
         self.action_mask
             .extend(std::iter::repeat_n(mask, generated.len()));
         match logprobs {
-            Some(lps) => self
-                .logprobs
-                .extend(lps.iter().map(|&lp| (mask == 1).then_some(lp))),
+            Some(lps) => {
+                self.sampled = true;
+                self.logprobs.extend(lps.iter().map(|&lp| Some(lp)));
+            }
             None => self
                 .logprobs
                 .extend(std::iter::repeat_n(None, generated.len())),
@@ -139,10 +144,6 @@ impl Transcript {
         Conversation::new(messages, Some(&self.tools))
     }
 
-    /// Whether any generated token carries a sampler logprob (model policies).
-    pub fn has_logprobs(&self) -> bool {
-        self.logprobs.iter().any(Option::is_some)
-    }
 }
 
 #[cfg(test)]

@@ -130,6 +130,12 @@ pub fn write_model_dir(config: &ModelConfig, seed: u64, dir: &Path) -> Result<()
         tensors.push((name.to_string(), random_tensor(&mut rng, shape, kind)));
         Ok(())
     })?;
+    write_hf_config(config, dir)?;
+    write_safetensors(&dir.join("model.safetensors"), &tensors)
+}
+
+/// `config.json` for `config` in `dir` (created), as transformers writes Qwen2's.
+fn write_hf_config(config: &ModelConfig, dir: &Path) -> Result<()> {
     std::fs::create_dir_all(dir).with_context(|| format!("cannot create {}", dir.display()))?;
     let rope_scaling = match &config.rope.scaling {
         RopeScaling::None => serde_json::Value::Null,
@@ -163,7 +169,71 @@ pub fn write_model_dir(config: &ModelConfig, seed: u64, dir: &Path) -> Result<()
     });
     let config_path = dir.join("config.json");
     std::fs::write(&config_path, serde_json::to_string_pretty(&hf)? + "\n")
-        .with_context(|| format!("cannot write {}", config_path.display()))?;
+        .with_context(|| format!("cannot write {}", config_path.display()))
+}
+
+/// A model that continues each `(token, next)` pair's token with `next` at probability ~1 at
+/// temperature 1 (a logit margin of 40): one layer whose every block weight is zero, so the
+/// residual stream is the current token's embedding; one-hot embeddings for the tokens that have
+/// a successor; an LM head mapping each to its successor. It runs through the real engine,
+/// sampler and kernels, so tests can drive agent scaffolds and clients deterministically (an
+/// episode whose every turn is the same tool call, say). Other tokens get uniform logits.
+pub fn write_bigram_model(dir: &Path, successors: &[(u32, u32)], vocab_size: usize) -> Result<()> {
+    let mut sources: Vec<u32> = Vec::new();
+    for &(token, next) in successors {
+        if token as usize >= vocab_size || next as usize >= vocab_size {
+            bail!("bigram ({token}, {next}) is outside the vocabulary of {vocab_size}");
+        }
+        if let Some(&(_, other)) = successors.iter().find(|&&(t, n)| t == token && n != next) {
+            bail!("token {token} is given two successors ({next} and {other})");
+        }
+        if !sources.contains(&token) {
+            sources.push(token);
+        }
+    }
+    let d = sources.len().next_multiple_of(16).max(16);
+    let config = ModelConfig {
+        hidden_size: d,
+        intermediate_size: 16,
+        num_hidden_layers: 1,
+        num_attention_heads: 2,
+        num_key_value_heads: 1,
+        head_dim: d / 2,
+        vocab_size,
+        max_position_embeddings: 32768,
+        rms_norm_eps: 1e-6,
+        tie_word_embeddings: false,
+        rope: RopeConfig {
+            theta: 1e6,
+            scaling: RopeScaling::None,
+        },
+    };
+    config.validate()?;
+    // After the final RMSNorm a one-hot row is sqrt(d) at its column.
+    let weight = 40.0 / (d as f32).sqrt();
+    let local = config.local_sizes(1)?;
+    let mut tensors = Vec::new();
+    Qwen2Params::<()>::try_build(&config, &local, |name, shape, kind| {
+        let mut values = vec![0.0f32; shape.iter().product()];
+        match (name, kind) {
+            (_, ParamKind::Norm) => values.fill(1.0),
+            ("model.embed_tokens.weight", _) => {
+                for (column, &token) in sources.iter().enumerate() {
+                    values[token as usize * d + column] = 1.0;
+                }
+            }
+            ("lm_head.weight", _) => {
+                for &(token, next) in successors {
+                    let column = sources.iter().position(|&t| t == token).expect("listed");
+                    values[next as usize * d + column] = weight;
+                }
+            }
+            _ => {}
+        }
+        tensors.push((name.to_string(), HostTensor::from_f32(shape.to_vec(), &values)));
+        Ok(())
+    })?;
+    write_hf_config(&config, dir)?;
     write_safetensors(&dir.join("model.safetensors"), &tensors)
 }
 

@@ -3,7 +3,8 @@
 //!
 //! Trajectory lines: `{"group", "tokens", "action_mask", "logprobs"?, "reward", "turns"?}`.
 //! RFT also takes `{"messages": [...], "tools": [...]}`, rendered with the model's chat template
-//! (assistant turns are the actions; `"loss": false` masks one). A line that does not parse, a
+//! (assistant turns are the actions; `"loss": false` masks one); a line with both forms (a
+//! rollout's) is read by its `tokens`. A line that does not parse, a
 //! mask of the wrong length, a token id outside the vocabulary, or a sequence longer than the
 //! maximum is an error naming `file:line`, never a skip.
 //!
@@ -148,7 +149,9 @@ pub fn read_trajectories(
     let mut out = Vec::new();
     for (line_no, value) in jsonl::read_objects(path)? {
         let at = jsonl::at(path, line_no);
-        let mut trajectory = if value.get("messages").is_some() {
+        // Token ids are the truth where a line has them (rollouts carry both forms); the chat
+        // form is rendered only for lines without `tokens`.
+        let mut trajectory = if value.get("messages").is_some() && value.get("tokens").is_none() {
             if !allow_chat {
                 bail!(
                     "{at}: chat-form lines (`messages`) are for rft; dapo needs token trajectories"

@@ -1,0 +1,293 @@
+//! Agent rollouts end to end on the CPU through the local (bubblewrap) sandbox: the oracle
+//! resolves every built-in task and noop none; a trajectory's chat form renders back to its
+//! token form; malformed tool calls are masked format-error turns; grading ignores edits to the
+//! tests; a model's rollouts (the real engine and sampler) carry logprobs that `score`
+//! recomputes, and `rft` trains on them.
+
+mod common;
+
+use common::bin_path;
+use serde_json::{json, Value};
+use std::path::Path;
+use std::process::Command;
+use std::sync::Arc;
+use swerve::agent::episode::{run_episode, EpisodeConfig, EpisodeContext, Finish};
+use swerve::agent::policy::{Script, ScriptedPolicy};
+use swerve::chat::{ChatTemplate, Conversation};
+use swerve::env::local::{LocalConfig, LocalEnvironment};
+use swerve::env::{builtin, load_tasks, Limits};
+use swerve::tokenizer::Tokenizer;
+
+fn train(args: &[&str]) -> Value {
+    let out = Command::new(bin_path("swerve-train"))
+        .args(args)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "swerve-train {args:?} failed:\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    Value::Null
+}
+
+fn lines(path: &Path) -> Vec<Value> {
+    std::fs::read_to_string(path)
+        .unwrap()
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect()
+}
+
+fn summary(out: &Path, name: &str) -> Value {
+    serde_json::from_str(&std::fs::read_to_string(out.join(format!("{name}.json"))).unwrap())
+        .unwrap()
+}
+
+/// The chat form, rendered by the template, gives the token form's ids and mask (the template
+/// adds the "\n" after the last <|im_end|>, which the token form stops before).
+fn assert_chat_form_matches_tokens(line: &Value, tokenizer: &Tokenizer, template: &ChatTemplate) {
+    let conversation = Conversation::from_json(line).unwrap();
+    let rendered = template.tokenize(tokenizer, &conversation).unwrap();
+    let tokens: Vec<u32> = serde_json::from_value(line["tokens"].clone()).unwrap();
+    let mask: Vec<u8> = serde_json::from_value(line["action_mask"].clone()).unwrap();
+    assert_eq!(&rendered.tokens[..tokens.len()], &tokens[..], "{}", line["task"]);
+    assert_eq!(&rendered.action_mask[..tokens.len()], &mask[..], "{}", line["task"]);
+    assert!(rendered.tokens.len() - tokens.len() <= 1);
+}
+
+#[test]
+fn oracle_resolves_every_builtin_task_noop_none_and_chat_forms_match() {
+    let dir = tempfile::tempdir().unwrap();
+    let tokenizer = Tokenizer::qwen25().unwrap();
+    let template = ChatTemplate::for_tokenizer(&tokenizer).unwrap();
+    let tasks = load_tasks(&builtin::resolve_tasks("builtin:python-bugs").unwrap()).unwrap();
+    assert!(tasks.len() >= 20);
+    for (policy, want_resolved) in [("oracle", tasks.len()), ("noop", 0)] {
+        let out = dir.path().join(policy);
+        train(&[
+            "rollout", "--tasks", "builtin:python-bugs", "--policy", policy, "--group", "1",
+            "--concurrency", "4", "--out", out.to_str().unwrap(),
+        ]);
+        let s = summary(&out, "rollout");
+        assert_eq!(s["resolved"], json!(want_resolved), "{policy}: {s}");
+        assert_eq!(s["finish"], json!({"submitted": tasks.len()}), "{policy}");
+        let trajectories = lines(&out.join("trajectories.jsonl"));
+        assert_eq!(trajectories.len(), tasks.len());
+        for line in &trajectories {
+            assert_eq!(line["resolved"], json!(policy == "oracle"), "{}", line["task"]);
+            // Resolved in two turns (edit, submit) is under the turn threshold: reward 1.
+            let want_reward = if policy == "oracle" { 1.0 } else { 0.0 };
+            assert_eq!(line["reward"], json!(want_reward));
+            assert_chat_form_matches_tokens(line, &tokenizer, &template);
+        }
+    }
+}
+
+fn local_env(limits: Limits, root: &Path) -> LocalEnvironment {
+    let mut config = LocalConfig::new(limits);
+    config.root = root.to_path_buf();
+    LocalEnvironment::new(config).unwrap()
+}
+
+#[test]
+fn malformed_tool_calls_are_masked_format_error_turns() {
+    let dir = tempfile::tempdir().unwrap();
+    let tokenizer = Tokenizer::qwen25().unwrap();
+    let template = ChatTemplate::for_tokenizer(&tokenizer).unwrap();
+    let tasks = load_tasks(&builtin::resolve_tasks("builtin:python-bugs").unwrap()).unwrap();
+    let replies = vec![
+        "I think the bug is in the pager.".to_string(),
+        "<tool_call>\n{\"name\": \"bash\", \"arguments\": {\"command\": \"ls\"\n</tool_call>"
+            .to_string(),
+        "<tool_call>\n{\"name\": \"bash\", \"arguments\": {\"command\": \"ls\"}}\n</tool_call>"
+            .to_string(),
+        "<tool_call>\n{\"name\": \"rm_rf\", \"arguments\": {}}\n</tool_call>".to_string(),
+        "<tool_call>\n{\"name\": \"bash\", \"arguments\": {}}\n</tool_call>".to_string(),
+        "<tool_call>\n{\"name\": \"submit\", \"arguments\": {}}\n</tool_call>".to_string(),
+    ];
+    let policy = ScriptedPolicy {
+        tokenizer: Arc::new(Tokenizer::qwen25().unwrap()),
+        script: Script::Replies(replies.clone()),
+    };
+    let env = local_env(Limits::default(), &dir.path().join("sandboxes"));
+    let config = EpisodeConfig::default();
+    let ctx = EpisodeContext {
+        env: &env,
+        policy: &policy,
+        tokenizer: &tokenizer,
+        template: &template,
+        config: &config,
+    };
+    let episode = run_episode(&ctx, &tasks[0], 0, 7);
+    assert_eq!(episode.finish, Finish::Submitted);
+    assert_eq!(episode.turns, 6);
+    assert_eq!(episode.format_errors, 4);
+    let line = episode.to_json();
+    let messages = line["messages"].as_array().unwrap();
+    let assistants: Vec<&Value> = messages.iter().filter(|m| m["role"] == "assistant").collect();
+    let masked: Vec<bool> = assistants.iter().map(|m| m["loss"] == json!(false)).collect();
+    assert_eq!(masked, vec![true, true, false, true, true, false]);
+    // Each format error is answered by a user message naming the problem; `ls` by its output.
+    let users: Vec<&str> = messages
+        .iter()
+        .skip(2)
+        .filter(|m| m["role"] == "user")
+        .map(|m| m["content"].as_str().unwrap())
+        .collect();
+    assert!(users[0].contains("no tool call"), "{}", users[0]);
+    assert!(users[1].contains("not a JSON object"), "{}", users[1]);
+    assert!(users[2].contains("unknown tool `rm_rf`"), "{}", users[2]);
+    assert!(users[3].contains("`command`"), "{}", users[3]);
+    let tool = messages.iter().find(|m| m["role"] == "tool").unwrap();
+    assert!(tool["content"].as_str().unwrap().contains("pager"), "{tool}");
+    // Only the two valid turns (and their <|im_end|>) are actions.
+    let mask: Vec<u8> = serde_json::from_value(line["action_mask"].clone()).unwrap();
+    let want: usize = [&replies[2], &replies[5]]
+        .iter()
+        .map(|r| tokenizer.encode(r).unwrap().len() + 1)
+        .sum();
+    assert_eq!(mask.iter().map(|&m| m as usize).sum::<usize>(), want);
+    assert_chat_form_matches_tokens(&line, &tokenizer, &template);
+}
+
+#[test]
+fn grading_ignores_edits_to_the_tests() {
+    let dir = tempfile::tempdir().unwrap();
+    let tasks = load_tasks(&builtin::resolve_tasks("builtin:python-bugs").unwrap()).unwrap();
+    let task = &tasks[0];
+    let test_module = task.grading_command();
+    let module = test_module.rsplit(' ').next().unwrap().replace('.', "/");
+    // The agent replaces the hidden test file with one that passes, then, in a second task
+    // attempt, turns `tests` into a symlink to a folder of passing tests.
+    let passing = "import unittest\nclass T(unittest.TestCase):\n    def test_ok(self):\n        pass\n";
+    let replay = dir.path().join("replay.jsonl");
+    let calls = json!([
+        {"name": "str_replace_editor", "arguments": {"command": "create", "path": "tests/__init__.py", "file_text": ""}},
+        {"name": "str_replace_editor", "arguments": {"command": "create", "path": format!("{module}.py"), "file_text": passing}},
+        {"name": "bash", "arguments": {"command": format!("mkdir -p /home/agent/fake && cp -r tests/. /home/agent/fake/ && rm -rf tests && ln -s /home/agent/fake tests && python3 -m unittest -q {} && echo PASSES-HERE", test_module.rsplit(' ').next().unwrap())}},
+    ]);
+    std::fs::write(
+        &replay,
+        format!("{}\n", json!({"task": task.id, "tool_calls": calls})),
+    )
+    .unwrap();
+    let out = dir.path().join("out");
+    train(&[
+        "rollout", "--tasks", "builtin:python-bugs", "--limit-tasks", "1", "--policy",
+        &format!("replay:{}", replay.display()), "--group", "1", "--out", out.to_str().unwrap(),
+    ]);
+    let line = &lines(&out.join("trajectories.jsonl"))[0];
+    let bash_result = line["messages"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|m| m["role"] == "tool")
+        .nth(2)
+        .unwrap()["content"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    assert!(bash_result.contains("PASSES-HERE"), "{bash_result}");
+    assert_eq!(line["finish"], json!("submitted"));
+    assert_eq!(line["resolved"], json!(false), "{line}");
+}
+
+/// `<tool_call>{"name":"bash","arguments":{"command": "ls"}}</tool_call><|im_end|>` as a chain of
+/// unique tokens, started by the generation prompt's last token ("\n").
+fn bash_ls_chain(tokenizer: &Tokenizer) -> Vec<(u32, u32)> {
+    let reply = "<tool_call>{\"name\":\"bash\",\"arguments\":{\"command\": \"ls\"}}</tool_call><|im_end|>";
+    let mut ids = vec![tokenizer.encode("\n").unwrap()[0]];
+    ids.extend(tokenizer.encode(reply).unwrap());
+    ids.windows(2).map(|w| (w[0], w[1])).collect()
+}
+
+#[test]
+fn model_rollouts_carry_logprobs_that_score_recomputes_and_rft_trains_on() {
+    let dir = tempfile::tempdir().unwrap();
+    let tokenizer = Tokenizer::qwen25().unwrap();
+    let template = ChatTemplate::for_tokenizer(&tokenizer).unwrap();
+
+    // A random model: every turn is a format error, but its sampled tokens keep their logprobs.
+    let random_out = dir.path().join("random");
+    let common = [
+        "--tasks", "builtin:python-bugs", "--limit-tasks", "2", "--group", "2", "--max-turns",
+        "3", "--device", "cpu", "--concurrency", "4",
+    ];
+    let mut args = vec!["rollout", "--model", "preset:tiny", "--max-turn-tokens", "24"];
+    args.extend(common);
+    args.extend(["--out", random_out.to_str().unwrap()]);
+    train(&args);
+    let random = lines(&random_out.join("trajectories.jsonl"));
+    assert_eq!(random.len(), 4);
+
+    // A model that calls `ls` every turn: three valid turns of 15 action tokens each.
+    let bigram_dir = dir.path().join("bigram-model");
+    swerve::model::synthetic::write_bigram_model(&bigram_dir, &bash_ls_chain(&tokenizer), 151_936)
+        .unwrap();
+    let ls_out = dir.path().join("ls");
+    let mut args = vec!["rollout", "--model", bigram_dir.to_str().unwrap()];
+    args.extend(common);
+    args.extend(["--out", ls_out.to_str().unwrap()]);
+    train(&args);
+    let ls = lines(&ls_out.join("trajectories.jsonl"));
+    assert_eq!(ls.len(), 4);
+    for line in &ls {
+        assert_eq!(line["finish"], json!("max_turns"), "{line}");
+        assert_eq!(line["format_errors"], json!(0));
+        let mask: Vec<u8> = serde_json::from_value(line["action_mask"].clone()).unwrap();
+        assert_eq!(mask.iter().filter(|&&m| m == 1).count(), 3 * 15);
+        // `ls` in the workspace lists the task's package (pager/, calc/).
+        let tool = line["messages"].as_array().unwrap()[3]["content"].as_str().unwrap();
+        let package = if line["task"] == "paginate-last-page" { "pager" } else { "calc" };
+        assert_eq!(tool.trim(), package, "{line}");
+        assert_chat_form_matches_tokens(line, &tokenizer, &template);
+    }
+
+    // `score` recomputes every sampled token's logprob from the token ids alone.
+    for (lines, model) in [
+        (&random, random_out.join("base-model")),
+        (&ls, bigram_dir.clone()),
+    ] {
+        let input = dir.path().join("score-in.jsonl");
+        let output = dir.path().join("score-out.jsonl");
+        let text: String = lines
+            .iter()
+            .map(|l| format!("{}\n", json!({"tokens": l["tokens"]})))
+            .collect();
+        std::fs::write(&input, text).unwrap();
+        train(&[
+            "score", "--model", model.to_str().unwrap(), "--input", input.to_str().unwrap(),
+            "--output", output.to_str().unwrap(), "--device", "cpu",
+        ]);
+        let mut compared = 0;
+        for (line, scored) in lines.iter().zip(lines_of(&output)) {
+            let rollout = line["logprobs"].as_array().unwrap();
+            let recomputed = scored["logprobs"].as_array().unwrap();
+            assert_eq!(rollout.len(), recomputed.len());
+            for (t, (a, b)) in rollout.iter().zip(recomputed).enumerate() {
+                if let Some(a) = a.as_f64() {
+                    let b = b.as_f64().unwrap();
+                    assert!((a - b).abs() <= 1e-4, "token {t}: rollout {a} vs score {b}");
+                    compared += 1;
+                }
+            }
+        }
+        assert!(compared >= 4 * 3 * 15, "{compared}");
+    }
+
+    // RFT trains on the rollout file as it is (token form; format errors masked).
+    let rft_out = dir.path().join("rft");
+    train(&[
+        "rft", "--model", bigram_dir.to_str().unwrap(), "--data",
+        ls_out.join("trajectories.jsonl").to_str().unwrap(), "--out", rft_out.to_str().unwrap(),
+        "--batch-size", "2", "--device", "cpu",
+    ]);
+    let metrics = lines(&rft_out.join("metrics.jsonl"));
+    assert_eq!(metrics.len(), 2);
+    assert_eq!(metrics[0]["action_tokens"], json!(2 * 3 * 15));
+}
+
+fn lines_of(path: &Path) -> Vec<Value> {
+    lines(path)
+}
