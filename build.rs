@@ -218,8 +218,15 @@ fn write_builtin_tasks(manifest_dir: &Path, out_dir: &Path) {
     walk(&root, &mut files);
     let mut code = String::from("pub const BUILTIN_TASK_FILES: &[(&str, &[u8])] = &[\n");
     for path in &files {
-        let rel = path.strip_prefix(&root).unwrap().to_string_lossy().replace('\\', "/");
-        code.push_str(&format!("    ({rel:?}, include_bytes!({:?})),\n", path.display().to_string()));
+        let rel = path
+            .strip_prefix(&root)
+            .unwrap()
+            .to_string_lossy()
+            .replace('\\', "/");
+        code.push_str(&format!(
+            "    ({rel:?}, include_bytes!({:?})),\n",
+            path.display().to_string()
+        ));
     }
     code.push_str("];\n");
     fs::write(out_dir.join("builtin_tasks.rs"), code).expect("writing builtin_tasks.rs");

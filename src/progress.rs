@@ -58,11 +58,17 @@ impl Progress {
 
     fn line(&self, done: usize, detail: &str) -> String {
         const WIDTH: usize = 20;
-        let filled = (done * WIDTH).checked_div(self.total).unwrap_or(WIDTH).min(WIDTH);
+        let filled = (done * WIDTH)
+            .checked_div(self.total)
+            .unwrap_or(WIDTH)
+            .min(WIDTH);
         let elapsed = self.started.elapsed();
         let eta = if done > 0 && done < self.total {
             let per = elapsed.as_secs_f64() / done as f64;
-            format!(" · ETA {}", human(Duration::from_secs_f64(per * (self.total - done) as f64)))
+            format!(
+                " · ETA {}",
+                human(Duration::from_secs_f64(per * (self.total - done) as f64))
+            )
         } else {
             String::new()
         };
@@ -128,9 +134,14 @@ mod tests {
     fn line_shows_bar_counts_and_detail() {
         let p = Progress::new("rollout", 40);
         let line = p.line(20, "resolved 7");
-        assert!(line.starts_with("rollout [##########..........] 20/40 · "), "{line}");
+        assert!(
+            line.starts_with("rollout [##########..........] 20/40 · "),
+            "{line}"
+        );
         assert!(line.ends_with(" · resolved 7"), "{line}");
-        assert!(Progress::new("x", 0).line(0, "").contains("[####################] 0/0"));
+        assert!(Progress::new("x", 0)
+            .line(0, "")
+            .contains("[####################] 0/0"));
         assert_eq!(human(Duration::from_secs(75)), "1m15s");
     }
 }

@@ -51,8 +51,18 @@ fn assert_chat_form_matches_tokens(line: &Value, tokenizer: &Tokenizer, template
     let rendered = template.tokenize(tokenizer, &conversation).unwrap();
     let tokens: Vec<u32> = serde_json::from_value(line["tokens"].clone()).unwrap();
     let mask: Vec<u8> = serde_json::from_value(line["action_mask"].clone()).unwrap();
-    assert_eq!(&rendered.tokens[..tokens.len()], &tokens[..], "{}", line["task"]);
-    assert_eq!(&rendered.action_mask[..tokens.len()], &mask[..], "{}", line["task"]);
+    assert_eq!(
+        &rendered.tokens[..tokens.len()],
+        &tokens[..],
+        "{}",
+        line["task"]
+    );
+    assert_eq!(
+        &rendered.action_mask[..tokens.len()],
+        &mask[..],
+        "{}",
+        line["task"]
+    );
     assert!(rendered.tokens.len() - tokens.len() <= 1);
 }
 
@@ -66,8 +76,17 @@ fn oracle_resolves_every_builtin_task_noop_none_and_chat_forms_match() {
     for (policy, want_resolved) in [("oracle", tasks.len()), ("noop", 0)] {
         let out = dir.path().join(policy);
         train(&[
-            "rollout", "--tasks", "builtin:python-bugs", "--policy", policy, "--group", "1",
-            "--concurrency", "4", "--out", out.to_str().unwrap(),
+            "rollout",
+            "--tasks",
+            "builtin:python-bugs",
+            "--policy",
+            policy,
+            "--group",
+            "1",
+            "--concurrency",
+            "4",
+            "--out",
+            out.to_str().unwrap(),
         ]);
         let s = summary(&out, "rollout");
         assert_eq!(s["resolved"], json!(want_resolved), "{policy}: {s}");
@@ -75,7 +94,12 @@ fn oracle_resolves_every_builtin_task_noop_none_and_chat_forms_match() {
         let trajectories = lines(&out.join("trajectories.jsonl"));
         assert_eq!(trajectories.len(), tasks.len());
         for line in &trajectories {
-            assert_eq!(line["resolved"], json!(policy == "oracle"), "{}", line["task"]);
+            assert_eq!(
+                line["resolved"],
+                json!(policy == "oracle"),
+                "{}",
+                line["task"]
+            );
             // Resolved in two turns (edit, submit) is under the turn threshold: reward 1.
             let want_reward = if policy == "oracle" { 1.0 } else { 0.0 };
             assert_eq!(line["reward"], json!(want_reward));
@@ -125,8 +149,14 @@ fn malformed_tool_calls_are_masked_format_error_turns() {
     assert_eq!(episode.format_errors, 4);
     let line = episode.to_json();
     let messages = line["messages"].as_array().unwrap();
-    let assistants: Vec<&Value> = messages.iter().filter(|m| m["role"] == "assistant").collect();
-    let masked: Vec<bool> = assistants.iter().map(|m| m["loss"] == json!(false)).collect();
+    let assistants: Vec<&Value> = messages
+        .iter()
+        .filter(|m| m["role"] == "assistant")
+        .collect();
+    let masked: Vec<bool> = assistants
+        .iter()
+        .map(|m| m["loss"] == json!(false))
+        .collect();
     assert_eq!(masked, vec![true, true, false, true, true, false]);
     // Each format error is answered by a user message naming the problem; `ls` by its output.
     let users: Vec<&str> = messages
@@ -140,7 +170,10 @@ fn malformed_tool_calls_are_masked_format_error_turns() {
     assert!(users[2].contains("unknown tool `rm_rf`"), "{}", users[2]);
     assert!(users[3].contains("`command`"), "{}", users[3]);
     let tool = messages.iter().find(|m| m["role"] == "tool").unwrap();
-    assert!(tool["content"].as_str().unwrap().contains("pager"), "{tool}");
+    assert!(
+        tool["content"].as_str().unwrap().contains("pager"),
+        "{tool}"
+    );
     // Only the two valid turns (and their <|im_end|>) are actions.
     let mask: Vec<u8> = serde_json::from_value(line["action_mask"].clone()).unwrap();
     let want: usize = [&replies[2], &replies[5]]
@@ -160,7 +193,8 @@ fn grading_ignores_edits_to_the_tests() {
     let module = test_module.rsplit(' ').next().unwrap().replace('.', "/");
     // The agent replaces the hidden test file with one that passes, then, in a second task
     // attempt, turns `tests` into a symlink to a folder of passing tests.
-    let passing = "import unittest\nclass T(unittest.TestCase):\n    def test_ok(self):\n        pass\n";
+    let passing =
+        "import unittest\nclass T(unittest.TestCase):\n    def test_ok(self):\n        pass\n";
     let replay = dir.path().join("replay.jsonl");
     let calls = json!([
         {"name": "str_replace_editor", "arguments": {"command": "create", "path": "tests/__init__.py", "file_text": ""}},
@@ -174,8 +208,17 @@ fn grading_ignores_edits_to_the_tests() {
     .unwrap();
     let out = dir.path().join("out");
     train(&[
-        "rollout", "--tasks", "builtin:python-bugs", "--limit-tasks", "1", "--policy",
-        &format!("replay:{}", replay.display()), "--group", "1", "--out", out.to_str().unwrap(),
+        "rollout",
+        "--tasks",
+        "builtin:python-bugs",
+        "--limit-tasks",
+        "1",
+        "--policy",
+        &format!("replay:{}", replay.display()),
+        "--group",
+        "1",
+        "--out",
+        out.to_str().unwrap(),
     ]);
     let line = &lines(&out.join("trajectories.jsonl"))[0];
     let bash_result = line["messages"]
@@ -196,7 +239,8 @@ fn grading_ignores_edits_to_the_tests() {
 /// `<tool_call>{"name":"bash","arguments":{"command": "ls"}}</tool_call><|im_end|>` as a chain of
 /// unique tokens, started by the generation prompt's last token ("\n").
 fn bash_ls_chain(tokenizer: &Tokenizer) -> Vec<(u32, u32)> {
-    let reply = "<tool_call>{\"name\":\"bash\",\"arguments\":{\"command\": \"ls\"}}</tool_call><|im_end|>";
+    let reply =
+        "<tool_call>{\"name\":\"bash\",\"arguments\":{\"command\": \"ls\"}}</tool_call><|im_end|>";
     let mut ids = vec![tokenizer.encode("\n").unwrap()[0]];
     ids.extend(tokenizer.encode(reply).unwrap());
     ids.windows(2).map(|w| (w[0], w[1])).collect()
@@ -211,10 +255,26 @@ fn model_rollouts_carry_logprobs_that_score_recomputes_and_rft_trains_on() {
     // A random model: every turn is a format error, but its sampled tokens keep their logprobs.
     let random_out = dir.path().join("random");
     let common = [
-        "--tasks", "builtin:python-bugs", "--limit-tasks", "2", "--group", "2", "--max-turns",
-        "3", "--device", "cpu", "--concurrency", "4",
+        "--tasks",
+        "builtin:python-bugs",
+        "--limit-tasks",
+        "2",
+        "--group",
+        "2",
+        "--max-turns",
+        "3",
+        "--device",
+        "cpu",
+        "--concurrency",
+        "4",
     ];
-    let mut args = vec!["rollout", "--model", "preset:tiny", "--max-turn-tokens", "24"];
+    let mut args = vec![
+        "rollout",
+        "--model",
+        "preset:tiny",
+        "--max-turn-tokens",
+        "24",
+    ];
     args.extend(common);
     args.extend(["--out", random_out.to_str().unwrap()]);
     train(&args);
@@ -238,8 +298,14 @@ fn model_rollouts_carry_logprobs_that_score_recomputes_and_rft_trains_on() {
         let mask: Vec<u8> = serde_json::from_value(line["action_mask"].clone()).unwrap();
         assert_eq!(mask.iter().filter(|&&m| m == 1).count(), 3 * 15);
         // `ls` in the workspace lists the task's package (pager/, calc/).
-        let tool = line["messages"].as_array().unwrap()[3]["content"].as_str().unwrap();
-        let package = if line["task"] == "paginate-last-page" { "pager" } else { "calc" };
+        let tool = line["messages"].as_array().unwrap()[3]["content"]
+            .as_str()
+            .unwrap();
+        let package = if line["task"] == "paginate-last-page" {
+            "pager"
+        } else {
+            "calc"
+        };
         assert_eq!(tool.trim(), package, "{line}");
         assert_chat_form_matches_tokens(line, &tokenizer, &template);
     }
@@ -257,8 +323,15 @@ fn model_rollouts_carry_logprobs_that_score_recomputes_and_rft_trains_on() {
             .collect();
         std::fs::write(&input, text).unwrap();
         train(&[
-            "score", "--model", model.to_str().unwrap(), "--input", input.to_str().unwrap(),
-            "--output", output.to_str().unwrap(), "--device", "cpu",
+            "score",
+            "--model",
+            model.to_str().unwrap(),
+            "--input",
+            input.to_str().unwrap(),
+            "--output",
+            output.to_str().unwrap(),
+            "--device",
+            "cpu",
         ]);
         let mut compared = 0;
         for (line, scored) in lines.iter().zip(lines_of(&output)) {
@@ -279,9 +352,17 @@ fn model_rollouts_carry_logprobs_that_score_recomputes_and_rft_trains_on() {
     // RFT trains on the rollout file as it is (token form; format errors masked).
     let rft_out = dir.path().join("rft");
     train(&[
-        "rft", "--model", bigram_dir.to_str().unwrap(), "--data",
-        ls_out.join("trajectories.jsonl").to_str().unwrap(), "--out", rft_out.to_str().unwrap(),
-        "--batch-size", "2", "--device", "cpu",
+        "rft",
+        "--model",
+        bigram_dir.to_str().unwrap(),
+        "--data",
+        ls_out.join("trajectories.jsonl").to_str().unwrap(),
+        "--out",
+        rft_out.to_str().unwrap(),
+        "--batch-size",
+        "2",
+        "--device",
+        "cpu",
     ]);
     let metrics = lines(&rft_out.join("metrics.jsonl"));
     assert_eq!(metrics.len(), 2);
@@ -290,4 +371,64 @@ fn model_rollouts_carry_logprobs_that_score_recomputes_and_rft_trains_on() {
 
 fn lines_of(path: &Path) -> Vec<Value> {
     lines(path)
+}
+
+#[test]
+fn server_mode_gives_the_in_process_trajectories() {
+    let dir = tempfile::tempdir().unwrap();
+    let tokenizer = Tokenizer::qwen25().unwrap();
+    let model = dir.path().join("bigram-model");
+    swerve::model::synthetic::write_bigram_model(&model, &bash_ls_chain(&tokenizer), 151_936)
+        .unwrap();
+    let server = common::serve::Server::start(&model, &["--max-model-len", "4096"]);
+    let mut runs = Vec::new();
+    for (name, server_args) in [
+        ("local", vec![]),
+        ("server", vec!["--server".to_string(), server.url()]),
+    ] {
+        let out = dir.path().join(name);
+        let mut args: Vec<String> = [
+            "rollout",
+            "--model",
+            model.to_str().unwrap(),
+            "--tasks",
+            "builtin:python-bugs",
+            "--limit-tasks",
+            "1",
+            "--group",
+            "2",
+            "--max-turns",
+            "2",
+            "--max-context",
+            "4096",
+            "--device",
+            "cpu",
+            "--out",
+            out.to_str().unwrap(),
+        ]
+        .map(String::from)
+        .to_vec();
+        args.extend(server_args);
+        train(&args.iter().map(String::as_str).collect::<Vec<_>>());
+        runs.push(lines(&out.join("trajectories.jsonl")));
+    }
+    assert_eq!(runs[0].len(), 2);
+    for (a, b) in runs[0].iter().zip(&runs[1]) {
+        assert_eq!(a["tokens"], b["tokens"]);
+        assert_eq!(a["action_mask"], b["action_mask"]);
+        assert_eq!(a["messages"], b["messages"]);
+        assert_eq!(b["finish"], json!("max_turns"));
+        for (x, y) in a["logprobs"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .zip(b["logprobs"].as_array().unwrap())
+        {
+            match (x.as_f64(), y.as_f64()) {
+                (Some(x), Some(y)) => assert!((x - y).abs() <= 1e-5, "{x} vs {y}"),
+                (None, None) => {}
+                other => panic!("logprob present in one form only: {other:?}"),
+            }
+        }
+    }
 }

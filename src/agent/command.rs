@@ -226,8 +226,11 @@ pub fn run_agent(options: &AgentRunOptions, name: &str) -> Result<AgentRun> {
         .filter(|e| !options.only_resolved || e.resolved)
         .count());
     let summary_path = options.out.join(format!("{name}.json"));
-    std::fs::write(&summary_path, serde_json::to_string_pretty(&summary)? + "\n")
-        .with_context(|| format!("writing {}", summary_path.display()))?;
+    std::fs::write(
+        &summary_path,
+        serde_json::to_string_pretty(&summary)? + "\n",
+    )
+    .with_context(|| format!("writing {}", summary_path.display()))?;
     print_summary(&summary);
     eprintln!(
         "wrote {} and {}",

@@ -48,7 +48,10 @@ impl Editor {
     ) -> Result<String> {
         let str_arg = |name: &str| args.get(name).and_then(Value::as_str);
         let Some(command) = str_arg("command") else {
-            return Ok("Error: `command` is required (view, create, str_replace, insert, undo_edit).".into());
+            return Ok(
+                "Error: `command` is required (view, create, str_replace, insert, undo_edit)."
+                    .into(),
+            );
         };
         let Some(raw_path) = str_arg("path") else {
             return Ok("Error: `path` is required.".into());
@@ -194,14 +197,21 @@ impl Editor {
                 let (first, last) = match range {
                     None | Some(Value::Null) => (1, total),
                     Some(r) => {
-                        let pair = r.as_array().filter(|a| a.len() == 2).and_then(|a| {
-                            Some((a[0].as_i64()?, a[1].as_i64()?))
-                        });
+                        let pair = r
+                            .as_array()
+                            .filter(|a| a.len() == 2)
+                            .and_then(|a| Some((a[0].as_i64()?, a[1].as_i64()?)));
                         let Some((first, last)) = pair else {
-                            return Ok("Error: `view_range` must be two integers [first, last].".into());
+                            return Ok(
+                                "Error: `view_range` must be two integers [first, last].".into()
+                            );
                         };
                         let last = if last == -1 { total as i64 } else { last };
-                        if first < 1 || first as usize > total.max(1) || last < first || last as usize > total {
+                        if first < 1
+                            || first as usize > total.max(1)
+                            || last < first
+                            || last as usize > total
+                        {
                             return Ok(format!(
                                 "Error: Invalid `view_range` [{first}, {last}]: the file has {total} lines; use 1 <= first <= last <= {total} (last -1 for the end)."
                             ));
@@ -296,8 +306,14 @@ mod tests {
     #[test]
     fn numbering_and_snippets() {
         assert_eq!(numbered("a\nb", 9), "     9\ta\n    10\tb\n");
-        let text = (1..=20).map(|i| i.to_string()).collect::<Vec<_>>().join("\n");
+        let text = (1..=20)
+            .map(|i| i.to_string())
+            .collect::<Vec<_>>()
+            .join("\n");
         let s = snippet(&text, 10, 0);
-        assert!(s.starts_with("     7\t7\n") && s.ends_with("    15\t15\n"), "{s}");
+        assert!(
+            s.starts_with("     7\t7\n") && s.ends_with("    15\t15\n"),
+            "{s}"
+        );
     }
 }

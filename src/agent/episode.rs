@@ -223,7 +223,8 @@ fn drive(ctx: &EpisodeContext<'_>, task: &Task, episode: &mut Episode) -> Result
             &out.tokens[..]
         };
         let text = ctx.tokenizer.decode(body, false)?;
-        let context_full = !out.stopped && transcript.len() + out.tokens.len() >= config.max_context;
+        let context_full =
+            !out.stopped && transcript.len() + out.tokens.len() >= config.max_context;
         if context_full {
             // Kept as generated, not closed: nothing follows it (RL-SPEC: kept, not dropped).
             transcript.push_assistant(&out.tokens, out.logprobs.as_deref(), &text, true, false);
@@ -249,7 +250,8 @@ fn drive(ctx: &EpisodeContext<'_>, task: &Task, episode: &mut Episode) -> Result
                 if turn == config.max_turns {
                     break;
                 }
-                let observation = vec![json!({"role": "user", "content": format!("Format error: {message}")})];
+                let observation =
+                    vec![json!({"role": "user", "content": format!("Format error: {message}")})];
                 if !append_observation(ctx, &mut transcript, observation)? {
                     finish = Finish::ContextFull;
                     break;
@@ -411,16 +413,22 @@ mod tests {
 
     #[test]
     fn format_errors_name_the_problem() {
-        assert!(parse_actions("just text").unwrap_err().contains("no tool call"));
+        assert!(parse_actions("just text")
+            .unwrap_err()
+            .contains("no tool call"));
         assert!(parse_actions("<tool_call>\n{bad json\n</tool_call>")
             .unwrap_err()
             .contains("not a JSON object"));
-        assert!(parse_actions("<tool_call>\n{\"name\": \"rm\", \"arguments\": {}}\n</tool_call>")
-            .unwrap_err()
-            .contains("unknown tool `rm`"));
-        assert!(parse_actions("<tool_call>\n{\"name\": \"bash\", \"arguments\": {}}\n</tool_call>")
-            .unwrap_err()
-            .contains("`command`"));
+        assert!(
+            parse_actions("<tool_call>\n{\"name\": \"rm\", \"arguments\": {}}\n</tool_call>")
+                .unwrap_err()
+                .contains("unknown tool `rm`")
+        );
+        assert!(parse_actions(
+            "<tool_call>\n{\"name\": \"bash\", \"arguments\": {}}\n</tool_call>"
+        )
+        .unwrap_err()
+        .contains("`command`"));
         let ok = parse_actions(
             "x <tool_call>\n{\"name\": \"bash\", \"arguments\": {\"command\": \"ls\"}}\n</tool_call><tool_call>\n{\"name\": \"submit\", \"arguments\": {}}\n</tool_call>",
         )

@@ -99,7 +99,10 @@ impl ServerPolicy {
         let rest = url.strip_prefix("http://").ok_or_else(|| {
             anyhow!("--server {url}: expected http://HOST:PORT (swerve-serve speaks plain HTTP)")
         })?;
-        let address = rest.trim_end_matches('/').trim_end_matches("/v1").to_string();
+        let address = rest
+            .trim_end_matches('/')
+            .trim_end_matches("/v1")
+            .to_string();
         if address.is_empty() || address.contains('/') {
             bail!("--server {url}: expected http://HOST:PORT");
         }
@@ -268,9 +271,9 @@ impl ScriptedPolicy {
             Script::Noop => Ok(submit),
             Script::Replies(replies) => Ok(replies.get(turn - 1).cloned().unwrap_or(submit)),
             Script::Replay(calls) => {
-                let calls = calls.get(&task.id).ok_or_else(|| {
-                    anyhow!("the replay file has no line for task {}", task.id)
-                })?;
+                let calls = calls
+                    .get(&task.id)
+                    .ok_or_else(|| anyhow!("the replay file has no line for task {}", task.id))?;
                 Ok(match calls.get(turn - 1) {
                     Some(call) => tool_call_text(
                         call["name"].as_str().unwrap_or_default(),
@@ -291,7 +294,9 @@ impl ScriptedPolicy {
 /// `str_replace_editor` (`create` for a new file), or the gold patch through bash.
 fn oracle_edits(task: &Task) -> Result<Vec<String>> {
     if let Some(patch) = &task.gold_patch {
-        let command = format!("git apply --whitespace=nowarn - <<'SWERVE_PATCH_EOF'\n{patch}\nSWERVE_PATCH_EOF");
+        let command = format!(
+            "git apply --whitespace=nowarn - <<'SWERVE_PATCH_EOF'\n{patch}\nSWERVE_PATCH_EOF"
+        );
         return Ok(vec![tool_call_text("bash", &json!({ "command": command }))]);
     }
     let Some(solution) = &task.solution else {
@@ -309,8 +314,9 @@ fn oracle_edits(task: &Task) -> Result<Vec<String>> {
     files.sort();
     let mut calls = Vec::new();
     for rel in files {
-        let fixed = std::fs::read_to_string(solution.join(&rel))
-            .with_context(|| format!("task {}: reading solution file {}", task.id, rel.display()))?;
+        let fixed = std::fs::read_to_string(solution.join(&rel)).with_context(|| {
+            format!("task {}: reading solution file {}", task.id, rel.display())
+        })?;
         let path = rel.to_string_lossy().to_string();
         match std::fs::read_to_string(repo.join(&rel)) {
             Ok(original) if original == fixed => {}

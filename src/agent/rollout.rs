@@ -151,7 +151,10 @@ pub fn summarize(tasks: &[Task], episodes: &[Episode], group: usize) -> Value {
 
 /// The per-task table and the headline figures, for the terminal.
 pub fn print_summary(summary: &Value) {
-    println!("{:<32} {:>7} {:>8} {:>10} {:>11}", "task", "samples", "resolved", "mean turns", "mean reward");
+    println!(
+        "{:<32} {:>7} {:>8} {:>10} {:>11}",
+        "task", "samples", "resolved", "mean turns", "mean reward"
+    );
     for row in summary["per_task"].as_array().into_iter().flatten() {
         println!(
             "{:<32} {:>7} {:>8} {:>10.1} {:>11.3}",
@@ -166,7 +169,9 @@ pub fn print_summary(summary: &Value) {
     let pass_k = if group > 1 {
         format!(
             "; pass@{group} {:.3}",
-            summary[format!("pass@{group}")].as_f64().unwrap_or(f64::NAN)
+            summary[format!("pass@{group}")]
+                .as_f64()
+                .unwrap_or(f64::NAN)
         )
     } else {
         String::new()

@@ -143,7 +143,6 @@ impl Transcript {
     fn conversation(&self, messages: &[Value]) -> Result<Conversation> {
         Conversation::new(messages, Some(&self.tools))
     }
-
 }
 
 #[cfg(test)]

@@ -135,4 +135,3 @@ fn start_engine<B: KvMemory + 'static>(
         Engine::new(backend, model, engine_config)
     })
 }
-

@@ -47,7 +47,12 @@ pub fn resolve_tasks(arg: &str) -> Result<PathBuf> {
 fn content_hash(files: &[(&str, &[u8])]) -> u64 {
     let mut h: u64 = 0xcbf2_9ce4_8422_2325;
     for (path, bytes) in files {
-        for b in path.bytes().chain([0]).chain(bytes.iter().copied()).chain([0]) {
+        for b in path
+            .bytes()
+            .chain([0])
+            .chain(bytes.iter().copied())
+            .chain([0])
+        {
             h ^= b as u64;
             h = h.wrapping_mul(0x0000_0100_0000_01b3);
         }
@@ -97,7 +102,11 @@ mod tests {
 
     #[test]
     fn python_bugs_is_built_in_and_extracts() {
-        assert!(names().contains(&"python-bugs".to_string()), "{:?}", names());
+        assert!(
+            names().contains(&"python-bugs".to_string()),
+            "{:?}",
+            names()
+        );
         let path = resolve_tasks("builtin:python-bugs").unwrap();
         assert!(path.is_file() && is_builtin_path(&path));
         let tasks = crate::env::load_tasks(&path).unwrap();
@@ -105,6 +114,9 @@ mod tests {
         assert!(tasks.iter().all(|t| t.solution.is_some()));
         let err = resolve_tasks("builtin:nope").unwrap_err().to_string();
         assert!(err.contains("python-bugs"), "{err}");
-        assert_eq!(resolve_tasks("x/y.jsonl").unwrap(), PathBuf::from("x/y.jsonl"));
+        assert_eq!(
+            resolve_tasks("x/y.jsonl").unwrap(),
+            PathBuf::from("x/y.jsonl")
+        );
     }
 }

@@ -184,7 +184,12 @@ impl Environment for DockerEnvironment {
                 Duration::from_secs(60),
             )?;
             if !mk.success() {
-                bail!("task {}: cannot create {}: {}", task.id, sandbox.workdir, mk.output);
+                bail!(
+                    "task {}: cannot create {}: {}",
+                    task.id,
+                    sandbox.workdir,
+                    mk.output
+                );
             }
             sandbox.copy_in(&dir)?;
         }
@@ -313,12 +318,27 @@ mod tests {
              --pids-limit 64 --ulimit fsize=1048576 --ulimit core=0 --security-opt \
              no-new-privileges --workdir /testbed --entrypoint sleep img:1 infinity"
         );
-        let exec = exec_args("swerve-a", "/testbed", "ls -la; echo 'x'", Duration::from_secs(5));
+        let exec = exec_args(
+            "swerve-a",
+            "/testbed",
+            "ls -la; echo 'x'",
+            Duration::from_secs(5),
+        );
         assert_eq!(
             exec,
             vec![
-                "exec", "-i", "-w", "/testbed", "swerve-a", "timeout", "-s", "KILL", "5", "sh",
-                "-c", "ls -la; echo 'x'"
+                "exec",
+                "-i",
+                "-w",
+                "/testbed",
+                "swerve-a",
+                "timeout",
+                "-s",
+                "KILL",
+                "5",
+                "sh",
+                "-c",
+                "ls -la; echo 'x'"
             ]
         );
         assert_eq!(

@@ -253,10 +253,11 @@ impl LocalSandbox {
                 Err(_) => {}
             }
         }
+        c.args(["--proc", "/proc", "--dev", "/dev", "--tmpfs", "/tmp"]);
+        // After /tmp's tmpfs, which would hide a bind under /tmp.
         for bind in &self.read_only_binds {
             c.arg("--ro-bind").arg(bind).arg(bind);
         }
-        c.args(["--proc", "/proc", "--dev", "/dev", "--tmpfs", "/tmp"]);
         c.arg("--bind").arg(&self.workspace).arg(WORKDIR);
         c.arg("--bind").arg(&self.home).arg(HOME);
         for (host, inside) in extra {
@@ -355,7 +356,17 @@ impl Sandbox for LocalSandbox {
         if !host_dir.is_dir() {
             bail!("{} is not a folder", host_dir.display());
         }
-        let script = format!("cp -rT --remove-destination {COPY_SOURCE} {WORKDIR}");
+        // First make room where the agent left something `cp` cannot replace: a symlink or file
+        // where the folder has a directory (`tests` -> elsewhere), a directory where it has a
+        // file, a directory without write access (visited top-down, so parents come first).
+        let script = format!(
+            "chmod u+rwx {WORKDIR}; cd {COPY_SOURCE} && find . -mindepth 1 -exec sh -c 'for p; do w=\"{WORKDIR}/$p\"; \
+             if [ -d \"$p\" ] && [ ! -L \"$p\" ]; then \
+               if [ -L \"$w\" ] || {{ [ -e \"$w\" ] && [ ! -d \"$w\" ]; }}; then rm -f \"$w\"; fi; \
+               if [ -d \"$w\" ]; then chmod u+rwx \"$w\"; fi; \
+             elif [ -d \"$w\" ] && [ ! -L \"$w\" ]; then chmod -R u+rwx \"$w\"; rm -rf \"$w\"; fi; \
+             done' sh {{}} +; cp -rT --remove-destination {COPY_SOURCE} {WORKDIR}"
+        );
         let command = self.command(&script, &[(host_dir, COPY_SOURCE)]);
         let out = run_captured(
             command,
@@ -383,7 +394,10 @@ impl Sandbox for LocalSandbox {
         self.closed = true;
         let removed = force_remove(&self.dir);
         if let Some((slot, slots)) = self.slot.take() {
-            slots.lock().unwrap_or_else(|e| e.into_inner()).remove(&slot);
+            slots
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .remove(&slot);
         }
         removed
     }

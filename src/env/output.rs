@@ -216,13 +216,26 @@ mod tests {
             output_kill_bytes: 1 << 20,
             ..Limits::default()
         };
-        let out =
-            run_captured(sh("exec sleep 30"), None, Duration::from_millis(200), 100, &limits, &kill)
-                .unwrap();
+        let out = run_captured(
+            sh("exec sleep 30"),
+            None,
+            Duration::from_millis(200),
+            100,
+            &limits,
+            &kill,
+        )
+        .unwrap();
         assert!(out.timed_out && out.exit_code.is_none());
         assert!(out.elapsed < Duration::from_secs(5));
-        let out =
-            run_captured(sh("exec yes"), None, Duration::from_secs(30), 100, &limits, &kill).unwrap();
+        let out = run_captured(
+            sh("exec yes"),
+            None,
+            Duration::from_secs(30),
+            100,
+            &limits,
+            &kill,
+        )
+        .unwrap();
         assert!(out.output_overflow && !out.timed_out, "{out:?}");
         assert!(out.output.len() < 200, "{}", out.output.len());
         assert!(out.output.contains("bytes of output omitted"));

@@ -43,7 +43,10 @@ pub enum RepoSource {
 #[derive(Clone, Debug, PartialEq)]
 pub enum Grading {
     /// Copy `tests`' contents over the workspace root, run `test_command`: exit 0 = resolved.
-    TestsFolder { tests: PathBuf, test_command: String },
+    TestsFolder {
+        tests: PathBuf,
+        test_command: String,
+    },
     /// SWE-bench: apply `test_patch` (it wins over the agent's edits to those files), then run
     /// `test_command` followed by every FAIL_TO_PASS and PASS_TO_PASS test id.
     SweBench {

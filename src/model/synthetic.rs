@@ -230,7 +230,10 @@ pub fn write_bigram_model(dir: &Path, successors: &[(u32, u32)], vocab_size: usi
             }
             _ => {}
         }
-        tensors.push((name.to_string(), HostTensor::from_f32(shape.to_vec(), &values)));
+        tensors.push((
+            name.to_string(),
+            HostTensor::from_f32(shape.to_vec(), &values),
+        ));
         Ok(())
     })?;
     write_hf_config(&config, dir)?;
