@@ -5,6 +5,7 @@
 
 pub mod checkpoint;
 pub mod data;
+pub mod learner;
 pub mod loss;
 pub mod optimizer;
 pub mod score;
