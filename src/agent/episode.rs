@@ -7,7 +7,7 @@
 //! ```
 //!
 //! A reply with no valid tool call (none, malformed JSON, an unknown tool, missing arguments, or
-//! cut by the per-turn token limit) is a format error: kept in the context, masked from the loss,
+//! cut by the per-turn token limit before its calls were complete) is a format error: kept in the context, masked from the loss,
 //! answered with a user message saying what was wrong. Several calls in one reply run in order;
 //! `submit` ends the episode at once.
 
@@ -231,13 +231,16 @@ fn drive(ctx: &EpisodeContext<'_>, task: &Task, episode: &mut Episode) -> Result
             finish = Finish::ContextFull;
             break;
         }
-        let calls = if out.stopped {
-            parse_actions(&text)
-        } else {
-            Err(format!(
+        // A reply cut by the per-turn limit still counts when its tool calls are complete (it
+        // is closed with an <|im_end|> that was not generated, so not an action; the chat form
+        // would count that one token as an action); else it is a format error.
+        let calls = match parse_actions(&text) {
+            Ok(calls) => Ok(calls),
+            Err(_) if !out.stopped => Err(format!(
                 "Your reply was cut at {} tokens before it ended. Keep replies shorter.",
                 out.tokens.len()
-            ))
+            )),
+            Err(message) => Err(message),
         };
         let calls = match calls {
             Ok(calls) => {

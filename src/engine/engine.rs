@@ -14,7 +14,8 @@ use crate::engine::request::{FinishReason, GenerationRequest, Request};
 use crate::engine::sampler::{sample, Sample, SampleRng, SamplingParams};
 use crate::engine::scheduler::{Scheduler, SchedulerConfig, StepPlan};
 use crate::kvcache::{KvCacheManager, RequestId, DEFAULT_BLOCK_SIZE};
-use crate::model::{PagedKv, Qwen2Model};
+use crate::model::{PagedKv, Qwen2Model, Qwen2Params};
+use crate::tensor::HostTensor;
 use anyhow::{bail, ensure, Context, Result};
 use std::collections::HashMap;
 use std::path::Path;
@@ -245,6 +246,22 @@ impl<B: Backend> Engine<B> {
     /// steps, so no step mixes two versions. Running requests continue on the new weights.
     pub fn update_weights(&mut self, dir: &Path) -> Result<u64> {
         let model = Qwen2Model::load(&self.backend, dir)?;
+        self.swap_model(model, &dir.display().to_string())
+    }
+
+    /// Swaps in weights handed over in memory (the RL loop's trainer): same checks and effects
+    /// as [`Engine::update_weights`], no disk.
+    pub fn update_weights_from_host(&mut self, host: &Qwen2Params<HostTensor<'_>>) -> Result<u64> {
+        let model = Qwen2Model::from_host_params(
+            &self.backend,
+            self.model.config.clone(),
+            self.model.local.clone(),
+            host,
+        )?;
+        self.swap_model(model, "the weights handed over")
+    }
+
+    fn swap_model(&mut self, model: Qwen2Model<B>, source: &str) -> Result<u64> {
         let (old, new) = (&self.model.config, &model.config);
         ensure!(
             old.hidden_size == new.hidden_size
@@ -254,8 +271,7 @@ impl<B: Backend> Engine<B> {
                 && old.head_dim == new.head_dim
                 && old.vocab_size == new.vocab_size
                 && old.intermediate_size == new.intermediate_size,
-            "{}: a different architecture than the loaded model",
-            dir.display()
+            "{source}: a different architecture than the loaded model"
         );
         // Captured graphs read the old weights' memory.
         self.backend.reset_graphs();

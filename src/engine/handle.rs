@@ -18,6 +18,8 @@ use crate::engine::engine::{Engine, EngineEvent, EngineStats, FinalRecord, Token
 use crate::engine::prompt_logprobs::{prompt_logprobs, PromptLogprobs};
 use crate::engine::request::GenerationRequest;
 use crate::kvcache::RequestId;
+use crate::model::Qwen2Params;
+use crate::tensor::HostTensor;
 use anyhow::{anyhow, Result};
 use std::collections::HashMap;
 use std::path::PathBuf;
@@ -41,6 +43,7 @@ enum Command {
     Submit(GenerationRequest, EventSink, SubmitReply),
     Abort(RequestId),
     UpdateWeights(PathBuf, Sender<Result<u64>>),
+    UpdateWeightsFrom(Box<Qwen2Params<HostTensor<'static>>>, Sender<Result<u64>>),
     Stats(Sender<EngineStats>),
     PromptLogprobs(Vec<u32>, usize, Sender<Result<PromptLogprobs>>),
     Pause,
@@ -152,6 +155,13 @@ impl EngineHandle {
         rx.recv().map_err(|_| anyhow!("the engine has stopped"))?
     }
 
+    /// Swaps in weights handed over in memory, between steps; returns the new weight version.
+    pub fn update_weights_from(&self, host: Qwen2Params<HostTensor<'static>>) -> Result<u64> {
+        let (tx, rx) = channel();
+        self.send(Command::UpdateWeightsFrom(Box::new(host), tx))?;
+        rx.recv().map_err(|_| anyhow!("the engine has stopped"))?
+    }
+
     pub fn stats(&self) -> Result<EngineStats> {
         let (tx, rx) = channel();
         self.send(Command::Stats(tx))?;
@@ -213,6 +223,9 @@ fn run<B: Backend>(mut engine: Engine<B>, inbox: Receiver<Command>) {
                 Command::Resume => paused = false,
                 Command::UpdateWeights(dir, reply) => {
                     let _ = reply.send(engine.update_weights(&dir));
+                }
+                Command::UpdateWeightsFrom(host, reply) => {
+                    let _ = reply.send(engine.update_weights_from_host(&host));
                 }
                 Command::Stats(reply) => {
                     let _ = reply.send(engine.stats());

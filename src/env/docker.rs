@@ -153,6 +153,10 @@ impl Environment for DockerEnvironment {
         let (workdir, folder) = match &task.repo {
             RepoSource::InImage { workdir } => (workdir.clone(), None),
             RepoSource::Folder(dir) => (FOLDER_WORKDIR.to_string(), Some(dir.clone())),
+            RepoSource::Toy { .. } => bail!(
+                "task {} is a toy task: it runs in process (`--tasks builtin:toy` picks the toy environment)",
+                task.id
+            ),
         };
         let name = Self::container_name(episode);
         // A container left by a crashed run under the same name goes first.

@@ -188,6 +188,13 @@ impl Environment for LocalEnvironment {
     }
 
     fn start(&self, task: &Task, episode: &str) -> Result<Box<dyn Sandbox>> {
+        if let RepoSource::Toy { .. } = task.repo {
+            bail!(
+                "task {} ({}) is a toy task: it runs in process (`--tasks builtin:toy` picks the toy environment)",
+                task.id,
+                task.origin
+            );
+        }
         let RepoSource::Folder(repo) = &task.repo else {
             bail!(
                 "task {} ({}) lives in a container image ({}): run it with --env docker",
@@ -272,6 +279,8 @@ impl LocalSandbox {
             ("PAGER", "cat"),
             ("GIT_PAGER", "cat"),
             ("PYTHONUNBUFFERED", "1"),
+            // A same-size edit within one second would otherwise rerun a stale .pyc.
+            ("PYTHONDONTWRITEBYTECODE", "1"),
         ] {
             c.args(["--setenv", key, value]);
         }

@@ -26,6 +26,7 @@ pub mod docker;
 pub mod local;
 pub mod output;
 pub mod task;
+pub mod toy;
 
 use anyhow::{bail, Result};
 use std::path::Path;
@@ -157,6 +158,7 @@ pub fn grade(sandbox: &mut dyn Sandbox, task: &Task) -> Result<GradeResult> {
     let timeout = Duration::from_secs(task.timeout_s);
     match &task.grading {
         Grading::TestsFolder { tests, .. } => sandbox.copy_in(tests)?,
+        Grading::Command { .. } => {}
         Grading::SweBench { test_patch, .. } => {
             // The files the test patch touches go back to the repository's version first, so
             // the patch applies whatever the agent did to them.

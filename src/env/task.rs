@@ -37,6 +37,8 @@ pub enum RepoSource {
     Folder(PathBuf),
     /// Already inside the task's container image, at `workdir` (SWE-bench: `/testbed`).
     InImage { workdir: String },
+    /// No repository: the toy number-guessing game, played in process ([`super::toy`]).
+    Toy { hidden: i64, low: i64, high: i64 },
 }
 
 /// How an episode is graded once it ends.
@@ -55,6 +57,8 @@ pub enum Grading {
         pass_to_pass: Vec<String>,
         test_command: String,
     },
+    /// Run `test_command` as the workspace stands (the toy's `check`).
+    Command { test_command: String },
 }
 
 #[derive(Clone, Debug, PartialEq)]
@@ -81,7 +85,9 @@ impl Task {
     /// The shell command grading runs, the test ids included.
     pub fn grading_command(&self) -> String {
         match &self.grading {
-            Grading::TestsFolder { test_command, .. } => test_command.clone(),
+            Grading::TestsFolder { test_command, .. } | Grading::Command { test_command } => {
+                test_command.clone()
+            }
             Grading::SweBench {
                 fail_to_pass,
                 pass_to_pass,
@@ -113,6 +119,8 @@ pub fn load_tasks(path: &Path) -> Result<Vec<Task>> {
         let at = jsonl::at(path, line_no);
         let task = if value.get("instance_id").is_some() {
             parse_swe_bench(&value, &at)?
+        } else if value.get("toy").is_some() {
+            parse_toy(&value, &at)?
         } else {
             parse_native(&value, base, &at)?
         };
@@ -237,6 +245,35 @@ fn parse_swe_bench(value: &Value, at: &str) -> Result<Task> {
         gold_patch: optional_str(value, "patch", at)?.filter(|p| !p.trim().is_empty()),
         timeout_s: timeout(value, at)?,
         image: Some(image),
+        origin: at.to_string(),
+        id,
+    })
+}
+
+/// `{"id", "problem_statement", "toy": {"hidden", "low", "high"}}`: a number to guess.
+fn parse_toy(value: &Value, at: &str) -> Result<Task> {
+    let id = required_str(value, "id", at)?;
+    let int = |field: &str| -> Result<i64> {
+        value["toy"]
+            .get(field)
+            .and_then(Value::as_i64)
+            .ok_or_else(|| anyhow!("{at}: toy.{field}: expected an integer"))
+    };
+    let (hidden, low, high) = (int("hidden")?, int("low")?, int("high")?);
+    if !(low <= hidden && hidden <= high) {
+        bail!("{at}: toy: hidden {hidden} is not within [{low}, {high}]");
+    }
+    Ok(Task {
+        problem_statement: required_str(value, "problem_statement", at)?,
+        repo: RepoSource::Toy { hidden, low, high },
+        grading: Grading::Command {
+            test_command: "check".into(),
+        },
+        setup: Vec::new(),
+        solution: None,
+        gold_patch: None,
+        timeout_s: timeout(value, at)?,
+        image: None,
         origin: at.to_string(),
         id,
     })

@@ -4,6 +4,7 @@ pub mod backward;
 pub mod params;
 pub mod qwen2;
 pub mod synthetic;
+pub mod toy;
 pub mod weights;
 
 pub use params::{LayerParams, Qwen2Params};

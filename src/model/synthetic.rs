@@ -51,7 +51,7 @@ pub fn preset(name: &str) -> Result<(ModelConfig, usize)> {
         "qwen2.5-32b" => (5120, 27648, 64, 40, 8, 152064, false, 1),
         "qwen2.5-72b-tp8" => (8192, 29568, 80, 64, 8, 152064, false, 8),
         other => bail!(
-            "unknown preset {other:?}; choose one of {} (each also as NAME-yarn4: 131,072-token YaRN)",
+            "unknown preset {other:?}; choose one of {} (each also as NAME-yarn4: 131,072-token YaRN; `--model preset:toy` is the toy task's model)",
             PRESETS.join(", ")
         ),
     };
@@ -247,6 +247,13 @@ pub fn resolve_model_arg(model: &Path, out: &Path) -> Result<std::path::PathBuf>
     let Some(name) = model.to_str().and_then(|m| m.strip_prefix("preset:")) else {
         return Ok(model.to_path_buf());
     };
+    let dir = out.join("base-model");
+    if name == "toy" {
+        if !dir.join("model.safetensors").is_file() {
+            crate::model::toy::write_toy_model_dir(&dir, 0x5EED)?;
+        }
+        return Ok(dir);
+    }
     let (config, tp_size) = preset(name).with_context(|| format!("--model {}", model.display()))?;
     if tp_size != 1 {
         bail!(
@@ -254,7 +261,6 @@ pub fn resolve_model_arg(model: &Path, out: &Path) -> Result<std::path::PathBuf>
             model.display()
         );
     }
-    let dir = out.join("base-model");
     if !dir.join("model.safetensors").is_file() {
         write_model_dir(&config, 0x5EED, &dir)?;
     }
