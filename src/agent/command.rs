@@ -10,7 +10,8 @@ use crate::config::ModelConfig;
 use crate::engine::launch::{launch_engine, EngineLaunch};
 use crate::env::docker::{DockerConfig, DockerEnvironment};
 use crate::env::local::{LocalConfig, LocalEnvironment};
-use crate::env::{builtin, load_tasks, EnvKind, Environment, Limits};
+use crate::env::toy::ToyEnvironment;
+use crate::env::{builtin, load_tasks, EnvKind, Environment, Limits, RepoSource, Task};
 use crate::tokenizer::Tokenizer;
 use anyhow::{bail, Context, Result};
 use serde_json::json;
@@ -65,6 +66,26 @@ pub fn make_environment(
             Box::new(DockerEnvironment::new(config)?)
         }
     })
+}
+
+/// The toy environment for toy tasks (they run in process), else the one `--env` names.
+pub fn environment_for(tasks: &[Task], options: &AgentRunOptions) -> Result<Box<dyn Environment>> {
+    let toys = tasks
+        .iter()
+        .filter(|t| matches!(t.repo, RepoSource::Toy { .. }))
+        .count();
+    if toys == tasks.len() {
+        return Ok(Box::new(ToyEnvironment::new(options.limits.clone())));
+    }
+    if toys > 0 {
+        bail!("{}: toy tasks and repository tasks cannot be mixed in one run", options.tasks);
+    }
+    make_environment(
+        options.env,
+        &options.limits,
+        &options.sandbox_binds,
+        &options.docker_image,
+    )
 }
 
 /// What a run produced: its episodes' summary (also written to OUT).
@@ -165,12 +186,7 @@ pub fn run_agent(options: &AgentRunOptions, name: &str) -> Result<AgentRun> {
             episode.max_context = n;
         }
     }
-    let env = make_environment(
-        options.env,
-        &options.limits,
-        &options.sandbox_binds,
-        &options.docker_image,
-    )?;
+    let env = environment_for(&tasks, options)?;
     eprintln!(
         "{name}: {} tasks from {} x {} samples, policy {}, environment {}, {} at a time, context {} tokens, {} turns",
         tasks.len(),

@@ -89,7 +89,12 @@ pub fn tokenizer_json() -> Value {
     })
 }
 
-/// The toy model's architecture: 2 layers, hidden 32, the toy vocabulary (padded to 32 rows).
+/// Tokens in the toy vocabulary (the model has exactly as many rows: none never seen).
+pub fn vocab_size() -> usize {
+    SPECIAL.len() + call_tokens().len() + WORDS.len()
+}
+
+/// The toy model's architecture: 2 layers, hidden 32, the toy vocabulary.
 pub fn config() -> ModelConfig {
     ModelConfig {
         hidden_size: 32,
@@ -98,7 +103,7 @@ pub fn config() -> ModelConfig {
         num_attention_heads: 2,
         num_key_value_heads: 1,
         head_dim: 16,
-        vocab_size: 32,
+        vocab_size: vocab_size(),
         max_position_embeddings: 4096,
         rms_norm_eps: 1e-6,
         tie_word_embeddings: true,
@@ -145,7 +150,7 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         write_toy_model_dir(dir.path(), 1).unwrap();
         let tokenizer = Tokenizer::from_dir(dir.path()).unwrap();
-        assert!(tokenizer.vocab_size() <= config().vocab_size);
+        assert_eq!(tokenizer.vocab_size(), config().vocab_size);
         let calls = call_tokens();
         for call in &calls {
             let ids = tokenizer.encode(call).unwrap();
