@@ -36,6 +36,7 @@ pub mod jsonl;
 pub mod kvcache;
 pub mod model;
 pub mod progress;
+pub mod rl;
 pub mod server;
 pub mod tensor;
 pub mod tokenizer;

@@ -78,7 +78,10 @@ pub fn environment_for(tasks: &[Task], options: &AgentRunOptions) -> Result<Box<
         return Ok(Box::new(ToyEnvironment::new(options.limits.clone())));
     }
     if toys > 0 {
-        bail!("{}: toy tasks and repository tasks cannot be mixed in one run", options.tasks);
+        bail!(
+            "{}: toy tasks and repository tasks cannot be mixed in one run",
+            options.tasks
+        );
     }
     make_environment(
         options.env,

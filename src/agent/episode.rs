@@ -274,6 +274,8 @@ fn drive(ctx: &EpisodeContext<'_>, task: &Task, episode: &mut Episode) -> Result
                 "bash" => {
                     let command = call.arguments["command"].as_str().unwrap_or_default();
                     let out = sandbox.run(command, None, limits.command_timeout)?;
+                    // The environment may end the episode (a game won), as a submit would.
+                    submitted |= out.ends_episode;
                     bash_observation(&out)
                 }
                 _ => editor.call(sandbox.as_mut(), &call.arguments, limits.command_timeout)?,
@@ -283,6 +285,9 @@ fn drive(ctx: &EpisodeContext<'_>, task: &Task, episode: &mut Episode) -> Result
                 "role": "tool",
                 "content": truncate_middle(&result, config.observation_bytes),
             }));
+            if submitted {
+                break;
+            }
         }
         if submitted {
             finish = Finish::Submitted;

@@ -113,7 +113,8 @@ impl ServerPolicy {
         })
     }
 
-    fn post(&self, path: &str, body: &Value) -> Result<Value> {
+    /// POSTs a JSON body; the answer's JSON, or an error with the status and body.
+    pub fn post_json(&self, path: &str, body: &Value) -> Result<Value> {
         let body = serde_json::to_vec(body)?;
         let mut stream = TcpStream::connect(&self.address)
             .with_context(|| format!("connecting to swerve-serve at {}", self.address))?;
@@ -190,7 +191,7 @@ impl Policy for ServerPolicy {
     }
 
     fn generate(&self, input: &TurnInput<'_>) -> Result<TurnOutput> {
-        let answer = self.post(
+        let answer = self.post_json(
             "/v1/completions",
             &json!({
                 "prompt": input.tokens,

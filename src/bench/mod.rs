@@ -5,6 +5,7 @@ pub mod agent;
 pub mod agent_http;
 pub mod decode;
 pub mod kernels;
+pub mod rl;
 pub mod train;
 
 use crate::backend::Backend;

@@ -37,12 +37,42 @@ enum Command {
     /// One training step (forward, fused loss, backward, AdamW) on packed tokens: tokens/s,
     /// model TFLOP/s, MFU against the measured GEMM rate and device memory on a GPU.
     Train(TrainArgs),
+    /// One RL iteration's time split (rollout, environment, grading, training, handoff) on a
+    /// preset model, and the in-memory weight handoff against the size of the weights (GB/s).
+    Rl(RlArgs),
     /// Each CUDA kernel against the CPU reference and the card's measured ceilings (needs a GPU).
     Kernels {
         /// Also append one JSON record per row to this file (bench/peers/compare.py reads it).
         #[arg(long)]
         jsonl: Option<PathBuf>,
     },
+}
+
+#[derive(clap::Args)]
+struct RlArgs {
+    /// Model shape with the Qwen2.5 vocabulary (default: tiny on the CPU, qwen2.5-0.5b on a GPU).
+    #[arg(long)]
+    preset: Option<String>,
+    #[arg(long, default_value = "auto")]
+    device: DeviceChoice,
+    /// Handoffs timed (the median is reported).
+    #[arg(long, default_value_t = 3)]
+    reps: usize,
+    /// Tasks and rollouts per task of the iteration (default: 2 x 2 on the CPU, 8 x 8 on a GPU).
+    #[arg(long)]
+    tasks: Option<usize>,
+    #[arg(long)]
+    group: Option<usize>,
+    #[arg(long, default_value_t = 3)]
+    max_turns: usize,
+    /// Tokens per reply (default: 16 on the CPU, 256 on a GPU).
+    #[arg(long)]
+    max_turn_tokens: Option<usize>,
+    #[arg(long, default_value_t = 8192)]
+    max_context: usize,
+    /// Also append the result as one JSON line to this file.
+    #[arg(long)]
+    jsonl: Option<PathBuf>,
 }
 
 #[derive(clap::Args)]
@@ -153,7 +183,47 @@ fn main() -> Result<()> {
         Command::Agent(args) => agent(args),
         Command::Decode(args) => decode(args),
         Command::Train(args) => train(args),
+        Command::Rl(args) => rl(args),
     }
+}
+
+fn rl(args: RlArgs) -> Result<()> {
+    let (backend, line) = select(args.device)?;
+    println!("{line}");
+    let gpu = matches!(backend, Selected::Cuda(_));
+    let options = swerve::bench::rl::RlBenchOptions {
+        preset: args
+            .preset
+            .clone()
+            .unwrap_or_else(|| if gpu { "qwen2.5-0.5b" } else { "tiny" }.into()),
+        device: if gpu {
+            DeviceChoice::Cuda
+        } else {
+            DeviceChoice::Cpu
+        },
+        reps: args.reps,
+        tasks_per_iteration: args.tasks.unwrap_or(if gpu { 8 } else { 2 }),
+        group: args.group.unwrap_or(if gpu { 8 } else { 2 }),
+        max_turns: args.max_turns,
+        max_turn_tokens: args.max_turn_tokens.unwrap_or(if gpu { 256 } else { 16 }),
+        max_context: args.max_context,
+    };
+    let work = std::env::temp_dir().join(format!("swerve-bench-rl-{}", std::process::id()));
+    let result = match backend {
+        Selected::Cpu(b) => swerve::bench::rl::run(&b, &options, &work),
+        Selected::Cuda(b) => swerve::bench::rl::run(&*b, &options, &work),
+    };
+    let _ = std::fs::remove_dir_all(&work);
+    let row = result?;
+    if let Some(path) = args.jsonl {
+        use std::io::Write as _;
+        let mut file = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(&path)?;
+        writeln!(file, "{row}")?;
+    }
+    Ok(())
 }
 
 fn prefill(args: PrefillArgs) -> Result<()> {

@@ -12,6 +12,7 @@ use swerve::agent::episode::EpisodeConfig;
 use swerve::backend::{select, Backend, DeviceChoice, Selected};
 use swerve::env::{EnvKind, Limits};
 use swerve::model::Qwen2Model;
+use swerve::rl::{RlDefaults, RlOptions};
 use swerve::train::optimizer::LrSchedule;
 use swerve::train::trainer::{train, Algorithm, OldLogprobs, TrainOptions};
 
@@ -92,6 +93,14 @@ enum Command {
         /// Write only resolved trajectories (RFT data).
         #[arg(long)]
         only_resolved: bool,
+    },
+    /// The whole method: rollouts, rewards, DAPO, weights back to the engine, iterated
+    /// (RL-SPEC.md). Defaults are the paper's stage 1; `--tasks builtin:toy` brings the toy
+    /// task's own schedule. Writes OUT/iterations.jsonl, OUT/metrics.jsonl, OUT/reward.png and
+    /// OUT/iteration-N checkpoints.
+    Rl {
+        #[command(flatten)]
+        args: RlArgs,
     },
     /// Resolved rate, pass@1 and pass@k (unbiased), mean turns and a per-task table; writes
     /// OUT/eval.json and OUT/trajectories.jsonl.
@@ -203,6 +212,158 @@ impl AgentArgs {
             device: self.device,
             only_resolved,
             limit_tasks: self.limit_tasks,
+        }
+    }
+}
+
+/// `rl`'s options; unset ones take `RlDefaults::for_tasks` (stage 1, or the toy's).
+#[derive(clap::Args)]
+struct RlArgs {
+    /// Starting model folder or `preset:NAME` (`preset:toy` for `builtin:toy`).
+    #[arg(long)]
+    model: PathBuf,
+    /// Task file or `builtin:NAME` (python-bugs, toy).
+    #[arg(long)]
+    tasks: String,
+    #[arg(long)]
+    out: PathBuf,
+    #[arg(long)]
+    iterations: Option<usize>,
+    #[arg(long)]
+    tasks_per_iteration: Option<usize>,
+    /// Rollouts per task (G).
+    #[arg(long)]
+    group: Option<usize>,
+    /// Trajectories per optimizer step (several steps per iteration).
+    #[arg(long)]
+    batch_size: Option<usize>,
+    #[arg(long)]
+    lr: Option<f64>,
+    #[arg(long)]
+    warmup_steps: Option<u64>,
+    #[arg(long, default_value_t = 0.1)]
+    weight_decay: f32,
+    /// Global gradient-norm clipping (0: off).
+    #[arg(long, default_value_t = 1.0)]
+    grad_clip: f64,
+    #[arg(long, default_value_t = 0.2)]
+    eps_low: f32,
+    /// Upper clip range (stage 1: 0.3; stage 2: 0.26).
+    #[arg(long)]
+    eps_high: Option<f32>,
+    #[arg(long)]
+    tis_cap: Option<f32>,
+    #[arg(long)]
+    max_turns: Option<usize>,
+    #[arg(long)]
+    turn_threshold: Option<usize>,
+    /// Context limit per episode (131072 with a YaRN model: stage 2).
+    #[arg(long)]
+    max_context: Option<usize>,
+    #[arg(long)]
+    max_turn_tokens: Option<usize>,
+    #[arg(long, default_value_t = 16384)]
+    observation_bytes: usize,
+    #[arg(long, default_value = "local")]
+    env: EnvKind,
+    #[arg(long, default_value_t = 120)]
+    command_timeout: u64,
+    #[arg(long, default_value_t = 8192)]
+    sandbox_memory_mb: u64,
+    #[arg(long, default_value_t = 512)]
+    sandbox_processes: u64,
+    #[arg(long)]
+    sandbox_bind: Vec<PathBuf>,
+    #[arg(long, default_value = "python:3.11-slim")]
+    image: String,
+    #[arg(long)]
+    concurrency: Option<usize>,
+    #[arg(long, default_value_t = 0)]
+    seed: u64,
+    /// Checkpoint every N iterations (and after the last).
+    #[arg(long, default_value_t = 10)]
+    save_every: usize,
+    /// Continue from OUT's latest iteration checkpoint.
+    #[arg(long)]
+    resume: bool,
+    /// First collect K rollouts per task with the base model and RFT on the resolved ones.
+    #[arg(long)]
+    rft_first: Option<usize>,
+    /// Skip the RFT phase the toy schedule has.
+    #[arg(long)]
+    no_rft_first: bool,
+    #[arg(long)]
+    rft_lr: Option<f64>,
+    #[arg(long, default_value_t = 1)]
+    rft_epochs: usize,
+    #[arg(long, default_value_t = 16384)]
+    micro_batch_tokens: usize,
+    /// Sample from a running swerve-serve (http://HOST:PORT), reloaded after each iteration.
+    #[arg(long)]
+    server: Option<String>,
+    #[arg(long)]
+    api_key: Option<String>,
+    /// Where the trainer and the engine run.
+    #[arg(long, default_value = "auto")]
+    device: DeviceChoice,
+}
+
+impl RlArgs {
+    fn options(&self) -> RlOptions {
+        let d = RlDefaults::for_tasks(&self.tasks);
+        let episode = EpisodeConfig {
+            max_turns: self.max_turns.unwrap_or(d.max_turns),
+            turn_threshold: self.turn_threshold.unwrap_or(d.turn_threshold),
+            max_context: self.max_context.unwrap_or(65_536),
+            max_turn_tokens: self.max_turn_tokens.unwrap_or(d.max_turn_tokens),
+            observation_bytes: self.observation_bytes,
+        };
+        RlOptions {
+            agent: AgentRunOptions {
+                model: Some(self.model.clone()),
+                tasks: self.tasks.clone(),
+                out: self.out.clone(),
+                group: self.group.unwrap_or(d.group),
+                episode,
+                max_context: self.max_context,
+                env: self.env,
+                limits: Limits {
+                    command_timeout: std::time::Duration::from_secs(self.command_timeout.max(1)),
+                    memory_bytes: self.sandbox_memory_mb << 20,
+                    processes: self.sandbox_processes,
+                    ..Limits::default()
+                },
+                sandbox_binds: self.sandbox_bind.clone(),
+                docker_image: self.image.clone(),
+                concurrency: self.concurrency.unwrap_or(d.concurrency),
+                seed: self.seed,
+                policy: "model".into(),
+                server: self.server.clone(),
+                api_key: self.api_key.clone(),
+                device: self.device,
+                only_resolved: false,
+                limit_tasks: None,
+            },
+            iterations: self.iterations.unwrap_or(d.iterations),
+            tasks_per_iteration: self.tasks_per_iteration.unwrap_or(d.tasks_per_iteration),
+            batch_size: self.batch_size.unwrap_or(d.batch_size),
+            lr: self.lr.unwrap_or(d.lr),
+            warmup_steps: self.warmup_steps.unwrap_or(d.warmup_steps),
+            weight_decay: self.weight_decay,
+            grad_clip: (self.grad_clip > 0.0).then_some(self.grad_clip),
+            eps_low: self.eps_low,
+            eps_high: self.eps_high.unwrap_or(d.eps_high),
+            tis_cap: self.tis_cap,
+            micro_batch_tokens: self.micro_batch_tokens,
+            save_every: self.save_every,
+            resume: self.resume,
+            rft_first: if self.no_rft_first {
+                None
+            } else {
+                self.rft_first.or(d.rft_first)
+            },
+            rft_lr: self.rft_lr.unwrap_or(d.rft_lr),
+            rft_epochs: self.rft_epochs,
         }
     }
 }
@@ -374,6 +535,15 @@ fn main() -> Result<()> {
             only_resolved,
         } => {
             run_agent(&args.options(only_resolved), "rollout")?;
+        }
+        Command::Rl { args } => {
+            let options = args.options();
+            let (backend, line) = select(args.device)?;
+            eprintln!("{line}");
+            match backend {
+                Selected::Cpu(b) => swerve::rl::run(&b, &options)?,
+                Selected::Cuda(b) => swerve::rl::run(&*b, &options)?,
+            }
         }
         Command::Eval { args } => {
             run_agent(&args.options(false), "eval")?;

@@ -76,6 +76,8 @@ pub struct CommandOutput {
     /// Bytes of output dropped from the middle.
     pub omitted_bytes: u64,
     pub elapsed: Duration,
+    /// The environment ends the episode here, as a `submit` would (the toy's winning guess).
+    pub ends_episode: bool,
 }
 
 impl CommandOutput {

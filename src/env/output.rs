@@ -161,6 +161,7 @@ pub fn run_captured(
         output_overflow: killed_for_output,
         omitted_bytes,
         elapsed: started.elapsed(),
+        ends_episode: false,
     })
 }
 

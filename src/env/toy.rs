@@ -3,13 +3,15 @@
 //! real scaffold, tool-call parser, engine and trainer (`--tasks builtin:toy`).
 //!
 //! ```text
-//!   bash "guess N"  ->  "higher" | "lower" | "correct"     (exit 0)
+//!   bash "guess N"  ->  "higher" | "lower" | "correct"     (exit 0; "correct" ends the
+//!                                                          episode, as a submit would)
 //!   bash "check"    ->  exit 0 when the last guess was the hidden number (grading)
 //!   anything else   ->  a usage message, exit 2
 //! ```
 //!
 //! The observations matter: after one guess, "higher" or "lower" halves what is left, and the
-//! turn penalty rewards finding the number in fewer guesses.
+//! turn penalty rewards finding the number in fewer guesses. (`submit` before the number is
+//! found is graded unresolved.)
 
 use super::{CommandOutput, Environment, Limits, RepoSource, Sandbox, Task};
 use anyhow::{bail, Result};
@@ -111,6 +113,7 @@ impl Sandbox for ToySandbox {
         let started = Instant::now();
         let (output, code) = self.answer(command);
         Ok(CommandOutput {
+            ends_episode: output == "correct",
             output,
             exit_code: Some(code),
             elapsed: started.elapsed(),

@@ -128,6 +128,11 @@ fn write_contents(
 /// The checkpoint `--resume` continues from: the folder under `out` named `step-N` with the
 /// largest `N` that holds a trainer state.
 pub fn latest(out: &Path) -> Result<Option<PathBuf>> {
+    latest_named(out, "step-")
+}
+
+/// The folder under `out` named `PREFIX` + N with the largest N that holds a trainer state.
+pub fn latest_named(out: &Path, prefix: &str) -> Result<Option<PathBuf>> {
     let Ok(entries) = std::fs::read_dir(out) else {
         return Ok(None);
     };
@@ -137,7 +142,7 @@ pub fn latest(out: &Path) -> Result<Option<PathBuf>> {
         let step = path
             .file_name()
             .and_then(|n| n.to_str())
-            .and_then(|n| n.strip_prefix("step-"))
+            .and_then(|n| n.strip_prefix(prefix))
             .and_then(|n| n.parse::<u64>().ok());
         if let Some(step) = step {
             if path.join("trainer_state.json").is_file() && best.as_ref().is_none_or(|b| step > b.0)

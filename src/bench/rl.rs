@@ -1,0 +1,158 @@
+//! `swerve-bench rl`: what one RL iteration costs on a preset model, and the in-memory weight
+//! handoff from the trainer to the engine against the size of the weights.
+//!
+//! ```text
+//!   handoff:    trainer compute weights -> host -> engine (prefix cache reset, version + 1),
+//!               timed `reps` times: seconds and GB/s of weights moved
+//!   iteration:  `swerve-train rl` for one iteration on built-in Python tasks through the local
+//!               sandbox (the model is random, so its turns are format errors: the point is
+//!               the time split), read back from iterations.jsonl
+//! ```
+
+use crate::agent::command::AgentRunOptions;
+use crate::agent::episode::EpisodeConfig;
+use crate::backend::grad::BackendGrad;
+use crate::backend::DeviceChoice;
+use crate::engine::launch::{launch_engine, EngineLaunch};
+use crate::env::{EnvKind, Limits};
+use crate::rl::RlOptions;
+use crate::train::learner::Learner;
+use crate::train::optimizer::AdamWConfig;
+use anyhow::{Context, Result};
+use serde_json::{json, Value};
+use std::path::Path;
+use std::time::Instant;
+
+pub struct RlBenchOptions {
+    pub preset: String,
+    pub device: DeviceChoice,
+    pub reps: usize,
+    pub tasks_per_iteration: usize,
+    pub group: usize,
+    pub max_turns: usize,
+    pub max_turn_tokens: usize,
+    pub max_context: usize,
+}
+
+/// Runs both measurements on `backend` (the trainer's); the engine gets its own on `device`.
+pub fn run<B: BackendGrad>(backend: &B, options: &RlBenchOptions, work: &Path) -> Result<Value> {
+    let model_arg = std::path::PathBuf::from(format!("preset:{}", options.preset));
+    let model_dir = crate::model::synthetic::resolve_model_arg(&model_arg, work)?;
+    let config = crate::config::ModelConfig::from_dir(&model_dir)?;
+
+    // Handoff.
+    let learner = Learner::new(backend, &model_dir, AdamWConfig::default(), 8192, true)?;
+    let engine = launch_engine(&EngineLaunch {
+        model: model_dir.clone(),
+        device: options.device,
+        max_model_len: options.max_context.min(config.max_context()),
+        kv_cache_fraction: 0.5,
+        num_kv_blocks: Some(64),
+        max_num_seqs: 4,
+        max_num_batched_tokens: 2048,
+        seed: 0,
+    })?;
+    let params = config.num_parameters();
+    let mut seconds = Vec::new();
+    for _ in 0..options.reps.max(1) {
+        let started = Instant::now();
+        engine.update_weights_from(learner.compute_weights()?)?;
+        seconds.push(started.elapsed().as_secs_f64());
+    }
+    drop(engine);
+    drop(learner);
+    seconds.sort_by(f64::total_cmp);
+    let median = seconds[seconds.len() / 2];
+    // What the engine holds: bf16 on a GPU, f32 on the CPU reference.
+    let engine_bytes = params
+        * if options.device == DeviceChoice::Cpu {
+            4
+        } else {
+            2
+        };
+    println!(
+        "handoff: {} parameters ({:.2} GB in the engine), median {:.3} s of {} -> {:.2} GB/s",
+        params,
+        engine_bytes as f64 / 1e9,
+        median,
+        seconds.len(),
+        engine_bytes as f64 / 1e9 / median
+    );
+
+    // One iteration.
+    let out = work.join("rl-iteration");
+    let _ = std::fs::remove_dir_all(&out);
+    let rl = RlOptions {
+        agent: AgentRunOptions {
+            model: Some(model_dir.clone()),
+            tasks: "builtin:python-bugs".into(),
+            out: out.clone(),
+            group: options.group,
+            episode: EpisodeConfig {
+                max_turns: options.max_turns,
+                turn_threshold: 10,
+                max_context: options.max_context,
+                max_turn_tokens: options.max_turn_tokens,
+                observation_bytes: 16 * 1024,
+            },
+            max_context: Some(options.max_context.min(config.max_context())),
+            env: EnvKind::Local,
+            limits: Limits::default(),
+            sandbox_binds: Vec::new(),
+            docker_image: String::new(),
+            concurrency: options.tasks_per_iteration * options.group,
+            seed: 0,
+            policy: "model".into(),
+            server: None,
+            api_key: None,
+            device: options.device,
+            only_resolved: false,
+            limit_tasks: None,
+        },
+        iterations: 1,
+        tasks_per_iteration: options.tasks_per_iteration,
+        batch_size: 8,
+        lr: 1e-6,
+        warmup_steps: 0,
+        weight_decay: 0.1,
+        grad_clip: Some(1.0),
+        eps_low: 0.2,
+        eps_high: 0.3,
+        tis_cap: None,
+        micro_batch_tokens: 16384,
+        save_every: 0,
+        resume: false,
+        rft_first: None,
+        rft_lr: 5e-6,
+        rft_epochs: 1,
+    };
+    let started = Instant::now();
+    crate::rl::run(backend, &rl)?;
+    let wall = started.elapsed().as_secs_f64();
+    let text = std::fs::read_to_string(out.join("iterations.jsonl"))
+        .with_context(|| format!("reading {}", out.display()))?;
+    let line: Value = serde_json::from_str(text.lines().next().unwrap_or("{}"))?;
+    let t = &line["time_s"];
+    println!(
+        "iteration ({} tasks x {} rollouts, {} turns of at most {} tokens): {:.2} s wall; rollout {:.2} s (environment {:.2} s and grading {:.2} s summed over episodes), training {:.2} s, handoff {:.3} s",
+        options.tasks_per_iteration,
+        options.group,
+        options.max_turns,
+        options.max_turn_tokens,
+        wall,
+        t["rollout"].as_f64().unwrap_or(0.0),
+        t["environment"].as_f64().unwrap_or(0.0),
+        t["grading"].as_f64().unwrap_or(0.0),
+        t["training"].as_f64().unwrap_or(0.0),
+        t["handoff"].as_f64().unwrap_or(0.0),
+    );
+    Ok(json!({
+        "bench": "rl",
+        "preset": options.preset,
+        "handoff_s": median,
+        "handoff_gb_per_s": engine_bytes as f64 / 1e9 / median,
+        "weights_gb": engine_bytes as f64 / 1e9,
+        "iteration_wall_s": wall,
+        "iteration_time_s": t,
+    }))
+}
