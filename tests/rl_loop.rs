@@ -54,15 +54,15 @@ fn the_toy_is_learned_and_the_logprob_gap_is_zero() {
         "0",
     ]);
     let iterations = lines(&out.join("iterations.jsonl"));
+    // The RFT phase's rollouts are the random base model's.
+    assert_eq!(iterations[0]["phase"], "rft");
+    let base = iterations[0]["resolved_rate"].as_f64().unwrap();
+    assert!(base > 0.0 && base < 0.5, "the random model resolves {base}");
     let dapo: Vec<&Value> = iterations.iter().filter(|l| l["phase"] == "dapo").collect();
     let resolved: Vec<f64> = dapo
         .iter()
         .map(|l| l["resolved_rate"].as_f64().unwrap())
         .collect();
-    assert!(
-        resolved[0] < 0.3,
-        "the random model already solves it: {resolved:?}"
-    );
     let best_late = resolved[resolved.len() - 10..]
         .iter()
         .cloned()
@@ -75,8 +75,6 @@ fn the_toy_is_learned_and_the_logprob_gap_is_zero() {
     for line in &iterations {
         assert_eq!(line["logprob_gap_max"].as_f64(), Some(0.0), "{line}");
     }
-    // The RFT phase came first and the weights moved on every iteration that kept trajectories.
-    assert_eq!(iterations[0]["phase"], "rft");
     let png = std::fs::read(out.join("reward.png")).unwrap();
     assert_eq!(&png[..4], b"\x89PNG");
     let metrics = lines(&out.join("metrics.jsonl"));

@@ -269,6 +269,7 @@ pub fn run<B: BackendGrad>(backend: &B, options: &RlOptions) -> Result<()> {
     let metrics_path = agent.out.join("metrics.jsonl");
     let mut first_iteration = 1;
     let mut step = 0u64;
+    let mut resumed_version = 0u64;
     let mut rft_done = options.rft_first.is_none();
     if options.resume {
         if let Some(dir) = checkpoint::latest_named(&agent.out, "iteration-")? {
@@ -277,6 +278,7 @@ pub fn run<B: BackendGrad>(backend: &B, options: &RlOptions) -> Result<()> {
                 .as_u64()
                 .context("trainer_state.json: no iteration")? as usize;
             step = state["step"].as_u64().unwrap_or(0);
+            resumed_version = state["weight_version"].as_u64().unwrap_or(0);
             first_iteration = done + 1;
             rft_done = true;
             keep_lines(&iterations_path, "iteration", done as u64)?;
@@ -311,10 +313,12 @@ pub fn run<B: BackendGrad>(backend: &B, options: &RlOptions) -> Result<()> {
         })?)),
     };
     let env = environment_for(&tasks, agent)?;
-    let mut weight_version = 0;
+    // The policy's version: weight updates handed to the rollouts since the base model (the
+    // engine's own counter restarts with the process; this one is checkpointed).
+    let mut weight_version = resumed_version;
     if first_iteration > 1 {
         // The engine starts from the base model: hand it the resumed weights.
-        weight_version = handoff(&learner, &sampler, &model_dir, &agent.out)?.0;
+        handoff(&learner, &sampler, &model_dir, &agent.out)?;
     }
     let engine_policy;
     let policy: &dyn Policy = match &sampler {
@@ -391,8 +395,8 @@ pub fn run<B: BackendGrad>(backend: &B, options: &RlOptions) -> Result<()> {
             }
         }
         let training_s = train_started.elapsed().as_secs_f64();
-        let (version, handoff_s) = handoff(&learner, &sampler, &model_dir, &agent.out)?;
-        weight_version = version;
+        let handoff_s = handoff(&learner, &sampler, &model_dir, &agent.out)?;
+        weight_version += 1;
         let line = iteration_line(
             0,
             "rft",
@@ -405,7 +409,7 @@ pub fn run<B: BackendGrad>(backend: &B, options: &RlOptions) -> Result<()> {
         );
         append_line(&iterations_path, &line)?;
         history.push(line);
-        checkpoint_iteration(&learner, &model_dir, &agent.out, 0, step)?;
+        checkpoint_iteration(&learner, &model_dir, &agent.out, 0, step, weight_version)?;
     }
 
     for iteration in first_iteration..=options.iterations {
@@ -464,12 +468,12 @@ pub fn run<B: BackendGrad>(backend: &B, options: &RlOptions) -> Result<()> {
             append_step(&metrics_path, step, iteration, report.metrics)?;
         }
         let training_s = train_started.elapsed().as_secs_f64();
-        let (version, handoff_s) = if kept.is_empty() {
-            (weight_version, 0.0)
+        let handoff_s = if kept.is_empty() {
+            0.0
         } else {
+            weight_version += 1;
             handoff(&learner, &sampler, &model_dir, &agent.out)?
         };
-        weight_version = version;
         let line = iteration_line(
             iteration,
             "dapo",
@@ -499,7 +503,14 @@ pub fn run<B: BackendGrad>(backend: &B, options: &RlOptions) -> Result<()> {
         if options.save_every > 0
             && (iteration % options.save_every == 0 || iteration == options.iterations)
         {
-            checkpoint_iteration(&learner, &model_dir, &agent.out, iteration, step)?;
+            checkpoint_iteration(
+                &learner,
+                &model_dir,
+                &agent.out,
+                iteration,
+                step,
+                weight_version,
+            )?;
         }
     }
     Ok(())
@@ -560,21 +571,22 @@ fn handoff<B: BackendGrad>(
     sampler: &Sampler,
     model_dir: &Path,
     out: &Path,
-) -> Result<(u64, f64)> {
+) -> Result<f64> {
     let started = Instant::now();
-    let version = match sampler {
-        Sampler::Engine(handle) => handle.update_weights_from(learner.compute_weights()?)?,
+    match sampler {
+        Sampler::Engine(handle) => {
+            handle.update_weights_from(learner.compute_weights()?)?;
+        }
         Sampler::Server { policy, url } => {
             // A separate server reads weights from disk: an HF folder it can load.
             let dir = out.join("handoff");
             learner.save(model_dir, &dir, &json!({"handoff": true}))?;
-            let answer = policy
+            policy
                 .post_json("/v1/weights/reload", &json!({"path": dir}))
                 .with_context(|| format!("reloading {url} with {}", dir.display()))?;
-            answer["weight_version"].as_u64().unwrap_or(0)
         }
-    };
-    Ok((version, started.elapsed().as_secs_f64()))
+    }
+    Ok(started.elapsed().as_secs_f64())
 }
 
 fn checkpoint_iteration<B: BackendGrad>(
@@ -583,13 +595,11 @@ fn checkpoint_iteration<B: BackendGrad>(
     out: &Path,
     iteration: usize,
     step: u64,
+    weight_version: u64,
 ) -> Result<PathBuf> {
     let dir = out.join(format!("iteration-{iteration:06}"));
-    learner.save(
-        model_dir,
-        &dir,
-        &json!({"iteration": iteration, "step": step, "updates": learner.updates()}),
-    )?;
+    let state = json!({"iteration": iteration, "step": step, "updates": learner.updates(), "weight_version": weight_version});
+    learner.save(model_dir, &dir, &state)?;
     Ok(dir)
 }
 
