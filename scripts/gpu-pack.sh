@@ -56,6 +56,21 @@ cp -r tests/fixtures/*/ "$stage/tests/fixtures/"
 mkdir -p "$stage/assets" && cp -r assets/qwen2.5 "$stage/assets/"
 cp bench/peers/*.py "$stage/peers/"
 cp scripts/gpu-run.sh "$stage/run.sh"
+# bubblewrap for the agent sandbox (the GPU hosts have none and no network): the binary, the
+# shared libraries it needs beyond glibc, and a wrapper that finds them.
+if command -v bwrap >/dev/null 2>&1; then
+  mkdir -p "$stage/sandbox/lib"
+  cp "$(command -v bwrap)" "$stage/sandbox/bwrap.bin"
+  for lib in $(ldd "$(command -v bwrap)" | awk '/=>/ {print $3}' | grep -v -E 'libc\.so|ld-linux'); do
+    cp -L "$lib" "$stage/sandbox/lib/"
+  done
+  cat >"$stage/sandbox/bwrap" <<'WRAP'
+#!/bin/sh
+here=$(dirname "$(readlink -f "$0")")
+LD_LIBRARY_PATH="$here/lib" exec "$here/bwrap.bin" "$@"
+WRAP
+  chmod 755 "$stage/sandbox/bwrap"
+fi
 git rev-parse HEAD >"$stage/COMMIT" 2>/dev/null || echo unknown >"$stage/COMMIT"
 if [ -n "$(git status --porcelain 2>/dev/null)" ]; then echo "(with uncommitted changes)" >>"$stage/COMMIT"; fi
 cp "$stage/COMMIT" .gpu/COMMIT

@@ -48,6 +48,11 @@ log "libcuda: $(ldconfig -p 2>/dev/null | grep -m1 'libcuda.so' | awk '{print $N
 log "LD_LIBRARY_PATH=${LD_LIBRARY_PATH:-}"
 
 export SWERVE_ROOT="$here" SWERVE_BIN_DIR="$here/bin" RUST_BACKTRACE=1
+# The packed bubblewrap, for agent rollouts, when the host has none.
+if ! command -v bwrap >/dev/null 2>&1 && [ -x "$here/sandbox/bwrap" ]; then
+  chmod 755 "$here" "$here/sandbox" "$here/sandbox/lib" 2>/dev/null
+  export PATH="$here/sandbox:$PATH"
+fi
 failed=0
 wanted() {
   [ ${#patterns[@]} -eq 0 ] && return 0
@@ -78,6 +83,9 @@ for exe in "$here"/tests/*; do
   fi
   step "test-$(basename "$exe")" "$exe" --include-ignored --test-threads=1
 done
+step rl-toy timeout 300 "$here/bin/swerve-train" rl --model preset:toy --tasks builtin:toy --out "$out/rl-toy" --device cuda
+step rollout-oracle timeout 120 "$here/bin/swerve-train" rollout --tasks builtin:python-bugs --policy oracle --group 1 --out "$out/rollout-oracle"
+step bench-rl timeout 300 "$here/bin/swerve-bench" rl --device cuda --jsonl "$out/swerve.jsonl"
 step bench-kernels "$here/bin/swerve-bench" kernels --jsonl "$out/swerve.jsonl"
 step bench-prefill "$here/bin/swerve-bench" prefill --jsonl "$out/swerve.jsonl"
 step bench-agent timeout 400 "$here/bin/swerve-bench" agent --preset qwen2.5-0.5b --tasks 4 --group 10 --max-context 16384 --http --jsonl "$out/swerve.jsonl"

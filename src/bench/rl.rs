@@ -45,7 +45,7 @@ pub fn run<B: BackendGrad>(backend: &B, options: &RlBenchOptions, work: &Path) -
     let engine = launch_engine(&EngineLaunch {
         model: model_dir.clone(),
         device: options.device,
-        max_model_len: options.max_context.min(config.max_context()),
+        max_model_len: 256,
         kv_cache_fraction: 0.5,
         num_kv_blocks: Some(64),
         max_num_seqs: 4,
