@@ -15,7 +15,8 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 
 fn pinned_version() -> String {
-    let text = std::fs::read_to_string(common::root().join("tests/requirements-serve.txt")).unwrap();
+    let text =
+        std::fs::read_to_string(common::root().join("tests/requirements-serve.txt")).unwrap();
     text.lines()
         .find_map(|l| l.trim().strip_prefix("openai=="))
         .expect("tests/requirements-serve.txt pins openai")
@@ -56,7 +57,14 @@ fn python_with_openai() -> PathBuf {
         String::from_utf8_lossy(&made.stderr)
     );
     let installed = Command::new(&python)
-        .args(["-m", "pip", "install", "--quiet", "--disable-pip-version-check", "-r"])
+        .args([
+            "-m",
+            "pip",
+            "install",
+            "--quiet",
+            "--disable-pip-version-check",
+            "-r",
+        ])
         .arg(common::root().join("tests/requirements-serve.txt"))
         .output()
         .unwrap();
@@ -67,7 +75,11 @@ fn python_with_openai() -> PathBuf {
         fix,
         String::from_utf8_lossy(&installed.stderr)
     );
-    assert!(imports_openai(&python, &version), "{} cannot import openai {version} after installing it", python.display());
+    assert!(
+        imports_openai(&python, &version),
+        "{} cannot import openai {version} after installing it",
+        python.display()
+    );
     python
 }
 
