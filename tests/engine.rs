@@ -476,3 +476,49 @@ fn the_handle_streams_aborts_reloads_and_frees_everything() {
     }
     panic!("blocks still in use: {:?}", handle.stats().unwrap());
 }
+
+#[test]
+fn a_released_kv_cache_comes_back_on_the_next_request_with_the_same_results() {
+    let mut engine = Engine::new(
+        CpuBackend::new(),
+        model(&CpuBackend::new()),
+        EngineConfig::for_model(128, 64),
+    )
+    .unwrap();
+    let mut finish = |engine: &mut Engine<CpuBackend>, request: GenerationRequest| {
+        let id = engine.add_request(request).unwrap();
+        let mut record = None;
+        while engine.has_unfinished() {
+            for event in engine.step().unwrap() {
+                if let EngineEvent::Finished(r) = event {
+                    if r.id == id {
+                        record = Some(r);
+                    }
+                }
+            }
+        }
+        record.unwrap()
+    };
+    let prompt: Vec<u32> = (1..40).collect();
+    let before = finish(&mut engine, greedy(prompt.clone(), 12));
+    // Refused while a request is in flight.
+    let id = engine.add_request(greedy(prompt.clone(), 4)).unwrap();
+    assert!(engine.release_kv_cache().is_err());
+    engine.abort(id);
+    while engine.has_unfinished() {
+        engine.step().unwrap();
+    }
+    let freed = engine.release_kv_cache().unwrap();
+    // 64 blocks x 16 tokens x K and V of every layer.
+    let config = &engine.model.config;
+    assert_eq!(
+        freed,
+        64 * 16 * 2 * config.num_hidden_layers * config.num_key_value_heads * config.head_dim
+    );
+    assert_eq!(engine.release_kv_cache().unwrap(), 0);
+    let after = finish(&mut engine, greedy(prompt, 12));
+    assert_eq!(before.output_tokens, after.output_tokens);
+    assert_eq!(before.logprobs, after.logprobs);
+    // The prefix cache went with the memory: nothing was served from it.
+    assert_eq!(after.usage.cached_tokens, 0);
+}

@@ -281,6 +281,9 @@ pub trait Backend {
     }
     /// Drops captured graphs: the weights (or cache) they read may be gone.
     fn reset_graphs(&self) {}
+    /// Gives memory the backend keeps cached for reuse back to the system (after a large free,
+    /// such as a released KV cache, so another user of the device can have it).
+    fn release_cached_memory(&self) {}
 }
 
 /// Where a command runs its model: `auto` (the GPU when there is one, else the CPU), `cpu`, or

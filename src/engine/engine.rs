@@ -117,6 +117,9 @@ pub struct Engine<B: Backend> {
     pub backend: B,
     pub model: Qwen2Model<B>,
     kv: PagedKv<B::Tensor>,
+    /// The KV cache's memory is given back (while a colocated trainer runs); the next step that
+    /// has work allocates it again.
+    kv_released: bool,
     scheduler: Scheduler,
     config: EngineConfig,
     next_id: RequestId,
@@ -159,6 +162,7 @@ impl<B: Backend> Engine<B> {
             backend,
             model,
             kv,
+            kv_released: false,
             scheduler,
             config,
             next_id: 1,
@@ -301,7 +305,59 @@ impl<B: Backend> Engine<B> {
 
     /// Runs one step: plans it, computes every scheduled token, samples for every request that
     /// caught up, and returns the tokens and the finished requests.
+    /// Frees the KV cache's memory (the RL loop does, while its trainer runs on the same
+    /// device). Refused with requests in flight. The prefix cache is emptied; the next step
+    /// with work (or [`Engine::restore_kv_cache`]) allocates the cache again. Returns the number
+    /// of K and V elements freed.
+    pub fn release_kv_cache(&mut self) -> Result<usize> {
+        ensure!(
+            !self.scheduler.has_work(),
+            "the KV cache cannot be released with {} requests running and {} waiting",
+            self.scheduler.num_running(),
+            self.scheduler.num_waiting()
+        );
+        if self.kv_released {
+            return Ok(0);
+        }
+        let elements = self
+            .kv
+            .layers
+            .iter()
+            .map(|(k, v)| {
+                self.backend.shape(k).iter().product::<usize>()
+                    + self.backend.shape(v).iter().product::<usize>()
+            })
+            .sum::<usize>();
+        // Captured graphs read the cache's memory.
+        self.backend.reset_graphs();
+        self.kv = PagedKv {
+            num_blocks: 0,
+            block_size: self.config.block_size,
+            layers: Vec::new(),
+        };
+        self.backend.release_cached_memory();
+        self.scheduler.kv.reset_prefix_cache();
+        self.kv_released = true;
+        Ok(elements)
+    }
+
+    /// Allocates the KV cache again after [`Engine::release_kv_cache`] (no-op otherwise).
+    pub fn restore_kv_cache(&mut self) -> Result<()> {
+        if self.kv_released {
+            self.kv = self.model.new_paged_kv(
+                &self.backend,
+                self.config.num_blocks,
+                self.config.block_size,
+            )?;
+            self.kv_released = false;
+        }
+        Ok(())
+    }
+
     pub fn step(&mut self) -> Result<Vec<EngineEvent>> {
+        if self.kv_released && self.scheduler.has_work() {
+            self.restore_kv_cache()?;
+        }
         let started = Instant::now();
         let plan = self.scheduler.schedule();
         let mut events: Vec<EngineEvent> = Vec::new();

@@ -44,6 +44,8 @@ enum Command {
     Abort(RequestId),
     UpdateWeights(PathBuf, Sender<Result<u64>>),
     UpdateWeightsFrom(Box<Qwen2Params<HostTensor<'static>>>, Sender<Result<u64>>),
+    ReleaseKv(Sender<Result<usize>>),
+    RestoreKv(Sender<Result<()>>),
     Stats(Sender<EngineStats>),
     PromptLogprobs(Vec<u32>, usize, Sender<Result<PromptLogprobs>>),
     Pause,
@@ -162,6 +164,21 @@ impl EngineHandle {
         rx.recv().map_err(|_| anyhow!("the engine has stopped"))?
     }
 
+    /// Frees the KV cache's memory between steps (refused with requests in flight); the next
+    /// request allocates it again. Returns the K and V elements freed.
+    pub fn release_kv_cache(&self) -> Result<usize> {
+        let (tx, rx) = channel();
+        self.send(Command::ReleaseKv(tx))?;
+        rx.recv().map_err(|_| anyhow!("the engine has stopped"))?
+    }
+
+    /// Allocates the KV cache again after [`EngineHandle::release_kv_cache`].
+    pub fn restore_kv_cache(&self) -> Result<()> {
+        let (tx, rx) = channel();
+        self.send(Command::RestoreKv(tx))?;
+        rx.recv().map_err(|_| anyhow!("the engine has stopped"))?
+    }
+
     pub fn stats(&self) -> Result<EngineStats> {
         let (tx, rx) = channel();
         self.send(Command::Stats(tx))?;
@@ -226,6 +243,12 @@ fn run<B: Backend>(mut engine: Engine<B>, inbox: Receiver<Command>) {
                 }
                 Command::UpdateWeightsFrom(host, reply) => {
                     let _ = reply.send(engine.update_weights_from_host(&host));
+                }
+                Command::ReleaseKv(reply) => {
+                    let _ = reply.send(engine.release_kv_cache());
+                }
+                Command::RestoreKv(reply) => {
+                    let _ = reply.send(engine.restore_kv_cache());
                 }
                 Command::Stats(reply) => {
                     let _ = reply.send(engine.stats());

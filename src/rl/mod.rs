@@ -9,6 +9,7 @@
 //!     logp_old = the trainer's own logprobs under the rollout weights (the gap to the
 //!                sampler's logprobs is measured: the same backend promises 0)
 //!     DAPO: optimizer steps over the kept trajectories in batches of --batch-size
+//!     (the engine's KV cache is released while the trainer runs, allocated again after)
 //!     handoff: the trainer's compute weights go to the engine in memory (prefix cache reset,
 //!              weight version + 1), or through /v1/weights/reload with --server
 //!     iterations.jsonl, metrics.jsonl, reward.png; a checkpoint every --save-every
@@ -448,6 +449,10 @@ pub fn run<B: BackendGrad>(backend: &B, options: &RlOptions) -> Result<()> {
             .map(|(t, &a)| TrainSequence::from_trajectory(t, a))
             .collect();
         let train_started = Instant::now();
+        // The engine's KV cache gives its memory to the trainer while it runs.
+        if let Sampler::Engine(handle) = &sampler {
+            handle.release_kv_cache()?;
+        }
         let refs: Vec<&TrainSequence> = kept.iter().collect();
         // logp_old: the trainer's logprobs under the weights that produced the rollouts.
         let olds = learner.logprobs(&refs)?;
@@ -474,6 +479,11 @@ pub fn run<B: BackendGrad>(backend: &B, options: &RlOptions) -> Result<()> {
             weight_version += 1;
             handoff(&learner, &sampler, &model_dir, &agent.out)?
         };
+        let restore_started = Instant::now();
+        if let Sampler::Engine(handle) = &sampler {
+            handle.restore_kv_cache()?;
+        }
+        let kv_restore_s = restore_started.elapsed().as_secs_f64();
         let line = iteration_line(
             iteration,
             "dapo",
@@ -481,7 +491,7 @@ pub fn run<B: BackendGrad>(backend: &B, options: &RlOptions) -> Result<()> {
             kept.len(),
             action_tokens,
             gap,
-            &json!({"rollout": rollout_s, "environment": env_time(&episodes), "grading": grade_time(&episodes), "training": training_s, "handoff": handoff_s}),
+            &json!({"rollout": rollout_s, "environment": env_time(&episodes), "grading": grade_time(&episodes), "training": training_s, "handoff": handoff_s, "kv_cache_restore": kv_restore_s}),
             weight_version,
         );
         append_line(&iterations_path, &line)?;

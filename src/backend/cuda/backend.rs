@@ -591,4 +591,8 @@ impl Backend for CudaBackend {
     fn reset_graphs(&self) {
         self.reset_decode_graphs();
     }
+
+    fn release_cached_memory(&self) {
+        self.pool.release_cached();
+    }
 }
