@@ -432,3 +432,100 @@ fn server_mode_gives_the_in_process_trajectories() {
         }
     }
 }
+
+#[test]
+fn the_editor_views_edits_inserts_and_undoes_inside_the_sandbox() {
+    let dir = tempfile::tempdir().unwrap();
+    let tokenizer = Tokenizer::qwen25().unwrap();
+    let template = ChatTemplate::for_tokenizer(&tokenizer).unwrap();
+    let tasks = load_tasks(&builtin::resolve_tasks("builtin:python-bugs").unwrap()).unwrap();
+    let editor = |args: Value| {
+        format!(
+            "<tool_call>\n{}\n</tool_call>",
+            json!({"name": "str_replace_editor", "arguments": args})
+        )
+    };
+    let file = "pager/core.py";
+    let replies = vec![
+        editor(json!({"command": "view", "path": "/workspace"})),
+        editor(json!({"command": "view", "path": file, "view_range": [1, 2]})),
+        editor(json!({"command": "str_replace", "path": file, "old_str": "def "})),
+        editor(json!({"command": "str_replace", "path": file, "old_str": "no such text", "new_str": "x"})),
+        editor(json!({"command": "insert", "path": file, "insert_line": 0, "new_str": "# header"})),
+        editor(json!({"command": "view", "path": file, "view_range": [1, 1]})),
+        editor(json!({"command": "undo_edit", "path": file})),
+        editor(json!({"command": "view", "path": file, "view_range": [1, 1]})),
+        editor(json!({"command": "create", "path": file, "file_text": "x"})),
+        editor(json!({"command": "create", "path": "notes/new.txt", "file_text": "hello\n"})),
+        "<tool_call>\n{\"name\": \"bash\", \"arguments\": {\"command\": \"cat notes/new.txt; ls /\"}}\n</tool_call>".to_string(),
+        editor(json!({"command": "view", "path": "/etc/shadow"})),
+    ];
+    let policy = ScriptedPolicy {
+        tokenizer: Arc::new(Tokenizer::qwen25().unwrap()),
+        script: Script::Replies(replies),
+    };
+    let env = local_env(Limits::default(), &dir.path().join("sandboxes"));
+    let config = EpisodeConfig::default();
+    let ctx = EpisodeContext {
+        env: &env,
+        policy: &policy,
+        tokenizer: &tokenizer,
+        template: &template,
+        config: &config,
+    };
+    let episode = run_episode(&ctx, &tasks[0], 0, 1);
+    assert_eq!(episode.finish, Finish::Submitted, "{:?}", episode.finish);
+    assert_eq!(episode.format_errors, 0);
+    let line = episode.to_json();
+    let results: Vec<&str> = line["messages"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|m| m["role"] == "tool")
+        .map(|m| m["content"].as_str().unwrap())
+        .collect();
+    let expect = [
+        "/workspace/pager/core.py",
+        "     1\t",
+        "Multiple occurrences of old_str `def `",
+        "did not appear verbatim",
+        "has been edited",
+        "     1\t# header",
+        "undone successfully",
+        "     1\t\"\"\"",
+        "already exists",
+        "created successfully",
+        "hello",
+        "Error",
+    ];
+    assert_eq!(results.len(), expect.len());
+    for (result, want) in results.iter().zip(expect) {
+        assert!(result.contains(want), "want {want:?} in:\n{result}");
+    }
+    // The sandbox cannot read /etc/shadow (root only; the agent runs as its own uid).
+    assert!(!results[11].contains("root:"), "{}", results[11]);
+}
+
+#[test]
+fn eval_reports_pass_at_k() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("eval");
+    train(&[
+        "eval",
+        "--tasks",
+        "builtin:python-bugs",
+        "--limit-tasks",
+        "3",
+        "--policy",
+        "oracle",
+        "--group",
+        "2",
+        "--out",
+        out.to_str().unwrap(),
+    ]);
+    let s = summary(&out, "eval");
+    assert_eq!(s["tasks"], json!(3));
+    assert_eq!(s["pass@1"], json!(1.0));
+    assert_eq!(s["pass@2"], json!(1.0));
+    assert_eq!(s["per_task"].as_array().unwrap().len(), 3);
+}

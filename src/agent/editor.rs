@@ -35,6 +35,8 @@ enum Read {
     File(String),
     Dir,
     Missing,
+    /// There, but `cat` failed (permissions): its message.
+    Unreadable(String),
 }
 
 impl Editor {
@@ -89,6 +91,7 @@ impl Editor {
                     Read::File(c) => c,
                     Read::Dir => return Ok(format!("Error: {path} is a directory; `str_replace` edits files.")),
                     Read::Missing => return Ok(format!("Error: the path {path} does not exist.")),
+                    Read::Unreadable(why) => return Ok(format!("Error: cannot read {path}: {why}")),
                 };
                 if old.is_empty() {
                     return Ok("Error: `old_str` must not be empty.".into());
@@ -131,6 +134,7 @@ impl Editor {
                     Read::File(c) => c,
                     Read::Dir => return Ok(format!("Error: {path} is a directory; `insert` edits files.")),
                     Read::Missing => return Ok(format!("Error: the path {path} does not exist.")),
+                    Read::Unreadable(why) => return Ok(format!("Error: cannot read {path}: {why}")),
                 };
                 let lines: Vec<&str> = content.split_inclusive('\n').collect();
                 if line < 0 || line as usize > lines.len() {
@@ -175,6 +179,7 @@ impl Editor {
     fn view(&self, io: &mut SandboxFiles<'_>, path: &str, range: Option<&Value>) -> Result<String> {
         match io.read(path)? {
             Read::Missing => Ok(format!("Error: the path {path} does not exist.")),
+            Read::Unreadable(why) => Ok(format!("Error: cannot read {path}: {why}")),
             Read::Dir => {
                 if range.is_some_and(|r| !r.is_null()) {
                     return Ok("Error: `view_range` only applies to files.".into());
@@ -273,6 +278,9 @@ impl SandboxFiles<'_> {
                     self.timeout,
                     MAX_FILE_BYTES,
                 )?;
+                if !out.success() {
+                    return Ok(Read::Unreadable(out.output.trim().to_string()));
+                }
                 if out.omitted_bytes > 0 {
                     // Editing a shortened copy would write the shortening back.
                     anyhow::bail!(
