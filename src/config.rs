@@ -164,21 +164,24 @@ impl ModelConfig {
                 bail!("field `{name}` must be positive");
             }
         }
-        if self.hidden_size % self.num_attention_heads != 0 {
+        if !self.hidden_size.is_multiple_of(self.num_attention_heads) {
             bail!(
                 "num_attention_heads ({}) does not divide hidden_size ({})",
                 self.num_attention_heads,
                 self.hidden_size
             );
         }
-        if self.num_attention_heads % self.num_key_value_heads != 0 {
+        if !self
+            .num_attention_heads
+            .is_multiple_of(self.num_key_value_heads)
+        {
             bail!(
                 "num_key_value_heads ({}) does not divide num_attention_heads ({})",
                 self.num_key_value_heads,
                 self.num_attention_heads
             );
         }
-        if self.head_dim % 2 != 0 {
+        if !self.head_dim.is_multiple_of(2) {
             bail!(
                 "head_dim ({}) must be even for rotary embeddings",
                 self.head_dim
@@ -223,7 +226,7 @@ impl ModelConfig {
     /// Sizes held by one rank of a tensor-parallel group of `tp_size`.
     pub fn local_sizes(&self, tp_size: usize) -> Result<LocalSizes> {
         let check = |name: &str, total: usize| -> Result<usize> {
-            if tp_size == 0 || total % tp_size != 0 {
+            if tp_size == 0 || !total.is_multiple_of(tp_size) {
                 bail!("tensor-parallel size {tp_size} does not divide {name} ({total})");
             }
             Ok(total / tp_size)

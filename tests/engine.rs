@@ -485,7 +485,7 @@ fn a_released_kv_cache_comes_back_on_the_next_request_with_the_same_results() {
         EngineConfig::for_model(128, 64),
     )
     .unwrap();
-    let mut finish = |engine: &mut Engine<CpuBackend>, request: GenerationRequest| {
+    let finish = |engine: &mut Engine<CpuBackend>, request: GenerationRequest| {
         let id = engine.add_request(request).unwrap();
         let mut record = None;
         while engine.has_unfinished() {

@@ -216,7 +216,6 @@ pub fn run_agent(options: &AgentRunOptions, name: &str) -> Result<AgentRun> {
         options.seed,
         name,
     );
-    drop(ctx);
     drop(policy);
     if let Some(handle) = engine {
         if let Ok(handle) = Arc::try_unwrap(handle) {

@@ -259,7 +259,7 @@ impl Backend for CpuBackend {
     ) -> Result<()> {
         let (k, n) = (weight.cols(), weight.rows());
         ensure!(
-            k > 0 && x.data.len() % k == 0,
+            k > 0 && x.data.len().is_multiple_of(k),
             "linear: x {:?} against weight {:?}",
             x.shape,
             weight.shape
@@ -366,14 +366,14 @@ impl Backend for CpuBackend {
         let head_dim = q.cols();
         let tokens = *cu_seqlens.last().unwrap_or(&0) as usize;
         ensure!(
-            tokens > 0 && q.data.len() % (tokens * head_dim) == 0,
+            tokens > 0 && q.data.len().is_multiple_of(tokens * head_dim),
             "attention: q {:?} for {tokens} tokens",
             q.shape
         );
         let heads = q.data.len() / (tokens * head_dim);
         let kv_heads = k.data.len() / (tokens * head_dim);
         ensure!(
-            kv_heads > 0 && heads % kv_heads == 0,
+            kv_heads > 0 && heads.is_multiple_of(kv_heads),
             "attention: {heads} heads over {kv_heads} kv heads"
         );
         ensure!(
@@ -465,7 +465,9 @@ impl Backend for CpuBackend {
         let num_blocks = k_cache.shape.first().copied().unwrap_or(0);
         layout.check(num_blocks)?;
         ensure!(
-            rows > 0 && q.data.len() % (rows * head_dim) == 0 && out.data.len() == q.data.len(),
+            rows > 0
+                && q.data.len().is_multiple_of(rows * head_dim)
+                && out.data.len() == q.data.len(),
             "paged_attention: q {:?}, out {:?} for {rows} query rows",
             q.shape,
             out.shape
@@ -474,7 +476,9 @@ impl Backend for CpuBackend {
         let slot_len = k_cache.data.len() / (num_blocks * layout.block_size).max(1);
         let kv_heads = slot_len / head_dim;
         ensure!(
-            kv_heads > 0 && heads % kv_heads == 0 && v_cache.data.len() == k_cache.data.len(),
+            kv_heads > 0
+                && heads.is_multiple_of(kv_heads)
+                && v_cache.data.len() == k_cache.data.len(),
             "paged_attention: {heads} heads over a cache {:?}",
             k_cache.shape
         );

@@ -61,14 +61,16 @@ fn attention_heads(
     tokens: usize,
 ) -> Result<(usize, usize)> {
     ensure!(
-        tokens > 0 && q.data.len() % (tokens * head_dim) == 0,
+        tokens > 0 && q.data.len().is_multiple_of(tokens * head_dim),
         "attention: q {:?} for {tokens} tokens",
         q.shape
     );
     let heads = q.data.len() / (tokens * head_dim);
     let kv_heads = k.data.len() / (tokens * head_dim);
     ensure!(
-        kv_heads > 0 && heads % kv_heads == 0 && k.data.len() == tokens * kv_heads * head_dim,
+        kv_heads > 0
+            && heads.is_multiple_of(kv_heads)
+            && k.data.len() == tokens * kv_heads * head_dim,
         "attention: {heads} heads over k {:?}",
         k.shape
     );
@@ -221,7 +223,7 @@ impl BackendGrad for CpuBackend {
     ) -> Result<()> {
         let (k, n) = (cols(weight), weight.data.len() / cols(weight));
         ensure!(
-            k > 0 && x.data.len() % k == 0,
+            k > 0 && x.data.len().is_multiple_of(k),
             "linear_backward: x {:?} against weight {:?}",
             x.shape,
             weight.shape
@@ -288,7 +290,8 @@ impl BackendGrad for CpuBackend {
         );
         let tokens = positions.len().max(1);
         ensure!(
-            d_q.data.len() % (tokens * head_dim) == 0 && d_k.data.len() % (tokens * head_dim) == 0,
+            d_q.data.len().is_multiple_of(tokens * head_dim)
+                && d_k.data.len().is_multiple_of(tokens * head_dim),
             "rope_backward: d_q {:?}, d_k {:?} for {} positions",
             d_q.shape,
             d_k.shape,

@@ -64,7 +64,7 @@ pub fn train_step<B: BackendGrad>(
     reps: usize,
 ) -> Result<TrainRow> {
     ensure!(
-        tokens > 0 && seq_len > 0 && tokens % seq_len == 0,
+        tokens > 0 && seq_len > 0 && tokens.is_multiple_of(seq_len),
         "train bench: {tokens} tokens do not pack into sequences of {seq_len}"
     );
     ensure!(

@@ -259,7 +259,7 @@ impl<B: Backend> Engine<B> {
         let model = Qwen2Model::from_host_params(
             &self.backend,
             self.model.config.clone(),
-            self.model.local.clone(),
+            self.model.local,
             host,
         )?;
         self.swap_model(model, "the weights handed over")

@@ -130,17 +130,27 @@ impl RlDefaults {
     }
 }
 
-/// One iteration's line of `iterations.jsonl`.
-fn iteration_line(
-    iteration: usize,
-    phase: &str,
-    episodes: &[Episode],
+/// What training did with an iteration's episodes.
+struct Trained {
     kept: usize,
     action_tokens: usize,
+    /// max and mean rollout-vs-trainer logprob gap.
     gap: (f64, f64),
+}
+
+/// One iteration's line of `iterations.jsonl`.
+fn iteration_line(
+    (iteration, phase): (usize, &str),
+    episodes: &[Episode],
+    trained: Trained,
     times: &Value,
     weight_version: u64,
 ) -> Value {
+    let Trained {
+        kept,
+        action_tokens,
+        gap,
+    } = trained;
     let n = episodes.len().max(1) as f64;
     let mut finish = serde_json::Map::new();
     for e in episodes {
@@ -399,12 +409,13 @@ pub fn run<B: BackendGrad>(backend: &B, options: &RlOptions) -> Result<()> {
         let handoff_s = handoff(&learner, &sampler, &model_dir, &agent.out)?;
         weight_version += 1;
         let line = iteration_line(
-            0,
-            "rft",
+            (0, "rft"),
             &episodes,
-            resolved.len(),
-            action_tokens,
-            (0.0, 0.0),
+            Trained {
+                kept: resolved.len(),
+                action_tokens,
+                gap: (0.0, 0.0),
+            },
             &json!({"rollout": rollout_s, "environment": env_time(&episodes), "grading": grade_time(&episodes), "training": training_s, "handoff": handoff_s}),
             weight_version,
         );
@@ -485,12 +496,13 @@ pub fn run<B: BackendGrad>(backend: &B, options: &RlOptions) -> Result<()> {
         }
         let kv_restore_s = restore_started.elapsed().as_secs_f64();
         let line = iteration_line(
-            iteration,
-            "dapo",
+            (iteration, "dapo"),
             &episodes,
-            kept.len(),
-            action_tokens,
-            gap,
+            Trained {
+                kept: kept.len(),
+                action_tokens,
+                gap,
+            },
             &json!({"rollout": rollout_s, "environment": env_time(&episodes), "grading": grade_time(&episodes), "training": training_s, "handoff": handoff_s, "kv_cache_restore": kv_restore_s}),
             weight_version,
         );
@@ -554,9 +566,10 @@ fn logprob_gap(sequences: &[TrainSequence], olds: &[Vec<f32>]) -> (f64, f64) {
         if !s.has_rollout_logprobs {
             continue;
         }
-        for r in 0..s.tokens.len() {
-            if s.action_mask[r] {
-                let gap = (s.rollout_logprobs[r] - old[r]).abs() as f64;
+        let rows = s.action_mask.iter().zip(&s.rollout_logprobs).zip(old);
+        for ((&action, &sampled), &trainer) in rows {
+            if action {
+                let gap = (sampled - trainer).abs() as f64;
                 max = max.max(gap);
                 sum += gap;
                 count += 1;

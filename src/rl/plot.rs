@@ -125,10 +125,13 @@ fn series(history: &[Value], key: &str) -> Vec<(f64, f64)> {
         .collect()
 }
 
+/// A series of (iteration, value) points and its color.
+type Line<'a> = (&'a [(f64, f64)], [u8; 3]);
+
 /// One panel: `lines` plotted over iterations between `lo` and `hi`, in `top..bottom`.
 fn panel(
     canvas: &mut Canvas,
-    lines: &[(&[(f64, f64)], [u8; 3])],
+    lines: &[Line<'_>],
     (lo, hi): (f64, f64),
     (top, bottom): (usize, usize),
     max_iteration: f64,

@@ -195,7 +195,7 @@ pub fn lm_head_loss_cpu(
     d_weight: &mut [f32],
 ) -> Result<LossOutput> {
     ensure!(
-        d > 0 && hidden.len() % d == 0 && weight.len() % d == 0,
+        d > 0 && hidden.len().is_multiple_of(d) && weight.len().is_multiple_of(d),
         "loss: hidden of {} and LM head of {} values for width {d}",
         hidden.len(),
         weight.len()

@@ -86,11 +86,11 @@ impl CudaDevice {
         );
         let t = layout.total_tokens;
         ensure!(
-            heads > 0 && kv_heads > 0 && heads % kv_heads == 0,
+            heads > 0 && kv_heads > 0 && heads.is_multiple_of(kv_heads),
             "attention: {heads} heads over {kv_heads} kv heads"
         );
         ensure!(
-            t > 0 && q.len() % (t * heads) == 0,
+            t > 0 && q.len().is_multiple_of(t * heads),
             "attention: q {:?} for {t} tokens x {heads} heads",
             q.shape()
         );

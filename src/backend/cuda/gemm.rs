@@ -397,7 +397,7 @@ impl Gemm {
         // x is [T, k] or any shape of T * k elements whose trailing dims make k (attention's
         // [T, heads, head_dim] output into o_proj), as in the CPU reference.
         ensure!(
-            k > 0 && !x.is_empty() && x.len() % k == 0,
+            k > 0 && !x.is_empty() && x.len().is_multiple_of(k),
             "linear: x {:?} for weight {:?}",
             x.shape(),
             weight.shape()
@@ -532,7 +532,7 @@ impl Gemm {
         );
         let (n, k) = (weight.shape()[0], weight.shape()[1]);
         ensure!(
-            k > 0 && n > 0 && !x.is_empty() && x.len() % k == 0,
+            k > 0 && n > 0 && !x.is_empty() && x.len().is_multiple_of(k),
             "linear_backward: x {:?} against weight {:?}",
             x.shape(),
             weight.shape()

@@ -288,7 +288,7 @@ impl StaticInputs {
         put(&self.plan, bytemuck::cast_slice(&plan));
         put(&self.temperatures, bytemuck::cast_slice(&step.temperatures));
         put(&self.uniforms, bytemuck::cast_slice(&step.uniforms));
-        ensure!(end % 4 == 0, "graph input region of {end} bytes");
+        ensure!(end.is_multiple_of(4), "graph input region of {end} bytes");
         // SAFETY: the region runs from the first dynamic view to the end of the last, all carved
         // in this order from one arena, so it lies inside the arena.
         let mut region = unsafe { self.tokens.share_as(&[end / 4], DeviceDType::U32) }

@@ -240,7 +240,7 @@ impl CudaBackend {
         );
         let (vocab, d) = (weight.shape()[0], weight.shape()[1]);
         ensure!(
-            d > 0 && vocab > 0 && !hidden.is_empty() && hidden.len() % d == 0,
+            d > 0 && vocab > 0 && !hidden.is_empty() && hidden.len().is_multiple_of(d),
             "loss: hidden {:?} against the LM head {:?}",
             hidden.shape(),
             weight.shape()

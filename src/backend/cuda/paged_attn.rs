@@ -376,14 +376,14 @@ impl CudaDevice {
             return Ok(());
         }
         ensure!(
-            rows > 0 && k.len() % rows == 0 && v.len() == k.len(),
+            rows > 0 && k.len().is_multiple_of(rows) && v.len() == k.len(),
             "write_kv: k {:?}, v {:?} for {rows} slots",
             k.shape(),
             v.shape()
         );
         let row_elems = k.len() / rows;
         ensure!(
-            row_elems % 8 == 0,
+            row_elems.is_multiple_of(8),
             "write_kv: rows of {row_elems} elements are not whole 16-byte vectors"
         );
         let cache_shape = k_cache.shape();
@@ -455,7 +455,7 @@ impl CudaDevice {
         ensure!(
             rows > 0
                 && q.shape().first() == Some(&rows)
-                && q.len() % (rows * head_dim) == 0
+                && q.len().is_multiple_of(rows * head_dim)
                 && out.shape() == q.shape(),
             "{op}: q {:?}, out {:?} for {rows} query rows",
             q.shape(),
@@ -471,7 +471,7 @@ impl CudaDevice {
         );
         let (num_blocks, kv_heads) = (cache[0], cache[2]);
         ensure!(
-            cache[3] == head_dim && kv_heads > 0 && heads % kv_heads == 0,
+            cache[3] == head_dim && kv_heads > 0 && heads.is_multiple_of(kv_heads),
             "{op}: {heads} query heads of {head_dim} over a cache {cache:?}"
         );
         ensure!(

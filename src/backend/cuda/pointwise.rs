@@ -124,12 +124,14 @@ impl CudaDevice {
         expect_dtype("rope", "inv_freq", inv_freq, DeviceDType::F64)?;
         let head_dim = inv_freq.len() * 2;
         ensure!(
-            head_dim % 4 == 0 && head_dim <= 1024,
+            head_dim.is_multiple_of(4) && head_dim <= 1024,
             "rope: head_dim {head_dim} (the kernel needs a multiple of 4)"
         );
         let tokens = positions.len();
         ensure!(
-            tokens > 0 && q.len() % (tokens * head_dim) == 0 && k.len() % (tokens * head_dim) == 0,
+            tokens > 0
+                && q.len().is_multiple_of(tokens * head_dim)
+                && k.len().is_multiple_of(tokens * head_dim),
             "rope: q {:?}, k {:?} for {tokens} positions and head_dim {head_dim}",
             q.shape(),
             k.shape()
