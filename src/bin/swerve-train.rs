@@ -110,6 +110,40 @@ enum Command {
     },
 }
 
+/// Where agent commands run and their limits (`rollout`, `eval`, `rl`).
+#[derive(clap::Args)]
+struct SandboxArgs {
+    /// Where commands run: local (bubblewrap) or docker (the task's image).
+    #[arg(long, default_value = "local")]
+    env: EnvKind,
+    /// Wall-clock limit of one agent command, seconds.
+    #[arg(long, default_value_t = 120)]
+    command_timeout: u64,
+    /// Memory per sandboxed process (local) or per container (docker), MiB.
+    #[arg(long, default_value_t = 8192)]
+    sandbox_memory_mb: u64,
+    /// Processes and threads an episode may have at once.
+    #[arg(long, default_value_t = 512)]
+    sandbox_processes: u64,
+    /// A host path bound read-only into the local sandbox (repeatable).
+    #[arg(long)]
+    sandbox_bind: Vec<PathBuf>,
+    /// Image for tasks that name none (docker).
+    #[arg(long, default_value = "python:3.11-slim")]
+    image: String,
+}
+
+impl SandboxArgs {
+    fn limits(&self) -> Limits {
+        Limits {
+            command_timeout: std::time::Duration::from_secs(self.command_timeout.max(1)),
+            memory_bytes: self.sandbox_memory_mb << 20,
+            processes: self.sandbox_processes,
+            ..Limits::default()
+        }
+    }
+}
+
 /// Options shared by `rollout` and `eval`.
 #[derive(clap::Args)]
 struct AgentArgs {
@@ -141,24 +175,8 @@ struct AgentArgs {
     /// Bytes of one tool result shown to the agent (cut in the middle beyond).
     #[arg(long, default_value_t = 16384)]
     observation_bytes: usize,
-    /// Where commands run: local (bubblewrap) or docker (the task's image).
-    #[arg(long, default_value = "local")]
-    env: EnvKind,
-    /// Wall-clock limit of one agent command, seconds.
-    #[arg(long, default_value_t = 120)]
-    command_timeout: u64,
-    /// Memory per sandboxed process (local) or per container (docker), MiB.
-    #[arg(long, default_value_t = 8192)]
-    sandbox_memory_mb: u64,
-    /// Processes and threads an episode may have at once.
-    #[arg(long, default_value_t = 512)]
-    sandbox_processes: u64,
-    /// A host path bound read-only into the local sandbox (repeatable).
-    #[arg(long)]
-    sandbox_bind: Vec<PathBuf>,
-    /// Image for tasks that name none (docker).
-    #[arg(long, default_value = "python:3.11-slim")]
-    image: String,
+    #[command(flatten)]
+    sandbox: SandboxArgs,
     /// Episodes running at once.
     #[arg(long, default_value_t = 16)]
     concurrency: usize,
@@ -195,15 +213,10 @@ impl AgentArgs {
                 observation_bytes: self.observation_bytes,
             },
             max_context: self.max_context,
-            env: self.env,
-            limits: Limits {
-                command_timeout: std::time::Duration::from_secs(self.command_timeout.max(1)),
-                memory_bytes: self.sandbox_memory_mb << 20,
-                processes: self.sandbox_processes,
-                ..Limits::default()
-            },
-            sandbox_binds: self.sandbox_bind.clone(),
-            docker_image: self.image.clone(),
+            env: self.sandbox.env,
+            limits: self.sandbox.limits(),
+            sandbox_binds: self.sandbox.sandbox_bind.clone(),
+            docker_image: self.sandbox.image.clone(),
             concurrency: self.concurrency,
             seed: self.seed,
             policy: self.policy.clone(),
@@ -264,18 +277,8 @@ struct RlArgs {
     max_turn_tokens: Option<usize>,
     #[arg(long, default_value_t = 16384)]
     observation_bytes: usize,
-    #[arg(long, default_value = "local")]
-    env: EnvKind,
-    #[arg(long, default_value_t = 120)]
-    command_timeout: u64,
-    #[arg(long, default_value_t = 8192)]
-    sandbox_memory_mb: u64,
-    #[arg(long, default_value_t = 512)]
-    sandbox_processes: u64,
-    #[arg(long)]
-    sandbox_bind: Vec<PathBuf>,
-    #[arg(long, default_value = "python:3.11-slim")]
-    image: String,
+    #[command(flatten)]
+    sandbox: SandboxArgs,
     #[arg(long)]
     concurrency: Option<usize>,
     #[arg(long, default_value_t = 0)]
@@ -326,15 +329,10 @@ impl RlArgs {
                 group: self.group.unwrap_or(d.group),
                 episode,
                 max_context: self.max_context,
-                env: self.env,
-                limits: Limits {
-                    command_timeout: std::time::Duration::from_secs(self.command_timeout.max(1)),
-                    memory_bytes: self.sandbox_memory_mb << 20,
-                    processes: self.sandbox_processes,
-                    ..Limits::default()
-                },
-                sandbox_binds: self.sandbox_bind.clone(),
-                docker_image: self.image.clone(),
+                env: self.sandbox.env,
+                limits: self.sandbox.limits(),
+                sandbox_binds: self.sandbox.sandbox_bind.clone(),
+                docker_image: self.sandbox.image.clone(),
                 concurrency: self.concurrency.unwrap_or(d.concurrency),
                 seed: self.seed,
                 policy: "model".into(),
