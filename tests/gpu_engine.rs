@@ -128,3 +128,56 @@ fn decode_logprobs_match_a_prefill_recompute_with_and_without_graphs() {
         }
     }
 }
+
+/// The RL loop's handoff: a trainer's weights copied device to device into a running engine (on
+/// another backend instance, as the engine thread has) make it generate exactly what an engine
+/// that loaded those weights does.
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn weights_handed_over_device_to_device_equal_loaded_ones() {
+    let run = |engine: &mut Engine<CudaBackend>| -> FinalRecord {
+        let id = engine
+            .add_request(GenerationRequest {
+                prompt: (0..30u32).map(|j| (j * 13 + 7) % 320).collect(),
+                params: SamplingParams::greedy(),
+                max_tokens: 16,
+                stop_ids: vec![],
+            })
+            .unwrap();
+        let mut done = None;
+        while engine.has_unfinished() {
+            for event in engine.step().unwrap() {
+                if let EngineEvent::Finished(r) = event {
+                    if r.id == id {
+                        done = Some(r);
+                    }
+                }
+            }
+        }
+        done.unwrap()
+    };
+    let source = "untied-gqa2-odd-f32";
+    let backend = gpu();
+    // The trainer: another backend instance on the device, with the fixture's weights.
+    let trainer = gpu();
+    let wanted = Qwen2Model::load(&trainer, &fixture_dir(source)).unwrap();
+    let start = Qwen2Model::load(&backend, &fixture_dir(source)).unwrap();
+    let mut engine = Engine::new(backend, start, EngineConfig::for_model(128, 64)).unwrap();
+    let reference = run(&mut engine);
+    // Wipe the engine's weights, then hand the trainer's over device to device.
+    for p in engine.model.params.iter_mut() {
+        engine.backend.fill_bytes(p, 0).unwrap();
+    }
+    let garbage = run(&mut engine);
+    assert_ne!(garbage.output_tokens, reference.output_tokens);
+    let spans: Vec<_> = wanted
+        .params
+        .iter()
+        .map(|p| trainer.device_span(p).unwrap().unwrap())
+        .collect();
+    let version = unsafe { engine.update_weights_from_device(&spans) }.unwrap();
+    assert_eq!(version, 1);
+    let handed = run(&mut engine);
+    assert_eq!(handed.output_tokens, reference.output_tokens);
+    assert_eq!(handed.logprobs, reference.logprobs);
+}

@@ -284,6 +284,31 @@ pub trait Backend {
     /// Gives memory the backend keeps cached for reuse back to the system (after a large free,
     /// such as a released KV cache, so another user of the device can have it).
     fn release_cached_memory(&self) {}
+    /// Where a tensor's bytes are on the device, for a handoff between two backends of the same
+    /// device in one process (the RL loop's trainer to its engine); `None` on host backends.
+    /// Waits for queued work first, so the bytes are final.
+    fn device_span(&self, _tensor: &Self::Tensor) -> Result<Option<DeviceSpan>> {
+        Ok(None)
+    }
+    /// Overwrites `dst` with the bytes of `span` (same device, same byte count and element type)
+    /// and waits for the copy.
+    ///
+    /// # Safety
+    /// `span` must describe live device memory of another backend on this device that nobody
+    /// writes until this returns.
+    unsafe fn copy_from_span(&self, _dst: &mut Self::Tensor, _span: &DeviceSpan) -> Result<()> {
+        anyhow::bail!("this backend has no device memory to copy into")
+    }
+}
+
+/// Bytes of a tensor on a device: see [`Backend::device_span`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct DeviceSpan {
+    pub device: usize,
+    pub ptr: u64,
+    pub bytes: usize,
+    /// Bytes per element (2: bf16, 4: f32).
+    pub element_bytes: usize,
 }
 
 /// Where a command runs its model: `auto` (the GPU when there is one, else the CPU), `cpu`, or

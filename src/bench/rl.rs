@@ -56,7 +56,11 @@ pub fn run<B: BackendGrad>(backend: &B, options: &RlBenchOptions, work: &Path) -
     let mut seconds = Vec::new();
     for _ in 0..options.reps.max(1) {
         let started = Instant::now();
-        engine.update_weights_from(learner.compute_weights()?)?;
+        match learner.compute_weight_spans()? {
+            // SAFETY: the learner is not trained while the engine copies.
+            Some(spans) => unsafe { engine.update_weights_from_device(spans) }?,
+            None => engine.update_weights_from(learner.compute_weights()?)?,
+        };
         seconds.push(started.elapsed().as_secs_f64());
     }
     drop(engine);

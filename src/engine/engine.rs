@@ -9,7 +9,7 @@
 //! [`Engine`] is synchronous: [`Engine::step`] runs one step and returns what happened. The
 //! [`super::EngineHandle`] runs it on its own thread behind channels, for the server and the RL loop.
 
-use crate::backend::{Backend, PagedLayout, RowDraw};
+use crate::backend::{Backend, DeviceSpan, PagedLayout, RowDraw};
 use crate::engine::request::{FinishReason, GenerationRequest, Request};
 use crate::engine::sampler::{sample, Sample, SampleRng, SamplingParams};
 use crate::engine::scheduler::{Scheduler, SchedulerConfig, StepPlan};
@@ -263,6 +263,31 @@ impl<B: Backend> Engine<B> {
             host,
         )?;
         self.swap_model(model, "the weights handed over")
+    }
+
+    /// Overwrites the weights in place from device memory of another backend on this device
+    /// (the RL loop's trainer), one span per parameter in checkpoint order: no host round trip.
+    ///
+    /// # Safety
+    /// Every span must be live device memory of this device that nobody writes until this
+    /// returns (the trainer waits for the reply).
+    pub unsafe fn update_weights_from_device(&mut self, spans: &[DeviceSpan]) -> Result<u64> {
+        let count = self.model.params.iter().count();
+        ensure!(
+            spans.len() == count,
+            "{} device tensors handed over for {count} parameters",
+            spans.len()
+        );
+        // Captured graphs keep reading the same (now updated) buffers, but drop them anyway:
+        // a graph is checked against its eager warm-up when captured.
+        self.backend.reset_graphs();
+        for (param, span) in self.model.params.iter_mut().zip(spans) {
+            // SAFETY: forwarded from the caller.
+            unsafe { self.backend.copy_from_span(param, span) }?;
+        }
+        self.scheduler.kv.reset_prefix_cache();
+        self.stats.weight_version += 1;
+        Ok(self.stats.weight_version)
     }
 
     fn swap_model(&mut self, model: Qwen2Model<B>, source: &str) -> Result<u64> {

@@ -13,7 +13,7 @@
 //! on the engine. [`EngineHandle::pause`] stops stepping (requests keep their state and blocks;
 //! commands are still served) until [`EngineHandle::resume`].
 
-use crate::backend::Backend;
+use crate::backend::{Backend, DeviceSpan};
 use crate::engine::engine::{Engine, EngineEvent, EngineStats, FinalRecord, TokenEvent};
 use crate::engine::prompt_logprobs::{prompt_logprobs, PromptLogprobs};
 use crate::engine::request::GenerationRequest;
@@ -44,6 +44,7 @@ enum Command {
     Abort(RequestId),
     UpdateWeights(PathBuf, Sender<Result<u64>>),
     UpdateWeightsFrom(Box<Qwen2Params<HostTensor<'static>>>, Sender<Result<u64>>),
+    UpdateWeightsFromDevice(Vec<DeviceSpan>, Sender<Result<u64>>),
     ReleaseKv(Sender<Result<usize>>),
     RestoreKv(Sender<Result<()>>),
     Stats(Sender<EngineStats>),
@@ -164,6 +165,17 @@ impl EngineHandle {
         rx.recv().map_err(|_| anyhow!("the engine has stopped"))?
     }
 
+    /// Overwrites the engine's weights from another backend's device memory on the same device,
+    /// between steps (see [`Engine::update_weights_from_device`]); returns the new version.
+    ///
+    /// # Safety
+    /// The spans' memory must stay live and unwritten until this returns.
+    pub unsafe fn update_weights_from_device(&self, spans: Vec<DeviceSpan>) -> Result<u64> {
+        let (tx, rx) = channel();
+        self.send(Command::UpdateWeightsFromDevice(spans, tx))?;
+        rx.recv().map_err(|_| anyhow!("the engine has stopped"))?
+    }
+
     /// Frees the KV cache's memory between steps (refused with requests in flight); the next
     /// request allocates it again. Returns the K and V elements freed.
     pub fn release_kv_cache(&self) -> Result<usize> {
@@ -243,6 +255,11 @@ fn run<B: Backend>(mut engine: Engine<B>, inbox: Receiver<Command>) {
                 }
                 Command::UpdateWeightsFrom(host, reply) => {
                     let _ = reply.send(engine.update_weights_from_host(&host));
+                }
+                Command::UpdateWeightsFromDevice(spans, reply) => {
+                    // SAFETY: the caller of `update_weights_from_device` keeps the spans live
+                    // and unwritten until it has the reply.
+                    let _ = reply.send(unsafe { engine.update_weights_from_device(&spans) });
                 }
                 Command::ReleaseKv(reply) => {
                     let _ = reply.send(engine.release_kv_cache());

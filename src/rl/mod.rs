@@ -597,9 +597,16 @@ fn handoff<B: BackendGrad>(
 ) -> Result<f64> {
     let started = Instant::now();
     match sampler {
-        Sampler::Engine(handle) => {
-            handle.update_weights_from(learner.compute_weights()?)?;
-        }
+        Sampler::Engine(handle) => match learner.compute_weight_spans()? {
+            // Same device: the engine copies the trainer's bf16 buffers device to device.
+            // SAFETY: the learner is borrowed (nothing trains) until the engine has replied.
+            Some(spans) => {
+                unsafe { handle.update_weights_from_device(spans) }?;
+            }
+            None => {
+                handle.update_weights_from(learner.compute_weights()?)?;
+            }
+        },
         Sampler::Server { policy, url } => {
             // A separate server reads weights from disk: an HF folder it can load.
             let dir = out.join("handoff");

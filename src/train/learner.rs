@@ -212,6 +212,19 @@ impl<'b, B: BackendGrad> Learner<'b, B> {
         })
     }
 
+    /// The compute weights' device memory (one span per parameter, checkpoint order), once all
+    /// queued work is done; `None` on a host backend.
+    pub fn compute_weight_spans(&self) -> Result<Option<Vec<crate::backend::DeviceSpan>>> {
+        let mut spans = Vec::new();
+        for param in self.model.params.iter() {
+            match self.backend.device_span(param)? {
+                Some(span) => spans.push(span),
+                None => return Ok(None),
+            }
+        }
+        Ok(Some(spans))
+    }
+
     /// Writes masters and moments (resumable) and an HF-layout bf16 model to `dir`.
     pub fn save(&self, model_dir: &Path, dir: &Path, state: &Value) -> Result<()> {
         let backend = self.backend;

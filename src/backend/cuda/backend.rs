@@ -595,4 +595,47 @@ impl Backend for CudaBackend {
     fn release_cached_memory(&self) {
         self.pool.release_cached();
     }
+
+    fn device_span(&self, tensor: &CudaTensor) -> Result<Option<crate::backend::DeviceSpan>> {
+        self.device.synchronize()?;
+        Ok(Some(crate::backend::DeviceSpan {
+            device: self.device.ordinal,
+            ptr: tensor.ptr(),
+            bytes: tensor.num_bytes(),
+            element_bytes: tensor.dtype().size(),
+        }))
+    }
+
+    unsafe fn copy_from_span(
+        &self,
+        dst: &mut CudaTensor,
+        span: &crate::backend::DeviceSpan,
+    ) -> Result<()> {
+        ensure!(
+            span.device == self.device.ordinal
+                && span.bytes == dst.num_bytes()
+                && span.element_bytes == dst.dtype().size(),
+            "copy_from_span: {} bytes of {}-byte elements on device {} into a {:?} {:?} tensor on device {}",
+            span.bytes,
+            span.element_bytes,
+            span.device,
+            dst.shape(),
+            dst.dtype(),
+            self.device.ordinal
+        );
+        if span.bytes > 0 {
+            // SAFETY: the caller guarantees the source is live and unchanged; both contexts are
+            // the device's primary context, so the pointer is valid here; sizes checked above.
+            unsafe {
+                driver::memcpy_dtod_async(
+                    dst.ptr(),
+                    span.ptr,
+                    span.bytes,
+                    self.device.stream.cu_stream(),
+                )
+            }
+            .context("copy_from_span: device copy")?;
+        }
+        self.device.synchronize()
+    }
 }
