@@ -18,10 +18,18 @@
 //! - [`kvcache`]: the paged KV cache's block pool, prefix cache and [`kvcache::KvCacheManager`].
 //! - [`server`]: `swerve-serve`, the OpenAI-compatible rollout server (axum over the engine
 //!   handle): token ids in and out, weight reloads, pause and resume, Prometheus metrics.
-//! - [`train`]: `score` (per-token logprobs of given sequences); RFT and DAPO training on the CPU
-//!   reference ([`train::trainer`]): data, the fused LM-head loss, AdamW, checkpoints. The
+//! - [`train`]: `score` (per-token logprobs of given sequences); RFT and DAPO training
+//!   ([`train::trainer`] over [`train::learner::Learner`]): data, the fused LM-head loss, AdamW,
+//!   checkpoints. The
 //!   backward ops are [`backend::BackendGrad`]; the model's backward is [`model::backward`].
-//! - [`bench`]: what `swerve-bench` measures.
+//! - [`env`]: coding tasks (swerve's task files, SWE-bench lines, built-in sets) and the
+//!   sandboxes agents work in behind one trait ([`env::local`]: bubblewrap, [`env::docker`],
+//!   [`env::toy`]: the in-process guessing game), with grading.
+//! - [`agent`]: the scaffold (prompts, tools, the editor, token-in token-out transcripts,
+//!   policies, episodes, rewards, concurrent rollouts): `swerve-train rollout` and `eval`.
+//! - [`rl`]: `swerve-train rl`, the method in one process: rollouts, rewards, DAPO through
+//!   [`train::learner`], weights handed to the engine in memory, iterated.
+//! - [`bench`]: what `swerve-bench` measures; [`progress`]: progress bars.
 //!
 //! The binaries in `src/bin/` only parse arguments and call into these modules.
 

@@ -178,6 +178,13 @@ impl LocalEnvironment {
     }
 }
 
+impl Drop for LocalEnvironment {
+    /// The episodes' root goes when it is empty (every sandbox closed).
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir(&self.config.root);
+    }
+}
+
 impl Environment for LocalEnvironment {
     fn name(&self) -> &'static str {
         "local"
@@ -206,6 +213,8 @@ impl Environment for LocalEnvironment {
         if episode.is_empty() || episode.contains('/') || episode.starts_with('.') {
             bail!("episode name {episode:?} cannot name a folder");
         }
+        // Another environment of this process may have removed an empty root on drop.
+        create_private_dir(&self.config.root)?;
         let dir = self.config.root.join(episode);
         if dir.exists() {
             force_remove(&dir)?;

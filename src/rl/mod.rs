@@ -295,6 +295,18 @@ pub fn run<B: BackendGrad>(backend: &B, options: &RlOptions) -> Result<()> {
             keep_lines(&iterations_path, "iteration", done as u64)?;
             keep_lines(&metrics_path, "step", step)?;
             eprintln!("rl: resuming after iteration {done} from {}", dir.display());
+        } else {
+            // Killed before its first checkpoint: nothing to continue, so start over.
+            for path in [&iterations_path, &metrics_path] {
+                if path.exists() {
+                    std::fs::remove_file(path)
+                        .with_context(|| format!("removing {}", path.display()))?;
+                }
+            }
+            eprintln!(
+                "rl: --resume: no checkpoint in {} yet; starting from the beginning",
+                agent.out.display()
+            );
         }
     } else {
         for path in [&iterations_path, &metrics_path] {
