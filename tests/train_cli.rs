@@ -482,3 +482,38 @@ fn chat_form_rft_masks_loss_false_turns_but_keeps_them_in_context() {
         "but it stays in the context"
     );
 }
+
+#[test]
+fn non_finite_hyperparameters_are_refused_at_parse_time() {
+    for args in [
+        vec![
+            "rft", "--model", "m", "--data", "d", "--out", "o", "--lr", "NaN",
+        ],
+        vec![
+            "dapo",
+            "--model",
+            "m",
+            "--data",
+            "d",
+            "--out",
+            "o",
+            "--eps-high",
+            "inf",
+        ],
+        vec![
+            "rl",
+            "--model",
+            "m",
+            "--tasks",
+            "t",
+            "--out",
+            "o",
+            "--grad-clip=-inf",
+        ],
+    ] {
+        let out = run(&args);
+        assert!(!out.status.success(), "{args:?} was accepted");
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(err.contains("not a finite number"), "{args:?}: {err}");
+    }
+}

@@ -61,6 +61,7 @@ struct RlArgs {
     /// Tasks and rollouts per task of the iteration (default: 2 x 2 on the CPU, 8 x 8 on a GPU).
     #[arg(long)]
     tasks: Option<usize>,
+    /// Rollouts per task of the iteration.
     #[arg(long)]
     group: Option<usize>,
     #[arg(long, default_value_t = 3)]
@@ -89,6 +90,7 @@ struct AgentArgs {
     /// Tasks and rollouts per task (default: 2 x 4 on the CPU, 8 x 10 on a GPU).
     #[arg(long)]
     tasks: Option<usize>,
+    /// Rollouts per task (G): they share the task's prompt.
     #[arg(long)]
     group: Option<usize>,
     /// Fraction of free GPU memory given to the KV cache.

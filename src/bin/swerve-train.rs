@@ -16,6 +16,20 @@ use swerve::rl::{RlDefaults, RlOptions};
 use swerve::train::optimizer::LrSchedule;
 use swerve::train::trainer::{train, Algorithm, OldLogprobs, TrainOptions};
 
+/// A hyperparameter must be a finite number: `--lr NaN` is an error here, not a run that
+/// silently trains nothing.
+fn finite_f64(text: &str) -> Result<f64, String> {
+    match text.parse::<f64>() {
+        Ok(v) if v.is_finite() => Ok(v),
+        Ok(v) => Err(format!("{v} is not a finite number")),
+        Err(e) => Err(format!("{text:?} is not a number: {e}")),
+    }
+}
+
+fn finite_f32(text: &str) -> Result<f32, String> {
+    finite_f64(text).map(|v| v as f32)
+}
+
 #[derive(Parser)]
 #[command(
     name = "swerve-train",
@@ -71,17 +85,17 @@ enum Command {
         #[command(flatten)]
         args: TrainArgs,
         /// Lower clip range: rho below 1 - eps_low stops pushing down (A < 0).
-        #[arg(long, default_value_t = 0.2)]
+        #[arg(long, default_value_t = 0.2, value_parser = finite_f32)]
         eps_low: f32,
         /// Upper clip range: rho above 1 + eps_high stops pushing up (A > 0).
-        #[arg(long, default_value_t = 0.28)]
+        #[arg(long, default_value_t = 0.28, value_parser = finite_f32)]
         eps_high: f32,
         /// logp_old: `recompute` scores the data with the starting weights before the first
         /// update; `rollout` uses the data's `logprobs`.
         #[arg(long, default_value = "recompute", value_parser = ["recompute", "rollout"])]
         old_logprobs: String,
         /// Truncated importance sampling: each token's term times min(exp(old - rollout), C).
-        #[arg(long)]
+        #[arg(long, value_parser = finite_f32)]
         tis_cap: Option<f32>,
     },
     /// Agent episodes on coding tasks in sandboxes; writes OUT/trajectories.jsonl (RL-SPEC's
@@ -250,21 +264,21 @@ struct RlArgs {
     /// Trajectories per optimizer step (several steps per iteration).
     #[arg(long)]
     batch_size: Option<usize>,
-    #[arg(long)]
+    #[arg(long, value_parser = finite_f64)]
     lr: Option<f64>,
     #[arg(long)]
     warmup_steps: Option<u64>,
-    #[arg(long, default_value_t = 0.1)]
+    #[arg(long, default_value_t = 0.1, value_parser = finite_f32)]
     weight_decay: f32,
     /// Global gradient-norm clipping (0: off).
-    #[arg(long, default_value_t = 1.0)]
+    #[arg(long, default_value_t = 1.0, value_parser = finite_f64)]
     grad_clip: f64,
-    #[arg(long, default_value_t = 0.2)]
+    #[arg(long, default_value_t = 0.2, value_parser = finite_f32)]
     eps_low: f32,
     /// Upper clip range (stage 1: 0.3; stage 2: 0.26).
-    #[arg(long)]
+    #[arg(long, value_parser = finite_f32)]
     eps_high: Option<f32>,
-    #[arg(long)]
+    #[arg(long, value_parser = finite_f32)]
     tis_cap: Option<f32>,
     #[arg(long)]
     max_turns: Option<usize>,
@@ -295,7 +309,7 @@ struct RlArgs {
     /// Skip the RFT phase the toy schedule has.
     #[arg(long)]
     no_rft_first: bool,
-    #[arg(long)]
+    #[arg(long, value_parser = finite_f64)]
     rft_lr: Option<f64>,
     #[arg(long, default_value_t = 1)]
     rft_epochs: usize,
@@ -381,17 +395,17 @@ struct TrainArgs {
     #[arg(long)]
     out: PathBuf,
     /// Peak learning rate (default: 5e-6 for rft, 1e-6 for dapo).
-    #[arg(long)]
+    #[arg(long, value_parser = finite_f64)]
     lr: Option<f64>,
     #[arg(long, default_value = "constant")]
     lr_schedule: LrSchedule,
     #[arg(long, default_value_t = 0)]
     warmup_steps: u64,
     /// Decoupled AdamW weight decay on 2-D weights.
-    #[arg(long, default_value_t = 0.1)]
+    #[arg(long, default_value_t = 0.1, value_parser = finite_f32)]
     weight_decay: f32,
     /// Global gradient-norm clipping (0: off).
-    #[arg(long, default_value_t = 1.0)]
+    #[arg(long, default_value_t = 1.0, value_parser = finite_f64)]
     grad_clip: f64,
     /// Trajectories per optimizer step (after dropping zero-advantage ones).
     #[arg(long, default_value_t = 64, value_parser = clap::value_parser!(u64).range(1..))]
@@ -419,8 +433,8 @@ struct TrainArgs {
     /// Seeds the trajectory order of each epoch.
     #[arg(long, default_value_t = 0)]
     seed: u64,
-    /// Where training runs. Only the CPU reference trains so far.
-    #[arg(long, default_value = "cpu")]
+    /// Where training runs: auto (the GPU when there is one), cpu, or cuda.
+    #[arg(long, default_value = "auto")]
     device: DeviceChoice,
 }
 
