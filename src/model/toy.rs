@@ -13,8 +13,9 @@
 //! ```
 //!
 //! One generated token can be a whole valid turn, so a random model already plays now and then
-//! (a third of its draws are tool calls), and what it must learn is the game: read
-//! "higher"/"lower", then submit after "correct". The weights are random, as every preset's.
+//! (about half of its draws are tool calls; it wins about a quarter of its episodes), and what
+//! it must learn is the game: guesses in range, and "higher"/"lower" read to find the number in
+//! fewer turns. The weights are random, as every preset's.
 
 use crate::config::{ModelConfig, RopeConfig, RopeScaling};
 use anyhow::{Context, Result};
