@@ -6,7 +6,7 @@
 
 mod common;
 
-use common::bin_path;
+use common::{bin_path, json_lines};
 use serde_json::{json, Value};
 use std::path::Path;
 use std::process::Command;
@@ -29,14 +29,6 @@ fn train(args: &[&str]) -> Value {
         String::from_utf8_lossy(&out.stderr)
     );
     Value::Null
-}
-
-fn lines(path: &Path) -> Vec<Value> {
-    std::fs::read_to_string(path)
-        .unwrap()
-        .lines()
-        .map(|l| serde_json::from_str(l).unwrap())
-        .collect()
 }
 
 fn summary(out: &Path, name: &str) -> Value {
@@ -91,7 +83,7 @@ fn oracle_resolves_every_builtin_task_noop_none_and_chat_forms_match() {
         let s = summary(&out, "rollout");
         assert_eq!(s["resolved"], json!(want_resolved), "{policy}: {s}");
         assert_eq!(s["finish"], json!({"submitted": tasks.len()}), "{policy}");
-        let trajectories = lines(&out.join("trajectories.jsonl"));
+        let trajectories = json_lines(&out.join("trajectories.jsonl"));
         assert_eq!(trajectories.len(), tasks.len());
         for line in &trajectories {
             assert_eq!(
@@ -220,7 +212,7 @@ fn grading_ignores_edits_to_the_tests() {
         "--out",
         out.to_str().unwrap(),
     ]);
-    let line = &lines(&out.join("trajectories.jsonl"))[0];
+    let line = &json_lines(&out.join("trajectories.jsonl"))[0];
     let bash_result = line["messages"]
         .as_array()
         .unwrap()
@@ -278,7 +270,7 @@ fn model_rollouts_carry_logprobs_that_score_recomputes_and_rft_trains_on() {
     args.extend(common);
     args.extend(["--out", random_out.to_str().unwrap()]);
     train(&args);
-    let random = lines(&random_out.join("trajectories.jsonl"));
+    let random = json_lines(&random_out.join("trajectories.jsonl"));
     assert_eq!(random.len(), 4);
 
     // A model that calls `ls` every turn: three valid turns of 15 action tokens each.
@@ -290,7 +282,7 @@ fn model_rollouts_carry_logprobs_that_score_recomputes_and_rft_trains_on() {
     args.extend(common);
     args.extend(["--out", ls_out.to_str().unwrap()]);
     train(&args);
-    let ls = lines(&ls_out.join("trajectories.jsonl"));
+    let ls = json_lines(&ls_out.join("trajectories.jsonl"));
     assert_eq!(ls.len(), 4);
     for line in &ls {
         assert_eq!(line["finish"], json!("max_turns"), "{line}");
@@ -334,7 +326,7 @@ fn model_rollouts_carry_logprobs_that_score_recomputes_and_rft_trains_on() {
             "cpu",
         ]);
         let mut compared = 0;
-        for (line, scored) in lines.iter().zip(lines_of(&output)) {
+        for (line, scored) in lines.iter().zip(json_lines(&output)) {
             let rollout = line["logprobs"].as_array().unwrap();
             let recomputed = scored["logprobs"].as_array().unwrap();
             assert_eq!(rollout.len(), recomputed.len());
@@ -364,13 +356,9 @@ fn model_rollouts_carry_logprobs_that_score_recomputes_and_rft_trains_on() {
         "--device",
         "cpu",
     ]);
-    let metrics = lines(&rft_out.join("metrics.jsonl"));
+    let metrics = json_lines(&rft_out.join("metrics.jsonl"));
     assert_eq!(metrics.len(), 2);
     assert_eq!(metrics[0]["action_tokens"], json!(2 * 3 * 15));
-}
-
-fn lines_of(path: &Path) -> Vec<Value> {
-    lines(path)
 }
 
 #[test]
@@ -410,7 +398,7 @@ fn server_mode_gives_the_in_process_trajectories() {
         .to_vec();
         args.extend(server_args);
         train(&args.iter().map(String::as_str).collect::<Vec<_>>());
-        runs.push(lines(&out.join("trajectories.jsonl")));
+        runs.push(json_lines(&out.join("trajectories.jsonl")));
     }
     assert_eq!(runs[0].len(), 2);
     for (a, b) in runs[0].iter().zip(&runs[1]) {

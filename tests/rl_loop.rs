@@ -5,9 +5,8 @@
 
 mod common;
 
-use common::bin_path;
+use common::{bin_path, json_lines};
 use serde_json::Value;
-use std::path::Path;
 use std::process::Command;
 
 fn rl(args: &[&str]) {
@@ -22,14 +21,6 @@ fn rl(args: &[&str]) {
         "swerve-train rl {args:?} failed:\n{}",
         String::from_utf8_lossy(&out.stderr)
     );
-}
-
-fn lines(path: &Path) -> Vec<Value> {
-    std::fs::read_to_string(path)
-        .unwrap()
-        .lines()
-        .map(|l| serde_json::from_str(l).unwrap())
-        .collect()
 }
 
 /// A line without its wall-clock times (the only part a rerun may change).
@@ -53,7 +44,7 @@ fn the_toy_is_learned_and_the_logprob_gap_is_zero() {
         "--seed",
         "0",
     ]);
-    let iterations = lines(&out.join("iterations.jsonl"));
+    let iterations = json_lines(&out.join("iterations.jsonl"));
     // The RFT phase's rollouts are the random base model's.
     assert_eq!(iterations[0]["phase"], "rft");
     let base = iterations[0]["resolved_rate"].as_f64().unwrap();
@@ -77,7 +68,7 @@ fn the_toy_is_learned_and_the_logprob_gap_is_zero() {
     }
     let png = std::fs::read(out.join("reward.png")).unwrap();
     assert_eq!(&png[..4], b"\x89PNG");
-    let metrics = lines(&out.join("metrics.jsonl"));
+    let metrics = json_lines(&out.join("metrics.jsonl"));
     assert!(
         metrics.len() > dapo.len(),
         "several optimizer steps per iteration"
@@ -123,15 +114,15 @@ fn a_killed_and_resumed_run_continues_exactly() {
         "--resume",
     ]);
     rl(&args);
-    let a = lines(&whole.join("iterations.jsonl"));
-    let b = lines(&split.join("iterations.jsonl"));
+    let a = json_lines(&whole.join("iterations.jsonl"));
+    let b = json_lines(&split.join("iterations.jsonl"));
     assert_eq!(a.len(), 4);
     assert_eq!(b.len(), 4);
     for (x, y) in a.into_iter().zip(b) {
         assert_eq!(without_times(x), without_times(y));
     }
-    let a = lines(&whole.join("metrics.jsonl"));
-    let b = lines(&split.join("metrics.jsonl"));
+    let a = json_lines(&whole.join("metrics.jsonl"));
+    let b = json_lines(&split.join("metrics.jsonl"));
     assert_eq!(a.len(), b.len());
     for (x, y) in a.into_iter().zip(b) {
         assert_eq!(without_times(x), without_times(y));
@@ -162,7 +153,7 @@ fn an_iteration_on_python_tasks_runs_through_the_sandbox() {
         "--concurrency",
         "4",
     ]);
-    let iterations = lines(&out.join("iterations.jsonl"));
+    let iterations = json_lines(&out.join("iterations.jsonl"));
     assert_eq!(iterations.len(), 1);
     let line = &iterations[0];
     assert_eq!(line["episodes"], 4);

@@ -22,6 +22,15 @@ pub fn fixture_dir(name: &str) -> PathBuf {
     root().join("tests/fixtures").join(name)
 }
 
+/// Every line of a JSON-lines file the commands wrote, parsed.
+pub fn json_lines(path: &std::path::Path) -> Vec<serde_json::Value> {
+    std::fs::read_to_string(path)
+        .unwrap_or_else(|e| panic!("reading {}: {e}", path.display()))
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect()
+}
+
 /// A binary of this crate: from `SWERVE_BIN_DIR` when set (the GPU runner), else cargo's.
 pub fn bin_path(name: &str) -> PathBuf {
     let built = match name {
