@@ -40,6 +40,7 @@ pub mod chat;
 pub mod config;
 pub mod engine;
 pub mod env;
+pub mod http_client;
 pub mod jsonl;
 pub mod kvcache;
 pub mod model;

@@ -11,7 +11,7 @@ use serde_json::{json, Value};
 use std::path::Path;
 use std::process::Command;
 use std::sync::Arc;
-use swerve::agent::episode::{run_episode, EpisodeConfig, EpisodeContext, Finish};
+use swerve::agent::episode::{run_episode, Episode, EpisodeConfig, EpisodeContext, Finish};
 use swerve::agent::policy::{Script, ScriptedPolicy};
 use swerve::chat::{ChatTemplate, Conversation};
 use swerve::env::local::{LocalConfig, LocalEnvironment};
@@ -106,6 +106,31 @@ fn local_env(limits: Limits, root: &Path) -> LocalEnvironment {
     LocalEnvironment::new(config).unwrap()
 }
 
+/// One episode of `task` in the local sandbox, its turns the given replies (then submit).
+fn scripted_episode(
+    replies: Vec<String>,
+    task: &swerve::env::Task,
+    dir: &Path,
+    seed: u64,
+) -> Episode {
+    let tokenizer = Tokenizer::qwen25().unwrap();
+    let template = ChatTemplate::for_tokenizer(&tokenizer).unwrap();
+    let policy = ScriptedPolicy {
+        tokenizer: Arc::new(Tokenizer::qwen25().unwrap()),
+        script: Script::Replies(replies),
+    };
+    let env = local_env(Limits::default(), &dir.join("sandboxes"));
+    let config = EpisodeConfig::default();
+    let ctx = EpisodeContext {
+        env: &env,
+        policy: &policy,
+        tokenizer: &tokenizer,
+        template: &template,
+        config: &config,
+    };
+    run_episode(&ctx, task, 0, seed)
+}
+
 #[test]
 fn malformed_tool_calls_are_masked_format_error_turns() {
     let dir = tempfile::tempdir().unwrap();
@@ -122,20 +147,7 @@ fn malformed_tool_calls_are_masked_format_error_turns() {
         "<tool_call>\n{\"name\": \"bash\", \"arguments\": {}}\n</tool_call>".to_string(),
         "<tool_call>\n{\"name\": \"submit\", \"arguments\": {}}\n</tool_call>".to_string(),
     ];
-    let policy = ScriptedPolicy {
-        tokenizer: Arc::new(Tokenizer::qwen25().unwrap()),
-        script: Script::Replies(replies.clone()),
-    };
-    let env = local_env(Limits::default(), &dir.path().join("sandboxes"));
-    let config = EpisodeConfig::default();
-    let ctx = EpisodeContext {
-        env: &env,
-        policy: &policy,
-        tokenizer: &tokenizer,
-        template: &template,
-        config: &config,
-    };
-    let episode = run_episode(&ctx, &tasks[0], 0, 7);
+    let episode = scripted_episode(replies.clone(), &tasks[0], dir.path(), 7);
     assert_eq!(episode.finish, Finish::Submitted);
     assert_eq!(episode.turns, 6);
     assert_eq!(episode.format_errors, 4);
@@ -424,8 +436,6 @@ fn server_mode_gives_the_in_process_trajectories() {
 #[test]
 fn the_editor_views_edits_inserts_and_undoes_inside_the_sandbox() {
     let dir = tempfile::tempdir().unwrap();
-    let tokenizer = Tokenizer::qwen25().unwrap();
-    let template = ChatTemplate::for_tokenizer(&tokenizer).unwrap();
     let tasks = load_tasks(&builtin::resolve_tasks("builtin:python-bugs").unwrap()).unwrap();
     let editor = |args: Value| {
         format!(
@@ -448,20 +458,7 @@ fn the_editor_views_edits_inserts_and_undoes_inside_the_sandbox() {
         "<tool_call>\n{\"name\": \"bash\", \"arguments\": {\"command\": \"cat notes/new.txt; ls /\"}}\n</tool_call>".to_string(),
         editor(json!({"command": "view", "path": "/etc/shadow"})),
     ];
-    let policy = ScriptedPolicy {
-        tokenizer: Arc::new(Tokenizer::qwen25().unwrap()),
-        script: Script::Replies(replies),
-    };
-    let env = local_env(Limits::default(), &dir.path().join("sandboxes"));
-    let config = EpisodeConfig::default();
-    let ctx = EpisodeContext {
-        env: &env,
-        policy: &policy,
-        tokenizer: &tokenizer,
-        template: &template,
-        config: &config,
-    };
-    let episode = run_episode(&ctx, &tasks[0], 0, 1);
+    let episode = scripted_episode(replies, &tasks[0], dir.path(), 1);
     assert_eq!(episode.finish, Finish::Submitted, "{:?}", episode.finish);
     assert_eq!(episode.format_errors, 0);
     let line = episode.to_json();

@@ -4,12 +4,11 @@
 
 use crate::engine::{EngineHandle, FinishReason, GenerationRequest, RequestEvent, SamplingParams};
 use crate::env::Task;
+use crate::http_client::http_request;
 use crate::tokenizer::{Tokenizer, IM_END};
 use anyhow::{anyhow, bail, Context, Result};
 use serde_json::{json, Value};
 use std::collections::HashMap;
-use std::io::{Read, Write};
-use std::net::TcpStream;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
@@ -115,73 +114,18 @@ impl ServerPolicy {
 
     /// POSTs a JSON body; the answer's JSON, or an error with the status and body.
     pub fn post_json(&self, path: &str, body: &Value) -> Result<Value> {
-        let body = serde_json::to_vec(body)?;
-        let mut stream = TcpStream::connect(&self.address)
-            .with_context(|| format!("connecting to swerve-serve at {}", self.address))?;
-        let auth = self
-            .api_key
-            .as_ref()
-            .map(|k| format!("Authorization: Bearer {k}\r\n"))
+        let auth = self.api_key.as_ref().map(|k| format!("Bearer {k}"));
+        let headers: Vec<(&str, &str)> = auth
+            .as_deref()
+            .map(|a| vec![("Authorization", a)])
             .unwrap_or_default();
-        write!(
-            stream,
-            "POST {path} HTTP/1.1\r\nHost: {}\r\nContent-Type: application/json\r\n{auth}Content-Length: {}\r\nConnection: close\r\n\r\n",
-            self.address,
-            body.len()
-        )?;
-        stream.write_all(&body)?;
-        let mut response = Vec::new();
-        stream.read_to_end(&mut response)?;
-        let split = response
-            .windows(4)
-            .position(|w| w == b"\r\n\r\n")
-            .ok_or_else(|| anyhow!("{}{path}: no HTTP header in the answer", self.address))?;
-        let head = String::from_utf8_lossy(&response[..split]).to_string();
-        let status: u16 = head
-            .split_whitespace()
-            .nth(1)
-            .and_then(|s| s.parse().ok())
-            .ok_or_else(|| anyhow!("{}{path}: bad status line {head:?}", self.address))?;
-        let mut body = response[split + 4..].to_vec();
-        if head
-            .to_ascii_lowercase()
-            .contains("transfer-encoding: chunked")
-        {
-            body = dechunk(&body)?;
-        }
+        let (status, body) = http_request(&self.address, "POST", path, &headers, Some(body))
+            .with_context(|| format!("swerve-serve at {}", self.address))?;
         let text = String::from_utf8_lossy(&body);
         if status != 200 {
             bail!("{}{path}: HTTP {status}: {text}", self.address);
         }
         serde_json::from_str(&text).with_context(|| format!("{}{path}: not JSON", self.address))
-    }
-}
-
-fn dechunk(mut body: &[u8]) -> Result<Vec<u8>> {
-    let mut out = Vec::new();
-    loop {
-        let line_end = body
-            .windows(2)
-            .position(|w| w == b"\r\n")
-            .ok_or_else(|| anyhow!("bad chunked body"))?;
-        let size = usize::from_str_radix(
-            String::from_utf8_lossy(&body[..line_end])
-                .split(';')
-                .next()
-                .unwrap_or("")
-                .trim(),
-            16,
-        )
-        .context("bad chunk size")?;
-        body = &body[line_end + 2..];
-        if size == 0 {
-            return Ok(out);
-        }
-        if body.len() < size + 2 {
-            bail!("truncated chunked body");
-        }
-        out.extend_from_slice(&body[..size]);
-        body = &body[size + 2..];
     }
 }
 
