@@ -7,42 +7,70 @@
 #include <stdint.h>
 
 __device__ __forceinline__ void cp_async_16(void* smem, const void* gmem, bool valid) {
+#ifdef SWERVE_EMU
+    emu::cp_async(smem, gmem, 16, valid ? 16 : 0);
+#else
     const unsigned dst = (unsigned)__cvta_generic_to_shared(smem);
     const int src_bytes = valid ? 16 : 0;  // 0: write 16 zero bytes, read nothing
     asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(gmem), "r"(src_bytes));
+#endif
 }
 // 4-byte variant (through L1: .ca is the only cache mode for sizes below 16); 0 bytes read if !valid.
 __device__ __forceinline__ void cp_async_4(void* smem, const void* gmem, bool valid) {
+#ifdef SWERVE_EMU
+    emu::cp_async(smem, gmem, 4, valid ? 4 : 0);
+#else
     const unsigned dst = (unsigned)__cvta_generic_to_shared(smem);
     const int src_bytes = valid ? 4 : 0;
     asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;\n" ::"r"(dst), "l"(gmem), "r"(src_bytes));
+#endif
 }
+#ifdef SWERVE_EMU
+__device__ __forceinline__ void cp_async_commit() { emu::cp_async_commit(); }
+#else
 __device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
+#endif
 template <int kPending>
 __device__ __forceinline__ void cp_async_wait() {
+#ifdef SWERVE_EMU
+    emu::cp_async_wait(kPending);
+#else
     asm volatile("cp.async.wait_group %0;\n" ::"n"(kPending));
+#endif
 }
 
 __device__ __forceinline__ void ldmatrix_x4(uint32_t r[4], const void* smem) {
+#ifdef SWERVE_EMU
+    emu::ldmatrix_x4(r, smem, false, __LINE__);
+#else
     const unsigned addr = (unsigned)__cvta_generic_to_shared(smem);
     asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n"
                  : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
                  : "r"(addr));
+#endif
 }
 __device__ __forceinline__ void ldmatrix_x4_trans(uint32_t r[4], const void* smem) {
+#ifdef SWERVE_EMU
+    emu::ldmatrix_x4(r, smem, true, __LINE__);
+#else
     const unsigned addr = (unsigned)__cvta_generic_to_shared(smem);
     asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, [%4];\n"
                  : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
                  : "r"(addr));
+#endif
 }
 
 // d += a b: a 16x16 bf16 (row), b 16x8 bf16 (col), d 16x8 fp32.
 __device__ __forceinline__ void mma_bf16_16816(float d[4], const uint32_t a[4], uint32_t b0, uint32_t b1) {
+#ifdef SWERVE_EMU
+    emu::mma_bf16_16816(d, a, b0, b1, __LINE__);
+#else
     asm volatile(
         "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
         "{%0, %1, %2, %3};\n"
         : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
         : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+#endif
 }
 
 __device__ __forceinline__ uint32_t pack_bf16x2(float lo, float hi) {

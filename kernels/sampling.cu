@@ -51,7 +51,8 @@ extern "C" __global__ void __launch_bounds__(SamplingConfig::threads)
     __shared__ float warp_max[SamplingConfig::warps];
     __shared__ float warp_sum_exp[SamplingConfig::warps];
     __shared__ float warp_offsets[SamplingConfig::warps + 1];
-    __shared__ float row_max_shared, row_sum_shared;
+    __shared__ float row_max_shared;
+    __shared__ float row_sum_shared;
     __shared__ int last_nonzero_thread;
     __shared__ unsigned long long argmax_key;
     const int r = blockIdx.x;

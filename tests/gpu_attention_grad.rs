@@ -228,7 +228,7 @@ fn run_gpu(
 }
 
 #[test]
-#[ignore = "needs a CUDA GPU"]
+#[cfg_attr(not(swerve_emu), ignore = "needs a CUDA GPU (or a SWERVE_EMU=1 build: the emulated device)")]
 fn attention_backward_matches_cpu_reference() {
     let (gpu, cpu) = (gpu(), CpuBackend::new());
     for (i, &(lens, heads, kv_heads, hd)) in CASES.iter().enumerate() {
@@ -315,7 +315,7 @@ fn attention_backward_matches_cpu_reference() {
 /// dK and dV are summed in registers in a fixed order (bitwise reproducible); dQ's fp32 atomics
 /// may add in any order, so two runs agree to rounding only.
 #[test]
-#[ignore = "needs a CUDA GPU"]
+#[cfg_attr(not(swerve_emu), ignore = "needs a CUDA GPU (or a SWERVE_EMU=1 build: the emulated device)")]
 fn attention_backward_dk_dv_are_reproducible() {
     let gpu = gpu();
     let (lens, heads, kv_heads, hd) = (&[1000u32, 37][..], 28, 4, 128);
@@ -342,7 +342,7 @@ fn attention_backward_dk_dv_are_reproducible() {
 /// Every backward kernel loads and fits on this card with its shared memory and registers (one
 /// block of 256 threads per SM at least).
 #[test]
-#[ignore = "needs a CUDA GPU"]
+#[cfg_attr(not(swerve_emu), ignore = "needs a CUDA GPU (or a SWERVE_EMU=1 build: the emulated device)")]
 fn attention_backward_kernels_load_and_fit() {
     use cudarc::driver::sys::CUfunction_attribute;
     use swerve::backend::cuda::attention_grad::backward_variant;
@@ -368,7 +368,7 @@ fn attention_backward_kernels_load_and_fit() {
 
 /// Shapes and dtypes are checked before anything is launched, with the operand named.
 #[test]
-#[ignore = "needs a CUDA GPU"]
+#[cfg_attr(not(swerve_emu), ignore = "needs a CUDA GPU (or a SWERVE_EMU=1 build: the emulated device)")]
 fn attention_backward_refuses_mismatched_operands() {
     let gpu = gpu();
     let (t, heads, kv_heads, hd) = (10, 4, 2, 64);

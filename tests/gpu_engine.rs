@@ -86,7 +86,7 @@ fn max_gap(a: &[f32], b: &[f32]) -> f32 {
 }
 
 #[test]
-#[ignore = "needs a CUDA GPU"]
+#[cfg_attr(not(swerve_emu), ignore = "needs a CUDA GPU (or a SWERVE_EMU=1 build: the emulated device)")]
 fn decode_logprobs_match_a_prefill_recompute_with_and_without_graphs() {
     let cpu = CpuBackend::new();
     let reference = Qwen2Model::load(&cpu, &fixture_dir(MODEL)).unwrap();
@@ -133,7 +133,7 @@ fn decode_logprobs_match_a_prefill_recompute_with_and_without_graphs() {
 /// another backend instance, as the engine thread has) make it generate exactly what an engine
 /// that loaded those weights does.
 #[test]
-#[ignore = "needs a CUDA GPU"]
+#[cfg_attr(not(swerve_emu), ignore = "needs a CUDA GPU (or a SWERVE_EMU=1 build: the emulated device)")]
 fn weights_handed_over_device_to_device_equal_loaded_ones() {
     let run = |engine: &mut Engine<CudaBackend>| -> FinalRecord {
         let id = engine

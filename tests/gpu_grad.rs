@@ -64,7 +64,7 @@ fn ids(n: usize, vocab: usize, seed: u64) -> Vec<u32> {
 }
 
 #[test]
-#[ignore = "needs a CUDA GPU"]
+#[cfg_attr(not(swerve_emu), ignore = "needs a CUDA GPU (or a SWERVE_EMU=1 build: the emulated device)")]
 fn embedding_backward_is_the_cpu_sum_bit_for_bit() {
     let (gpu, cpu) = (gpu(), CpuBackend::new());
     for (i, &(tokens, vocab, d)) in [(1, 10, 896), (257, 50, 3584), (33, 1000, 100), (5, 3, 1)]
@@ -93,7 +93,7 @@ fn embedding_backward_is_the_cpu_sum_bit_for_bit() {
 }
 
 #[test]
-#[ignore = "needs a CUDA GPU"]
+#[cfg_attr(not(swerve_emu), ignore = "needs a CUDA GPU (or a SWERVE_EMU=1 build: the emulated device)")]
 fn rmsnorm_backward_matches_cpu_reference() {
     let (gpu, cpu) = (gpu(), CpuBackend::new());
     let eps = 1e-6f32;
@@ -156,7 +156,7 @@ fn rmsnorm_backward_matches_cpu_reference() {
 }
 
 #[test]
-#[ignore = "needs a CUDA GPU"]
+#[cfg_attr(not(swerve_emu), ignore = "needs a CUDA GPU (or a SWERVE_EMU=1 build: the emulated device)")]
 fn rope_backward_matches_cpu_reference() {
     let (gpu, cpu) = (gpu(), CpuBackend::new());
     for (i, &(tokens, heads, kv_heads, head_dim, yarn)) in [
@@ -221,7 +221,7 @@ fn rope_backward_matches_cpu_reference() {
 }
 
 #[test]
-#[ignore = "needs a CUDA GPU"]
+#[cfg_attr(not(swerve_emu), ignore = "needs a CUDA GPU (or a SWERVE_EMU=1 build: the emulated device)")]
 fn swiglu_backward_matches_cpu_reference() {
     let (gpu, cpu) = (gpu(), CpuBackend::new());
     for (i, &n) in [1usize, 7, 8, 1000, 4099 * 3 + 5].iter().enumerate() {
@@ -262,7 +262,7 @@ fn swiglu_backward_matches_cpu_reference() {
 }
 
 #[test]
-#[ignore = "needs a CUDA GPU"]
+#[cfg_attr(not(swerve_emu), ignore = "needs a CUDA GPU (or a SWERVE_EMU=1 build: the emulated device)")]
 fn linear_backward_matches_cpu_reference() {
     let (gpu, cpu) = (gpu(), CpuBackend::new());
     for (i, &(t, k, n, bias)) in [
@@ -480,7 +480,7 @@ impl LossCase {
 }
 
 #[test]
-#[ignore = "needs a CUDA GPU"]
+#[cfg_attr(not(swerve_emu), ignore = "needs a CUDA GPU (or a SWERVE_EMU=1 build: the emulated device)")]
 fn fused_loss_matches_the_unfused_reference() {
     let gpu = gpu();
     let objectives = [
@@ -631,7 +631,7 @@ fn fused_loss_matches_the_unfused_reference() {
 }
 
 #[test]
-#[ignore = "needs a CUDA GPU"]
+#[cfg_attr(not(swerve_emu), ignore = "needs a CUDA GPU (or a SWERVE_EMU=1 build: the emulated device)")]
 fn adamw_equals_the_cpu_reference_bit_for_bit() {
     let gpu = gpu();
     for &n in &[1024usize, 4099 * 3 + 1] {
@@ -679,7 +679,7 @@ fn adamw_equals_the_cpu_reference_bit_for_bit() {
 }
 
 #[test]
-#[ignore = "needs a CUDA GPU"]
+#[cfg_attr(not(swerve_emu), ignore = "needs a CUDA GPU (or a SWERVE_EMU=1 build: the emulated device)")]
 fn reductions_and_conversions_are_exact() {
     let gpu = gpu();
     // Sum of squares (f64) of f32 and bf16 tensors, large and ragged.
@@ -765,7 +765,7 @@ fn fixture_tensor(st: &SafeTensors<'_>, key: &str) -> Vec<f64> {
 /// ones. Tolerance: bf16, first calibration 5e-2 of each tensor's largest gradient; the run
 /// prints the worst error per model so it can be tightened from the measured figures.
 #[test]
-#[ignore = "needs a CUDA GPU"]
+#[cfg_attr(not(swerve_emu), ignore = "needs a CUDA GPU (or a SWERVE_EMU=1 build: the emulated device)")]
 fn whole_model_gradients_match_the_fixtures_in_bf16() {
     const MAX_BF16_GRAD_ERROR: f64 = 5e-2;
     let gpu = gpu();
@@ -871,7 +871,7 @@ fn whole_model_gradients_match_the_fixtures_in_bf16() {
 }
 
 #[test]
-#[ignore = "needs a CUDA GPU"]
+#[cfg_attr(not(swerve_emu), ignore = "needs a CUDA GPU (or a SWERVE_EMU=1 build: the emulated device)")]
 fn swerve_train_rft_runs_on_cuda() {
     let dir = tempfile::tempdir().unwrap();
     let data = dir.path().join("rft.jsonl");

@@ -44,7 +44,7 @@ fn naive_rmsnorm(x: &[f32], w: &[f32], cols: usize) -> Vec<f32> {
 }
 
 #[test]
-#[ignore = "needs a CUDA GPU"]
+#[cfg_attr(not(swerve_emu), ignore = "needs a CUDA GPU (or a SWERVE_EMU=1 build: the emulated device)")]
 fn rmsnorm_fwd_matches_cpu_reference() {
     let (gpu, cpu) = (gpu(), CpuBackend::new());
     for (i, &(rows, cols)) in ROW_SHAPES.iter().enumerate() {
@@ -64,7 +64,7 @@ fn rmsnorm_fwd_matches_cpu_reference() {
 }
 
 #[test]
-#[ignore = "needs a CUDA GPU"]
+#[cfg_attr(not(swerve_emu), ignore = "needs a CUDA GPU (or a SWERVE_EMU=1 build: the emulated device)")]
 fn add_rmsnorm_fwd_matches_cpu_reference() {
     let (gpu, cpu) = (gpu(), CpuBackend::new());
     for (i, &(rows, cols)) in ROW_SHAPES.iter().enumerate() {
@@ -100,7 +100,7 @@ fn add_rmsnorm_fwd_matches_cpu_reference() {
 }
 
 #[test]
-#[ignore = "needs a CUDA GPU"]
+#[cfg_attr(not(swerve_emu), ignore = "needs a CUDA GPU (or a SWERVE_EMU=1 build: the emulated device)")]
 fn embedding_gathers_rows_exactly() {
     let gpu = gpu();
     for (vocab, d, tokens) in [
@@ -131,7 +131,7 @@ fn embedding_gathers_rows_exactly() {
 }
 
 #[test]
-#[ignore = "needs a CUDA GPU"]
+#[cfg_attr(not(swerve_emu), ignore = "needs a CUDA GPU (or a SWERVE_EMU=1 build: the emulated device)")]
 fn rope_plain_and_yarn_match_cpu_reference() {
     let (gpu, cpu) = (gpu(), CpuBackend::new());
     for (i, &(tokens, heads, kv_heads, head_dim, yarn)) in [
@@ -206,7 +206,7 @@ fn rope_plain_and_yarn_match_cpu_reference() {
 }
 
 #[test]
-#[ignore = "needs a CUDA GPU"]
+#[cfg_attr(not(swerve_emu), ignore = "needs a CUDA GPU (or a SWERVE_EMU=1 build: the emulated device)")]
 fn swiglu_matches_cpu_reference() {
     let (gpu, cpu) = (gpu(), CpuBackend::new());
     for (i, &(rows, cols)) in [(1, 4864), (7, 200), (129, 18944), (4099, 4864), (3, 5)]
@@ -235,7 +235,7 @@ fn swiglu_matches_cpu_reference() {
 }
 
 #[test]
-#[ignore = "needs a CUDA GPU"]
+#[cfg_attr(not(swerve_emu), ignore = "needs a CUDA GPU (or a SWERVE_EMU=1 build: the emulated device)")]
 fn conversions_round_to_nearest_even_exactly() {
     let gpu = gpu();
     for n in [1usize, 7, 8, 4099, 1 << 20] {
@@ -262,7 +262,7 @@ fn conversions_round_to_nearest_even_exactly() {
 }
 
 #[test]
-#[ignore = "needs a CUDA GPU"]
+#[cfg_attr(not(swerve_emu), ignore = "needs a CUDA GPU (or a SWERVE_EMU=1 build: the emulated device)")]
 fn token_logprobs_match_f64() {
     let gpu = gpu();
     for (i, &(rows, vocab)) in [(1, 320), (7, 151_936), (129, 1000), (3, 5)]
@@ -303,7 +303,7 @@ fn token_logprobs_match_f64() {
 }
 
 #[test]
-#[ignore = "needs a CUDA GPU"]
+#[cfg_attr(not(swerve_emu), ignore = "needs a CUDA GPU (or a SWERVE_EMU=1 build: the emulated device)")]
 fn flash_attention_matches_cpu_reference() {
     let (gpu, cpu) = (gpu(), CpuBackend::new());
     // (sequence lengths packed together, heads, kv_heads, head_dim): ragged lengths around the
@@ -350,7 +350,7 @@ fn flash_attention_matches_cpu_reference() {
 }
 
 #[test]
-#[ignore = "needs a CUDA GPU"]
+#[cfg_attr(not(swerve_emu), ignore = "needs a CUDA GPU (or a SWERVE_EMU=1 build: the emulated device)")]
 fn flash_attention_saves_the_logsumexp() {
     let gpu = gpu();
     let (heads, kv_heads, hd) = (4, 2, 64);
@@ -405,7 +405,7 @@ fn flash_attention_saves_the_logsumexp() {
 }
 
 #[test]
-#[ignore = "needs a CUDA GPU"]
+#[cfg_attr(not(swerve_emu), ignore = "needs a CUDA GPU (or a SWERVE_EMU=1 build: the emulated device)")]
 fn linear_matches_f64_with_and_without_bias() {
     let gpu = gpu();
     for (i, &(rows, n, k, bias, f32_out)) in [
@@ -474,7 +474,7 @@ fn add_toward_zero(acc: f32, x: f64) -> f32 {
 }
 
 #[test]
-#[ignore = "needs a CUDA GPU"]
+#[cfg_attr(not(swerve_emu), ignore = "needs a CUDA GPU (or a SWERVE_EMU=1 build: the emulated device)")]
 fn every_embedded_kernel_family_loads() {
     let gpu = gpu();
     for (family, _) in swerve::backend::cuda::embedded::FATBINS {

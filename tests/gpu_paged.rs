@@ -198,7 +198,7 @@ fn check_paged(
 }
 
 #[test]
-#[ignore = "needs a CUDA GPU"]
+#[cfg_attr(not(swerve_emu), ignore = "needs a CUDA GPU (or a SWERVE_EMU=1 build: the emulated device)")]
 fn write_kv_copies_rows_bitwise_into_shuffled_slots() {
     let (gpu, cpu) = (gpu(), CpuBackend::new());
     for (i, &(tokens, kv_heads, hd, bs)) in [
@@ -243,7 +243,7 @@ fn write_kv_copies_rows_bitwise_into_shuffled_slots() {
 }
 
 #[test]
-#[ignore = "needs a CUDA GPU"]
+#[cfg_attr(not(swerve_emu), ignore = "needs a CUDA GPU (or a SWERVE_EMU=1 build: the emulated device)")]
 fn decode_rows_of_very_different_contexts_match_cpu_reference() {
     let (gpu, cpu) = (gpu(), CpuBackend::new());
     // (contexts, one query row each; heads, kv_heads, head_dim; block size): GQA 4, 7, 1, 2, 7;
@@ -272,7 +272,7 @@ fn decode_rows_of_very_different_contexts_match_cpu_reference() {
 }
 
 #[test]
-#[ignore = "needs a CUDA GPU"]
+#[cfg_attr(not(swerve_emu), ignore = "needs a CUDA GPU (or a SWERVE_EMU=1 build: the emulated device)")]
 fn chunks_over_cached_prefixes_mixed_with_decode_rows_match_cpu_reference() {
     let (gpu, cpu) = (gpu(), CpuBackend::new());
     // 300 new rows over a 2,000-token cached prefix, beside decode rows, a 4-row chunk (16 flat
@@ -310,7 +310,7 @@ fn chunks_over_cached_prefixes_mixed_with_decode_rows_match_cpu_reference() {
 }
 
 #[test]
-#[ignore = "needs a CUDA GPU"]
+#[cfg_attr(not(swerve_emu), ignore = "needs a CUDA GPU (or a SWERVE_EMU=1 build: the emulated device)")]
 fn partition_boundaries_and_many_partitions_match_cpu_reference() {
     let (gpu, cpu) = (gpu(), CpuBackend::new());
     let heads = (8, 2, 128);
@@ -401,7 +401,7 @@ fn pack_rows(
 }
 
 #[test]
-#[ignore = "needs a CUDA GPU"]
+#[cfg_attr(not(swerve_emu), ignore = "needs a CUDA GPU (or a SWERVE_EMU=1 build: the emulated device)")]
 fn paged_attention_over_written_cache_equals_flash_prefill() {
     let (gpu, cpu) = (gpu(), CpuBackend::new());
     let lens = [300usize, 1000, 17, 1, 129];
@@ -545,7 +545,7 @@ fn paged_attention_over_written_cache_equals_flash_prefill() {
 }
 
 #[test]
-#[ignore = "needs a CUDA GPU"]
+#[cfg_attr(not(swerve_emu), ignore = "needs a CUDA GPU (or a SWERVE_EMU=1 build: the emulated device)")]
 fn a_step_scope_uploads_each_layout_once_and_keeps_them_apart() {
     // Inside `begin_step` .. `end_step` the backend keeps device copies of layouts and slot
     // mappings by address. Two layouts alive at once must each get their own, a repeated call
@@ -583,7 +583,7 @@ fn a_step_scope_uploads_each_layout_once_and_keeps_them_apart() {
 }
 
 #[test]
-#[ignore = "needs a CUDA GPU"]
+#[cfg_attr(not(swerve_emu), ignore = "needs a CUDA GPU (or a SWERVE_EMU=1 build: the emulated device)")]
 fn every_paged_kernel_loads() {
     let gpu = gpu();
     gpu.device.function("paged_attn", "write_kv_bf16").unwrap();
@@ -597,7 +597,7 @@ fn every_paged_kernel_loads() {
 }
 
 #[test]
-#[ignore = "needs a CUDA GPU"]
+#[cfg_attr(not(swerve_emu), ignore = "needs a CUDA GPU (or a SWERVE_EMU=1 build: the emulated device)")]
 fn bad_inputs_are_errors() {
     let gpu = gpu();
     let (layout, num_blocks) = shuffled_layout(16, &[1], &[20], 500);

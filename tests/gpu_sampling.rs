@@ -49,7 +49,7 @@ fn log_softmax_at(row: &[f32], temperature: f64, t: usize) -> f64 {
 }
 
 #[test]
-#[ignore = "needs a CUDA GPU"]
+#[cfg_attr(not(swerve_emu), ignore = "needs a CUDA GPU (or a SWERVE_EMU=1 build: the emulated device)")]
 fn sample_rows_match_the_host_sampler() {
     let gpu = gpu();
     let cpu = CpuBackend::new();
@@ -120,7 +120,7 @@ fn sample_rows_match_the_host_sampler() {
 }
 
 #[test]
-#[ignore = "needs a CUDA GPU"]
+#[cfg_attr(not(swerve_emu), ignore = "needs a CUDA GPU (or a SWERVE_EMU=1 build: the emulated device)")]
 fn sample_rows_handle_infinite_and_nan_logits() {
     let gpu = gpu();
     let (inf, nan) = (f32::INFINITY, f32::NAN);
