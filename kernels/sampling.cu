@@ -3,7 +3,7 @@
 // src/engine/sampler.rs, which this kernel follows for rows without filters).
 //
 //   sample_rows_f32: for each row r with temperature T_r and uniform draw u_r in [0, 1):
-//     T_r == 0: token = argmax(logits[r]) (ties to the lowest id, NaN ignored);
+//     T_r == 0: token = argmax(logits[r]) (ties to the lowest id, -0.0 equal to +0.0, NaN ignored);
 //               logprob = log_softmax(logits[r])[token]
 //     T_r  > 0: scores x = logits[r] / T_r (NaN as -inf); token = the first id whose running sum of
 //               exp(x - max) in index order exceeds u_r * sum(exp(x - max)) (inverse CDF);
@@ -114,12 +114,15 @@ extern "C" __global__ void __launch_bounds__(SamplingConfig::threads)
 
     if (greedy) {
         // Argmax with ties to the lowest id: the key orders by value, then by reversed id.
-        // Scores are never NaN here; map the float to an order-preserving uint.
+        // Scores are never NaN here; map the float to an order-preserving uint. -0.0 and +0.0 are
+        // equal values (the host sampler compares with `>`), so -0.0 is keyed as +0.0: without
+        // that, [-0.0, 0.0] would pick token 1 here and token 0 on the host.
         unsigned long long best = 0;
         for (int i = threadIdx.x; i < vocab; i += blockDim.x) {
             const float x = score(row[i]);
             if (x == -INFINITY) continue;
-            const uint32_t bits = __float_as_uint(x);
+            const uint32_t raw = __float_as_uint(x);
+            const uint32_t bits = raw == 0x80000000u ? 0u : raw;  // bit test: immune to flush-to-zero
             const uint32_t ordered = (bits & 0x80000000u) ? ~bits : bits | 0x80000000u;
             const unsigned long long key = ((unsigned long long)ordered << 32) | (uint32_t)(vocab - 1 - i);
             best = key > best ? key : best;

@@ -49,7 +49,10 @@ fn log_softmax_at(row: &[f32], temperature: f64, t: usize) -> f64 {
 }
 
 #[test]
-#[cfg_attr(not(swerve_emu), ignore = "needs a CUDA GPU (or a SWERVE_EMU=1 build: the emulated device)")]
+#[cfg_attr(
+    not(swerve_emu),
+    ignore = "needs a CUDA GPU (or a SWERVE_EMU=1 build: the emulated device)"
+)]
 fn sample_rows_match_the_host_sampler() {
     let gpu = gpu();
     let cpu = CpuBackend::new();
@@ -120,7 +123,10 @@ fn sample_rows_match_the_host_sampler() {
 }
 
 #[test]
-#[cfg_attr(not(swerve_emu), ignore = "needs a CUDA GPU (or a SWERVE_EMU=1 build: the emulated device)")]
+#[cfg_attr(
+    not(swerve_emu),
+    ignore = "needs a CUDA GPU (or a SWERVE_EMU=1 build: the emulated device)"
+)]
 fn sample_rows_handle_infinite_and_nan_logits() {
     let gpu = gpu();
     let (inf, nan) = (f32::INFINITY, f32::NAN);
@@ -179,4 +185,68 @@ fn sample_rows_handle_infinite_and_nan_logits() {
     );
     assert!((got[4].1 + 2f32.ln()).abs() < 1e-6, "logprob {}", got[4].1);
     assert_eq!(got[5].0, 11, "greedy ignores NaN, ties to the lowest id");
+}
+
+/// -0.0 and +0.0 are equal logits: a greedy tie between them goes to the lowest id, as on the host
+/// sampler (`z > best`), whichever sign comes first and whichever threads hold them.
+#[test]
+#[cfg_attr(
+    not(swerve_emu),
+    ignore = "needs a CUDA GPU (or a SWERVE_EMU=1 build: the emulated device)"
+)]
+fn greedy_ties_between_signed_zeros_go_to_the_lowest_id() {
+    let gpu = gpu();
+    let cpu = CpuBackend::new();
+    let vocab = 700;
+    let mut rows: Vec<Vec<f32>> = Vec::new();
+    let mut short = vec![-1.0f32; vocab];
+    short[..3].copy_from_slice(&[-0.0, 0.0, -1.0]);
+    rows.push(short);
+    let mut swapped = vec![-1.0f32; vocab];
+    swapped[..3].copy_from_slice(&[0.0, -0.0, -1.0]);
+    rows.push(swapped);
+    // Far apart: different threads of the block, the negative zero first.
+    let mut apart = vec![-3.0f32; vocab];
+    apart[600] = -0.0;
+    apart[650] = 0.0;
+    apart[5] = -0.5;
+    rows.push(apart);
+    // A row of zeros of both signs only.
+    rows.push(
+        (0..vocab)
+            .map(|i| if i % 3 == 0 { 0.0 } else { -0.0 })
+            .collect(),
+    );
+    rows.push(
+        (0..vocab)
+            .map(|i| if i % 3 == 0 { -0.0 } else { 0.0 })
+            .collect(),
+    );
+    let draws: Vec<RowDraw> = rows
+        .iter()
+        .map(|_| RowDraw {
+            temperature: 0.0,
+            uniform: 0.0,
+        })
+        .collect();
+    let flat: Vec<f32> = rows.concat();
+    let dev = gpu
+        .upload_pod(&flat, &[rows.len(), vocab], DeviceDType::F32)
+        .unwrap();
+    let got = gpu.sample_rows(&dev, &draws).unwrap();
+    let host = cpu
+        .sample_rows(&CpuTensor::new(vec![rows.len(), vocab], flat), &draws)
+        .unwrap();
+    let tokens: Vec<u32> = got.iter().map(|&(t, _)| t).collect();
+    assert_eq!(tokens, [0, 0, 600, 0, 0], "device greedy tokens");
+    assert_eq!(
+        tokens,
+        host.iter().map(|&(t, _)| t).collect::<Vec<_>>(),
+        "device and host sampler"
+    );
+    // [-0.0, 0.0, -1.0, -1.0 ...]: the token's logprob is the GPU trainer's, bit for bit.
+    let trainer = gpu.token_logprobs(&dev, &tokens).unwrap();
+    for (r, (&(_, logprob), want)) in got.iter().zip(&trainer).enumerate() {
+        assert_eq!(logprob.to_bits(), want.to_bits(), "row {r}");
+    }
 }
