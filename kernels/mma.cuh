@@ -6,9 +6,17 @@
 #include <cuda_bf16.h>
 #include <stdint.h>
 
-__device__ __forceinline__ void cp_async_16(void* smem, const void* gmem, bool valid) {
 #ifdef SWERVE_EMU
-    emu::cp_async(smem, gmem, 16, valid ? 16 : 0);
+// Emulated build (emu/include/emu_cuda.h, emu/runtime.cpp): the wrappers also take their caller's
+// file and line (default arguments) so that the emulator's diagnostics name the kernel's call site.
+#define SWERVE_EMU_CALLER , const char *emu_file = __builtin_FILE(), int emu_line = __builtin_LINE()
+#else
+#define SWERVE_EMU_CALLER
+#endif
+
+__device__ __forceinline__ void cp_async_16(void* smem, const void* gmem, bool valid SWERVE_EMU_CALLER) {
+#ifdef SWERVE_EMU
+    emu::cp_async(smem, gmem, 16, valid ? 16 : 0, emu_file, emu_line);
 #else
     const unsigned dst = (unsigned)__cvta_generic_to_shared(smem);
     const int src_bytes = valid ? 16 : 0;  // 0: write 16 zero bytes, read nothing
@@ -16,9 +24,9 @@ __device__ __forceinline__ void cp_async_16(void* smem, const void* gmem, bool v
 #endif
 }
 // 4-byte variant (through L1: .ca is the only cache mode for sizes below 16); 0 bytes read if !valid.
-__device__ __forceinline__ void cp_async_4(void* smem, const void* gmem, bool valid) {
+__device__ __forceinline__ void cp_async_4(void* smem, const void* gmem, bool valid SWERVE_EMU_CALLER) {
 #ifdef SWERVE_EMU
-    emu::cp_async(smem, gmem, 4, valid ? 4 : 0);
+    emu::cp_async(smem, gmem, 4, valid ? 4 : 0, emu_file, emu_line);
 #else
     const unsigned dst = (unsigned)__cvta_generic_to_shared(smem);
     const int src_bytes = valid ? 4 : 0;
@@ -39,9 +47,9 @@ __device__ __forceinline__ void cp_async_wait() {
 #endif
 }
 
-__device__ __forceinline__ void ldmatrix_x4(uint32_t r[4], const void* smem) {
+__device__ __forceinline__ void ldmatrix_x4(uint32_t r[4], const void* smem SWERVE_EMU_CALLER) {
 #ifdef SWERVE_EMU
-    emu::ldmatrix_x4(r, smem, false, __LINE__);
+    emu::ldmatrix(r, 4, smem, false, emu_file, emu_line);
 #else
     const unsigned addr = (unsigned)__cvta_generic_to_shared(smem);
     asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n"
@@ -49,9 +57,9 @@ __device__ __forceinline__ void ldmatrix_x4(uint32_t r[4], const void* smem) {
                  : "r"(addr));
 #endif
 }
-__device__ __forceinline__ void ldmatrix_x4_trans(uint32_t r[4], const void* smem) {
+__device__ __forceinline__ void ldmatrix_x4_trans(uint32_t r[4], const void* smem SWERVE_EMU_CALLER) {
 #ifdef SWERVE_EMU
-    emu::ldmatrix_x4(r, smem, true, __LINE__);
+    emu::ldmatrix(r, 4, smem, true, emu_file, emu_line);
 #else
     const unsigned addr = (unsigned)__cvta_generic_to_shared(smem);
     asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, [%4];\n"
@@ -61,9 +69,9 @@ __device__ __forceinline__ void ldmatrix_x4_trans(uint32_t r[4], const void* sme
 }
 
 // d += a b: a 16x16 bf16 (row), b 16x8 bf16 (col), d 16x8 fp32.
-__device__ __forceinline__ void mma_bf16_16816(float d[4], const uint32_t a[4], uint32_t b0, uint32_t b1) {
+__device__ __forceinline__ void mma_bf16_16816(float d[4], const uint32_t a[4], uint32_t b0, uint32_t b1 SWERVE_EMU_CALLER) {
 #ifdef SWERVE_EMU
-    emu::mma_bf16_16816(d, a, b0, b1, __LINE__);
+    emu::mma_bf16_m16n8k16(d, a, b0, b1, emu_file, emu_line);
 #else
     asm volatile(
         "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
