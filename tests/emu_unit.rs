@@ -1,0 +1,244 @@
+//! Unit tests of the emulated CUDA device (`emu/`): compiles the runtime (`emu/runtime.cpp`) with
+//! the C++ test programs into `CARGO_TARGET_TMPDIR` with g++ and runs them.
+//!
+//! - `emu/tests/unit.cpp`: ldmatrix / mma.sync fragment layouts against the PTX ISA and a scalar
+//!   matmul, shuffles, votes, atomics, cp.async groups, every diagnostic on a bad kernel (and none
+//!   on the good ones), the `SWERVE_EMU_SCHEDULE` modes, launches on several OS threads.
+//! - `emu/tests/unit_kernels.cpp`: the real `kernels/rmsnorm.cu` and `kernels/flash_attn.cu`
+//!   (forward and backward) against float64 references, and two broken copies of the flash
+//!   forward written here (`cp_async_wait<1>` made `<2>`: the emulator must report copies never
+//!   waited for; the V `ldmatrix_x4_trans` made `ldmatrix_x4`: the output must mismatch).
+//! - an untransformed `__shared__` declaration must not compile.
+//!
+//! Needs only g++ (no GPU, no SWERVE_EMU build of the crate).
+
+use std::fs;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+use std::sync::OnceLock;
+
+fn root() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+}
+
+/// This process's build directory, with the runtime compiled once.
+fn build_dir() -> &'static PathBuf {
+    static DIR: OnceLock<PathBuf> = OnceLock::new();
+    DIR.get_or_init(|| {
+        let dir = PathBuf::from(env!("CARGO_TARGET_TMPDIR"))
+            .join(format!("emu_unit-{}", std::process::id()));
+        fs::create_dir_all(&dir).expect("creating the build directory");
+        let object = dir.join("runtime.o");
+        let runtime = root().join("emu/runtime.cpp");
+        compile(
+            &[
+                runtime.to_str().unwrap(),
+                "-c",
+                "-o",
+                object.to_str().unwrap(),
+            ],
+            &[],
+        );
+        dir
+    })
+}
+
+fn cxx() -> String {
+    std::env::var("CXX").unwrap_or_else(|_| "g++".to_string())
+}
+
+fn base_flags() -> Vec<String> {
+    let root = root();
+    vec![
+        "-std=c++17".into(),
+        "-O2".into(),
+        "-fno-strict-aliasing".into(),
+        "-DSWERVE_EMU".into(),
+        "-Wno-unknown-pragmas".into(),
+        format!("-I{}", root.join("emu/include").display()),
+        format!("-I{}", root.join("kernels").display()),
+    ]
+}
+
+fn run_cxx(args: &[&str], include_dirs: &[&Path]) -> Output {
+    let mut cmd = Command::new(cxx());
+    cmd.args(base_flags());
+    for dir in include_dirs {
+        cmd.arg(format!("-I{}", dir.display()));
+    }
+    cmd.args(args);
+    match cmd.output() {
+        Ok(out) => out,
+        Err(e) => panic!(
+            "the emulated-device tests need a C++17 compiler: could not run `{}` ({e}); install g++ \
+             (e.g. apt-get install g++) or set CXX",
+            cxx()
+        ),
+    }
+}
+
+fn compile(args: &[&str], include_dirs: &[&Path]) {
+    let out = run_cxx(args, include_dirs);
+    assert!(
+        out.status.success(),
+        "{} {} failed:\n{}{}",
+        cxx(),
+        args.join(" "),
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+fn compile_and_run(name: &str, source: &Path, include_dirs: &[&Path]) {
+    let dir = build_dir();
+    let exe = dir.join(name);
+    let object = dir.join("runtime.o");
+    compile(
+        &[
+            source.to_str().unwrap(),
+            object.to_str().unwrap(),
+            "-o",
+            exe.to_str().unwrap(),
+            "-lpthread",
+        ],
+        include_dirs,
+    );
+    let out = Command::new(&exe)
+        .output()
+        .expect("running the test program");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    println!("{stdout}");
+    if !stderr.is_empty() {
+        println!("--- stderr (errors the emulator printed for the deliberately broken kernels) ---\n{stderr}");
+    }
+    assert!(
+        out.status.success(),
+        "{name} failed (exit status {:?}); see the FAIL lines above",
+        out.status
+    );
+}
+
+/// The emulated build's source transform (as build.rs applies it; repeated here so this test needs
+/// no SWERVE_EMU build): `extern __shared__ [__align__(N)] T name[];` becomes a pointer to the
+/// block's dynamic shared memory, `__shared__ [__align__(N)] T name<dims>;` a reference to
+/// `emu::block_shared<T<dims>>(ID)`.
+fn transform(src: &str) -> String {
+    let mut out = String::with_capacity(src.len() + 256);
+    let mut next_id = 0;
+    for line in src.lines() {
+        let trimmed = line.trim_start();
+        let indent = &line[..line.len() - trimmed.len()];
+        let (is_extern, rest) = if let Some(rest) = trimmed.strip_prefix("extern __shared__") {
+            (true, rest)
+        } else if let Some(rest) = trimmed.strip_prefix("__shared__") {
+            (false, rest)
+        } else {
+            out.push_str(line);
+            out.push('\n');
+            continue;
+        };
+        let end = rest
+            .find(';')
+            .expect("a __shared__ declaration ends with ';'");
+        let (decl, tail) = (rest[..end].trim(), &rest[end + 1..]);
+        let decl = match decl.strip_prefix("__align__(") {
+            Some(after) => after[after.find(')').unwrap() + 1..].trim(),
+            None => decl,
+        };
+        let dims_at = decl.find('[').unwrap_or(decl.len());
+        let (head, dims) = (decl[..dims_at].trim_end(), &decl[dims_at..]);
+        let name_at = head
+            .rfind(|c: char| !(c.is_alphanumeric() || c == '_'))
+            .map_or(0, |i| i + 1);
+        let (ty, name) = (head[..name_at].trim(), &head[name_at..]);
+        assert!(
+            !ty.is_empty() && !name.is_empty() && !decl.contains(','),
+            "cannot transform `{trimmed}`"
+        );
+        if is_extern {
+            out.push_str(&format!(
+                "{indent}{ty}* {name} = reinterpret_cast<{ty}*>(emu::dynamic_smem());{tail}\n"
+            ));
+        } else {
+            out.push_str(&format!(
+                "{indent}auto& {name} = emu::block_shared<{ty}{dims}>({next_id});{tail}\n"
+            ));
+            next_id += 1;
+        }
+    }
+    out
+}
+
+/// `src` with `from` replaced by `to` inside flash_attn.cu's forward only (the template function
+/// up to the entry-point macro); panics if the forward has no such text.
+fn mutate_forward(src: &str, from: &str, to: &str) -> String {
+    let start = src
+        .find("void flash_attn_fwd(")
+        .expect("flash_attn.cu: the forward's template function `flash_attn_fwd(` is gone");
+    let end = start
+        + src[start..]
+            .find("#define FLASH_FWD_ENTRY")
+            .expect("flash_attn.cu: FLASH_FWD_ENTRY is gone");
+    let body = &src[start..end];
+    assert!(
+        body.contains(from),
+        "flash_attn.cu's forward has no `{from}` left to mutate: update this test's mutation"
+    );
+    format!("{}{}{}", &src[..start], body.replace(from, to), &src[end..])
+}
+
+#[test]
+fn emulator_unit_tests() {
+    compile_and_run("unit", &root().join("emu/tests/unit.cpp"), &[]);
+}
+
+#[test]
+fn real_kernels_against_references_and_mutations() {
+    let dir = build_dir().join("kernels");
+    fs::create_dir_all(&dir).unwrap();
+    let read = |f: &str| fs::read_to_string(root().join("kernels").join(f)).unwrap();
+    let flash = transform(&read("flash_attn.cu"));
+    fs::write(dir.join("rmsnorm.emu.cpp"), transform(&read("rmsnorm.cu"))).unwrap();
+    fs::write(dir.join("flash_attn.emu.cpp"), &flash).unwrap();
+    fs::write(
+        dir.join("flash_attn_mut_wait.emu.cpp"),
+        mutate_forward(&flash, "cp_async_wait<1>()", "cp_async_wait<2>()"),
+    )
+    .unwrap();
+    fs::write(
+        dir.join("flash_attn_mut_trans.emu.cpp"),
+        mutate_forward(&flash, "ldmatrix_x4_trans(b, sV", "ldmatrix_x4(b, sV"),
+    )
+    .unwrap();
+    compile_and_run(
+        "unit_kernels",
+        &root().join("emu/tests/unit_kernels.cpp"),
+        &[&dir],
+    );
+}
+
+#[test]
+fn untransformed_shared_does_not_compile() {
+    let dir = build_dir();
+    let src = dir.join("untransformed.cpp");
+    fs::write(
+        &src,
+        "#include \"emu_cuda.h\"\n__global__ void k(float* o) { __shared__ float s[32]; s[0] = 1; o[0] = s[0]; }\n",
+    )
+    .unwrap();
+    let out = run_cxx(&["-fsyntax-only", src.to_str().unwrap()], &[]);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        !out.status.success() && stderr.contains("untransformed __shared__"),
+        "an untransformed __shared__ must be a compile error naming the transform; got status {:?}:\n{stderr}",
+        out.status
+    );
+}
+
+#[test]
+fn transform_matches_the_documented_forms() {
+    let src = "    extern __shared__ __align__(16) unsigned char smem[];\n  __shared__ float a[4][8];  // x\n__shared__ __align__(16) float b[N];\n__shared__ unsigned long long key;\n";
+    let want = "    unsigned char* smem = reinterpret_cast<unsigned char*>(emu::dynamic_smem());\n  auto& a = emu::block_shared<float[4][8]>(0);  // x\nauto& b = emu::block_shared<float[N]>(1);\nauto& key = emu::block_shared<unsigned long long>(2);\n";
+    assert_eq!(transform(src), want);
+}
