@@ -8,6 +8,8 @@
 //       emu/runtime.cpp emu/tests/unit.cpp -o emu_unit -lpthread && ./emu_unit
 // (tests/emu_unit.rs does this, and also runs emu/tests/unit_kernels.cpp on the real kernels.)
 #include <fcntl.h>
+#include <signal.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -914,6 +916,85 @@ static void test_threads() {
     CHECK(bad_launches == 0, "concurrent launches: %d launches with the wrong error status", bad_launches.load());
 }
 
+// =================================================================================================
+// Guard pages: an overrun of the dynamic shared memory, or of a fiber's stack, faults at once, and
+// describe_fault (for the driver's SIGSEGV handler) names it. Each case runs in a child process.
+// =================================================================================================
+static int g_fault_pipe = -1;
+static void on_fault(int, siginfo_t* info, void*) {
+    char msg[512];
+    if (emu::describe_fault(info->si_addr, msg, sizeof msg)) {
+        if (write(g_fault_pipe, msg, strlen(msg)) < 0) {
+        }
+        _exit(42);
+    }
+    _exit(43);
+}
+
+template <class F>
+static std::string in_child(F kernel, int& status) {
+    int fds[2];
+    if (pipe(fds) != 0) return "pipe failed";
+    fflush(stdout);
+    const pid_t pid = fork();
+    if (pid == 0) {
+        close(fds[0]);
+        g_fault_pipe = fds[1];
+        static char altstack[64 * 1024];
+        stack_t ss = {};
+        ss.ss_sp = altstack;
+        ss.ss_size = sizeof altstack;
+        sigaltstack(&ss, nullptr);
+        struct sigaction sa = {};
+        sa.sa_sigaction = on_fault;
+        sa.sa_flags = SA_SIGINFO | SA_ONSTACK;
+        sigaction(SIGSEGV, &sa, nullptr);
+        kernel();
+        _exit(0);
+    }
+    close(fds[1]);
+    std::string out;
+    char buf[256];
+    ssize_t n;
+    while ((n = read(fds[0], buf, sizeof buf)) > 0) out.append(buf, n);
+    close(fds[0]);
+    waitpid(pid, &status, 0);
+    return out;
+}
+
+static volatile int g_sink;
+__attribute__((noinline)) static int deep_recursion(int depth) {  // ~1 KiB of stack per level
+    volatile char frame[1000];
+    frame[0] = (char)depth;
+    frame[999] = frame[0];
+    return depth == 0 ? frame[999] : deep_recursion(depth - 1) + frame[0];
+}
+
+static void test_guard_pages() {
+    printf("guard pages (dynamic shared memory overrun, fiber stack overflow)\n");
+    int status = 0;
+    std::string msg = in_child(
+        [] {
+            run("smem_overrun", dim3(1), dim3(32), 1024, [] {
+                float* s = reinterpret_cast<float*>(emu::dynamic_smem());
+                s[256 + threadIdx.x] = 1.0f;  // one float past the 1024 bytes
+            });
+        },
+        status);
+    CHECK(WIFEXITED(status) && WEXITSTATUS(status) == 42 && msg.find("past the end of the block's dynamic shared memory") != std::string::npos &&
+              msg.find("kernel smem_overrun, block (0,0,0), thread (0,0,0)") != std::string::npos,
+          "a write past the dynamic shared memory must fault and be described (status 0x%x): %s", status, msg.c_str());
+    printf("  %-44s -> %s\n", "write past dynamic shared memory", msg.c_str());
+    msg = in_child(
+        [] {
+            run("stack_overflow", dim3(1), dim3(2), 0, [] { g_sink = deep_recursion(400); });
+        },
+        status);
+    CHECK(WIFEXITED(status) && WEXITSTATUS(status) == 42 && msg.find("stack overflow") != std::string::npos,
+          "a fiber stack overflow must fault in the guard page and be described (status 0x%x): %s", status, msg.c_str());
+    printf("  %-44s -> %s\n", "400 KiB of recursion in one thread", msg.c_str());
+}
+
 int main() {
     test_ldmatrix_layout();
     test_mma_fragments();
@@ -925,6 +1006,7 @@ int main() {
     test_diagnostics();
     test_schedules();
     test_threads();
+    test_guard_pages();
     printf("%d checks, %d failures\n", g_checks.load(), g_failures.load());
     return g_failures ? 1 : 0;
 }
