@@ -15,6 +15,8 @@
 //     where key j of sequence s lives in cache row
 //       block_tables[s * max_blocks_per_seq + j / block_size] * block_size + j % block_size.
 //   paged_attn_merge_hd*: combines the partitions of rows whose keys were split.
+//   paged_attn_decode_hd128_2stage: the decode kernel with a 2-stage ring, for GPUs whose
+//   shared memory per block cannot hold the 3-stage one (see the tile configurations).
 //
 // Shapes: q, out [rows, heads, head_dim] bf16; cu_query [num_seqs + 1], context_lens [num_seqs],
 // block_tables [num_seqs, max_blocks_per_seq] i32. Scratch (only for split rows) fp32:
@@ -64,8 +66,12 @@
 // rows of head_dim + 8 floats) reuses the ring.
 //   decode  hd128: 16 x 64 keys, 4 warps (1 x 4), 3 stages: 109,312 B -> 2 blocks (8 warps) per SM
 //                  with 2 tiles (64 KB) in flight per block: far above the ~30 KB per SM that
-//                  Little's law asks for at 3.3-4.8 TB/s.
-//   decode  hd64:  same shape, 58,112 B -> 3 blocks per SM.
+//                  Little's law asks for at 3.3-4.8 TB/s. Above the 101,376 B (99 KiB) a block
+//                  may opt into on sm_86 / sm_89 (A10, L4, L40S, RTX 30/40, which run the compute_80
+//                  PTX): there the host picks paged_attn_decode_hd128_2stage, 2 stages: 74,496 B
+//                  (one tile in flight; ~1 block per SM of their 100 KB). The host reads the
+//                  device's opt-in limit and takes the first variant that fits (paged_attn.rs).
+//   decode  hd64:  same shape, 58,112 B -> 3 blocks per SM (fits every sm_80+ opt-in limit).
 //   prefill hd128: 64 x 64 keys, 4 warps (4 x 1), 2 stages: 87,552 B -> 2 blocks per SM.
 // Not yet measured on a GPU. Candidates: decode with kBlockN = 128 and 8 warps (1 x 8); 4 stages
 // for hd <= 64; prefill with 8 warps x 16 rows (as flash_attn.cu) for chunks of thousands of rows.
@@ -101,6 +107,8 @@ struct PagedAttnConfig {
 
 template <int D>
 using PagedDecode = PagedAttnConfig<D, 1, 4, 64, 3>;
+template <int D>
+using PagedDecode2Stage = PagedAttnConfig<D, 1, 4, 64, 2>;  // for GPUs with 99 KiB per block
 template <int D>
 using PagedPrefill = PagedAttnConfig<D, 4, 1, 64, 2>;
 
@@ -424,6 +432,7 @@ __device__ __forceinline__ void paged_attn(const __nv_bfloat16* __restrict__ q, 
     }
 
 PAGED_ATTN_ENTRY(paged_attn_decode_hd128, PagedDecode<128>)
+PAGED_ATTN_ENTRY(paged_attn_decode_hd128_2stage, PagedDecode2Stage<128>)  // sm_86 / sm_89
 PAGED_ATTN_ENTRY(paged_attn_decode_hd64, PagedDecode<64>)
 PAGED_ATTN_ENTRY(paged_attn_decode_hd32, PagedDecode<32>)  // small test models
 PAGED_ATTN_ENTRY(paged_attn_decode_hd16, PagedDecode<16>)  // small test models

@@ -13,7 +13,7 @@
 
 mod common;
 
-use common::gpu::{check_within_naive, gpu, poisoned, random, round_bf16};
+use common::gpu::{check_within_naive, gpu, poisoned, random, round_bf16, Rows};
 use common::{bin_path, fixture_dir, relative_error, FIXTURE_MODELS};
 use half::bf16;
 use safetensors::{Dtype, SafeTensors};
@@ -64,7 +64,10 @@ fn ids(n: usize, vocab: usize, seed: u64) -> Vec<u32> {
 }
 
 #[test]
-#[cfg_attr(not(swerve_emu), ignore = "needs a CUDA GPU (or a SWERVE_EMU=1 build: the emulated device)")]
+#[cfg_attr(
+    not(swerve_emu),
+    ignore = "needs a CUDA GPU (or a SWERVE_EMU=1 build: the emulated device)"
+)]
 fn embedding_backward_is_the_cpu_sum_bit_for_bit() {
     let (gpu, cpu) = (gpu(), CpuBackend::new());
     for (i, &(tokens, vocab, d)) in [(1, 10, 896), (257, 50, 3584), (33, 1000, 100), (5, 3, 1)]
@@ -93,7 +96,10 @@ fn embedding_backward_is_the_cpu_sum_bit_for_bit() {
 }
 
 #[test]
-#[cfg_attr(not(swerve_emu), ignore = "needs a CUDA GPU (or a SWERVE_EMU=1 build: the emulated device)")]
+#[cfg_attr(
+    not(swerve_emu),
+    ignore = "needs a CUDA GPU (or a SWERVE_EMU=1 build: the emulated device)"
+)]
 fn rmsnorm_backward_matches_cpu_reference() {
     let (gpu, cpu) = (gpu(), CpuBackend::new());
     let eps = 1e-6f32;
@@ -145,18 +151,23 @@ fn rmsnorm_backward_matches_cpu_reference() {
             &gpu.to_host(&dx).unwrap(),
             &dx_c.data,
             &naive_dx,
+            Rows::bf16(cols),
         );
         check_within_naive(
             &format!("rmsnorm_backward d_weight [{rows}, {cols}]"),
             &gpu.to_host(&dw).unwrap(),
             &dw_c.data,
             &naive_dw,
+            Rows::f32(cols),
         );
     }
 }
 
 #[test]
-#[cfg_attr(not(swerve_emu), ignore = "needs a CUDA GPU (or a SWERVE_EMU=1 build: the emulated device)")]
+#[cfg_attr(
+    not(swerve_emu),
+    ignore = "needs a CUDA GPU (or a SWERVE_EMU=1 build: the emulated device)"
+)]
 fn rope_backward_matches_cpu_reference() {
     let (gpu, cpu) = (gpu(), CpuBackend::new());
     for (i, &(tokens, heads, kv_heads, head_dim, yarn)) in [
@@ -210,18 +221,23 @@ fn rope_backward_matches_cpu_reference() {
             &gpu.to_host(&dq).unwrap(),
             &dq_c.data,
             &naive(&q_in),
+            Rows::heads(heads, head_dim),
         );
         check_within_naive(
             &format!("{what} d_k"),
             &gpu.to_host(&dk).unwrap(),
             &dk_c.data,
             &naive(&k_in),
+            Rows::heads(kv_heads, head_dim),
         );
     }
 }
 
 #[test]
-#[cfg_attr(not(swerve_emu), ignore = "needs a CUDA GPU (or a SWERVE_EMU=1 build: the emulated device)")]
+#[cfg_attr(
+    not(swerve_emu),
+    ignore = "needs a CUDA GPU (or a SWERVE_EMU=1 build: the emulated device)"
+)]
 fn swiglu_backward_matches_cpu_reference() {
     let (gpu, cpu) = (gpu(), CpuBackend::new());
     for (i, &n) in [1usize, 7, 8, 1000, 4099 * 3 + 5].iter().enumerate() {
@@ -251,18 +267,23 @@ fn swiglu_backward_matches_cpu_reference() {
             &gpu.to_host(&dg).unwrap(),
             &dg_c.data,
             &naive_dg,
+            Rows::bf16(n),
         );
         check_within_naive(
             &format!("swiglu_backward d_up [{n}]"),
             &gpu.to_host(&du).unwrap(),
             &du_c.data,
             &naive_du,
+            Rows::bf16(n),
         );
     }
 }
 
 #[test]
-#[cfg_attr(not(swerve_emu), ignore = "needs a CUDA GPU (or a SWERVE_EMU=1 build: the emulated device)")]
+#[cfg_attr(
+    not(swerve_emu),
+    ignore = "needs a CUDA GPU (or a SWERVE_EMU=1 build: the emulated device)"
+)]
 fn linear_backward_matches_cpu_reference() {
     let (gpu, cpu) = (gpu(), CpuBackend::new());
     for (i, &(t, k, n, bias)) in [
@@ -319,12 +340,14 @@ fn linear_backward_matches_cpu_reference() {
             &gpu.to_host(&dx).unwrap(),
             &dx_c.data,
             &naive_dx,
+            Rows::bf16(k),
         );
         check_within_naive(
             &format!("{what} d_weight"),
             &gpu.to_host(&dw).unwrap(),
             &dw_c.data,
             &naive_dw,
+            Rows::f32(k),
         );
         if bias {
             let naive_db: Vec<f32> = (0..n)
@@ -335,6 +358,7 @@ fn linear_backward_matches_cpu_reference() {
                 &gpu.to_host(&db).unwrap(),
                 &db_c.data,
                 &naive_db,
+                Rows::f32(n),
             );
         } else {
             assert_eq!(gpu.to_host(&db).unwrap(), db0, "{what}: d_bias untouched");
@@ -480,7 +504,10 @@ impl LossCase {
 }
 
 #[test]
-#[cfg_attr(not(swerve_emu), ignore = "needs a CUDA GPU (or a SWERVE_EMU=1 build: the emulated device)")]
+#[cfg_attr(
+    not(swerve_emu),
+    ignore = "needs a CUDA GPU (or a SWERVE_EMU=1 build: the emulated device)"
+)]
 fn fused_loss_matches_the_unfused_reference() {
     let gpu = gpu();
     let objectives = [
@@ -567,24 +594,29 @@ fn fused_loss_matches_the_unfused_reference() {
                     &got.logprobs,
                     &want.logprobs,
                     &naive_lp,
+                    // One value per token, each over the whole vocabulary: one row.
+                    Rows::f32(t),
                 );
                 check_within_naive(
                     &format!("{what} entropy"),
                     &got.entropy,
                     &want.entropy,
                     &naive_ent,
+                    Rows::f32(t),
                 );
                 check_within_naive(
                     &format!("{what} d_hidden"),
                     &gpu.to_host(&dh).unwrap(),
                     &dh_c,
                     &dh_n,
+                    Rows::bf16(d),
                 );
                 check_within_naive(
                     &format!("{what} d_weight"),
                     &gpu.to_host(&dw).unwrap(),
                     &dw_c,
                     &dw_n,
+                    Rows::f32(d),
                 );
             }
         }
@@ -631,7 +663,10 @@ fn fused_loss_matches_the_unfused_reference() {
 }
 
 #[test]
-#[cfg_attr(not(swerve_emu), ignore = "needs a CUDA GPU (or a SWERVE_EMU=1 build: the emulated device)")]
+#[cfg_attr(
+    not(swerve_emu),
+    ignore = "needs a CUDA GPU (or a SWERVE_EMU=1 build: the emulated device)"
+)]
 fn adamw_equals_the_cpu_reference_bit_for_bit() {
     let gpu = gpu();
     for &n in &[1024usize, 4099 * 3 + 1] {
@@ -679,7 +714,10 @@ fn adamw_equals_the_cpu_reference_bit_for_bit() {
 }
 
 #[test]
-#[cfg_attr(not(swerve_emu), ignore = "needs a CUDA GPU (or a SWERVE_EMU=1 build: the emulated device)")]
+#[cfg_attr(
+    not(swerve_emu),
+    ignore = "needs a CUDA GPU (or a SWERVE_EMU=1 build: the emulated device)"
+)]
 fn reductions_and_conversions_are_exact() {
     let gpu = gpu();
     // Sum of squares (f64) of f32 and bf16 tensors, large and ragged.
@@ -765,7 +803,10 @@ fn fixture_tensor(st: &SafeTensors<'_>, key: &str) -> Vec<f64> {
 /// ones. Tolerance: bf16, first calibration 5e-2 of each tensor's largest gradient; the run
 /// prints the worst error per model so it can be tightened from the measured figures.
 #[test]
-#[cfg_attr(not(swerve_emu), ignore = "needs a CUDA GPU (or a SWERVE_EMU=1 build: the emulated device)")]
+#[cfg_attr(
+    not(swerve_emu),
+    ignore = "needs a CUDA GPU (or a SWERVE_EMU=1 build: the emulated device)"
+)]
 fn whole_model_gradients_match_the_fixtures_in_bf16() {
     const MAX_BF16_GRAD_ERROR: f64 = 5e-2;
     let gpu = gpu();
@@ -871,7 +912,10 @@ fn whole_model_gradients_match_the_fixtures_in_bf16() {
 }
 
 #[test]
-#[cfg_attr(not(swerve_emu), ignore = "needs a CUDA GPU (or a SWERVE_EMU=1 build: the emulated device)")]
+#[cfg_attr(
+    not(swerve_emu),
+    ignore = "needs a CUDA GPU (or a SWERVE_EMU=1 build: the emulated device)"
+)]
 fn swerve_train_rft_runs_on_cuda() {
     let dir = tempfile::tempdir().unwrap();
     let data = dir.path().join("rft.jsonl");

@@ -4,26 +4,32 @@
 //! 16/32/64/128, partition boundaries, and equality with the prefill flash kernel over a cache
 //! filled by `write_kv`. Outputs are poisoned (NaN bytes) before each launch.
 //!
-//! Tolerance (DESIGN.md): at most twice the error of transformers' eager bf16 attention (scores
-//! rounded to bf16, softmax in f32, probabilities rounded to bf16, P V in f32, output rounded)
-//! against the CPU reference.
+//! Tolerance (DESIGN.md), row by row (`common::gpu::within_naive`): each query row and head
+//! within twice that row's own error of transformers' eager bf16 attention (scores rounded to
+//! bf16, softmax in f32, probabilities rounded to bf16, P V in f32, output rounded), plus half an
+//! output ulp, both measured against attention in f64; the CPU reference backend must pass the
+//! same bound. A tensor-wide bound let short rows set the bound of long ones: the swapped-table
+//! tests show a long row's error that one passes and the row check fails.
 //!
 //! The GPU tests need a CUDA GPU: run them through scripts/gpu-pack.sh; without one they fail,
 //! never pass. The work-plan tests at the end are host-only and run everywhere.
 
 mod common;
 
-use common::gpu::{check_within_naive, gpu, naive_attention, poisoned, random, round_bf16};
+use common::gpu::{
+    attention_f64, attention_row_f64, check_within_naive, gpu, naive_attention, poisoned, random,
+    round_bf16, within_naive, Rows,
+};
 use half::bf16;
-use swerve::backend::cpu::CpuBackend;
+use swerve::backend::cpu::{CpuBackend, CpuTensor};
 use swerve::backend::cuda::backend::pod_vec;
 use swerve::backend::cuda::paged_attn::{
-    attention_variant, DevicePagedLayout, WorkPlan, DECODE_BLOCK_M, MIN_PARTITION_KEYS,
-    PREFILL_BLOCK_M,
+    attention_variant, AttentionVariant, DevicePagedLayout, WorkPlan, DECODE_BLOCK_M,
+    MIN_PARTITION_KEYS, PREFILL_BLOCK_M,
 };
 use swerve::backend::cuda::{CudaBackend, DeviceDType};
 use swerve::backend::{Backend, PagedLayout};
-use swerve::bench::kernels::max_abs_diff;
+use swerve::bench::kernels::{max_abs_diff, random_bf16};
 
 /// Two kernels computing the same attention differ by at most twice the naive error.
 fn check_kernels_agree(what: &str, a: &[f32], b: &[f32], naive_err: f32) {
@@ -133,23 +139,79 @@ fn naive_paged_attention(
     out
 }
 
+/// The same attention in f64: the reference every row is measured against.
+fn paged_attention_f64(
+    q: &[f32],
+    k_cache: &[f32],
+    v_cache: &[f32],
+    layout: &PagedLayout,
+    heads: usize,
+    kv_heads: usize,
+    hd: usize,
+) -> Vec<f32> {
+    let bs = layout.block_size;
+    let mut out = vec![0.0f32; q.len()];
+    for r in 0..layout.num_query_rows() {
+        let s = layout.sequence_of_row(r);
+        let position = layout.position_of_row(s, r);
+        let table = layout.block_table(s);
+        for h in 0..heads {
+            let g = h / (heads / kv_heads);
+            let offsets = (0..=position)
+                .map(|j| ((table[j / bs] as usize * bs + j % bs) * kv_heads + g) * hd);
+            let o = attention_row_f64(&q[(r * heads + h) * hd..][..hd], k_cache, v_cache, offsets);
+            out[(r * heads + h) * hd..][..hd].copy_from_slice(&o);
+        }
+    }
+    out
+}
+
 /// (query heads, kv heads, head dim).
 type Heads = (usize, usize, usize);
 
-/// One paged-attention case on random q and caches: the GPU (through the backend, or at the
-/// device level with a forced partition size) against the CPU reference and the naive bf16
-/// computation.
+/// What a case forces at the device level: the key partition (small ones exercise the merge) and
+/// the shared-memory limit the kernel variant is chosen for (a small one picks the fallback with
+/// fewer pipeline stages, as a GPU with less shared memory would).
+#[derive(Clone, Copy, Debug, Default)]
+struct Forced {
+    partition_keys: Option<usize>,
+    smem_limit: Option<usize>,
+}
+
+impl Forced {
+    fn partition(p: usize) -> Self {
+        Self {
+            partition_keys: Some(p),
+            ..Self::default()
+        }
+    }
+}
+
+/// One paged case's outputs: the kernel's, the f64 reference, the naive bf16 computation and the
+/// CPU reference backend's, and a description.
+struct PagedRun {
+    kernel: Vec<f32>,
+    exact: Vec<f32>,
+    naive: Vec<f32>,
+    cpu: Vec<f32>,
+    what: String,
+}
+
+/// Runs one paged-attention case on random q and caches: the GPU (through the backend, or at the
+/// device level when something is forced) over `kernel_layout` (default: `layout`), the references
+/// over `layout`.
 #[allow(clippy::too_many_arguments)]
-fn check_paged(
+fn run_paged(
     gpu: &CudaBackend,
     cpu: &CpuBackend,
     what: &str,
     layout: &PagedLayout,
+    kernel_layout: Option<&PagedLayout>,
     num_blocks: usize,
     (heads, kv_heads, hd): Heads,
-    partition_keys: Option<usize>,
+    forced: Forced,
     seed: u64,
-) {
+) -> PagedRun {
     let rows = layout.num_query_rows();
     let bs = layout.block_size;
     let (q, q_cpu) = random(gpu, &[rows, heads, hd], seed, 2.0);
@@ -158,47 +220,75 @@ fn check_paged(
     let (v_cache, v_cpu) = random(gpu, &cache_shape, seed + 2, 1.0);
     let scale = 1.0 / (hd as f32).sqrt();
     let mut out = poisoned(gpu, &[rows, heads, hd], DeviceDType::Bf16);
-    match partition_keys {
-        None => gpu
-            .paged_attention(&q, &k_cache, &v_cache, layout, scale, &mut out)
-            .unwrap(),
-        Some(p) => {
-            let mut device_layout = DevicePagedLayout::upload(gpu, layout).unwrap();
-            device_layout.partition_keys = Some(p);
-            gpu.device
-                .paged_attention(
-                    &q,
-                    &k_cache,
-                    &v_cache,
-                    &device_layout,
-                    scale,
-                    &mut out,
-                    &gpu.pool,
-                )
-                .unwrap();
-        }
+    let kernel_layout = kernel_layout.unwrap_or(layout);
+    if forced.partition_keys.is_none() && forced.smem_limit.is_none() {
+        gpu.paged_attention(&q, &k_cache, &v_cache, kernel_layout, scale, &mut out)
+            .unwrap();
+    } else {
+        let mut device_layout = DevicePagedLayout::upload(gpu, kernel_layout).unwrap();
+        device_layout.partition_keys = forced.partition_keys;
+        device_layout.smem_limit = forced.smem_limit;
+        gpu.device
+            .paged_attention(
+                &q,
+                &k_cache,
+                &v_cache,
+                &device_layout,
+                scale,
+                &mut out,
+                &gpu.pool,
+            )
+            .unwrap();
     }
     let mut reference = cpu.zeros(&[rows, heads, hd]).unwrap();
     cpu.paged_attention(&q_cpu, &k_cpu, &v_cpu, layout, scale, &mut reference)
         .unwrap();
-    let naive = naive_paged_attention(
-        &q_cpu.data,
-        &k_cpu.data,
-        &v_cpu.data,
-        layout,
-        heads,
-        kv_heads,
-        hd,
+    let (qd, kd, vd) = (&q_cpu.data, &k_cpu.data, &v_cpu.data);
+    PagedRun {
+        kernel: gpu.to_host(&out).unwrap(),
+        exact: paged_attention_f64(qd, kd, vd, layout, heads, kv_heads, hd),
+        naive: naive_paged_attention(qd, kd, vd, layout, heads, kv_heads, hd),
+        cpu: reference.data,
+        what: format!(
+            "{what}: heads {heads}/{kv_heads} hd {hd} bs {bs} contexts {:?} {forced:?}",
+            layout.context_lens
+        ),
+    }
+}
+
+/// One paged-attention case: the kernel and the CPU reference backend against f64 attention,
+/// row by row (every query row and head within twice its own naive error).
+#[allow(clippy::too_many_arguments)]
+fn check_paged(
+    gpu: &CudaBackend,
+    cpu: &CpuBackend,
+    what: &str,
+    layout: &PagedLayout,
+    num_blocks: usize,
+    heads: Heads,
+    forced: Forced,
+    seed: u64,
+) {
+    let run = run_paged(
+        gpu, cpu, what, layout, None, num_blocks, heads, forced, seed,
     );
-    let what = format!(
-        "{what}: heads {heads}/{kv_heads} hd {hd} bs {bs} contexts {:?} partition {partition_keys:?}",
-        layout.context_lens
+    let rows = Rows::heads(heads.0, heads.2);
+    let what = &run.what;
+    check_within_naive(
+        &format!("cpu {what}"),
+        &run.cpu,
+        &run.exact,
+        &run.naive,
+        rows,
     );
-    check_within_naive(&what, &gpu.to_host(&out).unwrap(), &reference.data, &naive);
+    check_within_naive(what, &run.kernel, &run.exact, &run.naive, rows);
 }
 
 #[test]
-#[cfg_attr(not(swerve_emu), ignore = "needs a CUDA GPU (or a SWERVE_EMU=1 build: the emulated device)")]
+#[cfg_attr(
+    not(swerve_emu),
+    ignore = "needs a CUDA GPU (or a SWERVE_EMU=1 build: the emulated device)"
+)]
 fn write_kv_copies_rows_bitwise_into_shuffled_slots() {
     let (gpu, cpu) = (gpu(), CpuBackend::new());
     for (i, &(tokens, kv_heads, hd, bs)) in [
@@ -243,7 +333,10 @@ fn write_kv_copies_rows_bitwise_into_shuffled_slots() {
 }
 
 #[test]
-#[cfg_attr(not(swerve_emu), ignore = "needs a CUDA GPU (or a SWERVE_EMU=1 build: the emulated device)")]
+#[cfg_attr(
+    not(swerve_emu),
+    ignore = "needs a CUDA GPU (or a SWERVE_EMU=1 build: the emulated device)"
+)]
 fn decode_rows_of_very_different_contexts_match_cpu_reference() {
     let (gpu, cpu) = (gpu(), CpuBackend::new());
     // (contexts, one query row each; heads, kv_heads, head_dim; block size): GQA 4, 7, 1, 2, 7;
@@ -265,14 +358,127 @@ fn decode_rows_of_very_different_contexts_match_cpu_reference() {
             &layout,
             num_blocks,
             heads,
-            None,
+            Forced::default(),
             3000 + 10 * i as u64,
         );
     }
 }
 
+// ---- sensitivity of the row-by-row tolerance ---------------------------------------------------
+
+/// Decode rows of 2, 17 and 4003 keys (250 full blocks and 3): the short rows' naive error
+/// (bf16 scores over a couple of keys) is far above the long row's.
+const SWAP_CONTEXTS: [usize; 3] = [2, 17, 16 * 250 + 3];
+const SWAP_HEADS: Heads = (4, 2, 32);
+
+/// `layout` with the first and the last (partial) entry of sequence `s`'s block table swapped:
+/// 13 of the long row's keys are lost and 13 slots past its context are read instead. (Swapping
+/// two full blocks of a decode row would change nothing: every key is visible to it.)
+fn swap_first_and_last_block(layout: &PagedLayout, s: usize) -> PagedLayout {
+    let mut swapped = layout.clone();
+    let last = (layout.context_lens[s] as usize).div_ceil(layout.block_size) - 1;
+    swapped.block_tables.swap(
+        s * layout.max_blocks_per_seq,
+        s * layout.max_blocks_per_seq + last,
+    );
+    swapped
+}
+
+/// What a tensor-wide bound (the checker before it went row by row) would say: the largest error
+/// within twice the largest naive error.
+fn tensor_wide_bound_holds(got: &[f32], exact: &[f32], naive: &[f32]) -> bool {
+    max_abs_diff(got, exact) <= 2.0 * max_abs_diff(naive, exact)
+}
+
 #[test]
-#[cfg_attr(not(swerve_emu), ignore = "needs a CUDA GPU (or a SWERVE_EMU=1 build: the emulated device)")]
+#[cfg_attr(
+    not(swerve_emu),
+    ignore = "needs a CUDA GPU (or a SWERVE_EMU=1 build: the emulated device)"
+)]
+fn a_swapped_block_table_entry_of_the_long_row_fails_the_row_check() {
+    let (gpu, cpu) = (gpu(), CpuBackend::new());
+    let rows = [1; SWAP_CONTEXTS.len()];
+    let (layout, num_blocks) = shuffled_layout(16, &rows, &SWAP_CONTEXTS, 700);
+    let swapped = swap_first_and_last_block(&layout, 2);
+    let check = Rows::heads(SWAP_HEADS.0, SWAP_HEADS.2);
+    for forced in [Forced::default(), Forced::partition(128)] {
+        let run = |kernel_layout| {
+            run_paged(
+                &gpu,
+                &cpu,
+                "swap",
+                &layout,
+                kernel_layout,
+                num_blocks,
+                SWAP_HEADS,
+                forced,
+                7000,
+            )
+        };
+        let good = run(None);
+        check_within_naive(&good.what, &good.kernel, &good.exact, &good.naive, check);
+        let bad = run(Some(&swapped));
+        let verdict = within_naive(&bad.what, &bad.kernel, &bad.exact, &bad.naive, check);
+        println!(
+            "swapped table: row check {}; a tensor-wide bound would {}",
+            if verdict.is_err() { "fails" } else { "PASSES" },
+            if tensor_wide_bound_holds(&bad.kernel, &bad.exact, &bad.naive) {
+                "pass"
+            } else {
+                "fail"
+            }
+        );
+        let report = verdict.expect_err("a kernel reading a swapped block table must fail");
+        assert!(report.contains("row 2 head"), "{report}");
+    }
+}
+
+/// The same swap with the CPU reference backend (rounded to bf16) standing in for the kernel:
+/// the row check must fail it, where a tensor-wide bound passes it. Runs everywhere.
+#[test]
+fn the_row_check_catches_a_swapped_block_table_without_a_gpu() {
+    let cpu = CpuBackend::new();
+    let (heads, kv_heads, hd) = SWAP_HEADS;
+    let rows = [1; SWAP_CONTEXTS.len()];
+    let (layout, num_blocks) = shuffled_layout(16, &rows, &SWAP_CONTEXTS, 700);
+    let swapped = swap_first_and_last_block(&layout, 2);
+    let host = |shape: &[usize], seed: u64, scale: f32| {
+        let values = random_bf16(shape.iter().product(), seed, scale);
+        CpuTensor::new(shape.to_vec(), values.iter().map(|v| v.to_f32()).collect())
+    };
+    let q = host(&[rows.len(), heads, hd], 7000, 2.0);
+    let cache_shape = [num_blocks, 16, kv_heads, hd];
+    let (k, v) = (host(&cache_shape, 7001, 2.0), host(&cache_shape, 7002, 1.0));
+    let scale = 1.0 / (hd as f32).sqrt();
+    let as_kernel = |l: &PagedLayout| -> Vec<f32> {
+        let mut out = cpu.zeros(&[rows.len(), heads, hd]).unwrap();
+        cpu.paged_attention(&q, &k, &v, l, scale, &mut out).unwrap();
+        out.data.iter().map(|&x| round_bf16(x)).collect()
+    };
+    let exact = paged_attention_f64(&q.data, &k.data, &v.data, &layout, heads, kv_heads, hd);
+    let naive = naive_paged_attention(&q.data, &k.data, &v.data, &layout, heads, kv_heads, hd);
+    let check = Rows::heads(heads, hd);
+    check_within_naive("unswapped", &as_kernel(&layout), &exact, &naive, check);
+    let bad = as_kernel(&swapped);
+    let report = within_naive("swapped", &bad, &exact, &naive, check)
+        .expect_err("the swapped table must fail the row check");
+    println!("{report}");
+    assert!(report.contains("row 2 head"), "{report}");
+    assert!(
+        !report.contains("row 0 ") && !report.contains("row 1 "),
+        "{report}"
+    );
+    assert!(
+        tensor_wide_bound_holds(&bad, &exact, &naive),
+        "a tensor-wide bound would have caught this swap too: the case no longer shows why rows"
+    );
+}
+
+#[test]
+#[cfg_attr(
+    not(swerve_emu),
+    ignore = "needs a CUDA GPU (or a SWERVE_EMU=1 build: the emulated device)"
+)]
 fn chunks_over_cached_prefixes_mixed_with_decode_rows_match_cpu_reference() {
     let (gpu, cpu) = (gpu(), CpuBackend::new());
     // 300 new rows over a 2,000-token cached prefix, beside decode rows, a 4-row chunk (16 flat
@@ -291,7 +497,7 @@ fn chunks_over_cached_prefixes_mixed_with_decode_rows_match_cpu_reference() {
             &layout,
             num_blocks,
             heads,
-            None,
+            Forced::default(),
             4000 + 10 * i as u64,
         );
     }
@@ -304,13 +510,16 @@ fn chunks_over_cached_prefixes_mixed_with_decode_rows_match_cpu_reference() {
         &layout,
         num_blocks,
         (8, 1, 128),
-        None,
+        Forced::default(),
         4100,
     );
 }
 
 #[test]
-#[cfg_attr(not(swerve_emu), ignore = "needs a CUDA GPU (or a SWERVE_EMU=1 build: the emulated device)")]
+#[cfg_attr(
+    not(swerve_emu),
+    ignore = "needs a CUDA GPU (or a SWERVE_EMU=1 build: the emulated device)"
+)]
 fn partition_boundaries_and_many_partitions_match_cpu_reference() {
     let (gpu, cpu) = (gpu(), CpuBackend::new());
     let heads = (8, 2, 128);
@@ -358,7 +567,7 @@ fn partition_boundaries_and_many_partitions_match_cpu_reference() {
         &layout,
         num_blocks,
         heads,
-        None,
+        Forced::default(),
         5000,
     );
     // Forced small partitions: hundreds of partials per row through the merge, boundaries at
@@ -376,7 +585,7 @@ fn partition_boundaries_and_many_partitions_match_cpu_reference() {
                 &layout,
                 num_blocks,
                 h,
-                Some(forced),
+                Forced::partition(forced),
                 5100 + 10 * (3 * j + k) as u64,
             );
         }
@@ -401,7 +610,10 @@ fn pack_rows(
 }
 
 #[test]
-#[cfg_attr(not(swerve_emu), ignore = "needs a CUDA GPU (or a SWERVE_EMU=1 build: the emulated device)")]
+#[cfg_attr(
+    not(swerve_emu),
+    ignore = "needs a CUDA GPU (or a SWERVE_EMU=1 build: the emulated device)"
+)]
 fn paged_attention_over_written_cache_equals_flash_prefill() {
     let (gpu, cpu) = (gpu(), CpuBackend::new());
     let lens = [300usize, 1000, 17, 1, 129];
@@ -432,6 +644,23 @@ fn paged_attention_over_written_cache_equals_flash_prefill() {
             hd,
         );
         let what = format!("heads {heads}/{kv_heads} hd {hd}");
+        let exact = attention_f64(
+            &q_cpu.data,
+            &k_cpu.data,
+            &v_cpu.data,
+            &cu,
+            heads,
+            kv_heads,
+            hd,
+        );
+        let rows = Rows::heads(heads, hd);
+        check_within_naive(
+            &format!("cpu prefill {what}"),
+            &reference.data,
+            &exact,
+            &naive,
+            rows,
+        );
 
         // Whole prompts in one step: every row of every sequence, over NaN-poisoned caches (a
         // read of any slot not written here would show).
@@ -448,14 +677,16 @@ fn paged_attention_over_written_cache_equals_flash_prefill() {
         check_within_naive(
             &format!("paged prefill {what}"),
             &paged,
-            &reference.data,
+            &exact,
             &naive,
+            rows,
         );
         check_within_naive(
             &format!("flash prefill {what}"),
             &flash,
-            &reference.data,
+            &exact,
             &naive,
+            rows,
         );
         check_kernels_agree(
             &format!("paged vs flash {what}"),
@@ -527,13 +758,15 @@ fn paged_attention_over_written_cache_equals_flash_prefill() {
         let rest_range = |s: usize| (split(s), lens[s]);
         let width = heads * hd;
         let reference_rest = pack_rows(&reference.data, width, &cu, rest_range);
+        let exact_rest = pack_rows(&exact, width, &cu, rest_range);
         let flash_rest = pack_rows(&flash, width, &cu, rest_range);
         let naive_rest = pack_rows(&naive, width, &cu, rest_range);
         check_within_naive(
             &format!("paged chunk after a cached prefix {what}"),
             &chunk_out,
-            &reference_rest,
+            &exact_rest,
             &naive_rest,
+            rows,
         );
         check_kernels_agree(
             &format!("paged chunk vs flash {what}"),
@@ -545,7 +778,10 @@ fn paged_attention_over_written_cache_equals_flash_prefill() {
 }
 
 #[test]
-#[cfg_attr(not(swerve_emu), ignore = "needs a CUDA GPU (or a SWERVE_EMU=1 build: the emulated device)")]
+#[cfg_attr(
+    not(swerve_emu),
+    ignore = "needs a CUDA GPU (or a SWERVE_EMU=1 build: the emulated device)"
+)]
 fn a_step_scope_uploads_each_layout_once_and_keeps_them_apart() {
     // Inside `begin_step` .. `end_step` the backend keeps device copies of layouts and slot
     // mappings by address. Two layouts alive at once must each get their own, a repeated call
@@ -582,11 +818,57 @@ fn a_step_scope_uploads_each_layout_once_and_keeps_them_apart() {
     }
 }
 
+/// The 2-stage hd128 decode kernel a GPU with 99 KiB of shared memory per block runs (sm_86,
+/// sm_89: A10, L4, L40S, RTX 30/40), forced here by the limit the variant is chosen for: decode
+/// rows of different contexts, a 4-row chunk at group 4 (16 flat rows: still the decode kernel),
+/// split rows through the merge. The 3-stage kernel over the same inputs for comparison.
 #[test]
-#[cfg_attr(not(swerve_emu), ignore = "needs a CUDA GPU (or a SWERVE_EMU=1 build: the emulated device)")]
+#[cfg_attr(
+    not(swerve_emu),
+    ignore = "needs a CUDA GPU (or a SWERVE_EMU=1 build: the emulated device)"
+)]
+fn the_small_shared_memory_decode_variant_matches_the_reference() {
+    let (gpu, cpu) = (gpu(), CpuBackend::new());
+    assert_eq!(
+        attention_variant(128, false, SM89_SMEM).unwrap().name,
+        "paged_attn_decode_hd128_2stage"
+    );
+    let device_limit = gpu.device.max_shared_memory_per_block_optin().unwrap();
+    println!(
+        "this device: {device_limit} B per block -> {}",
+        attention_variant(128, false, device_limit).unwrap().name
+    );
+    let (layout, num_blocks) = shuffled_layout(16, &[1, 1, 4, 1], &[1, 70, 200, 333], 800);
+    for (i, partition) in [None, Some(64)].into_iter().enumerate() {
+        for smem_limit in [SM89_SMEM, SM90_SMEM.min(device_limit)] {
+            check_paged(
+                &gpu,
+                &cpu,
+                "decode variant",
+                &layout,
+                num_blocks,
+                (8, 2, 128),
+                Forced {
+                    partition_keys: partition,
+                    smem_limit: Some(smem_limit),
+                },
+                8000 + i as u64,
+            );
+        }
+    }
+}
+
+#[test]
+#[cfg_attr(
+    not(swerve_emu),
+    ignore = "needs a CUDA GPU (or a SWERVE_EMU=1 build: the emulated device)"
+)]
 fn every_paged_kernel_loads() {
     let gpu = gpu();
     gpu.device.function("paged_attn", "write_kv_bf16").unwrap();
+    gpu.device
+        .function("paged_attn", "paged_attn_decode_hd128_2stage")
+        .unwrap();
     for hd in [16, 32, 64, 128] {
         for kind in ["decode", "prefill", "merge"] {
             gpu.device
@@ -597,7 +879,10 @@ fn every_paged_kernel_loads() {
 }
 
 #[test]
-#[cfg_attr(not(swerve_emu), ignore = "needs a CUDA GPU (or a SWERVE_EMU=1 build: the emulated device)")]
+#[cfg_attr(
+    not(swerve_emu),
+    ignore = "needs a CUDA GPU (or a SWERVE_EMU=1 build: the emulated device)"
+)]
 fn bad_inputs_are_errors() {
     let gpu = gpu();
     let (layout, num_blocks) = shuffled_layout(16, &[1], &[20], 500);
@@ -725,14 +1010,60 @@ fn work_plan_partitions_grow_with_the_batch_without_a_gpu() {
     assert!(WorkPlan::build(&[0, 1], &[10], 1, 1, 132, Some(100)).is_err());
 }
 
+/// Opt-in shared memory per block of sm_90, sm_80 and sm_86 / sm_89.
+const SM90_SMEM: usize = 227 * 1024;
+const SM80_SMEM: usize = 163 * 1024;
+const SM89_SMEM: usize = 99 * 1024;
+
 #[test]
 fn paged_kernels_fit_two_blocks_per_sm_without_a_gpu() {
     for hd in [16, 32, 64, 128] {
         for prefill in [false, true] {
-            let (_, smem) = attention_variant(hd, prefill).unwrap();
-            assert!(2 * (smem + 1024) <= 228 * 1024, "hd {hd}: {smem} bytes");
+            let v = attention_variant(hd, prefill, SM90_SMEM).unwrap();
+            assert!(2 * (v.smem + 1024) <= 228 * 1024, "{v:?}");
         }
     }
-    assert_eq!(attention_variant(128, false).unwrap().1, 109_312);
-    assert!(attention_variant(80, false).is_err());
+    assert_eq!(
+        attention_variant(128, false, SM90_SMEM).unwrap().smem,
+        109_312
+    );
+    assert!(attention_variant(80, false, SM90_SMEM).is_err());
+}
+
+/// hd128 decode needs 109,312 B with its 3-stage ring: more than sm_86 / sm_89 let a block have
+/// (99 KiB), where the 2-stage variant runs instead. Every other kernel fits every sm_80+ GPU.
+#[test]
+fn paged_kernel_variants_fit_each_gpus_shared_memory_without_a_gpu() {
+    for (limit, decode128) in [
+        (SM90_SMEM, "paged_attn_decode_hd128"),
+        (SM80_SMEM, "paged_attn_decode_hd128"),
+        (SM89_SMEM, "paged_attn_decode_hd128_2stage"),
+    ] {
+        let v = attention_variant(128, false, limit).unwrap();
+        assert_eq!(v.name, decode128, "limit {limit}");
+        assert!(v.smem as usize <= limit);
+        for hd in [16, 32, 64, 128] {
+            for prefill in [false, true] {
+                let v = attention_variant(hd, prefill, limit).unwrap();
+                assert!(v.smem as usize <= limit, "{v:?} at {limit}");
+                if hd != 128 || prefill {
+                    assert_eq!(v, attention_variant(hd, prefill, SM90_SMEM).unwrap());
+                }
+            }
+        }
+    }
+    assert_eq!(
+        attention_variant(128, false, SM89_SMEM).unwrap(),
+        AttentionVariant {
+            name: "paged_attn_decode_hd128_2stage".into(),
+            smem: 74_496,
+            stages: 2
+        }
+    );
+    let err = attention_variant(128, false, 64 * 1024).unwrap_err();
+    assert!(
+        format!("{err}")
+            .contains("needs 74496 B of shared memory per block; this GPU allows 65536 B"),
+        "{err}"
+    );
 }

@@ -166,3 +166,21 @@ pub fn grid_stride_config(device: &CudaDevice, work_items: usize, threads: u32) 
 pub fn as_i32(what: &str, value: usize) -> Result<i32> {
     i32::try_from(value).map_err(|_| anyhow!("{what} = {value} exceeds the kernels' 32-bit sizes"))
 }
+
+// ---- device limits the launch wrappers choose kernel variants by ----------------------------------
+
+impl CudaDevice {
+    /// The most dynamic shared memory one block may opt into
+    /// (`CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN`): 227 KiB on sm_90, 163 KiB on
+    /// sm_80, 99 KiB on sm_86 / sm_89. Kernel families with configurations above the smallest of
+    /// these pick a variant that fits (`paged_attn.rs`) or refuse with the figures.
+    pub fn max_shared_memory_per_block_optin(&self) -> Result<usize> {
+        let bytes = self
+            .ctx
+            .attribute(
+                cudarc::driver::sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN,
+            )
+            .context("reading the shared-memory opt-in limit per block")?;
+        Ok(usize::try_from(bytes).unwrap_or(0))
+    }
+}

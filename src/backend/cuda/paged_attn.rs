@@ -48,16 +48,57 @@ fn smem_bytes(head_dim: usize, warps_m: usize, warps_n: usize, stages: usize) ->
     (q + stats + ring.max(epilogue)) as u32
 }
 
-/// (kernel, shared-memory bytes) of the decode (`prefill == false`) or prefill kernel.
-pub fn attention_variant(head_dim: usize, prefill: bool) -> Result<(String, u32)> {
+/// One compiled configuration of an attention kernel.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct AttentionVariant {
+    pub name: String,
+    /// Dynamic shared memory per block.
+    pub smem: u32,
+    /// Depth of the K/V `cp.async` ring.
+    pub stages: usize,
+}
+
+/// The shared-memory opt-in limit of the smallest GPUs the compute_80 PTX runs on (sm_86, sm_89:
+/// 99 KiB); sm_80 allows 163 KiB, sm_90 227 KiB.
+pub const SMALLEST_SMEM_OPTIN: usize = 101_376;
+
+/// The decode (`prefill == false`) or prefill kernel for `head_dim`: the fastest compiled
+/// configuration whose shared memory fits `smem_limit` (the device's opt-in limit per block).
+/// Decode at head dim 128 has a 2-stage fallback (`paged_attn_decode_hd128_2stage`) for GPUs
+/// with 99 KiB; the other kernels fit every sm_80+ GPU as they are.
+pub fn attention_variant(
+    head_dim: usize,
+    prefill: bool,
+    smem_limit: usize,
+) -> Result<AttentionVariant> {
     if ![16, 32, 64, 128].contains(&head_dim) {
         bail!("paged attention: head_dim {head_dim} has no kernel (16, 32, 64, 128)");
     }
-    let (kind, smem) = match prefill {
-        true => ("prefill", smem_bytes(head_dim, 4, 1, 2)),
-        false => ("decode", smem_bytes(head_dim, 1, 4, 3)),
+    // (name suffix, warps along rows, warps along keys, stages), fastest first: `PagedDecode`,
+    // `PagedDecode2Stage` and `PagedPrefill` in the kernel.
+    let candidates: &[(&str, usize, usize, usize)] = match (prefill, head_dim) {
+        (true, _) => &[("", 4, 1, 2)],
+        (false, 128) => &[("", 1, 4, 3), ("_2stage", 1, 4, 2)],
+        (false, _) => &[("", 1, 4, 3)],
     };
-    Ok((format!("paged_attn_{kind}_hd{head_dim}"), smem))
+    let kind = if prefill { "prefill" } else { "decode" };
+    let variants = candidates
+        .iter()
+        .map(|&(suffix, warps_m, warps_n, stages)| AttentionVariant {
+            name: format!("paged_attn_{kind}_hd{head_dim}{suffix}"),
+            smem: smem_bytes(head_dim, warps_m, warps_n, stages),
+            stages,
+        });
+    let smallest = variants.clone().map(|v| v.smem).min().unwrap_or(0);
+    variants
+        .into_iter()
+        .find(|v| v.smem as usize <= smem_limit)
+        .ok_or_else(|| {
+            anyhow::anyhow!(
+                "paged attention: the {kind} kernel for head_dim {head_dim} needs {smallest} B of \
+                 shared memory per block; this GPU allows {smem_limit} B"
+            )
+        })
 }
 
 /// How one step's attention is cut into blocks, for one `(group, kv_heads)`.
@@ -197,6 +238,10 @@ pub struct DevicePagedLayout {
     /// Keys per partition of a split row; `None` (what [`Self::upload`] sets): chosen from the
     /// batch and the GPU. Tests force small partitions to exercise the merge.
     pub partition_keys: Option<usize>,
+    /// The shared memory per block the kernel variants are chosen for; `None` (what
+    /// [`Self::upload`] sets): the device's opt-in limit. Tests force a smaller one to run the
+    /// fallback variants a GPU with less shared memory would.
+    pub smem_limit: Option<usize>,
     /// Host copies the work plan is built from.
     host_cu_query: Vec<u32>,
     host_context_lens: Vec<u32>,
@@ -240,6 +285,7 @@ impl DevicePagedLayout {
                 DeviceDType::I32,
             )?,
             partition_keys: None,
+            smem_limit: None,
             host_cu_query: layout.cu_query.clone(),
             host_context_lens: layout.context_lens.clone(),
             max_block_id: layout.block_tables.iter().copied().max().unwrap_or(0) as usize,
@@ -282,6 +328,7 @@ impl DevicePagedLayout {
             context_lens,
             block_tables,
             partition_keys: Some(partition_keys),
+            smem_limit: None,
             host_cu_query: Vec::new(),
             host_context_lens: Vec::new(),
             max_block_id: 0,
@@ -480,7 +527,16 @@ impl CudaDevice {
             layout.max_block_id
         );
         let group = heads / kv_heads;
-        attention_variant(head_dim, false)?; // a head dim without kernels fails before any work
+        let smem_limit = match layout.smem_limit {
+            Some(limit) => limit,
+            None => self.max_shared_memory_per_block_optin()?,
+        };
+        // Both variants up front: a head dim without kernels, or a GPU without the shared memory
+        // for them, fails before any work.
+        let variants = [
+            attention_variant(head_dim, false, smem_limit)?,
+            attention_variant(head_dim, true, smem_limit)?,
+        ];
         as_i32("max context", layout.max_context)?;
         as_i32("query rows x heads", rows * heads)?;
         let device_plan = layout.plan(self, group, kv_heads, pool)?;
@@ -520,15 +576,15 @@ impl CudaDevice {
             layout.context_lens.ptr(),
             layout.block_tables.ptr(),
         ];
-        for (prefill, items, count) in [
-            (false, decode_items, plan.decode.len()),
-            (true, prefill_items, plan.prefill.len()),
+        for (variant, items, count) in [
+            (&variants[0], decode_items, plan.decode.len()),
+            (&variants[1], prefill_items, plan.prefill.len()),
         ] {
             if count == 0 {
                 continue;
             }
-            let (name, smem) = attention_variant(head_dim, prefill)?;
-            let f = self.function("paged_attn", &name)?;
+            let (name, smem) = (&variant.name, variant.smem);
+            let f = self.function("paged_attn", name)?;
             f.set_attribute(
                 CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
                 smem as i32,
