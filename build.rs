@@ -19,6 +19,9 @@ use std::fs;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 
+#[path = "emu/build_emu.rs"]
+mod build_emu;
+
 /// Flags added after `--use_fast_math` for one kernel family. `adamw`: keep denormals
 /// (`--use_fast_math` flushes them), so the optimizer's explicitly rounded arithmetic equals the
 /// CPU reference's bit for bit even for tiny gradients and decayed second moments.
@@ -40,6 +43,8 @@ fn main() {
         "PATH",
         "SWERVE_REQUIRE_CUDA",
         "SWERVE_PTXAS_VERBOSE",
+        "SWERVE_EMU",
+        "CXX",
     ] {
         println!("cargo:rerun-if-env-changed={var}");
     }
@@ -63,6 +68,27 @@ fn main() {
 
     write_builtin_tasks(&manifest_dir, &out_dir);
 
+    // `cfg(swerve_emu)`: GPU tests run (instead of being ignored) in emulated builds.
+    println!("cargo::rustc-check-cfg=cfg(swerve_emu)");
+    if env::var("SWERVE_EMU").is_ok_and(|v| v == "1") {
+        match build_emu::build(&manifest_dir, &out_dir, &sources) {
+            Ok(emu) => {
+                println!("cargo:rustc-cfg=swerve_emu");
+                println!(
+                    "cargo:warning=swerve: SWERVE_EMU=1: kernels compiled for the emulated CUDA device (CPU), not for GPUs"
+                );
+                write_kernels_rs(&out_dir, true, &emu.families, &emu.libraries);
+                return;
+            }
+            Err(e) => fail(&format!("SWERVE_EMU=1: {e}")),
+        }
+    } else if let Some(v) = env::var_os("SWERVE_EMU").filter(|v| !v.is_empty() && v != "0") {
+        fail(&format!(
+            "SWERVE_EMU={} must be 1 (emulated CUDA device) or 0/unset",
+            v.to_string_lossy()
+        ));
+    }
+
     let require_cuda = env::var("SWERVE_REQUIRE_CUDA").is_ok_and(|v| v == "1");
     let verbose = env::var("SWERVE_PTXAS_VERBOSE").is_ok_and(|v| v == "1");
     let Some(nvcc) = find_nvcc() else {
@@ -70,7 +96,7 @@ fn main() {
             fail("SWERVE_REQUIRE_CUDA=1 but no nvcc was found (looked at NVCC, CUDA_HOME/bin, CUDA_PATH/bin, PATH); run scripts/install-cuda-toolchain.sh and set NVCC to the path it prints");
         }
         println!("cargo:warning=swerve: no nvcc found (NVCC, CUDA_HOME, CUDA_PATH, PATH): building CPU-only, CUDA kernels are not embedded (scripts/install-cuda-toolchain.sh installs nvcc)");
-        write_kernels_rs(&out_dir, false, &[]);
+        write_kernels_rs(&out_dir, false, &[], &[]);
         return;
     };
 
@@ -147,7 +173,7 @@ fn main() {
     }
     eprintln!("{report}");
     fs::write(out_dir.join("ptxas-report.txt"), &report).unwrap();
-    write_kernels_rs(&out_dir, true, &compiled);
+    write_kernels_rs(&out_dir, true, &compiled, &[]);
 }
 
 fn find_nvcc() -> Option<PathBuf> {
@@ -171,8 +197,23 @@ fn find_nvcc() -> Option<PathBuf> {
         .find(|candidate| candidate.is_file())
 }
 
-fn write_kernels_rs(out_dir: &Path, compiled: bool, fatbins: &[(String, PathBuf)]) {
+fn write_kernels_rs(
+    out_dir: &Path,
+    compiled: bool,
+    fatbins: &[(String, PathBuf)],
+    emulator_libraries: &[PathBuf],
+) {
     let mut rs = format!("pub const CUDA_KERNELS_COMPILED: bool = {compiled};\n");
+    let _ = writeln!(
+        rs,
+        "pub const CUDA_EMULATED: bool = {};",
+        !emulator_libraries.is_empty()
+    );
+    rs.push_str("pub static EMULATOR_LIBRARIES: &[&str] = &[\n");
+    for path in emulator_libraries {
+        let _ = writeln!(rs, "    {:?},", path.display().to_string());
+    }
+    rs.push_str("];\n");
     rs.push_str("pub static FATBINS: &[(&str, &[u8])] = &[\n");
     for (stem, path) in fatbins {
         let _ = writeln!(

@@ -344,6 +344,10 @@ pub enum Selected {
 pub fn select(choice: DeviceChoice) -> Result<(Selected, String)> {
     let cuda = match choice {
         DeviceChoice::Cpu => Err("not requested (--device cpu)".to_string()),
+        // The emulated device is for correctness checks: slow, so never picked by `auto`.
+        DeviceChoice::Auto if cuda::is_emulated() => {
+            Err("emulated device (a SWERVE_EMU=1 build), used only with --device cuda".to_string())
+        }
         DeviceChoice::Auto | DeviceChoice::Cuda => CudaBackend::open_default(),
     };
     match cuda {

@@ -178,6 +178,9 @@ struct PrefillArgs {
 }
 
 fn main() -> Result<()> {
+    if let Some(banner) = swerve::backend::cuda::emulation_banner() {
+        eprintln!("{banner}");
+    }
     let cli = Cli::parse();
     match cli.command.unwrap_or(Command::Prefill(cli.prefill)) {
         Command::Prefill(args) => prefill(args),

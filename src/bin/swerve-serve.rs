@@ -63,6 +63,9 @@ struct Cli {
 }
 
 fn main() -> Result<()> {
+    if let Some(banner) = swerve::backend::cuda::emulation_banner() {
+        eprintln!("{banner}");
+    }
     let cli = Cli::parse();
     anyhow::ensure!(
         cli.shutdown_grace_seconds.is_finite() && cli.shutdown_grace_seconds >= 0.0,

@@ -485,6 +485,9 @@ fn run_training(device: DeviceChoice, options: &TrainOptions) -> Result<()> {
 }
 
 fn main() -> Result<()> {
+    if let Some(banner) = swerve::backend::cuda::emulation_banner() {
+        eprintln!("{banner}");
+    }
     let cli = Cli::parse();
     match cli.command {
         Command::Score {

@@ -59,7 +59,9 @@ pub fn probe() -> std::result::Result<CudaDevice, String> {
     if !embedded::CUDA_KERNELS_COMPILED {
         return Err("this build has no CUDA kernels (built without nvcc)".into());
     }
-    if !driver_present() {
+    if embedded::CUDA_EMULATED {
+        load_emulator()?;
+    } else if !driver_present() {
         return Err("no CUDA driver (libcuda) on this machine".into());
     }
     match CudaContext::device_count() {
@@ -71,10 +73,61 @@ pub fn probe() -> std::result::Result<CudaDevice, String> {
 }
 
 /// Whether libcuda can be opened. cudarc panics on first use of a missing library, so every
-/// path into CUDA asks this first.
+/// path into CUDA asks this first. In an emulated build this loads the emulator's libraries.
 pub fn driver_present() -> bool {
+    if embedded::CUDA_EMULATED {
+        return load_emulator().is_ok();
+    }
     // SAFETY: only tries to dlopen libcuda.
     unsafe { cudarc::driver::sys::is_culib_present() }
+}
+
+/// Whether this build runs CUDA on the emulated device (`SWERVE_EMU=1`, `emu/`): kernels compiled
+/// for the host, a stand-in libcuda and libcublasLt. Correctness only: no timing means anything.
+pub fn is_emulated() -> bool {
+    embedded::CUDA_EMULATED
+}
+
+/// The line every binary prints first in an emulated build; `None` in a real one.
+pub fn emulation_banner() -> Option<&'static str> {
+    is_emulated().then_some(
+        "CUDA: emulated device (a SWERVE_EMU=1 build: kernels run on the CPU for correctness; \
+         timings mean nothing; --device auto picks the CPU backend, --device cuda the emulator)",
+    )
+}
+
+/// Loads the emulator's stand-in libcuda and libcublasLt by absolute path (RTLD_GLOBAL), once.
+/// cudarc then opens `libcuda.so` / `libcublasLt.so` by name, and the dynamic loader hands back
+/// these already-loaded libraries, whose sonames are those names: the real launch code runs on
+/// the emulated device with no environment to set.
+fn load_emulator() -> std::result::Result<(), String> {
+    static LOADED: std::sync::OnceLock<std::result::Result<(), String>> =
+        std::sync::OnceLock::new();
+    LOADED
+        .get_or_init(|| {
+            for path in embedded::EMULATOR_LIBRARIES {
+                let c_path = std::ffi::CString::new(*path).map_err(|e| e.to_string())?;
+                // SAFETY: dlopen of a library this build produced; the handle is never closed.
+                let handle =
+                    unsafe { libc::dlopen(c_path.as_ptr(), libc::RTLD_NOW | libc::RTLD_GLOBAL) };
+                if handle.is_null() {
+                    // SAFETY: dlerror returns a thread-local C string or null.
+                    let reason = unsafe {
+                        let e = libc::dlerror();
+                        if e.is_null() {
+                            "unknown error".to_string()
+                        } else {
+                            std::ffi::CStr::from_ptr(e).to_string_lossy().into_owned()
+                        }
+                    };
+                    return Err(format!(
+                        "cannot load the emulated CUDA library {path} (rebuild with SWERVE_EMU=1): {reason}"
+                    ));
+                }
+            }
+            Ok(())
+        })
+        .clone()
 }
 
 impl CudaDevice {
