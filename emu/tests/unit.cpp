@@ -22,15 +22,15 @@
 #include "emu_cuda.h"
 
 static std::atomic<int> g_checks{0}, g_failures{0};
-#define CHECK(cond, ...)                                           \
-    do {                                                           \
-        ++g_checks;                                                \
-        if (!(cond)) {                                             \
-            ++g_failures;                                          \
+#define CHECK(cond, ...)                                              \
+    do {                                                              \
+        ++g_checks;                                                   \
+        if (!(cond)) {                                                \
+            ++g_failures;                                             \
             printf("  FAIL %s:%d: (%s) ", __FILE__, __LINE__, #cond); \
-            printf(__VA_ARGS__);                                   \
-            printf("\n");                                          \
-        }                                                          \
+            printf(__VA_ARGS__);                                      \
+            printf("\n");                                             \
+        }                                                             \
     } while (0)
 
 // Launches `body` as kernel `name`; returns the launch's error count.
@@ -61,7 +61,8 @@ struct Quiet {
 static void expect_error(const char* what, int errors, const char* needle) {
     const std::string& text = emu::last_launch_errors();
     CHECK(errors > 0, "%s: no error reported", what);
-    CHECK(text.find(needle) != std::string::npos, "%s: expected \"%s\" in the errors, got:\n%s", what, needle, text.c_str());
+    CHECK(text.find(needle) != std::string::npos, "%s: expected \"%s\" in the errors, got:\n%s", what, needle,
+          text.c_str());
     const std::string first = text.substr(0, text.find('\n'));
     printf("  %-44s -> %s\n", what, first.c_str());
 }
@@ -81,7 +82,7 @@ static unsigned lane_id() { return threadIdx.x % 32; }
 // =================================================================================================
 static void test_ldmatrix_layout() {
     printf("ldmatrix fragment layouts (.x1 .x2 .x4, plain and .trans)\n");
-    const int stride = 24;                          // elements per stored row (48 bytes: 16-byte aligned)
+    const int stride = 24;                         // elements per stored row (48 bytes: 16-byte aligned)
     const int perm[8] = {5, 2, 7, 0, 3, 6, 1, 4};  // row r of each matrix is stored in slot perm[r]
     auto value = [](int m, int r, int c) { return (uint16_t)(0x1000 * (m + 1) + 16 * r + c); };
     for (int num : {1, 2, 4}) {
@@ -160,7 +161,8 @@ static void test_mma_fragments() {
             const int row = (lane >> 2) + (i >= 2 ? 8 : 0), col = (lane % 4) * 2 + (i & 1);
             float want = C[row][col];
             for (int k = 0; k < 16; ++k) want += A[row][k] * B[k][col];
-            if (D[lane * 4 + i] != want && bad++ < 4) printf("  lane %d c%d: got %g want %g\n", lane, i, D[lane * 4 + i], want);
+            if (D[lane * 4 + i] != want && bad++ < 4)
+                printf("  lane %d c%d: got %g want %g\n", lane, i, D[lane * 4 + i], want);
         }
     }
     CHECK(bad == 0, "mma fragments: %d wrong accumulators", bad);
@@ -191,8 +193,8 @@ static void test_mma_product() {
         const size_t smem = (M * S + K * S + N * S) * 2;
         const int errors = run("mma_product", dim3(1), dim3(32), smem, [&] {
             uint16_t* sA = reinterpret_cast<uint16_t*>(emu::dynamic_smem());
-            uint16_t* sB = sA + M * S;       // [k][n]
-            uint16_t* sBt = sB + K * S;      // [n][k]
+            uint16_t* sB = sA + M * S;   // [k][n]
+            uint16_t* sBt = sB + K * S;  // [n][k]
             const int lane = lane_id();
             for (int i = lane; i < M * K; i += 32) sA[(i / K) * S + i % K] = a[i];
             for (int i = lane; i < K * N; i += 32) {
@@ -216,13 +218,16 @@ static void test_mma_product() {
                 emu::mma_bf16_m16n8k16(acc[1], af, bf[2], bf[3], __FILE__, __LINE__);
             }
             for (int nt = 0; nt < 2; ++nt)
-                for (int e = 0; e < 4; ++e) out[(lane / 4 + (e / 2) * 8) * N + nt * 8 + 2 * (lane % 4) + e % 2] = acc[nt][e];
+                for (int e = 0; e < 4; ++e)
+                    out[(lane / 4 + (e / 2) * 8) * N + nt * 8 + 2 * (lane % 4) + e % 2] = acc[nt][e];
         });
         expect_clean("mma_product", errors);
         double worst = 0;
         for (int i = 0; i < M; ++i)
-            for (int j = 0; j < N; ++j) worst = std::max(worst, std::fabs(out[i * N + j] - want[i][j]) / (1 + std::fabs(want[i][j])));
-        CHECK(worst < 1e-6, "matmul with B via %s: max relative error %g", via_trans ? "ldmatrix .trans" : "ldmatrix", worst);
+            for (int j = 0; j < N; ++j)
+                worst = std::max(worst, std::fabs(out[i * N + j] - want[i][j]) / (1 + std::fabs(want[i][j])));
+        CHECK(worst < 1e-6, "matmul with B via %s: max relative error %g", via_trans ? "ldmatrix .trans" : "ldmatrix",
+              worst);
     }
 }
 
@@ -234,10 +239,14 @@ static void test_mma_product() {
 static int shfl_model(int mode, int lane, int arg, int w) {
     const int seg = lane / w * w;
     switch (mode) {
-        case 0: return seg + ((arg % w) + w) % w;                              // srcLane modulo width
-        case 1: return lane - seg >= arg ? lane - arg : lane;                  // up: unchanged below delta
-        case 2: return lane - seg + arg < w ? lane + arg : lane;               // down: unchanged past the end
-        default: return (lane ^ arg) < seg + w ? (lane ^ arg) : lane;          // xor: later segments not visible
+        case 0:
+            return seg + ((arg % w) + w) % w;  // srcLane modulo width
+        case 1:
+            return lane - seg >= arg ? lane - arg : lane;  // up: unchanged below delta
+        case 2:
+            return lane - seg + arg < w ? lane + arg : lane;  // down: unchanged past the end
+        default:
+            return (lane ^ arg) < seg + w ? (lane ^ arg) : lane;  // xor: later segments not visible
     }
 }
 
@@ -347,7 +356,8 @@ static void test_shfl() {
     for (int l = 0; l < 32; l += 3) want_ballot |= 1u << l;
     bad = 0;
     for (int l = 0; l < 32; ++l)
-        bad += votes[l * 4] != want_ballot || votes[l * 4 + 1] != 1 || votes[l * 4 + 2] != 0 || votes[l * 4 + 3] != 0xffffffffu;
+        bad += votes[l * 4] != want_ballot || votes[l * 4 + 1] != 1 || votes[l * 4 + 2] != 0 ||
+               votes[l * 4 + 3] != 0xffffffffu;
     CHECK(bad == 0, "votes: %d lanes wrong", bad);
 
     // __syncwarp orders shared-memory traffic between the lanes of a warp in every schedule.
@@ -395,7 +405,8 @@ static void test_atomics() {
         atomicSub(&sub, 2);
         atomicAdd(&ull_sum, 1ull << 33);
         // sampling.cu's argmax key: value bits above, reversed index below.
-        const unsigned long long key = ((unsigned long long)(0x80000000u | (unsigned)(i % 100)) << 32) | (uint32_t)(n - 1 - i);
+        const unsigned long long key =
+            ((unsigned long long)(0x80000000u | (unsigned)(i % 100)) << 32) | (uint32_t)(n - 1 - i);
         atomicMax(&ull_max, key);
         int old = cas_counter, assumed;
         do {
@@ -420,7 +431,8 @@ static void test_atomics() {
         want_max = std::max(want_max, (i * 37) % 1001 - 500);
         want_min = std::min(want_min, (i * 37) % 1001 - 500);
     }
-    CHECK(imax == want_max && imin == want_min, "atomicMax/Min int: %d %d (want %d %d)", imax, imin, want_max, want_min);
+    CHECK(imax == want_max && imin == want_min, "atomicMax/Min int: %d %d (want %d %d)", imax, imin, want_max,
+          want_min);
     CHECK(umax == (unsigned)(n - 1) * 3u, "atomicMax unsigned: %u", umax);
     CHECK(uor == 0xffffffffu, "atomicOr: 0x%x", uor);
     CHECK(sub == -2 * n, "atomicSub: %d", sub);
@@ -477,8 +489,8 @@ static void test_cp_async_groups() {
         emu::cp_async(s2, &g2[t], 4, 4, __FILE__, __LINE__);
         emu::cp_async(sz, &g1[4 * t], 16, 0, __FILE__, __LINE__);  // src-size 0: 16 zero bytes
         emu::cp_async(sp, &g1[4 * t], 16, 8, __FILE__, __LINE__);  // 8 bytes read, 8 zeros
-        emu::cp_async_commit();  // group C
-        emu::cp_async(s3, &g3[t], 4, 4, __FILE__, __LINE__);  // not committed yet
+        emu::cp_async_commit();                                    // group C
+        emu::cp_async(s3, &g3[t], 4, 4, __FILE__, __LINE__);       // not committed yet
         auto observe = [&](int step) {
             int* o = &obs[(t * 4 + step) * 6];
             o[0] = s0[0] == g0[4 * t] && s0[3] == g0[4 * t + 3];
@@ -534,7 +546,8 @@ static void test_shared_memory() {
         if (t == 0) {
             first_read[b * 2] = __float_as_uint(st[5]);
             first_read[b * 2 + 1] = __float_as_uint(dyn[7]);
-            if ((uintptr_t)&one % 16 || (uintptr_t)&big % 64 || (uintptr_t)dyn % 16) first_read[b * 2] = 1;  // flagged below
+            if ((uintptr_t)&one % 16 || (uintptr_t)&big % 64 || (uintptr_t)dyn % 16)
+                first_read[b * 2] = 1;  // flagged below
         }
         __syncthreads();
         st[t] = 1.0f;
@@ -651,7 +664,8 @@ static void test_diagnostics() {
         e = run("ldmatrix_overrun", dim3(1), dim3(32), 512, [&] {
             uint32_t r[4];
             emu::ldmatrix(r, 4, emu::dynamic_smem() + 16 * lane_id(), false, __FILE__, __LINE__);  // rows 0..511 OK
-            emu::ldmatrix(r, 4, emu::dynamic_smem() + 16 * lane_id() + 16, false, __FILE__, __LINE__);  // last row past the end
+            emu::ldmatrix(r, 4, emu::dynamic_smem() + 16 * lane_id() + 16, false, __FILE__,
+                          __LINE__);  // last row past the end
         });
     }
     expect_error("ldmatrix row past the dynamic region", e, "outside the block's shared memory");
@@ -711,9 +725,8 @@ static void test_diagnostics() {
     expect_error("cp.async never committed", e, "never waited for");
     {
         Quiet q;
-        e = run("mask_without_self", dim3(1), dim3(32), 0, [&] {
-            g[lane_id()] = __shfl_xor_sync(0xfffffffeu, 1.0f, 1);
-        });
+        e = run("mask_without_self", dim3(1), dim3(32), 0,
+                [&] { g[lane_id()] = __shfl_xor_sync(0xfffffffeu, 1.0f, 1); });
     }
     expect_error("shfl mask without the calling lane", e, "does not name the calling lane");
     {
@@ -774,14 +787,15 @@ static void test_diagnostics() {
     // Many errors: counted in full, the first ones kept, the rest summarised; context in each line.
     {
         Quiet q;
-        e = run("many_errors", dim3(2), dim3(128), 4096, [&] {
-            emu::cp_async(emu::dynamic_smem() + 16 * threadIdx.x + 8, g, 16, 16, __FILE__, __LINE__);
-        });
+        e = run("many_errors", dim3(2), dim3(128), 4096,
+                [&] { emu::cp_async(emu::dynamic_smem() + 16 * threadIdx.x + 8, g, 16, 16, __FILE__, __LINE__); });
     }
     CHECK(e == 256, "every error is counted: %d", e);
     const std::string& text = emu::last_launch_errors();
-    CHECK(text.find("... and 246 more errors (256 in all)") != std::string::npos, "summary line missing:\n%s", text.c_str());
-    CHECK(text.find("kernel many_errors, block (0,0,0), thread (0,0,0) (warp 0 lane 0): cp.async at") != std::string::npos,
+    CHECK(text.find("... and 246 more errors (256 in all)") != std::string::npos, "summary line missing:\n%s",
+          text.c_str());
+    CHECK(text.find("kernel many_errors, block (0,0,0), thread (0,0,0) (warp 0 lane 0): cp.async at") !=
+              std::string::npos,
           "errors name the kernel, block and thread:\n%s", text.c_str());
     // After all this, a clean launch is clean again.
     e = run("clean_after_errors", dim3(2), dim3(64), 0, [&] { __syncthreads(); });
@@ -807,7 +821,8 @@ static std::vector<int> tickets(const char* sched, int blocks, int threads) {
 static void test_schedules() {
     printf("schedule modes\n");
     const std::vector<int> fwd = tickets("forward", 3, 64), rev = tickets("reverse", 3, 64);
-    const std::vector<int> r1 = tickets("random:1", 3, 64), r1b = tickets("random:1", 3, 64), r2 = tickets("random:2", 3, 64);
+    const std::vector<int> r1 = tickets("random:1", 3, 64), r1b = tickets("random:1", 3, 64),
+                           r2 = tickets("random:2", 3, 64);
     bool fwd_ok = true, rev_ok = true;
     for (int i = 0; i < 192; ++i) {
         fwd_ok &= fwd[i] == i;
@@ -860,7 +875,8 @@ static void test_schedules() {
     };
     const auto race_f = racy("forward", false), race_r = racy("reverse", false), race_x = racy("random:5", false);
     CHECK(!same(race_f, race_r), "a racy kernel gives different results forward and reverse");
-    CHECK(std::isnan(race_f[0]) && race_r[0] == 1.0f, "forward: thread 0 reads its neighbour's slot before it is written");
+    CHECK(std::isnan(race_f[0]) && race_r[0] == 1.0f,
+          "forward: thread 0 reads its neighbour's slot before it is written");
     const auto ok_f = racy("forward", true), ok_r = racy("reverse", true), ok_x = racy("random:5", true);
     CHECK(same(ok_f, ok_r) && same(ok_f, ok_x), "a correct kernel gives the same result in every schedule");
     bool correct = true;
@@ -981,17 +997,15 @@ static void test_guard_pages() {
             });
         },
         status);
-    CHECK(WIFEXITED(status) && WEXITSTATUS(status) == 42 && msg.find("past the end of the block's dynamic shared memory") != std::string::npos &&
+    CHECK(WIFEXITED(status) && WEXITSTATUS(status) == 42 &&
+              msg.find("past the end of the block's dynamic shared memory") != std::string::npos &&
               msg.find("kernel smem_overrun, block (0,0,0), thread (0,0,0)") != std::string::npos,
           "a write past the dynamic shared memory must fault and be described (status 0x%x): %s", status, msg.c_str());
     printf("  %-44s -> %s\n", "write past dynamic shared memory", msg.c_str());
-    msg = in_child(
-        [] {
-            run("stack_overflow", dim3(1), dim3(2), 0, [] { g_sink = deep_recursion(400); });
-        },
-        status);
+    msg = in_child([] { run("stack_overflow", dim3(1), dim3(2), 0, [] { g_sink = deep_recursion(400); }); }, status);
     CHECK(WIFEXITED(status) && WEXITSTATUS(status) == 42 && msg.find("stack overflow") != std::string::npos,
-          "a fiber stack overflow must fault in the guard page and be described (status 0x%x): %s", status, msg.c_str());
+          "a fiber stack overflow must fault in the guard page and be described (status 0x%x): %s", status,
+          msg.c_str());
     printf("  %-44s -> %s\n", "400 KiB of recursion in one thread", msg.c_str());
 }
 

@@ -16,9 +16,8 @@
 #include <string>
 #include <vector>
 
-#include "emu_cuda.h"
-
 #include "common.cuh"
+#include "emu_cuda.h"
 #include "mma.cuh"
 #include "rmsnorm.emu.cpp"
 
@@ -128,8 +127,10 @@ static void test_rmsnorm() {
                 worst = std::max(worst, std::isnan(got) ? 1e9 : std::fabs(got - ref) / std::max(std::fabs(ref), 1e-30));
             }
         }
-        printf("  rmsnorm_fwd_bf16 [%d, %d]: %d errors, %.1f ms, max rel err %.2e\n", rows, cols, e, 1e3 * t.s(), worst);
-        CHECK(e == 0 && worst <= 1.0 / 256, "rmsnorm_fwd [%d,%d]: errors %d, max rel err %g (bound 2^-8)", rows, cols, e, worst);
+        printf("  rmsnorm_fwd_bf16 [%d, %d]: %d errors, %.1f ms, max rel err %.2e\n", rows, cols, e, 1e3 * t.s(),
+               worst);
+        CHECK(e == 0 && worst <= 1.0 / 256, "rmsnorm_fwd [%d,%d]: errors %d, max rel err %g (bound 2^-8)", rows, cols,
+              e, worst);
     }
     // Fused add: residual += delta (bf16), out = rmsnorm(residual) * w.
     const int rows = 9, cols = 896;
@@ -160,9 +161,20 @@ static void test_rmsnorm() {
 using FwdFn = void (*)(const bf16*, const bf16*, const bf16*, bf16*, float*, const int*, int, int, float);
 static FwdFn fwd_kernel(const char* variant, int D) {
     const std::string v = variant;
-    if (v == "mut_wait") return D == 16 ? mut_wait::mut_wait_flash_attn_fwd_hd16 : D == 32 ? mut_wait::mut_wait_flash_attn_fwd_hd32 : D == 64 ? mut_wait::mut_wait_flash_attn_fwd_hd64 : mut_wait::mut_wait_flash_attn_fwd_hd128;
-    if (v == "mut_trans") return D == 16 ? mut_trans::mut_trans_flash_attn_fwd_hd16 : D == 32 ? mut_trans::mut_trans_flash_attn_fwd_hd32 : D == 64 ? mut_trans::mut_trans_flash_attn_fwd_hd64 : mut_trans::mut_trans_flash_attn_fwd_hd128;
-    return D == 16 ? orig::flash_attn_fwd_hd16 : D == 32 ? orig::flash_attn_fwd_hd32 : D == 64 ? orig::flash_attn_fwd_hd64 : orig::flash_attn_fwd_hd128;
+    if (v == "mut_wait")
+        return D == 16   ? mut_wait::mut_wait_flash_attn_fwd_hd16
+               : D == 32 ? mut_wait::mut_wait_flash_attn_fwd_hd32
+               : D == 64 ? mut_wait::mut_wait_flash_attn_fwd_hd64
+                         : mut_wait::mut_wait_flash_attn_fwd_hd128;
+    if (v == "mut_trans")
+        return D == 16   ? mut_trans::mut_trans_flash_attn_fwd_hd16
+               : D == 32 ? mut_trans::mut_trans_flash_attn_fwd_hd32
+               : D == 64 ? mut_trans::mut_trans_flash_attn_fwd_hd64
+                         : mut_trans::mut_trans_flash_attn_fwd_hd128;
+    return D == 16   ? orig::flash_attn_fwd_hd16
+           : D == 32 ? orig::flash_attn_fwd_hd32
+           : D == 64 ? orig::flash_attn_fwd_hd64
+                     : orig::flash_attn_fwd_hd128;
 }
 
 struct Attn {
@@ -296,13 +308,14 @@ constexpr double kOutTol = 2e-2, kLseTol = 1e-3;
 
 static void test_flash_forward() {
     printf("flash_attn.cu forward\n");
-    const Attn cases[] = {Attn({100, 100}, 2, 1, 64, 0),  Attn({37, 200}, 4, 2, 64, 1), Attn({1, 130}, 2, 2, 128, 2),
-                          Attn({65, 17}, 3, 1, 32, 3),    Attn({129}, 2, 1, 16, 4),     Attn({40, 90}, 7, 1, 128, 5)};
+    const Attn cases[] = {Attn({100, 100}, 2, 1, 64, 0), Attn({37, 200}, 4, 2, 64, 1), Attn({1, 130}, 2, 2, 128, 2),
+                          Attn({65, 17}, 3, 1, 32, 3),   Attn({129}, 2, 1, 16, 4),     Attn({40, 90}, 7, 1, 128, 5)};
     for (const Attn& a : cases) {
         const auto r = a.forward("orig");
         printf("  %-34s %d errors, %.3f s, max|out-ref| %.2e, max|lse-ref| %.2e, NaN %d\n", a.name().c_str(), r.errors,
                r.seconds, r.err_out, r.err_lse, r.nan);
-        CHECK(r.errors == 0 && r.nan == 0 && r.err_out < kOutTol && r.err_lse < kLseTol, "forward %s", a.name().c_str());
+        CHECK(r.errors == 0 && r.nan == 0 && r.err_out < kOutTol && r.err_lse < kLseTol, "forward %s",
+              a.name().c_str());
     }
     // The kernel is race-free: every schedule gives the same bits.
     const Attn& a = cases[1];
@@ -312,7 +325,8 @@ static void test_flash_forward() {
         const auto r = a.forward("orig");
         emu::set_schedule(nullptr);
         printf("  %-34s schedule %-9s %d errors, %.3f s, output %s\n", a.name().c_str(), sched, r.errors, r.seconds,
-               r.out == base.out && memcmp(r.lse.data(), base.lse.data(), 4 * r.lse.size()) == 0 ? "identical" : "DIFFERS");
+               r.out == base.out && memcmp(r.lse.data(), base.lse.data(), 4 * r.lse.size()) == 0 ? "identical"
+                                                                                                 : "DIFFERS");
         CHECK(r.errors == 0 && r.out == base.out && memcmp(r.lse.data(), base.lse.data(), 4 * r.lse.size()) == 0,
               "forward under %s differs from forward", sched);
     }
@@ -331,17 +345,21 @@ static void test_flash_backward() {
         Timer t;
         const int e1 = run("flash_attn_bwd_preprocess", dim3((chunks + 255) / 256), dim3(256), 0, [&] {
             orig::flash_attn_bwd_preprocess(B(fwd.out), reinterpret_cast<const bf16*>(a.d_out.data()), fwd.lse.data(),
-                                      lse_log2.data(), delta.data(), dq_acc.data(), T, H, D);
+                                            lse_log2.data(), delta.data(), dq_acc.data(), T, H, D);
         });
         const int BN = 128, BM = 64, row = D + 8;
         const size_t smem = 2 * BN * row * 2 + 2 * 2 * BM * row * 2 + BN * (BM + 8) * 2 + 2 * 2 * BM * 4;
         using BwdFn = decltype(&orig::flash_attn_bwd_hd64);
-        BwdFn fn = D == 16 ? orig::flash_attn_bwd_hd16 : D == 32 ? orig::flash_attn_bwd_hd32 : D == 64 ? orig::flash_attn_bwd_hd64 : orig::flash_attn_bwd_hd128;
-        const int e2 = run("flash_attn_bwd", dim3((a.max_seqlen() + BN - 1) / BN, KVH, a.seqlens.size()), dim3(256), smem, [&] {
-            fn(reinterpret_cast<const bf16*>(a.q.data()), reinterpret_cast<const bf16*>(a.k.data()),
-               reinterpret_cast<const bf16*>(a.v.data()), reinterpret_cast<const bf16*>(a.d_out.data()), lse_log2.data(),
-               delta.data(), dq_acc.data(), B(dk), B(dv), a.cu.data(), T, H, KVH, a.scale);
-        });
+        BwdFn fn = D == 16   ? orig::flash_attn_bwd_hd16
+                   : D == 32 ? orig::flash_attn_bwd_hd32
+                   : D == 64 ? orig::flash_attn_bwd_hd64
+                             : orig::flash_attn_bwd_hd128;
+        const int e2 =
+            run("flash_attn_bwd", dim3((a.max_seqlen() + BN - 1) / BN, KVH, a.seqlens.size()), dim3(256), smem, [&] {
+                fn(reinterpret_cast<const bf16*>(a.q.data()), reinterpret_cast<const bf16*>(a.k.data()),
+                   reinterpret_cast<const bf16*>(a.v.data()), reinterpret_cast<const bf16*>(a.d_out.data()),
+                   lse_log2.data(), delta.data(), dq_acc.data(), B(dk), B(dv), a.cu.data(), T, H, KVH, a.scale);
+            });
         const int e3 = run("flash_attn_bwd_dq_add", dim3((chunks + 255) / 256), dim3(256), 0,
                            [&] { orig::flash_attn_bwd_dq_add(dq_acc.data(), B(dq), chunks, a.scale); });
         const double secs = t.s();
@@ -357,8 +375,8 @@ static void test_flash_backward() {
         };
         int nan = 0;
         const double rq = rel(dq, a.ref_dq, nan), rk = rel(dk, a.ref_dk, nan), rv = rel(dv, a.ref_dv, nan);
-        printf("  %-34s errors %d/%d/%d, %.3f s, max err / max|ref|: dq %.2e dk %.2e dv %.2e, NaN %d\n", a.name().c_str(),
-               e1, e2, e3, secs, rq, rk, rv, nan);
+        printf("  %-34s errors %d/%d/%d, %.3f s, max err / max|ref|: dq %.2e dk %.2e dv %.2e, NaN %d\n",
+               a.name().c_str(), e1, e2, e3, secs, rq, rk, rv, nan);
         CHECK(e1 == 0 && e2 == 0 && e3 == 0 && nan == 0 && rq < 2e-2 && rk < 2e-2 && rv < 2e-2, "backward %s",
               a.name().c_str());
     }
@@ -380,7 +398,8 @@ static void test_mutations() {
     }
     {
         const auto r = a.forward("mut_trans");
-        printf("  ldmatrix_x4_trans -> ldmatrix_x4 (V): %d errors, max|out-ref| %.2e, NaN %d\n", r.errors, r.err_out, r.nan);
+        printf("  ldmatrix_x4_trans -> ldmatrix_x4 (V): %d errors, max|out-ref| %.2e, NaN %d\n", r.errors, r.err_out,
+               r.nan);
         CHECK(!(r.err_out < kOutTol), "a flipped transposition must not match the reference");
     }
 }
