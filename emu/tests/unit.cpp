@@ -771,6 +771,11 @@ static void test_diagnostics() {
     expect_error("block above 1024 threads", e, "above the limit");
     {
         Quiet q;
+        e = run("huge_dynamic_smem", dim3(1), dim3(32), 2 << 20, [&] {});
+    }
+    expect_error("2 MiB of dynamic shared memory", e, "above any device's");
+    {
+        Quiet q;
         e = run("nested_launch", dim3(1), dim3(1), 0, [&] { emu::launch(dim3(1), dim3(1), 0, [] {}); });
     }
     expect_error("launch from inside a kernel", e, "inside a running kernel");
