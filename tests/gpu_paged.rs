@@ -23,6 +23,7 @@ use common::gpu::{
 use half::bf16;
 use swerve::backend::cpu::{CpuBackend, CpuTensor};
 use swerve::backend::cuda::backend::pod_vec;
+use swerve::backend::cuda::graphs::decode_graph_attention_inputs;
 use swerve::backend::cuda::paged_attn::{
     attention_variant, AttentionVariant, DevicePagedLayout, WorkPlan, DECODE_BLOCK_M,
     MIN_PARTITION_KEYS, PREFILL_BLOCK_M,
@@ -587,6 +588,85 @@ fn partition_boundaries_and_many_partitions_match_cpu_reference() {
                 h,
                 Forced::partition(forced),
                 5100 + 10 * (3 * j + k) as u64,
+            );
+        }
+    }
+}
+
+/// What a CUDA-graph decode step's attention computes (`cuda/graphs.rs`): the fixed plan, with
+/// every sequence cut into partitions up to its table's capacity (those past a sequence's context
+/// do nothing, and the merge skips rows of one partition) and padding rows (context 1 over the
+/// null block), written by the graph's own input code (`decode_graph_attention_inputs`: the
+/// `StaticInputs` a replay uses), launched at the device level with NaN-poisoned output and
+/// scratch. Every row, padding included, against f64 attention over the padded layout; plans
+/// sized for this device and for 132 SMs (4 partitions of 512 keys here).
+#[test]
+#[cfg_attr(
+    not(swerve_emu),
+    ignore = "needs a CUDA GPU (or a SWERVE_EMU=1 build: the emulated device)"
+)]
+fn the_fixed_decode_graph_plan_matches_the_reference() {
+    let gpu = gpu();
+    let (batch, table_blocks, bs) = (4, 128, 16);
+    // Three sequences of 1, 2 and 3 partitions of 512 keys, and one padding row.
+    let contexts = [3, 600, 1500];
+    let (layout, num_blocks) = shuffled_layout(bs, &[1; 3], &contexts, 900);
+    for (i, &(heads, kv_heads, hd)) in [(8, 2, 64), (7, 1, 128)].iter().enumerate() {
+        for num_sms in [None, Some(132)] {
+            let (device_layout, padded) = decode_graph_attention_inputs(
+                &gpu,
+                &layout,
+                batch,
+                table_blocks,
+                heads / kv_heads,
+                kv_heads,
+                num_blocks,
+                num_sms,
+            )
+            .unwrap();
+            assert_eq!(padded.num_seqs(), batch);
+            assert_eq!(padded.context_lens, [3, 600, 1500, 1]);
+            assert!(padded.block_table(3).iter().all(|&b| b == 0), "null block");
+            let p = device_layout.partition_keys.unwrap();
+            let partitions = (table_blocks * bs).div_ceil(p);
+            if num_sms.is_some() {
+                assert_eq!((p, partitions), (512, 4), "the plan this case is built for");
+            }
+            let seed = 9000 + 10 * i as u64;
+            let (q, q_cpu) = random(&gpu, &[batch, heads, hd], seed, 2.0);
+            let cache_shape = [num_blocks, bs, kv_heads, hd];
+            let (k_cache, k_cpu) = random(&gpu, &cache_shape, seed + 1, 2.0);
+            let (v_cache, v_cpu) = random(&gpu, &cache_shape, seed + 2, 1.0);
+            // The scratch the call takes from the pool: NaN until a partition writes it.
+            let scratch = poisoned(
+                &gpu,
+                &[batch * partitions * heads * (hd + 1)],
+                DeviceDType::F32,
+            );
+            gpu.device.synchronize().unwrap();
+            drop(scratch);
+            let mut out = poisoned(&gpu, &[batch, heads, hd], DeviceDType::Bf16);
+            let scale = 1.0 / (hd as f32).sqrt();
+            gpu.device
+                .paged_attention(
+                    &q,
+                    &k_cache,
+                    &v_cache,
+                    &device_layout,
+                    scale,
+                    &mut out,
+                    &gpu.pool,
+                )
+                .unwrap();
+            let (qd, kd, vd) = (&q_cpu.data, &k_cpu.data, &v_cpu.data);
+            let exact = paged_attention_f64(qd, kd, vd, &padded, heads, kv_heads, hd);
+            let naive = naive_paged_attention(qd, kd, vd, &padded, heads, kv_heads, hd);
+            check_within_naive(
+                &format!("graph plan heads {heads}/{kv_heads} hd {hd}: {p}-key partitions x {partitions}"),
+                &gpu.to_host(&out).unwrap(),
+                &exact,
+                &naive,
+                Rows::heads(heads, hd),
             );
         }
     }

@@ -128,10 +128,11 @@ impl StaticInputs {
         block_size: usize,
         group: usize,
         kv_heads: usize,
+        num_sms: usize,
     ) -> Result<Self> {
         let keys = table_blocks * block_size;
         let work = batch * keys * kv_heads;
-        let target = backend.device.num_sms as usize * BLOCKS_PER_SM_TARGET;
+        let target = num_sms.max(1) * BLOCKS_PER_SM_TARGET;
         let mut partition_keys = MIN_PARTITION_KEYS;
         while partition_keys < keys && 2 * partition_keys * target <= work {
             partition_keys *= 2;
@@ -429,6 +430,7 @@ impl CudaBackend {
             layout.block_size,
             group,
             kv_heads,
+            self.device.num_sms as usize,
         )?;
         let step = inputs.host_step(tokens, positions, layout, draws, kv.num_blocks)?;
         inputs.write(self, &step)?;
@@ -506,6 +508,59 @@ impl CudaBackend {
         self.end_step();
         result
     }
+}
+
+/// The attention inputs a decode graph of `batch` sequences with tables of `table_blocks` blocks
+/// holds for the decode rows of `layout`, written exactly as a replay writes them (padding rows:
+/// context 1 over the null block; the fixed plan: every sequence split into partitions up to the
+/// table's capacity), and the device layout the graph's attention runs on. `num_sms` sizes the
+/// partitions as a device of that many SMs would (`None`: this one). Returns it with the padded
+/// host layout it was written from. For kernel-level tests of what a replay computes
+/// (`tests/gpu_paged.rs`).
+#[allow(clippy::too_many_arguments)]
+pub fn decode_graph_attention_inputs(
+    backend: &CudaBackend,
+    layout: &PagedLayout,
+    batch: usize,
+    table_blocks: usize,
+    group: usize,
+    kv_heads: usize,
+    num_blocks: usize,
+    num_sms: Option<usize>,
+) -> Result<(DevicePagedLayout, PagedLayout)> {
+    let n = layout.num_seqs();
+    ensure!(
+        layout
+            .cu_query
+            .iter()
+            .enumerate()
+            .all(|(i, &c)| c as usize == i),
+        "decode graph inputs: one query row per sequence"
+    );
+    let inputs = StaticInputs::new(
+        backend,
+        batch,
+        table_blocks,
+        layout.block_size,
+        group,
+        kv_heads,
+        num_sms.unwrap_or(backend.device.num_sms as usize),
+    )?;
+    let positions: Vec<u32> = layout
+        .context_lens
+        .iter()
+        .map(|&c| c.saturating_sub(1))
+        .collect();
+    let draws = vec![
+        RowDraw {
+            temperature: 0.0,
+            uniform: 0.0,
+        };
+        n
+    ];
+    let step = inputs.host_step(&vec![0; n], &positions, layout, &draws, num_blocks)?;
+    inputs.write(backend, &step)?;
+    Ok((inputs.device_layout(group, kv_heads)?, step.layout))
 }
 
 /// The first `n` (token, logprob) pairs of a graph's output.
