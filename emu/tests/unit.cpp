@@ -610,11 +610,42 @@ static void test_diagnostics() {
             if (lane_id() < 16)
                 v = __shfl_xor_sync(0xffffffffu, 1.0f, 1);
             else
-                v = __shfl_xor_sync(0xffffffffu, 2.0f, 1);
+                v = __shfl_down_sync(0xffffffffu, 2.0f, 1);
             g[lane_id()] = v;
         });
     }
     expect_error("lanes at different collectives", e, "different warp collectives");
+    {
+        Quiet q;
+        e = run("mixed_masks", dim3(1), dim3(32), 0, [&] {
+            g[lane_id()] = __shfl_xor_sync(lane_id() < 16 ? 0xffffffffu : 0xfffffffeu | (1u << lane_id()), 1.0f, 1);
+        });
+    }
+    expect_error("lanes with different masks", e, "different warp collectives");
+    {
+        Quiet q;
+        e = run("ldmatrix_two_sites", dim3(1), dim3(32), 1024, [&] {
+            uint32_t r[4];
+            if (lane_id() < 16)
+                emu::ldmatrix(r, 4, emu::dynamic_smem() + 16 * lane_id(), false, __FILE__, __LINE__);
+            else
+                emu::ldmatrix(r, 4, emu::dynamic_smem() + 16 * lane_id(), false, __FILE__, __LINE__);
+        });
+    }
+    expect_error("ldmatrix (.aligned) from two call sites", e, "different warp collectives");
+    // sm_70+: shfl.sync from different call sites (same mode and mask) exchange values.
+    e = run("shfl_two_sites", dim3(1), dim3(32), 0, [&] {
+        float v;
+        if (lane_id() < 16)
+            v = __shfl_xor_sync(0xffffffffu, 1.0f * lane_id(), 16);
+        else
+            v = __shfl_xor_sync(0xffffffffu, 1.0f * lane_id(), 16);
+        g[lane_id()] = v;
+    });
+    expect_clean("shfl.sync from two call sites", e);
+    bool paired = true;
+    for (int l = 0; l < 32; ++l) paired &= g[l] == (float)(l ^ 16);
+    CHECK(paired, "shfl.sync from two call sites exchanges across them");
     {
         Quiet q;
         e = run("divergent_barrier", dim3(1), dim3(64), 0, [&] {
