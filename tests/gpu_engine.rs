@@ -13,12 +13,12 @@ mod common;
 
 use common::fixture_dir;
 use swerve::backend::cpu::CpuBackend;
-use swerve::backend::cuda::CudaBackend;
-use swerve::backend::Backend;
+use swerve::backend::cuda::{CudaBackend, CudaTensor};
+use swerve::backend::{Backend, PagedLayout, RowDraw};
 use swerve::engine::{
     Engine, EngineConfig, EngineEvent, FinalRecord, GenerationRequest, SamplingParams,
 };
-use swerve::model::{PackedBatch, Qwen2Model};
+use swerve::model::{PackedBatch, PagedKv, Qwen2Model};
 
 const MODEL: &str = "tied-gqa4-bf16"; // vocab 320, context 128, GQA 4:1
 
@@ -86,7 +86,10 @@ fn max_gap(a: &[f32], b: &[f32]) -> f32 {
 }
 
 #[test]
-#[cfg_attr(not(swerve_emu), ignore = "needs a CUDA GPU (or a SWERVE_EMU=1 build: the emulated device)")]
+#[cfg_attr(
+    not(swerve_emu),
+    ignore = "needs a CUDA GPU (or a SWERVE_EMU=1 build: the emulated device)"
+)]
 fn decode_logprobs_match_a_prefill_recompute_with_and_without_graphs() {
     let cpu = CpuBackend::new();
     let reference = Qwen2Model::load(&cpu, &fixture_dir(MODEL)).unwrap();
@@ -133,7 +136,10 @@ fn decode_logprobs_match_a_prefill_recompute_with_and_without_graphs() {
 /// another backend instance, as the engine thread has) make it generate exactly what an engine
 /// that loaded those weights does.
 #[test]
-#[cfg_attr(not(swerve_emu), ignore = "needs a CUDA GPU (or a SWERVE_EMU=1 build: the emulated device)")]
+#[cfg_attr(
+    not(swerve_emu),
+    ignore = "needs a CUDA GPU (or a SWERVE_EMU=1 build: the emulated device)"
+)]
 fn weights_handed_over_device_to_device_equal_loaded_ones() {
     let run = |engine: &mut Engine<CudaBackend>| -> FinalRecord {
         let id = engine
@@ -181,4 +187,80 @@ fn weights_handed_over_device_to_device_equal_loaded_ones() {
     let handed = run(&mut engine);
     assert_eq!(handed.output_tokens, reference.output_tokens);
     assert_eq!(handed.logprobs, reference.logprobs);
+}
+
+/// Decode graphs bake in the address of every weight and every layer's KV cache. They are keyed
+/// on a generation of that memory (a new cache, new or overwritten weights, `reset_graphs`) and
+/// checked against all of those addresses, not two of them: a cache that shares its first
+/// layer with the one a graph was captured on (what the old key compared) must not replay it.
+#[test]
+#[cfg_attr(
+    not(swerve_emu),
+    ignore = "needs a CUDA GPU (or a SWERVE_EMU=1 build: the emulated device)"
+)]
+fn decode_graphs_start_over_for_a_new_kv_cache_or_new_weights() {
+    let backend = gpu();
+    let model = Qwen2Model::load(&backend, &fixture_dir(MODEL)).unwrap();
+    let layout = PagedLayout {
+        block_size: 16,
+        cu_query: vec![0, 1],
+        context_lens: vec![5],
+        block_tables: vec![1],
+        max_blocks_per_seq: 1,
+        slot_mapping: vec![16 + 4],
+    };
+    let draws = [RowDraw {
+        temperature: 0.0,
+        uniform: 0.0,
+    }];
+    let step = |model: &Qwen2Model<CudaBackend>, kv: &mut PagedKv<CudaTensor>| {
+        backend
+            .run_decode_graph(model, kv, &[7], &[4], &layout, &draws)
+            .unwrap()
+            .expect("a one-row decode step has a graph")
+    };
+    let counts = || {
+        let (captures, replays, disabled) = backend.decode_graph_stats();
+        assert_eq!(disabled, None);
+        (captures, replays)
+    };
+    let mut kv = model.new_paged_kv(&backend, 4, 16).unwrap();
+    let first = step(&model, &mut kv);
+    assert_eq!(step(&model, &mut kv), first);
+    assert_eq!(counts(), (1, 1), "captured once, then replayed");
+
+    // A new cache (a new generation) that shares the first cache's layer 0 K and V.
+    let generation = backend.graph_generation();
+    let mut other = model.new_paged_kv(&backend, 4, 16).unwrap();
+    assert!(backend.graph_generation() > generation, "a KV allocation");
+    std::mem::swap(&mut other.layers[0], &mut kv.layers[0]);
+    step(&model, &mut other);
+    assert_eq!(counts(), (2, 1), "a new cache is captured anew");
+    // Both caches alive and used in turn: one generation, different addresses.
+    step(&model, &mut kv);
+    assert_eq!(
+        counts(),
+        (3, 1),
+        "another cache's addresses are captured anew"
+    );
+    step(&model, &mut kv);
+    assert_eq!(counts(), (3, 2));
+
+    // New weights (an upload), weights overwritten in place, and reset_graphs: each a new
+    // generation.
+    let generation = backend.graph_generation();
+    let reloaded = Qwen2Model::load(&backend, &fixture_dir(MODEL)).unwrap();
+    assert!(backend.graph_generation() > generation, "a weight upload");
+    assert_eq!(step(&reloaded, &mut kv), step(&reloaded, &mut kv));
+    assert_eq!(counts(), (4, 3));
+    let generation = backend.graph_generation();
+    let span = backend.device_span(&reloaded.params.norm).unwrap().unwrap();
+    let mut copy = backend.zeros(reloaded.params.norm.shape()).unwrap();
+    unsafe { backend.copy_from_span(&mut copy, &span) }.unwrap();
+    assert!(backend.graph_generation() > generation, "an in-place copy");
+    step(&reloaded, &mut kv);
+    assert_eq!(counts(), (5, 3));
+    backend.reset_graphs();
+    step(&reloaded, &mut kv);
+    assert_eq!(counts(), (6, 3));
 }

@@ -294,6 +294,8 @@ impl<B: Backend> Qwen2Model<B> {
             self.local.kv_heads_local,
             self.config.head_dim,
         ];
+        // A new cache: graphs captured over another one (CUDA) must not replay on this one.
+        backend.reset_graphs();
         let layers = (0..self.config.num_hidden_layers)
             .map(|_| Ok((backend.zeros(&shape)?, backend.zeros(&shape)?)))
             .collect::<Result<Vec<_>>>()?;

@@ -298,6 +298,8 @@ impl Backend for CudaBackend {
     }
 
     fn upload_params(&self, tensors: &[&HostTensor<'_>]) -> Result<Vec<CudaTensor>> {
+        // New weights: captured decode graphs (which bake weight addresses in) start over.
+        self.bump_graph_generation();
         let bytes = Arena::bytes_for(tensors.iter().map(|t| t.numel() * 2));
         let mut arena = Arena::new(&self.device.stream, bytes)?;
         let mut out = Vec::with_capacity(tensors.len());
@@ -623,6 +625,8 @@ impl Backend for CudaBackend {
             dst.dtype(),
             self.device.ordinal
         );
+        // Weights overwritten in place: captured decode graphs start over.
+        self.bump_graph_generation();
         if span.bytes > 0 {
             // SAFETY: the caller guarantees the source is live and unchanged; both contexts are
             // the device's primary context, so the pointer is valid here; sizes checked above.

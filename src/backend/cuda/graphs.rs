@@ -27,8 +27,12 @@
 //! - **Intermediate buffers** come from the backend's graph pool, which eager work never uses; a
 //!   graph's intermediates may be reused by another graph's, which is safe because replays run
 //!   one at a time on one stream and read nothing a previous replay left behind.
-//! - **Weights and the KV cache** are part of the key (their addresses); a weight update drops
-//!   every graph ([`crate::backend::Backend::reset_graphs`]).
+//! - **Weights and the KV cache** (every layer's addresses, baked into the kernels' arguments)
+//!   are covered by a generation counter in the key, not by their addresses (a new cache or model
+//!   can reuse some of the old one's addresses and not others): every weight upload or in-place
+//!   weight update, every KV cache allocation (`Qwen2Model::new_paged_kv`), release and restore
+//!   ([`crate::backend::Backend::reset_graphs`]) starts a new generation and drops the graphs of
+//!   the old one.
 
 use super::backend::CudaBackend;
 use super::paged_attn::{DevicePagedLayout, WorkPlan, DECODE_BLOCK_M, MIN_PARTITION_KEYS};
@@ -54,9 +58,8 @@ const BLOCKS_PER_SM_TARGET: usize = 4;
 struct GraphKey {
     batch: usize,
     table_blocks: usize,
-    /// Address of the embedding table and of layer 0's K cache.
-    weights: u64,
-    kv_cache: u64,
+    /// [`DecodeGraphs::generation`] at capture: the weights and KV cache the graph bakes in.
+    generation: u64,
 }
 
 /// The decode graphs of one backend.
@@ -67,10 +70,18 @@ pub struct DecodeGraphs {
     disabled: Option<String>,
     pub captures: u64,
     pub replays: u64,
+    /// Bumped whenever the memory graphs bake in may have changed: weights uploaded or
+    /// overwritten, a KV cache allocated or released. A graph replays only in its own generation.
+    generation: u64,
 }
 
 impl DecodeGraphs {
     pub fn clear(&mut self) {
+        self.graphs.clear();
+    }
+    /// Starts a new generation: every graph captured so far is dropped.
+    fn bump(&mut self) {
+        self.generation += 1;
         self.graphs.clear();
     }
     pub fn disabled_reason(&self) -> Option<&str> {
@@ -86,6 +97,18 @@ unsafe impl Send for SendGraph {}
 struct DecodeGraph {
     graph: SendGraph,
     inputs: StaticInputs,
+    /// [`baked_addresses`] at capture: a second guard beside the generation (two caches alive at
+    /// once, used in turn, are one generation).
+    baked: Vec<u64>,
+}
+
+/// Every weight and KV-cache address a captured decode step bakes into its launches, and the
+/// cache's size.
+fn baked_addresses(model: &Qwen2Model<CudaBackend>, kv: &PagedKv<CudaTensor>) -> Vec<u64> {
+    (model.params.iter().map(|t| t.ptr()))
+        .chain(kv.layers.iter().flat_map(|(k, v)| [k.ptr(), v.ptr()]))
+        .chain([kv.num_blocks as u64])
+        .collect()
 }
 
 /// One graph's input and output buffers, views of one arena. The dynamic ones (everything but
@@ -364,10 +387,13 @@ impl CudaBackend {
                 .max_blocks_per_seq
                 .next_power_of_two()
                 .max(MIN_TABLE_BLOCKS),
-            weights: model.params.embed_tokens.ptr(),
-            kv_cache: kv.layers[0].0.ptr(),
+            generation: graphs.generation,
         };
         let graphs = &mut *graphs;
+        let baked = baked_addresses(model, kv);
+        if graphs.graphs.get(&key).is_some_and(|g| g.baked != baked) {
+            graphs.graphs.remove(&key);
+        }
         let graph = match graphs.graphs.entry(key) {
             Entry::Occupied(graph) => graph.into_mut(),
             Entry::Vacant(slot) => {
@@ -405,12 +431,26 @@ impl CudaBackend {
         }
     }
 
-    /// Drops every graph (their weights or cache may be gone) and turns graphs back on.
+    /// Drops every graph (their weights or cache may be gone: a new generation) and turns graphs
+    /// back on.
     pub fn reset_decode_graphs(&self) {
         if let Ok(mut graphs) = self.graphs.lock() {
-            graphs.graphs.clear();
+            graphs.bump();
             graphs.disabled = None;
         }
+    }
+
+    /// A new generation of the memory graphs bake in (weights uploaded or overwritten): every
+    /// graph captured so far is dropped, the next decode step captures anew.
+    pub fn bump_graph_generation(&self) {
+        if let Ok(mut graphs) = self.graphs.lock() {
+            graphs.bump();
+        }
+    }
+
+    /// The current generation of the weights and KV cache graphs are keyed on.
+    pub fn graph_generation(&self) -> u64 {
+        self.graphs.lock().map(|g| g.generation).unwrap_or(0)
     }
 
     /// Warms up, captures, replays once and checks a new graph against its eager run.
@@ -476,6 +516,7 @@ impl CudaBackend {
             DecodeGraph {
                 graph: SendGraph(graph),
                 inputs,
+                baked: baked_addresses(model, kv),
             },
             sampled,
         ))
