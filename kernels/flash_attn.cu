@@ -65,8 +65,9 @@
 
 // Tile configuration per head dim. Shared memory: (kBlockM + 2 kBlockN) rows of head_dim + 8
 // bf16 (the 16-byte pad makes ldmatrix's eight 16-byte rows land in distinct bank groups).
-//   hd128: 128 x 64, 8 warps: 69,632 B smem.
-//   hd64:  128 x 64, 8 warps: 36,864 B smem.
+//   hd128: 128 x 64, 8 warps: 69,632 B smem, 203 registers: one block (8 warps) per SM.
+//   hd64:  128 x 64, 8 warps: 36,864 B smem, 153 registers: one block per SM (2 need 81,920).
+// (Registers: ptxas, CUDA 13.0, sm_90a; 256-thread blocks; 65,536 registers per SM.)
 // Not yet tuned on a GPU: candidates to measure are kBlockN = 128 for hd64 and 4 warps x 32 rows.
 template <int kHeadDim_, int kBlockM_, int kBlockN_, int kWarps_>
 struct FlashFwdConfig {
@@ -272,10 +273,16 @@ FLASH_FWD_ENTRY(flash_attn_fwd_hd16, FlashFwdHd16)
 // Shared memory: K, V (kBlockN rows), Q, dO (2 stages of kBlockM rows), each row head_dim + 8
 // bf16 (the 16-byte pad keeps ldmatrix conflict-free); dS^T kBlockN x (kBlockM + 8) bf16; lse and
 // D 2 stages x kBlockM fp32.
-//   hd128: 128 keys x 64 queries, 8 warps: 158,720 B smem (1 block per SM).
+//   hd128: 128 keys x 64 queries, 8 warps: 158,720 B smem (above sm_86 / sm_89's 99 KiB opt-in:
+//          the host refuses there with the figures).
 //   hd64:  128 x 64, 8 warps:  93,184 B.   hd32: 128 x 64: 60,416 B.   hd16: 128 x 64: 44,032 B.
+// Occupancy is set by registers, not shared memory (ptxas, CUDA 13.0, sm_90a; sm_80 within 2):
+// hd128 and hd64 use 255 registers per thread (the cap; no spills), so a 256-thread block takes
+// 65,280 of the SM's 65,536 registers: one block (8 warps) per SM. hd32 (186) and hd16 (136) are
+// one block per SM too (256 x 192 and 256 x 136 registers: 2 would need 98,304 and 69,632).
 // Not yet measured on a GPU. Candidates, in the order to try: hd64 and below with kBlockM = 128
-// (registers allow it: 2 blocks of fewer iterations); hd128 with the K / V A-fragments kept in
+// (the same one block per SM, with half the query-tile iterations; hd64 must first fit its S^T and
+// dP^T, 16 more registers each, without spilling); hd128 with the K / V A-fragments kept in
 // registers (+64 registers: would need kBlockM = 32); staging the dQ tile through shared memory
 // for 16-byte, whole-line red.global.add.v4.f32 instead of 8-byte ones from the fragments; skipping
 // the warps whose 16 keys all lie past a diagonal tile's last query (saves half of 2 tiles per

@@ -1,8 +1,8 @@
 //! The CUDA flash-attention backward (`kernels/flash_attn.cu`, `CudaBackend::
 //! flash_attention_backward`) and the forward that saves the logsumexp, against the CPU reference
 //! (`CpuBackend` as `BackendGrad`), on fresh random inputs: ragged packed lengths around the
-//! 64-query and 128-key tiles (an empty sequence, one token, 4099 tokens), GQA 1:1, 2:1, 4:1, 7:1,
-//! head dims 16, 32, 64, 128.
+//! 64-query and 128-key tiles (an empty sequence, one token, 4099 tokens), GQA 1:1, 2:1, 4:1, 5:1,
+//! 6:1, 7:1 (at head dim 128 too: Qwen2.5-7B's ratio), 8:1, head dims 16, 32, 64, 128.
 //!
 //! - The forward's `out` and `lse` are poisoned (NaN bytes) before the launch, and so is the pooled
 //!   memory the backward's scratch is about to reuse: an unwritten element cannot pass.
@@ -28,7 +28,7 @@ use swerve::bench::kernels::max_abs_diff;
 /// (sequence lengths packed together, heads, kv_heads, head_dim).
 type Case = (&'static [u32], usize, usize, usize);
 
-const CASES: [Case; 8] = [
+const CASES: [Case; 13] = [
     (&[1], 4, 1, 64),                // one token, 4:1
     (&[7, 129, 0, 64], 8, 4, 128),   // an empty sequence, 2:1
     (&[4099], 2, 2, 128),            // 33 key tiles, 65 query tiles, 1:1
@@ -37,6 +37,13 @@ const CASES: [Case; 8] = [
     (&[65, 300], 8, 2, 32),          // 4:1, hd 32
     (&[300, 77], 14, 2, 32),         // 7:1, hd 32
     (&[129, 1, 256], 4, 4, 16),      // 1:1, hd 16
+    // The Qwen2.5 family's GQA groups at small sizes: 7:1 at hd 128 (7B's 28 / 4 heads), one kv
+    // head and two (131 keys: two key tiles), and groups 5, 6, 8.
+    (&[37, 1, 20], 7, 1, 128),
+    (&[20, 131], 14, 2, 128),
+    (&[45, 3], 10, 2, 64), // 5:1
+    (&[33, 16], 6, 1, 32), // 6:1
+    (&[50, 2], 8, 1, 16),  // 8:1
 ];
 
 fn cu_seqlens(lens: &[u32]) -> Vec<u32> {

@@ -339,14 +339,21 @@ fn token_logprobs_match_f64() {
 fn flash_attention_matches_cpu_reference() {
     let (gpu, cpu) = (gpu(), CpuBackend::new());
     // (sequence lengths packed together, heads, kv_heads, head_dim): ragged lengths around the
-    // 128-row and 64-key tiles, GQA 1:1, 2:1, 4:1, 7:1, and an empty sequence.
-    let cases: [(&[u32], usize, usize, usize); 6] = [
+    // 128-row and 64-key tiles, GQA 1:1, 2:1, 4:1, 7:1, and an empty sequence; then the GQA
+    // groups of the Qwen2.5 family at small sizes: 7:1 at head dim 128 (Qwen2.5-7B's 28 / 4,
+    // here 7 / 1 and 14 / 2), and groups 5, 6 and 8 (0.5B's 14 / 2 is 7:1 at 64 above).
+    let cases: [(&[u32], usize, usize, usize); 11] = [
         (&[1], 4, 1, 64),
         (&[7, 129, 0, 64], 8, 2, 128),
         (&[4099], 4, 4, 128),
         (&[127, 128, 129, 1], 7, 1, 64),
         (&[200, 5], 6, 3, 16),
         (&[65, 300], 4, 2, 32),
+        (&[37, 1, 20], 7, 1, 128),
+        (&[20, 131], 14, 2, 128),
+        (&[45, 3], 5, 1, 64),
+        (&[33, 16], 12, 2, 32),
+        (&[50, 2], 8, 1, 16),
     ];
     for (i, &(lens, heads, kv_heads, hd)) in cases.iter().enumerate() {
         let mut cu = vec![0u32];
@@ -408,15 +415,16 @@ fn flash_attention_saves_the_logsumexp() {
     let (q, q_cpu) = random(&gpu, &[t, heads, hd], 1500, 2.0);
     let (k, k_cpu) = random(&gpu, &[t, kv_heads, hd], 1501, 2.0);
     let (v, _) = random(&gpu, &[t, kv_heads, hd], 1502, 1.0);
-    let cu_dev = gpu
-        .upload_pod(&[0i32, 100, 300], &[3], DeviceDType::I32)
-        .unwrap();
-    let layout = swerve::backend::cuda::flash_attn::VarlenLayout {
-        cu_seqlens: cu_dev,
-        num_seqs: 2,
-        max_seqlen: 200,
-        total_tokens: t,
-    };
+    // The grid's longest sequence comes from the host copy, not from the caller.
+    let layout = swerve::backend::cuda::flash_attn::VarlenLayout::upload(&gpu, &cu).unwrap();
+    assert_eq!(
+        (
+            layout.num_seqs(),
+            layout.max_seqlen(),
+            layout.total_tokens()
+        ),
+        (2, 200, t)
+    );
     let mut out = poisoned(&gpu, &[t, heads, hd], DeviceDType::Bf16);
     let mut lse = poisoned(&gpu, &[t, heads], DeviceDType::F32);
     let scale = 1.0 / (hd as f32).sqrt();

@@ -477,13 +477,8 @@ pub fn attention(
     let q = upload_random(backend, &[t, heads, head_dim], 1000, 1.0)?;
     let k = upload_random(backend, &[t, kv_heads, head_dim], 1001, 1.0)?;
     let v = upload_random(backend, &[t, kv_heads, head_dim], 1002, 1.0)?;
-    let cu: Vec<i32> = (0..=seqs).map(|s| (s * len) as i32).collect();
-    let layout = VarlenLayout {
-        cu_seqlens: backend.upload_pod(&cu, &[seqs + 1], DeviceDType::I32)?,
-        num_seqs: seqs,
-        max_seqlen: len,
-        total_tokens: t,
-    };
+    let cu: Vec<u32> = (0..=seqs).map(|s| (s * len) as u32).collect();
+    let layout = VarlenLayout::upload(backend, &cu)?;
     let mut out = backend.alloc(&[t, heads, head_dim], DeviceDType::Bf16)?;
     let mut lse = backend.alloc(&[t, heads], DeviceDType::F32)?;
     let scale = 1.0 / (head_dim as f32).sqrt();

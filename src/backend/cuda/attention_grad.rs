@@ -15,7 +15,7 @@
 //! `T · heads · head_dim` f32 dQ accumulator (0.23 GB at 16k tokens x 28 heads x 128).
 
 use super::backend::CudaBackend;
-use super::flash_attn::{check_cu_seqlens, VarlenLayout};
+use super::flash_attn::{check_alignment, check_cu_seqlens, check_shared_memory, VarlenLayout};
 use super::tensor::{CudaTensor, DeviceDType};
 use super::{as_i32, grid_stride_config};
 use anyhow::{bail, ensure, Result};
@@ -168,13 +168,12 @@ pub fn check_backward(
 impl CudaBackend {
     /// `cu_seqlens` on the device, as the kernels take it.
     fn varlen_layout(&self, cu_seqlens: &[u32], geometry: &Geometry) -> Result<VarlenLayout> {
-        let offsets: Vec<i32> = cu_seqlens.iter().map(|&c| c as i32).collect();
-        Ok(VarlenLayout {
-            cu_seqlens: self.upload_pod(&offsets, &[offsets.len()], DeviceDType::I32)?,
-            num_seqs: cu_seqlens.len() - 1,
-            max_seqlen: geometry.max_seqlen,
-            total_tokens: geometry.tokens,
-        })
+        let layout = VarlenLayout::upload(self, cu_seqlens)?;
+        ensure!(
+            layout.max_seqlen() == geometry.max_seqlen && layout.total_tokens() == geometry.tokens,
+            "attention: cu_seqlens changed between the checks and the upload"
+        );
+        Ok(layout)
     }
 
     /// Forward attention that also writes lse [T, heads] (f32).
@@ -247,6 +246,27 @@ impl CudaBackend {
         let dq_accum = self.alloc(&[t, heads, hd], DeviceDType::F32)?;
         let chunks = t * heads * hd / 8;
         let device = &self.device;
+        // 16-byte vectors: cp.async of q, k, v, d_out tiles, bf16x8 loads of out, d_out, d_q, and
+        // float4 of dq_accum (zeroed and read as float4; its reductions are 8-byte
+        // red.global.add.v2.f32); d_k and d_v take bf16 pairs; lse, delta scalars.
+        check_alignment(
+            "attention backward",
+            &[
+                ("q", q.ptr(), 16),
+                ("k", k.ptr(), 16),
+                ("v", v.ptr(), 16),
+                ("out", out.ptr(), 16),
+                ("d_out", d_out.ptr(), 16),
+                ("d_q", d_q.ptr(), 16),
+                ("d_k", d_k.ptr(), 4),
+                ("d_v", d_v.ptr(), 4),
+                ("lse", lse.ptr(), 4),
+                ("dq_accum", dq_accum.ptr(), 16),
+                ("delta", delta.ptr(), 4),
+                ("lse_log2", lse_log2.ptr(), 4),
+            ],
+        )?;
+        check_shared_memory(device, name, smem)?;
 
         // 1. delta = rowsum(d_out * out), lse * log2(e), dq_accum = 0.
         let f = device.function("flash_attn", "flash_attn_bwd_preprocess")?;
@@ -280,9 +300,9 @@ impl CudaBackend {
         )?;
         let cfg = LaunchConfig {
             grid_dim: (
-                g.max_seqlen.div_ceil(BWD_BLOCK_N).max(1) as u32,
+                layout.max_seqlen().div_ceil(BWD_BLOCK_N).max(1) as u32,
                 kv_heads as u32,
-                layout.num_seqs as u32,
+                layout.num_seqs() as u32,
             ),
             block_dim: (BWD_THREADS, 1, 1),
             shared_mem_bytes: smem,
@@ -293,7 +313,7 @@ impl CudaBackend {
             v.ptr(),
             d_k.ptr(),
             d_v.ptr(),
-            layout.cu_seqlens.ptr(),
+            layout.cu_seqlens().ptr(),
         );
         let mut launch = device.stream.launch_builder(&f);
         launch

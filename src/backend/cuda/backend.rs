@@ -439,24 +439,15 @@ impl Backend for CudaBackend {
         softmax_scale: f32,
         out: &mut CudaTensor,
     ) -> Result<()> {
-        let (max_seqlen, total_tokens) = check_cu_seqlens(cu_seqlens)?;
+        let (_, total_tokens) = check_cu_seqlens(cu_seqlens)?;
         let (heads, kv_heads) = (heads_of("q", q)?, heads_of("k", k)?);
         ensure!(
             q.shape()[0] == total_tokens,
             "attention: q has {} rows, cu_seqlens ends at {total_tokens}",
             q.shape()[0]
         );
-        let offsets: Vec<i32> = cu_seqlens.iter().map(|&c| c as i32).collect();
-        ensure!(
-            total_tokens <= i32::MAX as usize,
-            "attention: {total_tokens} tokens"
-        );
-        let layout = VarlenLayout {
-            cu_seqlens: self.upload_pod(&offsets, &[offsets.len()], DeviceDType::I32)?,
-            num_seqs: cu_seqlens.len() - 1,
-            max_seqlen,
-            total_tokens,
-        };
+        // The longest sequence (the grid) is derived from the host cu_seqlens by the layout.
+        let layout = VarlenLayout::upload(self, cu_seqlens)?;
         let mut lse = self.alloc(&[total_tokens, heads], DeviceDType::F32)?;
         self.device.flash_attn_fwd(
             q,

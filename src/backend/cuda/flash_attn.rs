@@ -2,6 +2,7 @@
 //! variable-length sequences, with the per-row logsumexp (`[T, heads]` f32) saved for the backward
 //! pass. The backward's launches are in `attention_grad.rs`.
 
+use super::backend::CudaBackend;
 use super::tensor::{CudaTensor, DeviceDType};
 use super::{as_i32, CudaDevice};
 use anyhow::{bail, ensure, Result};
@@ -23,13 +24,70 @@ fn forward_variant(head_dim: usize) -> Result<(&'static str, usize, u32, u32)> {
     })
 }
 
-/// What the kernels need to know about a packed batch: `cu_seqlens` on the device and the
-/// longest sequence (the grid's first dimension).
+/// What the kernels need to know about a packed batch: `cu_seqlens` on the device, and the
+/// longest sequence (the grid's first dimension) and the total, derived from the host copy when
+/// the layout is made ([`VarlenLayout::upload`]): never taken from a caller, since a grid sized
+/// for a shorter sequence would leave rows unwritten.
 pub struct VarlenLayout {
-    pub cu_seqlens: CudaTensor,
-    pub num_seqs: usize,
-    pub max_seqlen: usize,
-    pub total_tokens: usize,
+    cu_seqlens: CudaTensor,
+    num_seqs: usize,
+    max_seqlen: usize,
+    total_tokens: usize,
+}
+
+impl VarlenLayout {
+    /// Checks host `cu_seqlens` ([`check_cu_seqlens`]) and copies it to the device (i32).
+    pub fn upload(backend: &CudaBackend, cu_seqlens: &[u32]) -> Result<Self> {
+        let (max_seqlen, total_tokens) = check_cu_seqlens(cu_seqlens)?;
+        as_i32("attention tokens", total_tokens)?;
+        let offsets: Vec<i32> = cu_seqlens.iter().map(|&c| c as i32).collect();
+        Ok(Self {
+            cu_seqlens: backend.upload_pod(&offsets, &[offsets.len()], DeviceDType::I32)?,
+            num_seqs: cu_seqlens.len() - 1,
+            max_seqlen,
+            total_tokens,
+        })
+    }
+    /// i32 `[num_seqs + 1]` on the device.
+    pub fn cu_seqlens(&self) -> &CudaTensor {
+        &self.cu_seqlens
+    }
+    pub fn num_seqs(&self) -> usize {
+        self.num_seqs
+    }
+    /// The longest sequence, from the host copy.
+    pub fn max_seqlen(&self) -> usize {
+        self.max_seqlen
+    }
+    pub fn total_tokens(&self) -> usize {
+        self.total_tokens
+    }
+}
+
+/// Checks that each named device address is a multiple of its alignment: the kernels move
+/// 16-byte vectors (`cp.async`, `uint4` / `float4` loads and stores) and 8-byte vector
+/// reductions, which fault or silently misbehave on a misaligned address. Pool and arena tensors
+/// are 256-byte aligned; a view at an offset need not be.
+pub fn check_alignment(op: &str, operands: &[(&str, u64, u64)]) -> Result<()> {
+    for &(what, ptr, align) in operands {
+        ensure!(
+            ptr.is_multiple_of(align),
+            "{op}: {what} at {ptr:#x} is not {align}-byte aligned (the kernel moves \
+             {align}-byte vectors)"
+        );
+    }
+    Ok(())
+}
+
+/// Checks that a kernel's dynamic shared memory fits what the device lets a block opt into.
+pub fn check_shared_memory(device: &CudaDevice, kernel: &str, smem: u32) -> Result<()> {
+    let limit = device.max_shared_memory_per_block_optin()?;
+    ensure!(
+        smem as usize <= limit,
+        "{kernel} needs {smem} B of shared memory per block; this GPU allows {limit} B \
+         (no variant of it for less shared memory yet)"
+    );
+    Ok(())
 }
 
 /// Checks host `cu_seqlens` (starts at 0, non-decreasing) and returns (max_seqlen, total).
@@ -80,10 +138,6 @@ impl CudaDevice {
             lse.dtype() == DeviceDType::F32,
             "attention: lse must be f32"
         );
-        ensure!(
-            layout.cu_seqlens.dtype() == DeviceDType::I32,
-            "attention: cu_seqlens must be i32"
-        );
         let t = layout.total_tokens;
         ensure!(
             heads > 0 && kv_heads > 0 && heads.is_multiple_of(kv_heads),
@@ -112,7 +166,18 @@ impl CudaDevice {
             "attention: {} sequences x {heads} heads exceed the grid",
             layout.num_seqs
         );
+        check_alignment(
+            "attention",
+            &[
+                ("q", q.ptr(), 16),
+                ("k", k.ptr(), 16),
+                ("v", v.ptr(), 16),
+                ("out", out.ptr(), 16),
+                ("lse", lse.ptr(), 4),
+            ],
+        )?;
         let (name, block_m, threads, smem) = forward_variant(head_dim)?;
+        check_shared_memory(self, name, smem)?;
         let f = self.function("flash_attn", name)?;
         f.set_attribute(
             CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
@@ -122,6 +187,7 @@ impl CudaDevice {
         let (heads_i, kv_i) = (as_i32("heads", heads)?, as_i32("kv_heads", kv_heads)?);
         let cfg = LaunchConfig {
             grid_dim: (
+                // Derived from the host cu_seqlens when the layout was made.
                 layout.max_seqlen.div_ceil(block_m).max(1) as u32,
                 heads as u32,
                 layout.num_seqs as u32,
@@ -157,6 +223,24 @@ impl CudaDevice {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn misaligned_operands_are_named() {
+        assert!(
+            check_alignment("attention", &[("q", 0x1000, 16), ("dq_accum", 0x2008, 8)]).is_ok()
+        );
+        let err = check_alignment("attention", &[("q", 0x1000, 16), ("k", 0x1008, 16)])
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("k at 0x1008 is not 16-byte aligned"), "{err}");
+        let err = check_alignment("attention backward", &[("dq_accum", 0x2004, 8)])
+            .unwrap_err()
+            .to_string();
+        assert!(
+            err.contains("dq_accum at 0x2004 is not 8-byte aligned"),
+            "{err}"
+        );
+    }
 
     #[test]
     fn cu_seqlens_are_validated() {
