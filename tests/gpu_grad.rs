@@ -770,6 +770,20 @@ fn reductions_and_conversions_are_exact() {
         gpu.add_into(&mut acc, &src).unwrap();
         let want: Vec<f32> = v.iter().map(|x| x + x).collect();
         assert_eq!(gpu.to_host(&acc).unwrap(), want, "add_into f32 [{n}]");
+        // bf16 += f32 (add_f32_into_bf16): the f32 sum, rounded once.
+        let (mut mixed, mixed_c) = random(&gpu, &[n], 7, 2.0);
+        gpu.add_into(&mut mixed, &src).unwrap();
+        let want: Vec<f32> = mixed_c
+            .data
+            .iter()
+            .zip(&v)
+            .map(|(x, y)| round_bf16(x + y))
+            .collect();
+        assert_eq!(
+            gpu.to_host(&mixed).unwrap(),
+            want,
+            "add_into f32 into bf16 [{n}]"
+        );
         gpu.fill_zero(&mut acc).unwrap();
         assert!(gpu.to_host(&acc).unwrap().iter().all(|&x| x == 0.0));
     }
