@@ -35,6 +35,7 @@
 #include <sys/mman.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <cstdint>
@@ -224,6 +225,14 @@ struct sigaction g_previous_segv;
 
 void on_segv(int sig, siginfo_t* info, void* uctx) {
     const uintptr_t addr = (uintptr_t)info->si_addr;
+    char msg[512];
+    // Shared memory overruns and fiber stack overflows: the runtime knows this thread's regions.
+    if (emu::describe_fault(info->si_addr, msg, sizeof msg)) {
+        const char prefix[] = "swerve emulated device: ";
+        if (write(2, prefix, sizeof prefix - 1) < 0 || write(2, msg, strlen(msg)) < 0 || write(2, "\n", 1) < 0) {
+        }
+        _exit(134);
+    }
     const Allocation* a = find_allocation(addr);  // no lock: the process ends here if it is ours
     if (!a) {
         // Not device memory: hand the fault to whoever handled it before (Rust's stack-overflow
@@ -231,7 +240,6 @@ void on_segv(int sig, siginfo_t* info, void* uctx) {
         sigaction(SIGSEGV, &g_previous_segv, nullptr);
         return;
     }
-    char msg[512];
     int n;
     if (a->freed)
         n = snprintf(msg, sizeof msg,
@@ -726,6 +734,30 @@ CUresult cuFuncGetAttribute(int* value, int attribute, void* fn) {
     return CUDA_SUCCESS;
 }
 CUresult cuFuncSetCacheConfig(void*, int) { return CUDA_SUCCESS; }
+
+// Occupancy from the limits the emulator knows: 2048 threads and 32 blocks per SM, and shared
+// memory (the per-SM capacity, 1 KiB reserved per block, a block's dynamic bytes within the
+// function's attribute). Registers are not known here (no ptxas), so a kernel limited by its
+// registers gets more blocks than on the card: the ptxas report of the normal build tells those.
+CUresult cuOccupancyMaxActiveBlocksPerMultiprocessorWithFlags(int* blocks, void* fn, int block_size, size_t dynamic_smem,
+                                                              unsigned flags) {
+    Function* f = (Function*)fn;
+    (void)flags;
+    if (!blocks || !f || block_size <= 0 || block_size > 1024) return CUDA_ERROR_INVALID_VALUE;
+    if (dynamic_smem > (size_t)f->max_dynamic_smem) {
+        *blocks = 0;
+        return CUDA_SUCCESS;
+    }
+    const int warps = (block_size + 31) / 32;
+    int n = std::min(32, 64 / warps);
+    const size_t per_block = dynamic_smem + 1024;
+    n = std::min<long>(n, (long)(device().arch.smem_per_sm / per_block));
+    *blocks = n;
+    return CUDA_SUCCESS;
+}
+CUresult cuOccupancyMaxActiveBlocksPerMultiprocessor(int* blocks, void* fn, int block_size, size_t dynamic_smem) {
+    return cuOccupancyMaxActiveBlocksPerMultiprocessorWithFlags(blocks, fn, block_size, dynamic_smem, 0);
+}
 
 CUresult cuLaunchKernel(void* fn, unsigned gx, unsigned gy, unsigned gz, unsigned bx, unsigned by, unsigned bz,
                         unsigned smem, void* stream, void** params, void** extra) {
