@@ -325,8 +325,9 @@ CUresult check_slack(const char* kernel) {
         for (size_t i = 0; i < a.slack; ++i)
             if (s[i] != 0xff)
                 return refuse(CUDA_ERROR_LAUNCH_FAILED,
-                              "kernel %s wrote %zu bytes past the end of an allocation of %zu bytes at 0x%lx (out of bounds)",
-                              kernel, i + 1, a.bytes, (unsigned long)a.ptr);
+                              "kernel %s wrote out of bounds: byte %zu past the end of an allocation of %zu bytes at 0x%lx "
+                              "changed",
+                              kernel, i, a.bytes, (unsigned long)a.ptr);
     }
     return CUDA_SUCCESS;
 }
