@@ -19,6 +19,8 @@ if [ -z "${NVCC:-}" ]; then
   NVCC=$(scripts/install-cuda-toolchain.sh | tail -n 1)
 fi
 export NVCC SWERVE_REQUIRE_CUDA=1
+# Real fatbins for a real GPU: an emulated build (SWERVE_EMU=1) would pack CPU kernels.
+unset SWERVE_EMU
 
 cargo build --release --bins
 # Test executables: cargo prints one JSON record per artifact; keep those that are test harnesses.
