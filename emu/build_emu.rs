@@ -48,6 +48,11 @@ pub fn build(manifest_dir: &Path, out_dir: &Path, sources: &[PathBuf]) -> Result
             "-O2",
             "-fPIC",
             "-DSWERVE_EMU",
+            // The kernels type-pun through reinterpret_cast (bf16 pairs, vector loads), as CUDA
+            // C++ allows; g++'s strict aliasing would not. No contraction into FMAs, so `_rn`
+            // intrinsics and explicitly rounded arithmetic stay as written.
+            "-fno-strict-aliasing",
+            "-ffp-contract=off",
             "-Wno-unknown-pragmas",
         ]
         .iter()

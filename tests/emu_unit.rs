@@ -56,6 +56,7 @@ fn base_flags() -> Vec<String> {
         "-DSWERVE_EMU".into(),
         "-Wno-unknown-pragmas".into(),
         format!("-I{}", root.join("emu/include").display()),
+        format!("-I{}", root.join("emu").display()),
         format!("-I{}", root.join("kernels").display()),
     ]
 }
@@ -119,55 +120,18 @@ fn compile_and_run(name: &str, source: &Path, include_dirs: &[&Path]) {
     );
 }
 
-/// The emulated build's source transform (as build.rs applies it; repeated here so this test needs
-/// no SWERVE_EMU build): `extern __shared__ [__align__(N)] T name[];` becomes a pointer to the
-/// block's dynamic shared memory, `__shared__ [__align__(N)] T name<dims>;` a reference to
-/// `emu::block_shared<T<dims>>(ID)`.
-fn transform(src: &str) -> String {
-    let mut out = String::with_capacity(src.len() + 256);
-    let mut next_id = 0;
-    for line in src.lines() {
-        let trimmed = line.trim_start();
-        let indent = &line[..line.len() - trimmed.len()];
-        let (is_extern, rest) = if let Some(rest) = trimmed.strip_prefix("extern __shared__") {
-            (true, rest)
-        } else if let Some(rest) = trimmed.strip_prefix("__shared__") {
-            (false, rest)
-        } else {
-            out.push_str(line);
-            out.push('\n');
-            continue;
-        };
-        let end = rest
-            .find(';')
-            .expect("a __shared__ declaration ends with ';'");
-        let (decl, tail) = (rest[..end].trim(), &rest[end + 1..]);
-        let decl = match decl.strip_prefix("__align__(") {
-            Some(after) => after[after.find(')').unwrap() + 1..].trim(),
-            None => decl,
-        };
-        let dims_at = decl.find('[').unwrap_or(decl.len());
-        let (head, dims) = (decl[..dims_at].trim_end(), &decl[dims_at..]);
-        let name_at = head
-            .rfind(|c: char| !(c.is_alphanumeric() || c == '_'))
-            .map_or(0, |i| i + 1);
-        let (ty, name) = (head[..name_at].trim(), &head[name_at..]);
-        assert!(
-            !ty.is_empty() && !name.is_empty() && !decl.contains(','),
-            "cannot transform `{trimmed}`"
-        );
-        if is_extern {
-            out.push_str(&format!(
-                "{indent}{ty}* {name} = reinterpret_cast<{ty}*>(emu::dynamic_smem());{tail}\n"
-            ));
-        } else {
-            out.push_str(&format!(
-                "{indent}auto& {name} = emu::block_shared<{ty}{dims}>({next_id});{tail}\n"
-            ));
-            next_id += 1;
-        }
-    }
-    out
+/// The emulated build's source transform, exactly as build.rs applies it (`emu/build_emu.rs`):
+/// `extern __shared__ [__align__(N)] T name[];` becomes a pointer to the block's dynamic shared
+/// memory, `__shared__ [__align__(N)] T name<dims>;` a reference to
+/// `emu::block_shared<T<dims>>(ID)`, and the family's kernel table is appended.
+#[path = "../emu/build_emu.rs"]
+#[allow(dead_code)]
+mod build_emu;
+
+fn transform(src: &str, family: &str) -> String {
+    build_emu::transform(src, family)
+        .unwrap_or_else(|e| panic!("{family}: {e}"))
+        .0
 }
 
 /// `src` with `from` replaced by `to` inside flash_attn.cu's forward only (the template function
@@ -198,17 +162,28 @@ fn real_kernels_against_references_and_mutations() {
     let dir = build_dir().join("kernels");
     fs::create_dir_all(&dir).unwrap();
     let read = |f: &str| fs::read_to_string(root().join("kernels").join(f)).unwrap();
-    let flash = transform(&read("flash_attn.cu"));
-    fs::write(dir.join("rmsnorm.emu.cpp"), transform(&read("rmsnorm.cu"))).unwrap();
+    let flash_src = read("flash_attn.cu");
+    let flash = transform(&flash_src, "flash_attn");
+    fs::write(
+        dir.join("rmsnorm.emu.cpp"),
+        transform(&read("rmsnorm.cu"), "rmsnorm"),
+    )
+    .unwrap();
     fs::write(dir.join("flash_attn.emu.cpp"), &flash).unwrap();
     fs::write(
         dir.join("flash_attn_mut_wait.emu.cpp"),
-        mutate_forward(&flash, "cp_async_wait<1>()", "cp_async_wait<2>()"),
+        transform(
+            &mutate_forward(&flash_src, "cp_async_wait<1>()", "cp_async_wait<2>()"),
+            "flash_attn_mut_wait",
+        ),
     )
     .unwrap();
     fs::write(
         dir.join("flash_attn_mut_trans.emu.cpp"),
-        mutate_forward(&flash, "ldmatrix_x4_trans(b, sV", "ldmatrix_x4(b, sV"),
+        transform(
+            &mutate_forward(&flash_src, "ldmatrix_x4_trans(b, sV", "ldmatrix_x4(b, sV"),
+            "flash_attn_mut_trans",
+        ),
     )
     .unwrap();
     compile_and_run(
@@ -240,5 +215,10 @@ fn untransformed_shared_does_not_compile() {
 fn transform_matches_the_documented_forms() {
     let src = "    extern __shared__ __align__(16) unsigned char smem[];\n  __shared__ float a[4][8];  // x\n__shared__ __align__(16) float b[N];\n__shared__ unsigned long long key;\n";
     let want = "    unsigned char* smem = reinterpret_cast<unsigned char*>(emu::dynamic_smem());\n  auto& a = emu::block_shared<float[4][8]>(0);  // x\nauto& b = emu::block_shared<float[N]>(1);\nauto& key = emu::block_shared<unsigned long long>(2);\n";
-    assert_eq!(transform(src), want);
+    let got = transform(src, "documented");
+    let (declarations, table) = got
+        .split_once("\n// ---- generated by build.rs")
+        .expect("the kernel table follows the source");
+    assert_eq!(declarations, want);
+    assert!(table.contains("swerve_emu_kernels_documented[]"), "{table}");
 }
