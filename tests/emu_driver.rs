@@ -305,3 +305,22 @@ fn each_emulated_architecture_has_its_opt_in_limit() {
     assert_ne!(status, Some(0));
     assert!(stderr.contains("SWERVE_EMU_ARCH=sm_75"), "{stderr}");
 }
+
+#[test]
+fn every_binary_says_it_runs_on_the_emulated_device_first() {
+    for bin in [
+        env!("CARGO_BIN_EXE_swerve-train"),
+        env!("CARGO_BIN_EXE_swerve-serve"),
+        env!("CARGO_BIN_EXE_swerve-bench"),
+    ] {
+        let output = Command::new(bin).arg("--help").output().unwrap();
+        let stderr = String::from_utf8_lossy(&output.stderr);
+        assert!(
+            stderr
+                .lines()
+                .next()
+                .is_some_and(|l| l.starts_with("CUDA: emulated device")),
+            "{bin}: {stderr}"
+        );
+    }
+}
