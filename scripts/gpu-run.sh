@@ -83,6 +83,20 @@ for exe in "$here"/tests/*; do
   fi
   step "test-$(basename "$exe")" "$exe" --include-ignored --test-threads=1
 done
+# compute-sanitizer (memcheck, racecheck, synccheck, initcheck) over the small attention cases: the
+# kernels with shared memory, cp.async, ldmatrix/mma and warp shuffles. A report is a failure.
+sanitizer=$(command -v compute-sanitizer || ls /usr/local/cuda*/bin/compute-sanitizer 2>/dev/null | head -n 1 || true)
+for tool in memcheck racecheck synccheck initcheck; do
+  wanted "sanitize-$tool" || continue
+  if [ -z "$sanitizer" ]; then
+    printf '%-28s %-12s  %s\n' "sanitize-$tool" skipped "no compute-sanitizer on this host" | tee -a "$summary"
+    continue
+  fi
+  step "sanitize-$tool" timeout 900 bash -c "
+    '$sanitizer' --tool $tool --error-exitcode 9 '$here/tests/gpu_kernels' --include-ignored --test-threads=1 flash_attention &&
+    '$sanitizer' --tool $tool --error-exitcode 9 '$here/tests/gpu_attention_grad' --include-ignored --test-threads=1 attention_backward_matches &&
+    '$sanitizer' --tool $tool --error-exitcode 9 '$here/tests/gpu_paged' --include-ignored --test-threads=1 decode_rows_of_very_different_contexts"
+done
 step rl-toy timeout 300 "$here/bin/swerve-train" rl --model preset:toy --tasks builtin:toy --out "$out/rl-toy" --device cuda
 step rollout-oracle timeout 120 "$here/bin/swerve-train" rollout --tasks builtin:python-bugs --policy oracle --group 1 --out "$out/rollout-oracle"
 step bench-rl timeout 300 "$here/bin/swerve-bench" rl --device cuda --jsonl "$out/swerve.jsonl"
