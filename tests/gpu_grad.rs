@@ -814,16 +814,39 @@ fn fixture_tensor(st: &SafeTensors<'_>, key: &str) -> Vec<f64> {
 }
 
 /// Whole-model gradients on the GPU (bf16 weights and activations) against PyTorch's float64
-/// ones. Tolerance: bf16, first calibration 5e-2 of each tensor's largest gradient; the run
-/// prints the worst error per model so it can be tightened from the measured figures.
+/// ones, with DESIGN.md's yardstick: at most twice the error of the same batch and losses run by
+/// transformers in bf16 (`naive_bf16_training_errors` in tests/fixtures/generate.py: bf16
+/// weights and activations, bf16 logits, the loss in f32, bf16 autograd gradients), per tensor
+/// (`relative_error`: against the tensor's largest gradient) and for the loss.
+///
+/// The naive error is taken as the sum of its two independent sources: rounding the weights to
+/// bf16 (f32 and f16 checkpoints; the device computes with the same rounded weights) and bf16
+/// arithmetic. These can cancel by chance in the one naive run: the untied model's DAPO loss is
+/// off by -2.16e-3 from the weights and +2.23e-3 from the arithmetic, 6.4e-5 in all, while the
+/// device's tokens are as accurate as the naive ones (mean |logprob error| 8.95e-3 against
+/// 8.94e-3). The sum bounds the naive error (triangle inequality) and equals it for a bf16
+/// checkpoint.
+///
+/// Floors, for a yardstick that comes out near zero:
+/// - gradients: 2^-8 of the tensor's largest gradient, two bf16 roundings of it (the device's
+///   weight gradients are f32 but come from bf16 activations). Every yardstick in the fixtures
+///   is above 1e-2, so it does not bind today.
+/// - the loss, a mean of N per-token terms: 2^-9 (one bf16 rounding) of the mean term size over
+///   sqrt(N), a low estimate that assumes the terms' errors are independent. They are not: the
+///   tokens of one sequence err together, so real errors run larger. The floor does not bind
+///   today either: every yardstick is at least 1.3 times it.
+///
+/// Prints every tensor's error, its yardstick and the ratio to its bound.
 #[test]
 #[cfg_attr(
     not(swerve_emu),
     ignore = "needs a CUDA GPU (or a SWERVE_EMU=1 build: the emulated device)"
 )]
 fn whole_model_gradients_match_the_fixtures_in_bf16() {
-    const MAX_BF16_GRAD_ERROR: f64 = 5e-2;
+    const GRAD_FLOOR: f64 = 1.0 / 256.0; // 2^-8
+    const LOSS_FLOOR: f64 = 1.0 / 512.0; // 2^-9, times the mean term size over sqrt(N)
     let gpu = gpu();
+    let mut failures = Vec::new();
     for name in FIXTURE_MODELS {
         let bytes = std::fs::read(fixture_dir(name).join("train.safetensors")).unwrap();
         let st = SafeTensors::deserialize(&bytes).unwrap();
@@ -872,19 +895,26 @@ fn whole_model_gradients_match_the_fixtures_in_bf16() {
         };
         let model = Qwen2Model::load(&gpu, &fixture_dir(name)).unwrap();
         let names = swerve::model::Qwen2Params::<()>::expected_tensors(&model.config, &model.local);
-        for (objective, prefix, loss_key) in [
-            (Objective::MaskedCe, "ce_grad", "ce_loss"),
-            (dapo, "dapo_grad", "dapo_loss"),
-        ] {
+        let action_rows = mask.iter().filter(|&&m| m).count() as f64;
+        for (objective, which) in [(Objective::MaskedCe, "ce"), (dapo, "dapo")] {
+            let (prefix, loss_key) = (format!("{which}_grad"), format!("{which}_loss"));
             let mut grads = model.zero_grads(&gpu).unwrap();
             let out = model
                 .loss_and_backward(&gpu, &batch, &rows, &objective, n_act, true, &mut grads)
                 .unwrap();
-            let want_loss = scalar(loss_key);
+            let want_loss = scalar(&loss_key);
+            // The naive loss error and its two sources: the bf16 weights, the bf16 arithmetic.
+            let (naive_loss, weights_loss) = (
+                scalar(&format!("bf16_{which}_loss")),
+                scalar(&format!("bf16_weights_{which}_loss")),
+            );
+            let naive_loss_err = (naive_loss - want_loss).abs();
+            let yardstick_loss =
+                (weights_loss - want_loss).abs() + (naive_loss - weights_loss).abs();
             // The loss is a mean of per-token terms; bf16 logprob errors move each term by
             // about |A_t| |d logp_t| (CE: |d logp_t|), so the error scales with the mean term
             // size, not with the mean itself: DAPO's terms of size ~1 nearly cancel (0.028 for
-            // the tied model; the H100 gave 0.0225, within 5.7e-3 of it).
+            // the tied model).
             let term_scale = if matches!(objective, Objective::MaskedCe) {
                 want_loss.abs()
             } else {
@@ -895,34 +925,50 @@ fn whole_model_gradients_match_the_fixtures_in_bf16() {
                     .sum::<f64>()
                     / n_act
             };
+            let loss_err = (out.loss - want_loss).abs();
+            let loss_bound = 2.0 * yardstick_loss.max(LOSS_FLOOR * term_scale / action_rows.sqrt());
             println!(
-                "{name} {prefix}: loss {:.6} vs {want_loss:.6} (mean term size {term_scale:.3})",
-                out.loss
+                "{name} {loss_key}: {:.6} vs {want_loss:.6}: error {loss_err:.2e}, naive bf16 \
+                 {naive_loss_err:.2e} (sources added {yardstick_loss:.2e}), ratio to bound {:.2}",
+                out.loss,
+                loss_err / loss_bound
             );
-            assert!(
-                (out.loss - want_loss).abs() <= 2e-2 * term_scale.max(0.1),
-                "{name} {loss_key}: {} vs {want_loss} (mean term size {term_scale})",
-                out.loss
-            );
+            if loss_err > loss_bound {
+                failures.push(format!(
+                    "{name} {loss_key}: {} vs {want_loss}: error {loss_err:.3e} > {loss_bound:.3e}",
+                    out.loss
+                ));
+            }
             let mut worst = (0.0, String::new());
             for ((hf_name, _), grad) in names.iter().zip(grads.iter()) {
                 let got = gpu.to_host(grad).unwrap();
                 let err =
                     relative_error(&got, &fixture_tensor(&st, &format!("{prefix}.{hf_name}")));
-                assert!(
-                    err <= MAX_BF16_GRAD_ERROR,
-                    "{name} {prefix} {hf_name}: relative error {err:.3e}"
+                let naive = scalar(&format!("bf16_{which}_grad_error.{hf_name}"));
+                let yardstick = scalar(&format!("bf16_weights_{which}_grad_error.{hf_name}"))
+                    + scalar(&format!("bf16_arithmetic_{which}_grad_error.{hf_name}"));
+                let bound = 2.0 * yardstick.max(GRAD_FLOOR);
+                println!(
+                    "{name} {prefix} {hf_name}: error {err:.2e}, naive bf16 {naive:.2e} (sources \
+                     added {yardstick:.2e}), ratio to bound {:.2}",
+                    err / bound
                 );
-                if err > worst.0 {
-                    worst = (err, hf_name.clone());
+                if err > bound {
+                    failures.push(format!(
+                        "{name} {prefix} {hf_name}: relative error {err:.3e} > {bound:.3e}"
+                    ));
+                }
+                if err / bound > worst.0 {
+                    worst = (err / bound, hf_name.clone());
                 }
             }
             println!(
-                "{name} {prefix}: worst relative error {:.2e} ({})",
+                "{name} {prefix}: worst ratio to bound {:.2} ({})",
                 worst.0, worst.1
             );
         }
     }
+    assert!(failures.is_empty(), "{}", failures.join("\n"));
 }
 
 #[test]
