@@ -18,18 +18,9 @@ use serde_json::{json, Value};
 use std::path::Path;
 use std::process::Command;
 
-/// SplitMix64 token ids below the smallest fixture vocabulary (256).
+/// Token ids below 250 (the smallest fixture vocabulary is 256).
 fn tokens(seed: u64, n: usize) -> Vec<u32> {
-    let mut state = seed;
-    (0..n)
-        .map(|_| {
-            state = state.wrapping_add(0x9E37_79B9_7F4A_7C15);
-            let mut z = state;
-            z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-            z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-            ((z ^ (z >> 31)) % 250) as u32
-        })
-        .collect()
+    common::tokens(seed, n, 250)
 }
 
 /// Two groups of four completions with mixed rewards (advantages +-1) and rollout logprobs.

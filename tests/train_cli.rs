@@ -11,18 +11,9 @@ use std::process::Command;
 
 const MODEL: &str = "untied-gqa2-odd-f32";
 
-/// SplitMix64 token ids below the fixture's vocabulary of 300.
+/// Token ids below the fixture's vocabulary of 300.
 fn tokens(seed: u64, n: usize) -> Vec<u32> {
-    let mut state = seed;
-    (0..n)
-        .map(|_| {
-            state = state.wrapping_add(0x9E37_79B9_7F4A_7C15);
-            let mut z = state;
-            z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-            z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-            ((z ^ (z >> 31)) % 300) as u32
-        })
-        .collect()
+    common::tokens(seed, n, 300)
 }
 
 fn write_lines(path: &Path, lines: &[Value]) {
