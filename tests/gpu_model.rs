@@ -31,7 +31,10 @@ fn max_abs_diff(got: &[f32], want: &[f64]) -> f64 {
 }
 
 #[test]
-#[cfg_attr(not(swerve_emu), ignore = "needs a CUDA GPU (or a SWERVE_EMU=1 build: the emulated device)")]
+#[cfg_attr(
+    not(swerve_emu),
+    ignore = "needs a CUDA GPU (or a SWERVE_EMU=1 build: the emulated device)"
+)]
 fn logits_and_logprobs_within_twice_transformers_bf16_error() {
     let gpu = gpu();
     for name in FIXTURE_MODELS {
@@ -85,7 +88,10 @@ fn logits_and_logprobs_within_twice_transformers_bf16_error() {
 }
 
 #[test]
-#[cfg_attr(not(swerve_emu), ignore = "needs a CUDA GPU (or a SWERVE_EMU=1 build: the emulated device)")]
+#[cfg_attr(
+    not(swerve_emu),
+    ignore = "needs a CUDA GPU (or a SWERVE_EMU=1 build: the emulated device)"
+)]
 fn a_repeated_forward_makes_no_device_allocation() {
     let gpu = gpu();
     let model = Qwen2Model::load(&gpu, &fixture_dir("yarn4-f16")).unwrap();
@@ -114,7 +120,10 @@ fn a_repeated_forward_makes_no_device_allocation() {
 }
 
 #[test]
-#[cfg_attr(not(swerve_emu), ignore = "needs a CUDA GPU (or a SWERVE_EMU=1 build: the emulated device)")]
+#[cfg_attr(
+    not(swerve_emu),
+    ignore = "needs a CUDA GPU (or a SWERVE_EMU=1 build: the emulated device)"
+)]
 fn score_command_runs_on_the_gpu() {
     let name = "tied-gqa4-bf16";
     let cases = expected(name);
