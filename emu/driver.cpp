@@ -36,7 +36,6 @@
 #include <unistd.h>
 
 #include <algorithm>
-#include <atomic>
 #include <chrono>
 #include <cstdint>
 #include <cstdio>
@@ -134,8 +133,22 @@ struct Device {
     std::string name;
 };
 
+// A positive integer from the environment (at most `max`), `fallback` when unset; anything else
+// stops the process with the variable named.
+long env_count(const char* var, const char* what, long max, long fallback) {
+    const char* s = getenv(var);
+    if (!s) return fallback;
+    char* end = nullptr;
+    const long v = strtol(s, &end, 10);
+    if (!*s || *end || v < 1 || v > max) {
+        fprintf(stderr, "swerve emulated CUDA driver: %s=%s is not %s\n", var, s, what);
+        exit(2);
+    }
+    return v;
+}
+
 Device load_device() {
-    Device d{kArchs[0], size_t(4) << 30, ""};
+    Device d{kArchs[0], 0, ""};
     if (const char* a = getenv("SWERVE_EMU_ARCH")) {
         bool found = false;
         for (const Arch& arch : kArchs)
@@ -145,24 +158,8 @@ Device load_device() {
             exit(2);
         }
     }
-    if (const char* s = getenv("SWERVE_EMU_SMS")) {
-        char* end = nullptr;
-        long v = strtol(s, &end, 10);
-        if (!*s || *end || v < 1 || v > 1024) {
-            fprintf(stderr, "swerve emulated CUDA driver: SWERVE_EMU_SMS=%s is not a count in 1..1024\n", s);
-            exit(2);
-        }
-        d.arch.sms = (int)v;
-    }
-    if (const char* s = getenv("SWERVE_EMU_MEMORY_MIB")) {
-        char* end = nullptr;
-        long v = strtol(s, &end, 10);
-        if (!*s || *end || v < 1) {
-            fprintf(stderr, "swerve emulated CUDA driver: SWERVE_EMU_MEMORY_MIB=%s is not a positive size in MiB\n", s);
-            exit(2);
-        }
-        d.total_memory = size_t(v) << 20;
-    }
+    d.arch.sms = (int)env_count("SWERVE_EMU_SMS", "an SM count in 1..1024", 1024, d.arch.sms);
+    d.total_memory = size_t(env_count("SWERVE_EMU_MEMORY_MIB", "a positive size in MiB", 1L << 30, 4096)) << 20;
     d.name = std::string("swerve emulated device (") + d.arch.name + ", kernels on the CPU)";
     return d;
 }
@@ -192,8 +189,7 @@ const size_t kQuarantine = 4096;    // freed allocations kept inaccessible befor
 std::map<uintptr_t, Allocation> g_allocations;  // by ptr; live and quarantined
 std::vector<uintptr_t> g_quarantine;            // freed, oldest first
 size_t g_used = 0;
-std::set<uintptr_t> g_pinned;                   // cuMemHostAlloc'd host buffers
-std::map<uintptr_t, size_t> g_pinned_bytes;
+std::map<uintptr_t, size_t> g_pinned_bytes;     // cuMemHostAlloc'd host buffers: start -> bytes
 
 size_t round_up(size_t x, size_t m) { return (x + m - 1) / m * m; }
 

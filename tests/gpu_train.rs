@@ -14,38 +14,18 @@
 mod common;
 
 use common::{bin_path, fixture_dir, FIXTURE_MODELS};
-use serde_json::{json, Value};
+use serde_json::Value;
 use std::path::Path;
 use std::process::Command;
 
-/// Token ids below 250 (the smallest fixture vocabulary is 256).
-fn tokens(seed: u64, n: usize) -> Vec<u32> {
-    common::tokens(seed, n, 250)
-}
-
 /// Two groups of four completions with mixed rewards (advantages +-1) and rollout logprobs.
 fn write_dapo_data(path: &Path) {
-    let mut text = String::new();
-    for g in 0..2u64 {
-        let prompt = tokens(100 + g, 8);
-        for i in 0..4u64 {
-            let completion = tokens(200 + 10 * g + i, 12);
-            let logprobs: Vec<Value> = (0..20)
-                .map(|t| {
-                    if t < 8 {
-                        Value::Null
-                    } else {
-                        json!(-5.5 - ((t * 7 + i) % 5) as f64 * 0.1)
-                    }
-                })
-                .collect();
-            let all_tokens = [prompt.clone(), completion].concat();
-            let action_mask = [vec![0; 8], vec![1; 12]].concat();
-            let line = json!({"group": format!("task-{g}"), "tokens": all_tokens,
-                "action_mask": action_mask, "logprobs": logprobs, "reward": (i % 2) as f64});
-            text.push_str(&format!("{line}\n"));
-        }
-    }
+    let lines = common::dapo_lines(
+        250,
+        |t, i| -5.5 - ((t * 7 + i) % 5) as f64 * 0.1,
+        |i| (i % 2) as f64,
+    );
+    let text: String = lines.iter().map(|l| format!("{l}\n")).collect();
     std::fs::write(path, text).unwrap();
 }
 

@@ -110,27 +110,11 @@ fn rft_overfits_a_small_set_and_writes_a_loadable_checkpoint() {
 fn a_resumed_dapo_run_equals_an_uninterrupted_one() {
     let dir = tempfile::tempdir().unwrap();
     let data = dir.path().join("dapo.jsonl");
-    let mut lines = Vec::new();
-    for g in 0..2u64 {
-        let prompt = tokens(100 + g, 8);
-        for i in 0..4u64 {
-            let completion = tokens(200 + 10 * g + i, 12);
-            let logprobs: Vec<Value> = (0..20)
-                .map(|t| {
-                    if t < 8 {
-                        Value::Null
-                    } else {
-                        json!(-4.0 - ((t * 7 + i) % 5) as f64 * 0.5)
-                    }
-                })
-                .collect();
-            let all_tokens = [prompt.clone(), completion].concat();
-            let action_mask = [vec![0; 8], vec![1; 12]].concat();
-            lines.push(json!({"group": format!("task-{g}"), "tokens": all_tokens,
-                "action_mask": action_mask, "logprobs": logprobs,
-                "reward": (i % 2) as f64 + 0.1 * i as f64}));
-        }
-    }
+    let lines = common::dapo_lines(
+        300,
+        |t, i| -4.0 - ((t * 7 + i) % 5) as f64 * 0.5,
+        |i| (i % 2) as f64 + 0.1 * i as f64,
+    );
     write_lines(&data, &lines);
     let model = fixture_dir(MODEL);
     let common_args = |out: &Path| -> Vec<String> {

@@ -32,6 +32,39 @@ pub fn tokens(seed: u64, n: usize, vocab: u64) -> Vec<u32> {
         .collect()
 }
 
+/// DAPO data lines: two groups (`task-0`, `task-1`) of four completions, each an 8-token prompt
+/// and 12 action tokens below `vocab`, with rollout logprobs `logprob(t, i)` on the action tokens
+/// (t: position, i: completion) and rewards `reward(i)`.
+pub fn dapo_lines(
+    vocab: u64,
+    logprob: impl Fn(u64, u64) -> f64,
+    reward: impl Fn(u64) -> f64,
+) -> Vec<serde_json::Value> {
+    let mut lines = Vec::new();
+    for g in 0..2u64 {
+        let prompt = tokens(100 + g, 8, vocab);
+        for i in 0..4u64 {
+            let completion = tokens(200 + 10 * g + i, 12, vocab);
+            let logprobs: Vec<serde_json::Value> = (0..20u64)
+                .map(|t| {
+                    if t < 8 {
+                        serde_json::Value::Null
+                    } else {
+                        serde_json::json!(logprob(t, i))
+                    }
+                })
+                .collect();
+            let all_tokens = [prompt.clone(), completion].concat();
+            let action_mask = [vec![0; 8], vec![1; 12]].concat();
+            lines.push(
+                serde_json::json!({"group": format!("task-{g}"), "tokens": all_tokens,
+                "action_mask": action_mask, "logprobs": logprobs, "reward": reward(i)}),
+            );
+        }
+    }
+    lines
+}
+
 pub fn fixture_dir(name: &str) -> PathBuf {
     root().join("tests/fixtures").join(name)
 }
