@@ -85,6 +85,27 @@ fn max_gap(a: &[f32], b: &[f32]) -> f32 {
         .fold(0.0f32, |m, (x, y)| m.max((x - y).abs()))
 }
 
+/// The trainer's logprobs of each output token (the path DAPO's old logprobs and the policy's
+/// logprobs take: the training forward and the fused loss's forward).
+fn trainer_logprobs(
+    model: &Qwen2Model<CudaBackend>,
+    backend: &CudaBackend,
+    record: &FinalRecord,
+) -> Vec<f32> {
+    let mut sequence = record.prompt_tokens.clone();
+    sequence.extend(&record.output_tokens);
+    let mut targets = sequence[1..].to_vec();
+    targets.push(0);
+    let rows = model
+        .train_logprobs(
+            backend,
+            &PackedBatch::from_sequences(&[sequence.clone()]),
+            &targets,
+        )
+        .unwrap();
+    rows[record.prompt_tokens.len() - 1..sequence.len() - 1].to_vec()
+}
+
 #[test]
 #[cfg_attr(
     not(swerve_emu),
@@ -116,11 +137,22 @@ fn decode_logprobs_match_a_prefill_recompute_with_and_without_graphs() {
             let gpu_prefill = prefill_logprobs(&engine.backend, &engine.model, record);
             let prefill_err = max_gap(&gpu_prefill, &exact);
             let decode_err = max_gap(&record.logprobs, &exact);
-            // DESIGN.md decision 10's figure: rollout logprobs against the trainer's (the GPU
-            // prefill, `swerve-train score`'s path) on the same tokens and GPU; the goal is 0.
-            let rollout_vs_trainer = max_gap(&record.logprobs, &gpu_prefill);
+            // DESIGN.md decision 10's figure: rollout logprobs against the trainer's (its own
+            // path: flash-attention forward, fused loss) on the same tokens and GPU. Bitwise is
+            // the goal, not the promise, on a GPU (paged decode and the sampler against the
+            // prefill and the fused loss are other kernels): the stated bound is twice the
+            // trainer's own distance from the f32 reference plus one bf16 step, the rule the
+            // decode error already meets.
+            let trainer = trainer_logprobs(&engine.model, &engine.backend, record);
+            let trainer_err = max_gap(&trainer, &exact);
+            let rollout_vs_trainer = max_gap(&record.logprobs, &trainer);
             println!(
-                "request {} (graphs {cuda_graphs}): decode error {decode_err:.3e}, GPU prefill error {prefill_err:.3e}, rollout vs trainer max |diff| {rollout_vs_trainer:.3e}",
+                "request {} (graphs {cuda_graphs}): decode error {decode_err:.3e}, GPU prefill error {prefill_err:.3e}, trainer error {trainer_err:.3e}, rollout vs trainer max |diff| {rollout_vs_trainer:.3e}",
+                record.id
+            );
+            assert!(
+                rollout_vs_trainer <= 2.0 * trainer_err + 1.0 / 128.0,
+                "request {}: rollout vs trainer {rollout_vs_trainer}, trainer error {trainer_err}",
                 record.id
             );
             assert!(

@@ -96,3 +96,63 @@ fn a_dapo_step_on_cuda_has_the_cpu_loss_and_grad_norm() {
         );
     }
 }
+
+/// DAPO's recomputed old logprobs and the policy's logprobs in the first update come from the
+/// same kernels on the same micro-batches (the whole batch in one pack here): every ratio is
+/// exactly 1 on the device too. (Packed differently, a GEMM of another shape may round a row
+/// differently; the CPU reference is exact either way: tests/one_forward.rs.)
+#[test]
+#[cfg_attr(
+    not(swerve_emu),
+    ignore = "needs a CUDA GPU (or a SWERVE_EMU=1 build: the emulated device)"
+)]
+fn the_dapo_ratio_is_exactly_one_at_the_first_update_on_cuda() {
+    use swerve::backend::cuda::CudaBackend;
+    use swerve::train::data::{TrainSequence, Trajectory};
+    use swerve::train::learner::Learner;
+    use swerve::train::loss::Objective;
+    use swerve::train::optimizer::AdamWConfig;
+
+    let backend = CudaBackend::open_default()
+        .expect("this test needs a CUDA GPU and a build with kernels (SWERVE_REQUIRE_CUDA=1)");
+    for name in FIXTURE_MODELS {
+        let mut learner = Learner::new(
+            &backend,
+            &fixture_dir(name),
+            AdamWConfig::default(),
+            4096,
+            true,
+        )
+        .unwrap();
+        let vocab = learner.model.config.vocab_size as u64;
+        let sequences: Vec<TrainSequence> = [(9usize, 4usize), (30, 12), (17, 20)]
+            .iter()
+            .enumerate()
+            .map(|(i, &(prompt, completion))| {
+                let n = prompt + completion;
+                let trajectory = Trajectory {
+                    location: format!("sequence {i}"),
+                    group: None,
+                    tokens: common::tokens(40 + i as u64, n, vocab),
+                    action_mask: (0..n).map(|t| t >= prompt).collect(),
+                    rollout_logprobs: None,
+                    reward: None,
+                };
+                TrainSequence::from_trajectory(&trajectory, if i == 1 { -1.0 } else { 1.0 })
+            })
+            .collect();
+        let refs: Vec<&TrainSequence> = sequences.iter().collect();
+        let olds = learner.logprobs(&refs).unwrap();
+        let old_refs: Vec<&[f32]> = olds.iter().map(Vec::as_slice).collect();
+        let objective = Objective::Dapo {
+            eps_low: 0.2,
+            eps_high: 0.28,
+            tis_cap: None,
+        };
+        let report = learner.step(&refs, &old_refs, &objective, 1e-3).unwrap();
+        let m = &report.metrics;
+        println!("{name}: {m}");
+        assert!(!report.skipped, "{name}: {m}");
+        assert_eq!(m["ratio_deviation_mean"].as_f64(), Some(0.0), "{name}: {m}");
+    }
+}

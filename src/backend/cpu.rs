@@ -124,9 +124,10 @@ fn par_rows(
     });
 }
 
-/// Dot product with eight independent accumulators (vectorises without reassociating a single sum).
+/// Dot product with eight independent accumulators (vectorises without reassociating a single sum):
+/// every CPU matmul uses it, the fused loss's logits included.
 #[inline]
-fn dot(a: &[f32], b: &[f32]) -> f32 {
+pub fn dot(a: &[f32], b: &[f32]) -> f32 {
     let mut acc = [0.0f32; 8];
     let (a8, a_rest) = a.split_at(a.len() / 8 * 8);
     let (b8, b_rest) = b.split_at(a8.len());

@@ -8,7 +8,7 @@
 use super::cpu::{CpuBackend, CpuTensor};
 use super::grad::BackendGrad;
 use super::{Backend, Rotary};
-use crate::train::loss::{lm_head_loss_cpu, LossOutput, LossRows, Objective};
+use crate::train::loss::{lm_head_logprobs_cpu, lm_head_loss_cpu, LossOutput, LossRows, Objective};
 use crate::train::optimizer::{adamw_update_slice, AdamWStep};
 use anyhow::{ensure, Result};
 
@@ -435,6 +435,15 @@ impl BackendGrad for CpuBackend {
             &mut d_hidden.data,
             &mut d_weight.data,
         )
+    }
+
+    fn lm_head_logprobs(
+        &self,
+        hidden: &CpuTensor,
+        weight: &CpuTensor,
+        targets: &[u32],
+    ) -> Result<(Vec<f32>, Vec<f32>)> {
+        lm_head_logprobs_cpu(&hidden.data, &weight.data, cols(weight), targets)
     }
 
     fn sum_of_squares(&self, x: &CpuTensor) -> Result<f64> {

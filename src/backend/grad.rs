@@ -125,6 +125,16 @@ pub trait BackendGrad: Backend {
         d_weight: &mut Self::Tensor,
     ) -> Result<LossOutput>;
 
+    /// The fused loss's forward alone: per row, `log p(targets[r])` and the entropy, the numbers
+    /// [`Self::lm_head_loss`] reports for the same rows (same kernels, same order), with no
+    /// gradient. DAPO's recomputed old logprobs come from here.
+    fn lm_head_logprobs(
+        &self,
+        hidden: &Self::Tensor,
+        weight: &Self::Tensor,
+        targets: &[u32],
+    ) -> Result<(Vec<f32>, Vec<f32>)>;
+
     /// Sum of squares of every element (f64), for the global gradient norm.
     fn sum_of_squares(&self, x: &Self::Tensor) -> Result<f64>;
     /// One AdamW update of an f32 master tensor and its moments from its gradient (times

@@ -1,7 +1,9 @@
-//! Training: the Qwen2 forward that keeps what the backward needs, and the backward, written by
-//! hand as the forward in reverse (no autograd graph), over [`BackendGrad`].
+//! Training: the shared layer forward ([`crate::model::layer`]) keeping what the backward needs,
+//! and the backward, written by hand as the forward in reverse (no autograd graph), over
+//! [`BackendGrad`].
 //!
-//! One layer, forward (what is saved is named) and backward:
+//! One layer, forward (what is saved is named; `x_out` is the next layer's input, the fused add
+//! of the next norm) and backward:
 //!
 //! ```text
 //! x_in ─ rmsnorm ─ normed_attn ─ q,k,v (+bias) ─ rope ─ q,k,v ─ attention ─ attn (+lse) ─ o_proj ─┐
@@ -19,35 +21,11 @@
 //! activations, instead of every layer's.
 
 use crate::backend::grad::BackendGrad;
+use crate::model::layer::{AttentionFn, Keep, LayerActivations, SavedLayer};
 use crate::model::params::{LayerParams, Qwen2Params};
 use crate::model::qwen2::{PackedBatch, Qwen2Model};
 use crate::train::loss::{LossOutput, LossRows, Objective};
 use anyhow::{bail, Result};
-
-/// Everything one layer's backward reads.
-pub struct LayerActivations<T> {
-    pub x_in: T,
-    pub normed_attn: T,
-    /// q and k after rope, `[T, heads_local, head_dim]` / `[T, kv_heads_local, head_dim]`.
-    pub q: T,
-    pub k: T,
-    pub v: T,
-    pub attn: T,
-    /// `[T, heads_local]` f32 logsumexp of each attention row.
-    pub lse: T,
-    pub x_mid: T,
-    pub normed_mlp: T,
-    pub gate: T,
-    pub up: T,
-    pub act: T,
-}
-
-/// What the forward kept of one layer.
-pub enum SavedLayer<T> {
-    /// Checkpointed: the layer's input only; the backward recomputes the rest.
-    Input(T),
-    Full(LayerActivations<T>),
-}
 
 /// The training forward's result: the final hidden states (what the LM head reads) and what the
 /// backward needs.
@@ -74,125 +52,73 @@ impl<B: BackendGrad> Qwen2Model<B> {
         })
     }
 
-    /// The forward pass for training. With `checkpoint_layers`, keeps only each layer's input.
+    /// The forward pass for training: the layer forward every path shares, with attention that
+    /// also gives its logsumexp. With `checkpoint_layers`, keeps only each layer's input.
     pub fn forward_train(
         &self,
         backend: &B,
         batch: &PackedBatch,
         checkpoint_layers: bool,
     ) -> Result<TrainActivations<B::Tensor>> {
-        let t = batch.num_tokens();
-        if t == 0 {
-            bail!("forward of an empty batch");
-        }
-        if batch.positions.len() != t {
-            bail!("{t} tokens but {} positions", batch.positions.len());
-        }
-        let d = self.config.hidden_size;
-        let mut x = backend.zeros(&[t, d])?;
-        backend.embedding(&self.params.embed_tokens, &batch.tokens, &mut x)?;
-        let mut layers = Vec::with_capacity(self.params.layers.len());
-        for layer in &self.params.layers {
-            let (acts, x_out) = self.layer_forward(backend, layer, batch, x)?;
-            layers.push(if checkpoint_layers {
-                SavedLayer::Input(acts.x_in)
-            } else {
-                SavedLayer::Full(acts)
-            });
-            x = x_out;
-        }
-        let mut hidden = backend.zeros(&[t, d])?;
-        let eps = self.config.rms_norm_eps as f32;
-        backend.rmsnorm(&x, &self.params.norm, eps, &mut hidden)?;
+        let keep = if checkpoint_layers {
+            Keep::Input
+        } else {
+            Keep::Everything
+        };
+        self.forward_keeping(backend, batch, keep)
+    }
+
+    /// Per row of `batch`, `log p(targets[r])` under the current weights, through exactly the
+    /// path [`Self::loss_and_backward`] takes (the same forward, the fused loss's forward), with
+    /// no gradient: DAPO's recomputed old logprobs, so the ratio is 1 before the first update.
+    pub fn train_logprobs(
+        &self,
+        backend: &B,
+        batch: &PackedBatch,
+        targets: &[u32],
+    ) -> Result<Vec<f32>> {
+        let ran = self.forward_keeping(backend, batch, Keep::Nothing)?;
+        let (logprobs, _entropy) =
+            backend.lm_head_logprobs(&ran.hidden, self.params.lm_head_weight(), targets)?;
+        Ok(logprobs)
+    }
+
+    fn forward_keeping(
+        &self,
+        backend: &B,
+        batch: &PackedBatch,
+        keep: Keep,
+    ) -> Result<TrainActivations<B::Tensor>> {
+        let mut attention = self.training_attention(backend, batch);
+        backend.begin_step();
+        let ran = self.run_layers(
+            backend,
+            &batch.tokens,
+            &batch.positions,
+            true,
+            keep,
+            &mut attention,
+        );
+        backend.end_step();
+        let (hidden, final_residual, layers) = ran?;
         Ok(TrainActivations {
             layers,
-            final_residual: x,
+            final_residual,
             hidden,
         })
     }
 
-    /// One layer from its input: its activations and its output `x_out`.
-    fn layer_forward(
+    /// Packed causal attention that also writes each row's logsumexp (what the backward reads).
+    fn training_attention<'a>(
         &self,
-        backend: &B,
-        layer: &LayerParams<B::Tensor>,
-        batch: &PackedBatch,
-        x_in: B::Tensor,
-    ) -> Result<(LayerActivations<B::Tensor>, B::Tensor)> {
-        let t = batch.num_tokens();
-        let (d, hd) = (self.config.hidden_size, self.config.head_dim);
-        let (heads, kv_heads, inter) = (
-            self.local.heads_local,
-            self.local.kv_heads_local,
-            self.local.intermediate_local,
-        );
-        let eps = self.config.rms_norm_eps as f32;
-
-        let mut normed_attn = backend.zeros(&[t, d])?;
-        backend.rmsnorm(&x_in, &layer.input_layernorm, eps, &mut normed_attn)?;
-        let mut q = backend.zeros(&[t, heads, hd])?;
-        let mut k = backend.zeros(&[t, kv_heads, hd])?;
-        let mut v = backend.zeros(&[t, kv_heads, hd])?;
-        backend.linear(
-            &normed_attn,
-            &layer.q_proj_weight,
-            Some(&layer.q_proj_bias),
-            &mut q,
-        )?;
-        backend.linear(
-            &normed_attn,
-            &layer.k_proj_weight,
-            Some(&layer.k_proj_bias),
-            &mut k,
-        )?;
-        backend.linear(
-            &normed_attn,
-            &layer.v_proj_weight,
-            Some(&layer.v_proj_bias),
-            &mut v,
-        )?;
-        backend.rope(&mut q, &mut k, &batch.positions, &self.rotary)?;
-        let mut attn = backend.zeros(&[t, heads, hd])?;
-        let mut lse = backend.zeros_f32(&[t, heads])?;
-        let scale = 1.0 / (hd as f32).sqrt();
-        backend.attention_with_lse(&q, &k, &v, &batch.cu_seqlens, scale, &mut attn, &mut lse)?;
-        let mut attn_delta = backend.zeros(&[t, d])?;
-        backend.linear(&attn, &layer.o_proj_weight, None, &mut attn_delta)?;
-
-        let mut x_mid = backend.slice_rows(&x_in, 0..t)?;
-        let mut normed_mlp = backend.zeros(&[t, d])?;
-        backend.add_rmsnorm(
-            &mut x_mid,
-            &attn_delta,
-            &layer.post_attention_layernorm,
-            eps,
-            &mut normed_mlp,
-        )?;
-        let mut gate = backend.zeros(&[t, inter])?;
-        let mut up = backend.zeros(&[t, inter])?;
-        let mut act = backend.zeros(&[t, inter])?;
-        backend.linear(&normed_mlp, &layer.gate_proj_weight, None, &mut gate)?;
-        backend.linear(&normed_mlp, &layer.up_proj_weight, None, &mut up)?;
-        backend.swiglu(&gate, &up, &mut act)?;
-        let mut mlp_delta = backend.zeros(&[t, d])?;
-        backend.linear(&act, &layer.down_proj_weight, None, &mut mlp_delta)?;
-        let mut x_out = backend.slice_rows(&x_mid, 0..t)?;
-        backend.add_into(&mut x_out, &mlp_delta)?;
-        let acts = LayerActivations {
-            x_in,
-            normed_attn,
-            q,
-            k,
-            v,
-            attn,
-            lse,
-            x_mid,
-            normed_mlp,
-            gate,
-            up,
-            act,
-        };
-        Ok((acts, x_out))
+        backend: &'a B,
+        batch: &'a PackedBatch,
+    ) -> impl AttentionFn<B::Tensor> + 'a {
+        let scale = self.softmax_scale();
+        move |_, q, k, v, out, lse| match lse {
+            Some(lse) => backend.attention_with_lse(q, k, v, &batch.cu_seqlens, scale, out, lse),
+            None => bail!("training attention without an lse buffer"),
+        }
     }
 
     /// The backward pass from `d_hidden` (the loss's gradient with respect to the final hidden
@@ -222,7 +148,13 @@ impl<B: BackendGrad> Qwen2Model<B> {
             let layer = &self.params.layers[i];
             let acts = match layers.pop() {
                 Some(SavedLayer::Full(acts)) => acts,
-                Some(SavedLayer::Input(x_in)) => self.layer_forward(backend, layer, batch, x_in)?.0,
+                Some(SavedLayer::Input(x_in)) => self.recompute_layer(
+                    backend,
+                    i,
+                    x_in,
+                    &batch.positions,
+                    &mut self.training_attention(backend, batch),
+                )?,
                 None => bail!("backward: no saved activations for layer {i}"),
             };
             self.layer_backward(backend, layer, batch, &acts, &mut d_x, &mut grads.layers[i])?;

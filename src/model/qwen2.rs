@@ -9,12 +9,14 @@
 //!           └──────────────── + ◄──────────────────────────────┘
 //! ```
 //!
-//! The residual add is fused into the next norm (`add_rmsnorm`). After the last layer: the final
-//! norm, then the LM head (tied to the embedding or not). Tensor parallelism (DESIGN.md 11) will
+//! The layer itself is [`crate::model::layer`]'s, the one forward scoring, the engine and the
+//! trainer share. The residual add is fused into the next norm (`add_rmsnorm`). After the last
+//! layer: the final norm, then the LM head (tied to the embedding or not). Tensor parallelism (DESIGN.md 11) will
 //! all-reduce after o_proj and down_proj; with TP = 1 there is nothing to reduce.
 
 use crate::backend::{Backend, PagedLayout, Rotary};
 use crate::config::{LocalSizes, ModelConfig};
+use crate::model::layer::{AttentionFn, Keep};
 use crate::model::params::Qwen2Params;
 use crate::model::weights::Checkpoint;
 use crate::tensor::HostTensor;
@@ -130,7 +132,7 @@ impl<B: Backend> Qwen2Model<B> {
             backend,
             &batch.tokens,
             &batch.positions,
-            |_, q, k, v, out| backend.attention(q, k, v, &batch.cu_seqlens, scale, out),
+            |_, q, k, v, out, _| backend.attention(q, k, v, &batch.cu_seqlens, scale, out),
         )
     }
 
@@ -153,131 +155,39 @@ impl<B: Backend> Qwen2Model<B> {
             );
         }
         let scale = self.softmax_scale();
-        self.forward_layers(backend, tokens, positions, |i, q, k, v, out| {
+        self.forward_layers(backend, tokens, positions, |i, q, k, v, out, _| {
             let (k_cache, v_cache) = &mut kv.layers[i];
             backend.write_kv(k, v, &layout.slot_mapping, k_cache, v_cache)?;
             backend.paged_attention(q, k_cache, v_cache, layout, scale, out)
         })
     }
 
-    fn softmax_scale(&self) -> f32 {
+    pub(crate) fn softmax_scale(&self) -> f32 {
         1.0 / (self.config.head_dim as f32).sqrt()
     }
 
-    /// The layer stack, with attention supplied by the caller (packed prefill or paged).
+    /// The inference forward ([`Self::run_layers`] keeping nothing), with attention supplied by
+    /// the caller (packed prefill or paged).
     fn forward_layers(
         &self,
         backend: &B,
         tokens: &[u32],
         positions: &[u32],
-        mut attention: impl FnMut(
-            usize,
-            &B::Tensor,
-            &B::Tensor,
-            &B::Tensor,
-            &mut B::Tensor,
-        ) -> Result<()>,
+        mut attention: impl AttentionFn<B::Tensor>,
     ) -> Result<B::Tensor> {
         // `tokens`, `positions` and whatever `attention` captures are borrowed for the whole call:
         // the backend may upload them once for all layers.
         backend.begin_step();
-        let hidden = self.run_layers(backend, tokens, positions, &mut attention);
-        backend.end_step();
-        hidden
-    }
-
-    fn run_layers(
-        &self,
-        backend: &B,
-        tokens: &[u32],
-        positions: &[u32],
-        attention: &mut impl FnMut(
-            usize,
-            &B::Tensor,
-            &B::Tensor,
-            &B::Tensor,
-            &mut B::Tensor,
-        ) -> Result<()>,
-    ) -> Result<B::Tensor> {
-        let c = &self.config;
-        let t = tokens.len();
-        if t == 0 {
-            bail!("forward of an empty batch");
-        }
-        if positions.len() != t {
-            bail!("{t} tokens but {} positions", positions.len());
-        }
-        let (d, hd) = (c.hidden_size, c.head_dim);
-        let (heads, kv_heads, inter) = (
-            self.local.heads_local,
-            self.local.kv_heads_local,
-            self.local.intermediate_local,
+        let ran = self.run_layers(
+            backend,
+            tokens,
+            positions,
+            false,
+            Keep::Nothing,
+            &mut attention,
         );
-        let eps = c.rms_norm_eps as f32;
-
-        let mut residual = backend.zeros(&[t, d])?;
-        backend.embedding(&self.params.embed_tokens, tokens, &mut residual)?;
-        let mut normed = backend.zeros(&[t, d])?;
-        let mut q = backend.zeros(&[t, heads, hd])?;
-        let mut k = backend.zeros(&[t, kv_heads, hd])?;
-        let mut v = backend.zeros(&[t, kv_heads, hd])?;
-        let mut attn = backend.zeros(&[t, heads, hd])?;
-        let mut delta = backend.zeros(&[t, d])?;
-        let mut gate = backend.zeros(&[t, inter])?;
-        let mut up = backend.zeros(&[t, inter])?;
-        let mut act = backend.zeros(&[t, inter])?;
-
-        for (i, layer) in self.params.layers.iter().enumerate() {
-            // Attention block. The first norm reads the embedding; later ones add the previous
-            // layer's MLP output into the residual stream first.
-            if i == 0 {
-                backend.rmsnorm(&residual, &layer.input_layernorm, eps, &mut normed)?;
-            } else {
-                backend.add_rmsnorm(
-                    &mut residual,
-                    &delta,
-                    &layer.input_layernorm,
-                    eps,
-                    &mut normed,
-                )?;
-            }
-            backend.linear(
-                &normed,
-                &layer.q_proj_weight,
-                Some(&layer.q_proj_bias),
-                &mut q,
-            )?;
-            backend.linear(
-                &normed,
-                &layer.k_proj_weight,
-                Some(&layer.k_proj_bias),
-                &mut k,
-            )?;
-            backend.linear(
-                &normed,
-                &layer.v_proj_weight,
-                Some(&layer.v_proj_bias),
-                &mut v,
-            )?;
-            backend.rope(&mut q, &mut k, positions, &self.rotary)?;
-            attention(i, &q, &k, &v, &mut attn)?;
-            backend.linear(&attn, &layer.o_proj_weight, None, &mut delta)?;
-
-            // MLP block.
-            backend.add_rmsnorm(
-                &mut residual,
-                &delta,
-                &layer.post_attention_layernorm,
-                eps,
-                &mut normed,
-            )?;
-            backend.linear(&normed, &layer.gate_proj_weight, None, &mut gate)?;
-            backend.linear(&normed, &layer.up_proj_weight, None, &mut up)?;
-            backend.swiglu(&gate, &up, &mut act)?;
-            backend.linear(&act, &layer.down_proj_weight, None, &mut delta)?;
-        }
-        backend.add_rmsnorm(&mut residual, &delta, &self.params.norm, eps, &mut normed)?;
-        Ok(normed)
+        backend.end_step();
+        Ok(ran?.0)
     }
 
     /// An empty paged KV cache for this model: per layer, K and V pools of

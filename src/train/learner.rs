@@ -16,7 +16,6 @@ use crate::train::checkpoint::{self, NamedTensor, OptimizerState};
 use crate::train::data::{self, TrainSequence};
 use crate::train::loss::{LossRows, Objective};
 use crate::train::optimizer::{AdamW, AdamWConfig};
-use crate::train::score::score_sequences;
 use anyhow::{bail, Context, Result};
 use serde_json::{json, Value};
 use std::path::Path;
@@ -106,23 +105,33 @@ impl<'b, B: BackendGrad> Learner<'b, B> {
         Ok(state)
     }
 
-    /// Row-form logprobs (`[lp1, lp2, ..., 0]`) of every sequence under the current weights.
+    /// Row-form logprobs (`[lp1, lp2, ..., 0]`) of every sequence under the current weights,
+    /// through the path [`Self::step`] computes the policy's logprobs with (the training forward
+    /// and the fused loss's forward, micro-batches packed the same way): at the first update of
+    /// these weights the DAPO ratio is exactly 1 where the backend's rows do not depend on their
+    /// neighbours in a pack (the CPU reference), and within the GEMMs' shape-dependent rounding
+    /// elsewhere.
     pub fn logprobs(&self, sequences: &[&TrainSequence]) -> Result<Vec<Vec<f32>>> {
-        let tokens: Vec<Vec<u32>> = sequences.iter().map(|s| s.tokens.clone()).collect();
-        let mut out = vec![Vec::new(); sequences.len()];
-        score_sequences(
-            self.backend,
-            &self.model,
-            &tokens,
-            self.micro_batch_tokens,
-            |i, logprobs| {
-                // Token form [None, lp1, lp2, ...] -> row form [lp1, lp2, ..., 0].
-                let mut rows: Vec<f32> = logprobs[1..].iter().map(|lp| lp.unwrap_or(0.0)).collect();
-                rows.push(0.0);
-                out[i] = rows;
-                Ok(())
-            },
-        )?;
+        let lengths: Vec<usize> = sequences.iter().map(|s| s.tokens.len()).collect();
+        let mut out = Vec::with_capacity(sequences.len());
+        for micro in data::pack_micro_batches(&lengths, self.micro_batch_tokens) {
+            let members = &sequences[micro];
+            let tokens: Vec<&[u32]> = members.iter().map(|s| s.tokens.as_slice()).collect();
+            let batch = PackedBatch::from_sequences(&tokens);
+            let targets: Vec<u32> = members
+                .iter()
+                .flat_map(|s| s.targets.iter().copied())
+                .collect();
+            let logprobs = self.model.train_logprobs(self.backend, &batch, &targets)?;
+            for i in 0..members.len() {
+                let mut rows = logprobs[batch.sequence_range(i)].to_vec();
+                // The last row has no next token (its target is a placeholder).
+                if let Some(last) = rows.last_mut() {
+                    *last = 0.0;
+                }
+                out.push(rows);
+            }
+        }
         Ok(out)
     }
 

@@ -19,13 +19,17 @@
 //! and gradients then simply add up to the batch's (never a per-micro-batch mean).
 //!
 //! The `[T, V]` logits are never stored: the reference walks tiles of `ROW_CHUNK x VOCAB_CHUNK`
-//! logits, twice. Pass 1 keeps, per row, an online logsumexp (running max `m`, `s = sum exp(z -
-//! m)`, `u = sum exp(z - m) z` for the entropy `lse - u / s`) and the target's logit. Pass 2
+//! logits. Pass 1 finds, per row, the max logit `m` and the target's logit in one sweep, then
+//! `s = sum exp(z - m)` and `u = sum exp(z - m) z` (for the entropy `lse - u / s`) in a second,
+//! in vocabulary order: the sums the scoring path and the sampler take, so the reference's
+//! logprobs equal theirs bit for bit (the CUDA kernel keeps an online, rescaled `(m, s, u)` in one
+//! sweep instead, and merges tiles). Pass 2
 //! recomputes each tile and turns it into the logits' gradient `c_r (onehot - softmax)` (`c_r = d
 //! loss / d logp_r`), then `d_hidden += G W` and `d_weight += G^T H`. With tensor parallelism
 //! over the vocabulary, each rank's `(m, s, u)` and target logit are combined across ranks
 //! between the passes.
 
+use crate::backend::cpu::dot;
 use anyhow::{bail, ensure, Result};
 
 /// Rows of logits in one tile.
@@ -104,7 +108,9 @@ pub fn token_term(objective: &Objective, rows: &LossRows<'_>, r: usize, logp: f6
         } => {
             let advantage = rows.advantages[r] as f64;
             let old = rows.old_logprobs[r] as f64;
-            let ratio = (logp - old).exp();
+            // The policy's logprob in the precision old logprobs are stored in (f32): the same
+            // computation on the same weights then gives a ratio of exactly 1.
+            let ratio = (logp as f32 as f64 - old).exp();
             let clipped_ratio = ratio.clamp(1.0 - eps_low as f64, 1.0 + eps_high as f64);
             let weight = match tis_cap {
                 Some(cap) => (old - rows.rollout_logprobs[r] as f64)
@@ -161,10 +167,6 @@ pub fn check_rows(
     Ok(())
 }
 
-fn dot(a: &[f32], b: &[f32]) -> f32 {
-    a.iter().zip(b).map(|(x, y)| x * y).sum()
-}
-
 /// Logits of rows `rows` against vocabulary entries `vocab`, into `tile` (`rows x vocab`).
 fn logits_tile(
     hidden: &[f32],
@@ -179,6 +181,118 @@ fn logits_tile(
         let h = &hidden[r * d..(r + 1) * d];
         tile.extend(vocab.clone().map(|j| dot(h, &weight[j * d..(j + 1) * d])));
     }
+}
+
+/// Pass 1's statistics of one row: its max logit, `s = sum exp(z - max)`, `u = sum exp(z - max) z`
+/// and its target's logit, each sum taken in vocabulary order.
+#[derive(Clone, Copy, Debug)]
+struct RowStats {
+    max: f64,
+    sum_exp: f64,
+    sum_exp_z: f64,
+    target_logit: f64,
+}
+
+impl RowStats {
+    fn lse(&self) -> f64 {
+        self.max + self.sum_exp.ln()
+    }
+
+    /// `log p(target)`, rounded as the CPU backend's `token_logprobs` and the sampler round it
+    /// (`z - max - ln s`), so the trainer's logprobs equal the server's bit for bit.
+    fn logprob(&self) -> f64 {
+        self.target_logit - self.max - self.sum_exp.ln()
+    }
+
+    fn entropy(&self) -> f64 {
+        self.lse() - self.sum_exp_z / self.sum_exp
+    }
+}
+
+/// Pass 1 over rows `r0..r1`, tile by tile: one sweep for each row's max (and target logit), a
+/// second for the sums with that max. Two sweeps rather than an online rescaled logsumexp: the
+/// sums are then the very sums the scoring path and the sampler take over a whole row of logits
+/// (the same `dot` as the backend's `linear`), so every logprob matches theirs exactly.
+fn row_stats(
+    hidden: &[f32],
+    weight: &[f32],
+    d: usize,
+    rows: std::ops::Range<usize>,
+    targets: &[u32],
+    tile: &mut Vec<f32>,
+) -> Vec<RowStats> {
+    let vocab = weight.len() / d;
+    let mut stats = vec![
+        RowStats {
+            max: f64::NEG_INFINITY,
+            sum_exp: 0.0,
+            sum_exp_z: 0.0,
+            target_logit: 0.0,
+        };
+        rows.len()
+    ];
+    for v0 in (0..vocab).step_by(VOCAB_CHUNK) {
+        let v1 = (v0 + VOCAB_CHUNK).min(vocab);
+        logits_tile(hidden, weight, d, rows.clone(), v0..v1, tile);
+        for (i, row) in tile.chunks_exact(v1 - v0).enumerate() {
+            let chunk_max = row.iter().copied().fold(f32::NEG_INFINITY, f32::max) as f64;
+            stats[i].max = stats[i].max.max(chunk_max);
+            let target = targets[rows.start + i] as usize;
+            if (v0..v1).contains(&target) {
+                stats[i].target_logit = row[target - v0] as f64;
+            }
+        }
+    }
+    for v0 in (0..vocab).step_by(VOCAB_CHUNK) {
+        let v1 = (v0 + VOCAB_CHUNK).min(vocab);
+        logits_tile(hidden, weight, d, rows.clone(), v0..v1, tile);
+        for (i, row) in tile.chunks_exact(v1 - v0).enumerate() {
+            let row_stats = &mut stats[i];
+            for &z in row {
+                let e = (z as f64 - row_stats.max).exp();
+                row_stats.sum_exp += e;
+                row_stats.sum_exp_z += e * z as f64;
+            }
+        }
+    }
+    stats
+}
+
+/// The loss's forward alone: `log p(targets[r])` and the entropy of every row, the numbers
+/// [`lm_head_loss_cpu`] reports for the same rows, with no gradient. DAPO's recomputed old
+/// logprobs come from here, so the ratio is exactly 1 before the first update.
+pub fn lm_head_logprobs_cpu(
+    hidden: &[f32],
+    weight: &[f32],
+    d: usize,
+    targets: &[u32],
+) -> Result<(Vec<f32>, Vec<f32>)> {
+    ensure!(
+        d > 0 && hidden.len().is_multiple_of(d) && weight.len().is_multiple_of(d),
+        "loss: hidden of {} and LM head of {} values for width {d}",
+        hidden.len(),
+        weight.len()
+    );
+    let (t, vocab) = (hidden.len() / d, weight.len() / d);
+    ensure!(
+        targets.len() == t,
+        "loss: {} targets for {t} rows",
+        targets.len()
+    );
+    if let Some(&bad) = targets.iter().find(|&&id| id as usize >= vocab) {
+        bail!("loss: target id {bad} is outside the vocabulary of {vocab}");
+    }
+    let mut logprobs = Vec::with_capacity(t);
+    let mut entropy = Vec::with_capacity(t);
+    let mut tile = Vec::with_capacity(ROW_CHUNK * VOCAB_CHUNK);
+    for r0 in (0..t).step_by(ROW_CHUNK) {
+        let r1 = (r0 + ROW_CHUNK).min(t);
+        for stats in row_stats(hidden, weight, d, r0..r1, targets, &mut tile) {
+            logprobs.push(stats.logprob() as f32);
+            entropy.push(stats.entropy() as f32);
+        }
+    }
+    Ok((logprobs, entropy))
 }
 
 /// The fused loss on host slices: `hidden: [T, d]`, `weight: [V, d]`; accumulates into
@@ -221,41 +335,16 @@ pub fn lm_head_loss_cpu(
     for r0 in (0..t).step_by(ROW_CHUNK) {
         let r1 = (r0 + ROW_CHUNK).min(t);
         let n = r1 - r0;
-        // Pass 1: online logsumexp, entropy pieces and target logits of these rows.
-        let mut max = vec![f64::NEG_INFINITY; n];
-        let mut sum_exp = vec![0.0f64; n];
-        let mut sum_exp_z = vec![0.0f64; n];
-        let mut target_logit = vec![0.0f64; n];
-        for v0 in (0..vocab).step_by(VOCAB_CHUNK) {
-            let v1 = (v0 + VOCAB_CHUNK).min(vocab);
-            logits_tile(hidden, weight, d, r0..r1, v0..v1, &mut tile);
-            for (i, row) in tile.chunks_exact(v1 - v0).enumerate() {
-                let chunk_max = row.iter().fold(f32::NEG_INFINITY, |m, &z| m.max(z)) as f64;
-                let new_max = max[i].max(chunk_max);
-                let rescale = (max[i] - new_max).exp();
-                sum_exp[i] *= rescale;
-                sum_exp_z[i] *= rescale;
-                for &z in row {
-                    let e = (z as f64 - new_max).exp();
-                    sum_exp[i] += e;
-                    sum_exp_z[i] += e * z as f64;
-                }
-                max[i] = new_max;
-                let target = rows.targets[r0 + i] as usize;
-                if (v0..v1).contains(&target) {
-                    target_logit[i] = row[target - v0] as f64;
-                }
-            }
-        }
+        // Pass 1: each row's softmax statistics and target logit.
+        let stats = row_stats(hidden, weight, d, r0..r1, rows.targets, &mut tile);
         // The loss terms and each row's d loss / d logp.
-        let mut lse = vec![0.0f64; n];
+        let lse: Vec<f64> = stats.iter().map(RowStats::lse).collect();
         let mut d_logp = vec![0.0f64; n];
-        for i in 0..n {
+        for (i, row) in stats.iter().enumerate() {
             let r = r0 + i;
-            lse[i] = max[i] + sum_exp[i].ln();
-            let logp = target_logit[i] - lse[i];
+            let logp = row.logprob();
             out.logprobs[r] = logp as f32;
-            out.entropy[r] = (lse[i] - sum_exp_z[i] / sum_exp[i]) as f32;
+            out.entropy[r] = row.entropy() as f32;
             if !rows.action_mask[r] {
                 continue;
             }

@@ -167,6 +167,15 @@ impl BackendGrad for CudaBackend {
         )
     }
 
+    fn lm_head_logprobs(
+        &self,
+        hidden: &CudaTensor,
+        weight: &CudaTensor,
+        targets: &[u32],
+    ) -> Result<(Vec<f32>, Vec<f32>)> {
+        self.fused_lm_head_logprobs(hidden, weight, targets, LossTiles::DEFAULT)
+    }
+
     fn sum_of_squares(&self, x: &CudaTensor) -> Result<f64> {
         let mut partials = self.alloc(&[SUM_SQUARES_BLOCKS], DeviceDType::F64)?;
         let blocks = self.device.sum_squares_partials(x, &mut partials)?;

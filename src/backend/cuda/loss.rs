@@ -207,6 +207,85 @@ impl CudaDevice {
 }
 
 impl CudaBackend {
+    /// Pass 1 alone: each row's softmax statistics `(m, s, u, z_target)`, on the host. `hidden`
+    /// `[T, d]` and `weight` `[V, d]` are checked by the caller.
+    fn loss_row_stats(
+        &self,
+        hidden: &CudaTensor,
+        weight: &CudaTensor,
+        targets: &[u32],
+        tiles: LossTiles,
+    ) -> Result<Vec<f32>> {
+        let (vocab, d) = (weight.shape()[0], weight.shape()[1]);
+        let t = hidden.len() / d;
+        let (tile_rows, tile_vocab) = (tiles.rows.min(t), tiles.vocab.min(vocab));
+        let targets = self.upload_pod(targets, &[t], DeviceDType::U32)?;
+        let stats = self.alloc(&[t, 4], DeviceDType::F32)?;
+        let logits = self.alloc(&[tile_rows, tile_vocab], DeviceDType::F32)?;
+        let chunks =
+            |n: usize, step: usize| (0..n).step_by(step).map(move |s| (s, step.min(n - s)));
+        for (r0, nr) in chunks(t, tile_rows) {
+            for (v0, nv) in chunks(vocab, tile_vocab) {
+                self.logits_tile(hidden, weight, d, r0, nr, v0, nv, &logits)?;
+                self.device.lm_loss_stats(
+                    at(&stats, r0 * 4),
+                    &logits,
+                    at(&targets, r0),
+                    nr,
+                    nv,
+                    v0,
+                    v0 == 0,
+                )?;
+            }
+        }
+        Ok(pod_vec(&self.read_bytes(&stats)?))
+    }
+
+    /// The loss's forward alone (pass 1): every row's logprob of its target and entropy, the
+    /// numbers [`Self::fused_lm_head_loss`] reports for the same rows, with no gradient.
+    pub fn fused_lm_head_logprobs(
+        &self,
+        hidden: &CudaTensor,
+        weight: &CudaTensor,
+        targets: &[u32],
+        tiles: LossTiles,
+    ) -> Result<(Vec<f32>, Vec<f32>)> {
+        for (what, t) in [("hidden", hidden), ("LM head", weight)] {
+            ensure!(
+                t.dtype() == DeviceDType::Bf16,
+                "loss: {what} is {:?}, expected Bf16",
+                t.dtype()
+            );
+        }
+        ensure!(
+            weight.shape().len() == 2,
+            "loss: LM head {:?}",
+            weight.shape()
+        );
+        let (vocab, d) = (weight.shape()[0], weight.shape()[1]);
+        ensure!(
+            d > 0 && vocab > 0 && !hidden.is_empty() && hidden.len().is_multiple_of(d),
+            "loss: hidden {:?} against the LM head {:?}",
+            hidden.shape(),
+            weight.shape()
+        );
+        let t = hidden.len() / d;
+        let action_mask = vec![false; t];
+        let rows = LossRows {
+            targets,
+            action_mask: &action_mask,
+            ..Default::default()
+        };
+        check_rows(&rows, &Objective::MaskedCe, t, vocab)?;
+        ensure!(
+            tiles.rows > 0 && tiles.rows <= 65535 && tiles.vocab > 0,
+            "loss: tiles {tiles:?}"
+        );
+        let stats = self.loss_row_stats(hidden, weight, targets, tiles)?;
+        let (out, _, _) = finalize_rows(&stats, &rows, &Objective::MaskedCe, 1.0);
+        Ok((out.logprobs, out.entropy))
+    }
+
     /// The fused loss with explicit tiles (the trait's `lm_head_loss` uses
     /// [`LossTiles::DEFAULT`]; tests use small tiles to exercise the merging).
     #[allow(clippy::too_many_arguments)]
@@ -262,37 +341,21 @@ impl CudaBackend {
             tiles.rows > 0 && tiles.rows <= 65535 && tiles.vocab > 0,
             "loss: tiles {tiles:?}"
         );
+        // Pass 1: per-row softmax statistics, tile by tile.
+        let stats_host = self.loss_row_stats(hidden, weight, rows.targets, tiles)?;
         let (tile_rows, tile_vocab) = (tiles.rows.min(t), tiles.vocab.min(vocab));
-        let targets = self.upload_pod(rows.targets, &[t], DeviceDType::U32)?;
-        let stats = self.alloc(&[t, 4], DeviceDType::F32)?;
-        let logits = self.alloc(&[tile_rows, tile_vocab], DeviceDType::F32)?;
         let chunks =
             |n: usize, step: usize| (0..n).step_by(step).map(move |s| (s, step.min(n - s)));
 
-        // Pass 1: per-row softmax statistics, tile by tile.
-        for (r0, nr) in chunks(t, tile_rows) {
-            for (v0, nv) in chunks(vocab, tile_vocab) {
-                self.logits_tile(hidden, weight, d, r0, nr, v0, nv, &logits)?;
-                self.device.lm_loss_stats(
-                    at(&stats, r0 * 4),
-                    &logits,
-                    at(&targets, r0),
-                    nr,
-                    nv,
-                    v0,
-                    v0 == 0,
-                )?;
-            }
-        }
-
         // The loss terms on the host, with the reference's own `token_term`.
-        let stats_host: Vec<f32> = pod_vec(&self.read_bytes(&stats)?);
         let (out, lse, coef) = finalize_rows(&stats_host, rows, objective, num_action_tokens);
         if coef.iter().all(|&c| c == 0.0) {
             return Ok(out);
         }
 
         // Pass 2: recompute each tile, its gradient, and both gradient GEMMs.
+        let targets = self.upload_pod(rows.targets, &[t], DeviceDType::U32)?;
+        let logits = self.alloc(&[tile_rows, tile_vocab], DeviceDType::F32)?;
         let lse_dev = self.upload_pod(&lse, &[t], DeviceDType::F32)?;
         let coef_dev = self.upload_pod(&coef, &[t], DeviceDType::F32)?;
         let g = self.alloc(&[tile_rows, tile_vocab], DeviceDType::Bf16)?;

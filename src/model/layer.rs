@@ -1,0 +1,299 @@
+//! The decoder layer's forward: the only implementation, used by scoring and the engine (which
+//! keep nothing) and by the trainer (which keeps the layer's input, or everything its backward
+//! reads). One forward means the trainer's logprobs and the server's come from the same ops in the
+//! same order (DESIGN.md decisions 1 and 10).
+//!
+//! One layer over a packed batch of `T` rows (what is kept for the backward is named):
+//!
+//! ```text
+//! residual += pending ─ rmsnorm ─ normed_attn ─ q,k,v (+bias) ─ rope ─ attention ─ attn (+lse)
+//!   (residual is now x_in)                                                          │
+//! residual += o_proj(attn) ─ rmsnorm ─ normed_mlp ─ gate,up ─ silu(gate)*up ─ act ─ down_proj
+//!   (residual is now x_mid)                                                         │
+//! pending = down_proj(act) ◄────────────────────────────────────────────────────────┘
+//! ```
+//!
+//! The residual add is fused into the next norm (`add_rmsnorm`: the sum is rounded to the
+//! residual's precision, then normalised), so a layer's MLP output stays `pending` until the next
+//! layer (or the final norm) adds it. A layer recomputed from its kept input starts with nothing
+//! pending and a plain `rmsnorm` of that input: the same numbers as the fused add gave.
+
+use crate::backend::Backend;
+use crate::model::params::LayerParams;
+use crate::model::qwen2::Qwen2Model;
+use anyhow::{anyhow, bail, ensure, Result};
+
+/// Everything one layer's backward reads.
+pub struct LayerActivations<T> {
+    pub x_in: T,
+    pub normed_attn: T,
+    /// q and k after rope, `[T, heads_local, head_dim]` / `[T, kv_heads_local, head_dim]`.
+    pub q: T,
+    pub k: T,
+    pub v: T,
+    pub attn: T,
+    /// `[T, heads_local]` f32 logsumexp of each attention row.
+    pub lse: T,
+    pub x_mid: T,
+    pub normed_mlp: T,
+    pub gate: T,
+    pub up: T,
+    pub act: T,
+}
+
+/// What the forward kept of one layer.
+pub enum SavedLayer<T> {
+    /// Checkpointed: the layer's input only; the backward recomputes the rest.
+    Input(T),
+    Full(LayerActivations<T>),
+}
+
+/// What a layer's forward keeps for the backward.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Keep {
+    /// Inference: buffers are reused from layer to layer.
+    Nothing,
+    /// Activation checkpointing: each layer's input.
+    Input,
+    Everything,
+}
+
+/// Attention supplied by the caller (packed prefill, paged decode, or training's with its
+/// logsumexp): `(layer index, q, k, v, out, lse)`; `lse` is `Some` exactly when the caller asked
+/// for it.
+pub trait AttentionFn<T>: FnMut(usize, &T, &T, &T, &mut T, Option<&mut T>) -> Result<()> {}
+impl<T, F: FnMut(usize, &T, &T, &T, &mut T, Option<&mut T>) -> Result<()>> AttentionFn<T> for F {}
+
+/// The residual stream between layers: `residual`, plus the previous layer's MLP output in
+/// `delta` when `pending` (not yet added: the next norm adds it).
+pub struct ResidualStream<T> {
+    pub residual: T,
+    pub delta: T,
+    pub pending: bool,
+}
+
+/// The buffers one layer writes (besides the residual stream).
+struct LayerBuffers<T> {
+    normed_attn: T,
+    q: T,
+    k: T,
+    v: T,
+    attn: T,
+    lse: Option<T>,
+    normed_mlp: T,
+    gate: T,
+    up: T,
+    act: T,
+}
+
+impl<B: Backend> Qwen2Model<B> {
+    fn layer_buffers(
+        &self,
+        backend: &B,
+        t: usize,
+        with_lse: bool,
+    ) -> Result<LayerBuffers<B::Tensor>> {
+        let (d, hd) = (self.config.hidden_size, self.config.head_dim);
+        let (heads, kv_heads, inter) = (
+            self.local.heads_local,
+            self.local.kv_heads_local,
+            self.local.intermediate_local,
+        );
+        Ok(LayerBuffers {
+            normed_attn: backend.zeros(&[t, d])?,
+            q: backend.zeros(&[t, heads, hd])?,
+            k: backend.zeros(&[t, kv_heads, hd])?,
+            v: backend.zeros(&[t, kv_heads, hd])?,
+            attn: backend.zeros(&[t, heads, hd])?,
+            lse: if with_lse {
+                Some(backend.zeros_f32(&[t, heads])?)
+            } else {
+                None
+            },
+            normed_mlp: backend.zeros(&[t, d])?,
+            gate: backend.zeros(&[t, inter])?,
+            up: backend.zeros(&[t, inter])?,
+            act: backend.zeros(&[t, inter])?,
+        })
+    }
+
+    /// The embedding of `tokens` as a residual stream with nothing pending.
+    pub(crate) fn embed(&self, backend: &B, tokens: &[u32]) -> Result<ResidualStream<B::Tensor>> {
+        let shape = [tokens.len(), self.config.hidden_size];
+        let mut residual = backend.zeros(&shape)?;
+        backend.embedding(&self.params.embed_tokens, tokens, &mut residual)?;
+        Ok(ResidualStream {
+            residual,
+            delta: backend.zeros(&shape)?,
+            pending: false,
+        })
+    }
+
+    /// Every layer from the embedding of `tokens`, keeping what `keep` says, then the final
+    /// norm: returns the hidden states `[T, d]` the LM head reads, the residual stream the final
+    /// norm read, and each layer's kept activations (empty with [`Keep::Nothing`]).
+    #[allow(clippy::type_complexity)]
+    pub(crate) fn run_layers(
+        &self,
+        backend: &B,
+        tokens: &[u32],
+        positions: &[u32],
+        with_lse: bool,
+        keep: Keep,
+        attention: &mut impl AttentionFn<B::Tensor>,
+    ) -> Result<(B::Tensor, B::Tensor, Vec<SavedLayer<B::Tensor>>)> {
+        let t = tokens.len();
+        ensure!(t > 0, "forward of an empty batch");
+        ensure!(
+            positions.len() == t,
+            "{t} tokens but {} positions",
+            positions.len()
+        );
+        let mut stream = self.embed(backend, tokens)?;
+        let mut buffers = self.layer_buffers(backend, t, with_lse || keep == Keep::Everything)?;
+        let mut saved = Vec::new();
+        for (i, layer) in self.params.layers.iter().enumerate() {
+            let kept = self.forward_layer(
+                backend,
+                i,
+                layer,
+                &mut stream,
+                positions,
+                &mut buffers,
+                keep,
+                attention,
+            )?;
+            saved.extend(kept);
+        }
+        let mut hidden = backend.zeros(&[t, self.config.hidden_size])?;
+        self.enter_norm(backend, &mut stream, &self.params.norm, &mut hidden)?;
+        Ok((hidden, stream.residual, saved))
+    }
+
+    /// `out = rmsnorm(residual (+= delta, if pending))`.
+    fn enter_norm(
+        &self,
+        backend: &B,
+        stream: &mut ResidualStream<B::Tensor>,
+        weight: &B::Tensor,
+        out: &mut B::Tensor,
+    ) -> Result<()> {
+        let eps = self.config.rms_norm_eps as f32;
+        if stream.pending {
+            stream.pending = false;
+            backend.add_rmsnorm(&mut stream.residual, &stream.delta, weight, eps, out)
+        } else {
+            backend.rmsnorm(&stream.residual, weight, eps, out)
+        }
+    }
+
+    /// Layer `index` (see the module doc): advances `stream` by one layer and returns what
+    /// `keep` asks for. With [`Keep::Everything`] the buffers move into the result and fresh
+    /// ones replace them.
+    #[allow(clippy::too_many_arguments)]
+    fn forward_layer(
+        &self,
+        backend: &B,
+        index: usize,
+        layer: &LayerParams<B::Tensor>,
+        stream: &mut ResidualStream<B::Tensor>,
+        positions: &[u32],
+        buffers: &mut LayerBuffers<B::Tensor>,
+        keep: Keep,
+        attention: &mut impl AttentionFn<B::Tensor>,
+    ) -> Result<Option<SavedLayer<B::Tensor>>> {
+        let t = positions.len();
+        let eps = self.config.rms_norm_eps as f32;
+        let b = &mut *buffers;
+
+        // Attention block.
+        self.enter_norm(backend, stream, &layer.input_layernorm, &mut b.normed_attn)?;
+        let x_in = match keep {
+            Keep::Nothing => None,
+            Keep::Input | Keep::Everything => Some(backend.slice_rows(&stream.residual, 0..t)?),
+        };
+        let n = &b.normed_attn;
+        backend.linear(n, &layer.q_proj_weight, Some(&layer.q_proj_bias), &mut b.q)?;
+        backend.linear(n, &layer.k_proj_weight, Some(&layer.k_proj_bias), &mut b.k)?;
+        backend.linear(n, &layer.v_proj_weight, Some(&layer.v_proj_bias), &mut b.v)?;
+        backend.rope(&mut b.q, &mut b.k, positions, &self.rotary)?;
+        attention(index, &b.q, &b.k, &b.v, &mut b.attn, b.lse.as_mut())?;
+        backend.linear(&b.attn, &layer.o_proj_weight, None, &mut stream.delta)?;
+
+        // MLP block.
+        backend.add_rmsnorm(
+            &mut stream.residual,
+            &stream.delta,
+            &layer.post_attention_layernorm,
+            eps,
+            &mut b.normed_mlp,
+        )?;
+        let x_mid = match keep {
+            Keep::Everything => Some(backend.slice_rows(&stream.residual, 0..t)?),
+            Keep::Nothing | Keep::Input => None,
+        };
+        backend.linear(&b.normed_mlp, &layer.gate_proj_weight, None, &mut b.gate)?;
+        backend.linear(&b.normed_mlp, &layer.up_proj_weight, None, &mut b.up)?;
+        backend.swiglu(&b.gate, &b.up, &mut b.act)?;
+        backend.linear(&b.act, &layer.down_proj_weight, None, &mut stream.delta)?;
+        stream.pending = true;
+
+        Ok(match (keep, x_in, x_mid) {
+            (Keep::Input, Some(x_in), _) => Some(SavedLayer::Input(x_in)),
+            (Keep::Everything, Some(x_in), Some(x_mid)) => {
+                let fresh = self.layer_buffers(backend, t, true)?;
+                let used = std::mem::replace(buffers, fresh);
+                Some(SavedLayer::Full(LayerActivations {
+                    x_in,
+                    normed_attn: used.normed_attn,
+                    q: used.q,
+                    k: used.k,
+                    v: used.v,
+                    attn: used.attn,
+                    lse: used
+                        .lse
+                        .ok_or_else(|| anyhow!("layer {index}: no lse buffer to keep"))?,
+                    x_mid,
+                    normed_mlp: used.normed_mlp,
+                    gate: used.gate,
+                    up: used.up,
+                    act: used.act,
+                }))
+            }
+            _ => None,
+        })
+    }
+
+    /// One layer's activations recomputed from its kept input (activation checkpointing): the
+    /// same [`Self::forward_layer`] the forward ran, so the same numbers.
+    pub(crate) fn recompute_layer(
+        &self,
+        backend: &B,
+        index: usize,
+        x_in: B::Tensor,
+        positions: &[u32],
+        attention: &mut impl AttentionFn<B::Tensor>,
+    ) -> Result<LayerActivations<B::Tensor>> {
+        let t = positions.len();
+        let mut stream = ResidualStream {
+            residual: x_in,
+            delta: backend.zeros(&[t, self.config.hidden_size])?,
+            pending: false,
+        };
+        let mut buffers = self.layer_buffers(backend, t, true)?;
+        let layer = &self.params.layers[index];
+        match self.forward_layer(
+            backend,
+            index,
+            layer,
+            &mut stream,
+            positions,
+            &mut buffers,
+            Keep::Everything,
+            attention,
+        )? {
+            Some(SavedLayer::Full(acts)) => Ok(acts),
+            _ => bail!("layer {index}: the recompute kept no activations"),
+        }
+    }
+}
