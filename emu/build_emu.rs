@@ -16,7 +16,7 @@
 use std::fmt::Write as _;
 use std::fs;
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::process::Command;
 
 pub struct EmuBuild {
     /// (family, marker bytes) in place of fatbins.
@@ -147,23 +147,17 @@ pub fn build(manifest_dir: &Path, out_dir: &Path, sources: &[PathBuf]) -> Result
 }
 
 fn run_parallel(jobs: Vec<(String, PathBuf, Command)>, cxx: &str) -> Result<Vec<PathBuf>, String> {
-    let children: Vec<(String, PathBuf, Result<Child, String>)> = jobs
+    let (names, commands): (Vec<(String, PathBuf)>, Vec<Command>) = jobs
         .into_iter()
-        .map(|(name, object, mut cmd)| {
-            let child = cmd
-                .stdout(Stdio::piped())
-                .stderr(Stdio::piped())
-                .spawn()
-                .map_err(|e| format!("could not run {cxx} (SWERVE_EMU=1 needs a C++17 compiler; CXX picks it): {e}"));
-            (name, object, child)
-        })
-        .collect();
+        .map(|(name, object, cmd)| ((name, object), cmd))
+        .unzip();
+    let outputs = super::run_bounded(commands);
     let mut objects = Vec::new();
     let mut errors = String::new();
-    for (name, object, child) in children {
-        let output = child?
-            .wait_with_output()
-            .map_err(|e| format!("{cxx} on {name}: {e}"))?;
+    for ((name, object), output) in names.into_iter().zip(outputs) {
+        let output = output.map_err(|e| {
+            format!("could not run {cxx} on {name} (SWERVE_EMU=1 needs a C++17 compiler; CXX picks it): {e}")
+        })?;
         if !output.status.success() {
             let _ = writeln!(
                 errors,
