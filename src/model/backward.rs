@@ -19,9 +19,9 @@
 //! activations, instead of every layer's.
 
 use crate::backend::grad::BackendGrad;
+use crate::backend::loss::{LossOutput, LossRows, Objective};
 use crate::model::params::{LayerParams, Qwen2Params};
 use crate::model::qwen2::{PackedBatch, Qwen2Model};
-use crate::train::loss::{LossOutput, LossRows, Objective};
 use anyhow::{bail, Result};
 
 /// Everything one layer's backward reads.
