@@ -17,7 +17,7 @@ use std::env;
 use std::fmt::Write as _;
 use std::fs;
 use std::path::{Path, PathBuf};
-use std::process::{Command, Output, Stdio};
+use std::process::Command;
 
 #[path = "emu/build_emu.rs"]
 mod build_emu;
@@ -125,7 +125,7 @@ fn main() {
             cmd
         })
         .collect();
-    let outputs = run_bounded(commands);
+    let outputs = build_emu::run_bounded(commands);
     let jobs = sources.iter().zip(outputs).map(|(src, output)| {
         let stem = src.file_stem().unwrap().to_string_lossy().into_owned();
         let fatbin = out_dir.join(format!("{stem}.fatbin"));
@@ -175,40 +175,6 @@ fn main() {
     eprintln!("{report}");
     fs::write(out_dir.join("ptxas-report.txt"), &report).unwrap();
     write_kernels_rs(&out_dir, true, &compiled, &[]);
-}
-
-/// Runs `commands` (stdout and stderr captured) with at most cargo's job count (`NUM_JOBS`, set
-/// for build scripts from `-j`; else the machine's cores) running at once; outputs in input
-/// order. Every nvcc or g++ process at once would oversubscribe a small machine many times over.
-fn run_bounded(commands: Vec<Command>) -> Vec<std::io::Result<Output>> {
-    let jobs = env::var("NUM_JOBS")
-        .ok()
-        .and_then(|n| n.parse::<usize>().ok())
-        .or_else(|| std::thread::available_parallelism().ok().map(|n| n.get()))
-        .unwrap_or(1)
-        .clamp(1, commands.len().max(1));
-    let next = std::sync::atomic::AtomicUsize::new(0);
-    let queue: Vec<std::sync::Mutex<Option<Command>>> = commands
-        .into_iter()
-        .map(|c| std::sync::Mutex::new(Some(c)))
-        .collect();
-    let results: Vec<std::sync::Mutex<Option<std::io::Result<Output>>>> =
-        queue.iter().map(|_| std::sync::Mutex::new(None)).collect();
-    std::thread::scope(|scope| {
-        for _ in 0..jobs {
-            scope.spawn(|| loop {
-                let i = next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-                let Some(slot) = queue.get(i) else { break };
-                let mut cmd = slot.lock().unwrap().take().expect("each command runs once");
-                let output = cmd.stdout(Stdio::piped()).stderr(Stdio::piped()).output();
-                *results[i].lock().unwrap() = Some(output);
-            });
-        }
-    });
-    results
-        .into_iter()
-        .map(|r| r.into_inner().unwrap().expect("every command ran"))
-        .collect()
 }
 
 fn find_nvcc() -> Option<PathBuf> {

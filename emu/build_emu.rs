@@ -16,7 +16,7 @@
 use std::fmt::Write as _;
 use std::fs;
 use std::path::{Path, PathBuf};
-use std::process::Command;
+use std::process::{Command, Output, Stdio};
 
 pub struct EmuBuild {
     /// (family, marker bytes) in place of fatbins.
@@ -146,12 +146,47 @@ pub fn build(manifest_dir: &Path, out_dir: &Path, sources: &[PathBuf]) -> Result
     })
 }
 
+/// Runs `commands` (stdout and stderr captured) with at most cargo's job count (`NUM_JOBS`, set
+/// for build scripts from `-j`; else the machine's cores) running at once; outputs in input
+/// order (build.rs runs nvcc through it too). Every nvcc or g++ process at once would oversubscribe
+/// a small machine many times over.
+pub fn run_bounded(commands: Vec<Command>) -> Vec<std::io::Result<Output>> {
+    let jobs = std::env::var("NUM_JOBS")
+        .ok()
+        .and_then(|n| n.parse::<usize>().ok())
+        .or_else(|| std::thread::available_parallelism().ok().map(|n| n.get()))
+        .unwrap_or(1)
+        .clamp(1, commands.len().max(1));
+    let next = std::sync::atomic::AtomicUsize::new(0);
+    let queue: Vec<std::sync::Mutex<Option<Command>>> = commands
+        .into_iter()
+        .map(|c| std::sync::Mutex::new(Some(c)))
+        .collect();
+    let results: Vec<std::sync::Mutex<Option<std::io::Result<Output>>>> =
+        queue.iter().map(|_| std::sync::Mutex::new(None)).collect();
+    std::thread::scope(|scope| {
+        for _ in 0..jobs {
+            scope.spawn(|| loop {
+                let i = next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                let Some(slot) = queue.get(i) else { break };
+                let mut cmd = slot.lock().unwrap().take().expect("each command runs once");
+                let output = cmd.stdout(Stdio::piped()).stderr(Stdio::piped()).output();
+                *results[i].lock().unwrap() = Some(output);
+            });
+        }
+    });
+    results
+        .into_iter()
+        .map(|r| r.into_inner().unwrap().expect("every command ran"))
+        .collect()
+}
+
 fn run_parallel(jobs: Vec<(String, PathBuf, Command)>, cxx: &str) -> Result<Vec<PathBuf>, String> {
     let (names, commands): (Vec<(String, PathBuf)>, Vec<Command>) = jobs
         .into_iter()
         .map(|(name, object, cmd)| ((name, object), cmd))
         .unzip();
-    let outputs = super::run_bounded(commands);
+    let outputs = run_bounded(commands);
     let mut objects = Vec::new();
     let mut errors = String::new();
     for ((name, object), output) in names.into_iter().zip(outputs) {

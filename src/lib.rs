@@ -6,10 +6,15 @@
 //! - [`config`]: HF `config.json` -> [`config::ModelConfig`] (transformers 4 and 5 field names,
 //!   YaRN), validated; [`config::LocalSizes`] are one tensor-parallel rank's sizes.
 //! - [`tensor`]: element types and host tensors (checkpoint views or owned buffers).
+//! - [`rng`]: the deterministic generators (SplitMix64, xorshift64, xoshiro256**) every seeded
+//!   stream in the crate and its tests uses.
 //! - [`backend`]: the [`backend::Backend`] trait of fused ops the model calls;
 //!   [`backend::cpu`] is the f32 reference every kernel is checked against; [`backend::cuda`]
 //!   loads the kernels `build.rs` compiled from `kernels/*.cu` (one fatbin per family) and runs
-//!   the model with them and cuBLASLt; [`backend::select`] picks one at run time.
+//!   the model with them and cuBLASLt; [`backend::select`] picks one at run time. The contracts
+//!   and CPU references of the fused loss ([`backend::loss`]), the AdamW update
+//!   ([`backend::adamw`]) and row sampling ([`backend::cpu_sampling`]) live here too, beside the
+//!   kernels checked against them.
 //! - [`model`]: the parameter layout and HF names ([`model::params`]), safetensors checkpoints
 //!   ([`model::weights`]), the Qwen2 forward pass ([`model::qwen2`]) and synthetic models for
 //!   benchmarks ([`model::synthetic`]).
@@ -32,6 +37,19 @@
 //! - [`bench`]: what `swerve-bench` measures; [`progress`]: progress bars.
 //!
 //! The binaries in `src/bin/` only parse arguments and call into these modules.
+//!
+//! Layering: a module uses only modules below it, so no two need each other (`tests/layering.rs`
+//! checks every `crate::` path against its table, and that the files inside each directory
+//! module import each other without cycles):
+//!
+//! ```text
+//!  server  bench                          (src/bin/* on top)
+//!  rl ─► agent ─► engine  train  env
+//!                 kvcache  model
+//!                          backend        (a model calls back into it, never the reverse)
+//!  tokenizer  chat  toolcall
+//!  tensor  config  jsonl  progress  http_client  rng
+//! ```
 
 pub mod agent;
 pub mod backend;
@@ -46,6 +64,7 @@ pub mod kvcache;
 pub mod model;
 pub mod progress;
 pub mod rl;
+pub mod rng;
 pub mod server;
 pub mod tensor;
 pub mod tokenizer;

@@ -14,26 +14,12 @@ use swerve::engine::{
     RequestEvent, SamplingParams,
 };
 use swerve::model::{PackedBatch, Qwen2Model};
+use swerve::rng::{Rng, SplitMix64};
 
 const MODEL: &str = "tied-gqa4-bf16"; // vocab 320, context 128, GQA 4:1
 
 fn model(backend: &CpuBackend) -> Qwen2Model<CpuBackend> {
     Qwen2Model::load(backend, &fixture_dir(MODEL)).unwrap()
-}
-
-/// SplitMix64, for reproducible random scenarios.
-struct Rng(u64);
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-        z ^ (z >> 31)
-    }
-    fn below(&mut self, n: usize) -> usize {
-        (self.next() % n as u64) as usize
-    }
 }
 
 fn greedy(prompt: Vec<u32>, max_tokens: usize) -> GenerationRequest {
@@ -101,7 +87,7 @@ fn paged_generation_equals_full_recomputation_over_random_interleavings() {
     let reference = model(&backend);
     let (mut preemptions, mut hits, mut aborts, mut checked) = (0u64, 0u64, 0usize, 0usize);
     for trial in 0..24u64 {
-        let mut rng = Rng(trial * 7919 + 1);
+        let mut rng = SplitMix64::new(trial * 7919 + 1);
         let block_size = [1, 2, 4, 16][rng.below(4)];
         let budget = [1, 3, 7, 32, 256][rng.below(5)];
         // From barely enough for one long request to plenty.

@@ -51,16 +51,7 @@ fn random_f32(
 
 /// Token ids with repeats: a SplitMix64 stream modulo `vocab`.
 fn ids(n: usize, vocab: usize, seed: u64) -> Vec<u32> {
-    let mut state = seed;
-    (0..n)
-        .map(|_| {
-            state = state.wrapping_add(0x9E37_79B9_7F4A_7C15);
-            let mut z = state;
-            z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-            z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-            ((z ^ (z >> 31)) % vocab as u64) as u32
-        })
-        .collect()
+    common::tokens(seed, n, vocab as u64)
 }
 
 #[test]

@@ -31,6 +31,7 @@ use swerve::backend::cuda::paged_attn::{
 use swerve::backend::cuda::{CudaBackend, DeviceDType};
 use swerve::backend::{Backend, PagedLayout};
 use swerve::bench::kernels::{max_abs_diff, random_bf16};
+use swerve::rng::{Rng, XorShift64};
 
 /// Two kernels computing the same attention differ by at most twice the naive error.
 fn check_kernels_agree(what: &str, a: &[f32], b: &[f32], naive_err: f32) {
@@ -45,13 +46,7 @@ fn check_kernels_agree(what: &str, a: &[f32], b: &[f32], naive_err: f32) {
 
 /// A xorshift permutation of `v`.
 fn shuffle<T>(v: &mut [T], seed: u64) {
-    let mut state = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
-    for i in (1..v.len()).rev() {
-        state ^= state << 13;
-        state ^= state >> 7;
-        state ^= state << 17;
-        v.swap(i, (state % (i as u64 + 1)) as usize);
-    }
+    XorShift64::new(seed).shuffle(v);
 }
 
 /// Sequence s has `contexts[s]` positions, the last `rows[s]` of them this step's query rows.

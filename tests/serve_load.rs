@@ -9,23 +9,7 @@ use common::serve::*;
 use serde_json::{json, Map, Value};
 use std::io::{Read, Write};
 use std::time::{Duration, Instant};
-
-struct Rng(u64);
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-        z ^ (z >> 31)
-    }
-    fn below(&mut self, n: usize) -> usize {
-        (self.next() % n.max(1) as u64) as usize
-    }
-    fn pick<'a, T>(&mut self, items: &'a [T]) -> &'a T {
-        &items[self.below(items.len())]
-    }
-}
+use swerve::rng::{Rng, SplitMix64};
 
 const KEYS: &[&str] = &[
     "model",
@@ -66,7 +50,7 @@ const KEYS: &[&str] = &[
     "bogus",
 ];
 
-fn random_number(rng: &mut Rng) -> Value {
+fn random_number(rng: &mut SplitMix64) -> Value {
     match rng.below(8) {
         0 => json!(0),
         1 => json!(-1),
@@ -79,7 +63,7 @@ fn random_number(rng: &mut Rng) -> Value {
     }
 }
 
-fn random_string(rng: &mut Rng) -> String {
+fn random_string(rng: &mut SplitMix64) -> String {
     let pieces = [
         "",
         "a",
@@ -101,7 +85,7 @@ fn random_string(rng: &mut Rng) -> String {
     (0..rng.below(4)).map(|_| *rng.pick(&pieces)).collect()
 }
 
-fn random_value(rng: &mut Rng, depth: usize) -> Value {
+fn random_value(rng: &mut SplitMix64, depth: usize) -> Value {
     match rng.below(if depth > 3 { 4 } else { 7 }) {
         0 => Value::Null,
         1 => json!(rng.below(2) == 0),
@@ -159,7 +143,7 @@ fn seeds() -> Vec<(&'static str, Value)> {
     ]
 }
 
-fn mutate(rng: &mut Rng, body: &Value) -> Value {
+fn mutate(rng: &mut SplitMix64, body: &Value) -> Value {
     let mut body = body.clone();
     for _ in 0..1 + rng.below(3) {
         let Value::Object(map) = &mut body else { break };
@@ -193,14 +177,14 @@ fn mutate(rng: &mut Rng, body: &Value) -> Value {
     body
 }
 
-fn mutate_bytes(rng: &mut Rng, mut bytes: Vec<u8>) -> Vec<u8> {
+fn mutate_bytes(rng: &mut SplitMix64, mut bytes: Vec<u8>) -> Vec<u8> {
     for _ in 0..1 + rng.below(4) {
         if bytes.is_empty() {
             break;
         }
         let i = rng.below(bytes.len());
         match rng.below(4) {
-            0 => bytes[i] = rng.next() as u8,
+            0 => bytes[i] = rng.next_u64() as u8,
             1 => {
                 bytes.remove(i);
             }
@@ -229,7 +213,7 @@ fn thousands_of_random_and_mutated_bodies_never_get_a_5xx() {
     let threads: Vec<_> = (0..4u64)
         .map(|t| {
             std::thread::spawn(move || {
-                let mut rng = Rng(0xF0_0D + t);
+                let mut rng = SplitMix64::new(0xF0_0D + t);
                 let seeds = seeds();
                 let paths = [
                     "/v1/completions",
@@ -254,7 +238,7 @@ fn thousands_of_random_and_mutated_bodies_never_get_a_5xx() {
                         ),
                         _ => (
                             *rng.pick(&paths),
-                            (0..rng.below(64)).map(|_| rng.next() as u8).collect(),
+                            (0..rng.below(64)).map(|_| rng.next_u64() as u8).collect(),
                         ),
                     };
                     if i % 50 == 7 {
@@ -288,11 +272,11 @@ fn thousands_of_random_and_mutated_bodies_never_get_a_5xx() {
         }
     }
     // Bytes that are not HTTP at all.
-    let mut rng = Rng(99);
+    let mut rng = SplitMix64::new(99);
     for _ in 0..50 {
         let mut s = std::net::TcpStream::connect(addr).unwrap();
         s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
-        let junk: Vec<u8> = (0..rng.below(300)).map(|_| rng.next() as u8).collect();
+        let junk: Vec<u8> = (0..rng.below(300)).map(|_| rng.next_u64() as u8).collect();
         let _ = s.write_all(&junk);
         let _ = s.shutdown(std::net::Shutdown::Write);
         let mut out = Vec::new();
@@ -338,7 +322,7 @@ fn two_hundred_fifty_six_streaming_clients_some_hanging_up_leave_no_blocks_used(
     let clients: Vec<_> = (0..256u64)
         .map(|c| {
             std::thread::spawn(move || {
-                let mut rng = Rng(c);
+                let mut rng = SplitMix64::new(c);
                 let prompt: Vec<u32> = (0..8 + rng.below(40)).map(|_| rng.below(150_000) as u32).collect();
                 let hang_up = c % 4 == 3;
                 let max_tokens = if hang_up { 400 } else { 12 };

@@ -10,17 +10,15 @@
 use super::episode::{run_episode, Episode, EpisodeContext, Finish};
 use crate::env::Task;
 use crate::progress::Progress;
+use crate::rng::{Rng, SplitMix64};
 use serde_json::{json, Value};
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Mutex;
 
-/// SplitMix64 of `x`: episode seeds from (seed, task id, sample).
-fn mix(mut z: u64) -> u64 {
-    z = z.wrapping_add(0x9E37_79B9_7F4A_7C15);
-    z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-    z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-    z ^ (z >> 31)
+/// The first SplitMix64 output for seed `z`: episode seeds from (seed, task id, sample).
+fn mix(z: u64) -> u64 {
+    SplitMix64::new(z).next_u64()
 }
 
 pub fn episode_seed(seed: u64, task_id: &str, sample: usize) -> u64 {

@@ -4,8 +4,8 @@
 //! is checked against these functions. Speed matters only enough for tests and the default
 //! benchmark to be quick: GEMMs and attention split their work over the machine's cores.
 
+use super::cpu_sampling::sample_unfiltered_at;
 use super::{Backend, PagedLayout, Rotary, RowDraw};
-use crate::engine::sampler::sample_unfiltered_at;
 use crate::tensor::HostTensor;
 use anyhow::{bail, ensure, Result};
 

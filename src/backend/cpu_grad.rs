@@ -5,11 +5,11 @@
 //! products over the machine's cores (token rows for `d_x`, weight rows for `d_weight`); the
 //! rest is single-threaded.
 
+use super::adamw::{adamw_update_slice, AdamWStep};
 use super::cpu::{CpuBackend, CpuTensor};
 use super::grad::BackendGrad;
+use super::loss::{lm_head_logprobs_cpu, lm_head_loss_cpu, LossOutput, LossRows, Objective};
 use super::{Backend, Rotary};
-use crate::train::loss::{lm_head_logprobs_cpu, lm_head_loss_cpu, LossOutput, LossRows, Objective};
-use crate::train::optimizer::{adamw_update_slice, AdamWStep};
 use anyhow::{ensure, Result};
 
 fn cols(x: &CpuTensor) -> usize {

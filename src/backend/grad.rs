@@ -12,8 +12,8 @@
 //! [`BackendGrad::rope_backward`], which rotates gradients in place like the forward.
 
 use super::{Backend, Rotary};
-use crate::train::loss::{LossOutput, LossRows, Objective};
-use crate::train::optimizer::AdamWStep;
+use crate::backend::adamw::AdamWStep;
+use crate::backend::loss::{LossOutput, LossRows, Objective};
 use anyhow::Result;
 
 pub trait BackendGrad: Backend {
@@ -112,7 +112,7 @@ pub trait BackendGrad: Backend {
     /// The fused LM-head loss (`kernels/dapo_loss.cu` on CUDA): logits `hidden W^T` chunk by
     /// chunk with an online logsumexp, never whole; per-row logprob and entropy; the objective's
     /// loss divided by `num_action_tokens` (the optimizer batch's, not this call's); and the
-    /// gradients `d_hidden += ...`, `d_weight += ...`. See [`crate::train::loss`].
+    /// gradients `d_hidden += ...`, `d_weight += ...`. See [`crate::backend::loss`].
     #[allow(clippy::too_many_arguments)]
     fn lm_head_loss(
         &self,
@@ -138,7 +138,7 @@ pub trait BackendGrad: Backend {
     /// Sum of squares of every element (f64), for the global gradient norm.
     fn sum_of_squares(&self, x: &Self::Tensor) -> Result<f64>;
     /// One AdamW update of an f32 master tensor and its moments from its gradient (times
-    /// `step.grad_scale`, the clipping factor). See [`crate::train::optimizer`].
+    /// `step.grad_scale`, the clipping factor). See [`crate::backend::adamw`].
     fn adamw_update(
         &self,
         master: &mut Self::Tensor,

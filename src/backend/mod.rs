@@ -9,15 +9,17 @@
 //! ...]`) and per-token `positions`; weights follow HF (`linear` computes `x W^T + b` with `W`
 //! stored `[out_features, in_features]`).
 
+pub mod adamw;
 pub mod cpu;
 pub mod cpu_grad;
+pub mod cpu_sampling;
 pub mod cuda;
 pub mod grad;
+pub mod loss;
 
 pub use cuda::CudaBackend;
 pub use grad::BackendGrad;
 
-use crate::model::{PagedKv, Qwen2Model};
 use crate::tensor::HostTensor;
 use anyhow::{bail, Result};
 
@@ -265,10 +267,10 @@ pub trait Backend {
     /// head and [`Backend::sample_rows`] with `draws`, replayed from a captured graph where the
     /// backend has them (CUDA: `cuda/graphs.rs`). `None`: no graph for this step, run it eagerly
     /// (the CPU backend always answers `None`).
-    fn decode_step_graph(
+    fn decode_step_graph<M: DecodeModel<Self>>(
         &self,
-        _model: &Qwen2Model<Self>,
-        _kv: &mut PagedKv<Self::Tensor>,
+        _model: &M,
+        _cache: &mut M::Cache,
         _tokens: &[u32],
         _positions: &[u32],
         _layout: &PagedLayout,
@@ -299,6 +301,33 @@ pub trait Backend {
     unsafe fn copy_from_span(&self, _dst: &mut Self::Tensor, _span: &DeviceSpan) -> Result<()> {
         anyhow::bail!("this backend has no device memory to copy into")
     }
+}
+
+/// What [`Backend::decode_step_graph`] needs of a model. A backend that captures decode steps
+/// runs the model's own forward inside the capture (the model is written once, DESIGN.md
+/// decision 1), so it calls back into the model through this trait instead of knowing its type:
+/// the model sits above the backend. [`crate::model::Qwen2Model`] implements it over its paged
+/// KV cache (`model/decode_step.rs`).
+pub trait DecodeModel<B: Backend> {
+    /// What the step's forward reads and writes besides the parameters: the paged K/V cache.
+    type Cache;
+    /// (query heads, KV heads) of this rank.
+    fn heads_local(&self) -> (usize, usize);
+    /// Blocks in `cache`; 0 when it holds no layers (a released cache).
+    fn cache_blocks(&self, cache: &Self::Cache) -> usize;
+    /// Every tensor a step reads or writes by address, in a fixed order: each parameter, then
+    /// each layer's K and V cache. A captured step is valid only while these stay where they are.
+    fn step_tensors<'a>(&'a self, cache: &'a Self::Cache) -> Vec<&'a B::Tensor>;
+    /// The paged forward of one step (`tokens` at `positions`, placed by `layout`, their K/V
+    /// written into `cache`) and the LM head: f32 logits `[rows, vocab]`.
+    fn step_logits(
+        &self,
+        backend: &B,
+        cache: &mut Self::Cache,
+        tokens: &[u32],
+        positions: &[u32],
+        layout: &PagedLayout,
+    ) -> Result<B::Tensor>;
 }
 
 /// Bytes of a tensor on a device: see [`Backend::device_span`].

@@ -76,15 +76,9 @@ pub struct AgentReport {
 }
 
 pub(crate) fn pseudo_tokens(seed: u64, n: usize, vocab: usize) -> Vec<u32> {
-    let mut state = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
-    (0..n)
-        .map(|_| {
-            state ^= state << 13;
-            state ^= state >> 7;
-            state ^= state << 17;
-            (state % vocab as u64) as u32
-        })
-        .collect()
+    use crate::rng::{Rng, XorShift64};
+    let mut rng = XorShift64::new(seed);
+    (0..n).map(|_| rng.below(vocab) as u32).collect()
 }
 
 /// Runs the workload to completion on `engine` (which should start empty).

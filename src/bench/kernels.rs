@@ -107,14 +107,10 @@ pub fn measure_ceilings(backend: &CudaBackend) -> Result<Ceilings> {
 
 /// Deterministic pseudo-random bf16 values in [-scale, scale].
 pub fn random_bf16(n: usize, seed: u64, scale: f32) -> Vec<bf16> {
-    let mut state = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
+    use crate::rng::{Rng, XorShift64};
+    let mut rng = XorShift64::new(seed);
     (0..n)
-        .map(|_| {
-            state ^= state << 13;
-            state ^= state >> 7;
-            state ^= state << 17;
-            bf16::from_f32(((state >> 40) as f32 / (1u64 << 24) as f32 * 2.0 - 1.0) * scale)
-        })
+        .map(|_| bf16::from_f32(rng.next_signed_f32() * scale))
         .collect()
 }
 

@@ -212,7 +212,7 @@ impl<B: Backend> Engine<B> {
         let seed = request
             .params
             .seed
-            .unwrap_or_else(|| self.config.seed ^ id.wrapping_mul(0x9E37_79B9_7F4A_7C15));
+            .unwrap_or_else(|| self.config.seed ^ id.wrapping_mul(crate::rng::GOLDEN_GAMMA));
         let rng = SampleRng::from_seed(seed);
         self.scheduler.add(Request::new(id, id, request, rng));
         Ok(id)

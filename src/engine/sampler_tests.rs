@@ -1,13 +1,17 @@
 //! Unit tests of the host sampler (`sampler.rs`): kept sets, frequencies, logprobs, draws.
 
 use super::*;
+use crate::backend::cpu::{CpuBackend, CpuTensor};
+use crate::backend::{Backend, RowDraw};
 use std::collections::BTreeMap;
 
-/// A copy of `token_logprobs` in src/backend/cpu.rs, the trainer's logprob.
-fn reference_logprob(row: &[f32], t: usize) -> f32 {
-    let max = row.iter().copied().fold(f32::NEG_INFINITY, f32::max) as f64;
-    let sum: f64 = row.iter().map(|&z| (z as f64 - max).exp()).sum();
-    (row[t] as f64 - max - sum.ln()) as f32
+/// The trainer's logprob of token `t`: the reference backend's `token_logprobs`, the code the
+/// scoring path runs.
+fn trainer_logprob(row: &[f32], t: usize) -> f32 {
+    let logits = CpuTensor::new(vec![1, row.len()], row.to_vec());
+    CpuBackend::new()
+        .token_logprobs(&logits, &[t as u32])
+        .unwrap()[0]
 }
 
 /// `softmax(logits / temperature)` restricted to `kept` (all when `None`), in f64.
@@ -97,9 +101,18 @@ fn check_kept(p: &SamplingParams, expect: &[u32]) {
 }
 
 #[test]
-fn unfiltered_at_is_sample_with_its_draw() {
-    // `Backend::sample_rows` on the CPU (this function) and `sample` must agree exactly, so
-    // the engine gives the same tokens whichever path a row takes.
+fn cpu_sample_rows_is_sample_with_its_draw() {
+    // `Backend::sample_rows` on the CPU (what the engine runs for unfiltered rows) and `sample`
+    // must agree exactly, so the engine gives the same tokens whichever path a row takes.
+    let backend = CpuBackend::new();
+    let sample_row = |row: &[f32], temperature: f32, uniform: f64| {
+        let logits = CpuTensor::new(vec![1, row.len()], row.to_vec());
+        let draw = RowDraw {
+            temperature,
+            uniform,
+        };
+        backend.sample_rows(&logits, &[draw]).unwrap()[0]
+    };
     let mut rng = SampleRng::from_seed(99);
     for (n, &temperature) in [1usize, 2, 1000, 40_000]
         .iter()
@@ -111,34 +124,16 @@ fn unfiltered_at_is_sample_with_its_draw() {
             let (mut a, mut b) = (SampleRng::from_seed(seed), SampleRng::from_seed(seed));
             let expect = sample(&row, &p, &mut a);
             let u = if temperature > 0.0 { b.next_f64() } else { 0.0 };
-            let got = sample_unfiltered_at(&row, temperature, u);
             assert_eq!(
-                got,
+                sample_row(&row, temperature, u),
                 (expect.token, expect.logprob),
                 "n {n}, T {temperature}, seed {seed}"
             );
             assert_eq!(a, b, "one draw each, none when greedy");
         }
     }
-    let nothing = sample_unfiltered_at(&[f32::NAN, f32::NEG_INFINITY], 1.0, 0.3);
+    let nothing = sample_row(&[f32::NAN, f32::NEG_INFINITY], 1.0, 0.3);
     assert_eq!(nothing, (0, f32::NEG_INFINITY));
-}
-
-#[test]
-fn rng_matches_reference_streams() {
-    let mut x = 1234567;
-    assert_eq!(splitmix64(&mut x), 6457827717110365317);
-    assert_eq!(splitmix64(&mut x), 3203168211198807973);
-    let mut rng = SampleRng {
-        state: [1, 2, 3, 4],
-    };
-    let got: Vec<u64> = (0..4).map(|_| rng.next_u64()).collect();
-    assert_eq!(got, [11520, 0, 1509978240, 1215971899390074240]);
-    let mut rng = SampleRng::from_seed(0);
-    for _ in 0..10_000 {
-        let u = rng.next_f64();
-        assert!((0.0..1.0).contains(&u));
-    }
 }
 
 #[test]
@@ -240,33 +235,6 @@ fn filters_keep_exactly_the_documented_sets() {
 }
 
 #[test]
-fn chunked_inverse_cdf_matches_a_full_scan() {
-    let mut rng = SampleRng::from_seed(15);
-    let mut row = random_row(&mut rng, 5000, 30.0);
-    row[4000..].fill(f32::NEG_INFINITY);
-    row[17] = f32::NAN;
-    let scores = Scores::new(&row, 1.0).unwrap();
-    let w: Vec<f64> = scores.iter(&row).map(|(s, _)| scores.weight(s)).collect();
-    let sum: f64 = w.iter().sum();
-    let edges = [0.0, 1.0 - f64::EPSILON / 2.0, 1.0]; // 1.0 forces the rounding fallback
-    let us = (0..3000).map(|_| rng.next_f64()).chain(edges);
-    for u in us {
-        let mut cum = 0.0;
-        let want = (0..row.len())
-            .find(|&i| {
-                cum += w[i];
-                cum > u * sum
-            })
-            .unwrap_or(3999);
-        assert_eq!(
-            sample_unfiltered(&row, &scores, u, 0).token as usize,
-            want,
-            "u {u}"
-        );
-    }
-}
-
-#[test]
 fn kept_tokens_match_a_full_sort_on_a_large_vocabulary() {
     let mut rng = SampleRng::from_seed(5);
     let flat = random_row(&mut rng, 152_064, 4.0);
@@ -325,9 +293,9 @@ fn default_logprob_is_the_trainers_bitwise() {
             }
             let s = sample(&row, &SamplingParams::default(), &mut rng);
             let t = s.token as usize;
-            assert_eq!(s.logprob.to_bits(), reference_logprob(&row, t).to_bits());
+            assert_eq!(s.logprob.to_bits(), trainer_logprob(&row, t).to_bits());
             for t in [0, n - 1, n / 3, t] {
-                let want = reference_logprob(&row, t).to_bits();
+                let want = trainer_logprob(&row, t).to_bits();
                 assert_eq!(
                     log_softmax_at(&row, t as u32).to_bits(),
                     want,

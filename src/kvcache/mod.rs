@@ -352,22 +352,7 @@ mod tests {
         m.check_invariants().unwrap();
     }
 
-    /// splitmix64: the stress test's deterministic PRNG.
-    struct Rng(u64);
-
-    impl Rng {
-        fn next(&mut self) -> u64 {
-            self.0 = self.0.wrapping_add(0x9e37_79b9_7f4a_7c15);
-            let mut z = self.0;
-            z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
-            z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
-            z ^ (z >> 31)
-        }
-
-        fn below(&mut self, n: usize) -> usize {
-            (self.next() % n as u64) as usize
-        }
-    }
+    use crate::rng::{Rng, SplitMix64};
 
     /// What each KV slot holds, as a fingerprint of the token at that position, the weights it
     /// was computed with (`epoch`), and the slot before it read through the block table, as
@@ -435,7 +420,7 @@ mod tests {
     fn randomized_stress_keeps_invariants_and_never_serves_wrong_kv() {
         const BLOCK_SIZE: usize = 4;
         const MAX_TOKENS: usize = 80;
-        let mut rng = Rng(0x5eed);
+        let mut rng = SplitMix64::new(0x5eed);
         let mut m = KvCacheManager::new(40, BLOCK_SIZE, true).unwrap(); // 39 blocks: tight
         let (slots, block_size) = (vec![0; 40 * BLOCK_SIZE], BLOCK_SIZE);
         let mut kv = KvModel { slots, block_size };

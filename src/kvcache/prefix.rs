@@ -34,14 +34,8 @@ pub struct BlockHash(pub u64);
 /// Stands in for the parent hash of a sequence's first block.
 const ROOT_HASH: u64 = 0x5357_4552_5645_4b56; // "SWERVEKV"
 
-/// splitmix64's finaliser: a bijection on u64 with full avalanche.
-fn mix64(mut x: u64) -> u64 {
-    x ^= x >> 30;
-    x = x.wrapping_mul(0xbf58_476d_1ce4_e5b9);
-    x ^= x >> 27;
-    x = x.wrapping_mul(0x94d0_49bb_1331_11eb);
-    x ^ (x >> 31)
-}
+// The block hash's mixer: splitmix64's finaliser, a bijection on u64 with full avalanche.
+use crate::rng::mix64;
 
 /// The hash of one block: `parent` is `None` for a sequence's first block.
 ///
@@ -50,7 +44,7 @@ fn mix64(mut x: u64) -> u64 {
 /// each step a bijection of the state, so inputs of equal length that differ in one word never
 /// collide.
 pub fn hash_block(parent: Option<BlockHash>, tokens: &[u32], extra: Option<u64>) -> BlockHash {
-    const K: u64 = 0x9e37_79b9_7f4a_7c15;
+    const K: u64 = crate::rng::GOLDEN_GAMMA;
     let mut state = 0x243f_6a88_85a3_08d3u64; // pi's fraction: a nothing-up-my-sleeve seed
     let mut absorb = |word: u64| state = mix64(state ^ word).wrapping_mul(K);
     absorb(parent.is_some() as u64);

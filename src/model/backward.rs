@@ -21,10 +21,10 @@
 //! activations, instead of every layer's.
 
 use crate::backend::grad::BackendGrad;
+use crate::backend::loss::{LossOutput, LossRows, Objective};
 use crate::model::layer::{AttentionFn, Keep, LayerActivations, SavedLayer};
 use crate::model::params::{LayerParams, Qwen2Params};
 use crate::model::qwen2::{PackedBatch, Qwen2Model};
-use crate::train::loss::{LossOutput, LossRows, Objective};
 use anyhow::{bail, Result};
 
 /// The training forward's result: the final hidden states (what the LM head reads) and what the

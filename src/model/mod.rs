@@ -1,6 +1,7 @@
 //! The Qwen2 model: parameter layout, checkpoint loading, the forward pass, synthetic models.
 
 pub mod backward;
+mod decode_step;
 pub mod layer;
 pub mod params;
 pub mod qwen2;

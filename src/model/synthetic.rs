@@ -5,6 +5,7 @@
 use crate::config::{LocalSizes, ModelConfig, RopeConfig, RopeScaling, YarnConfig};
 use crate::model::params::{ParamKind, Qwen2Params};
 use crate::model::weights::write_safetensors;
+use crate::rng::{Rng, SplitMix64};
 use crate::tensor::HostTensor;
 use anyhow::{bail, Context, Result};
 use half::bf16;
@@ -75,24 +76,6 @@ pub fn preset(name: &str) -> Result<(ModelConfig, usize)> {
     Ok((config, tp))
 }
 
-/// SplitMix64: tiny, fast, and the same numbers on every machine.
-struct SplitMix64(u64);
-
-impl SplitMix64 {
-    fn next_u64(&mut self) -> u64 {
-        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-        z ^ (z >> 31)
-    }
-
-    /// Uniform in [-1, 1).
-    fn next_signed(&mut self) -> f32 {
-        ((self.next_u64() >> 40) as f32 / (1u64 << 24) as f32) * 2.0 - 1.0
-    }
-}
-
 /// Random bf16 parameters for one rank: matrices uniform with variance 1/fan_in (activations keep
 /// their scale through the layers), biases small, norm weights near 1.
 pub fn random_params(
@@ -100,7 +83,7 @@ pub fn random_params(
     local: &LocalSizes,
     seed: u64,
 ) -> Result<Qwen2Params<HostTensor<'static>>> {
-    let mut rng = SplitMix64(seed);
+    let mut rng = SplitMix64::new(seed);
     Qwen2Params::try_build(config, local, |_, shape, kind| {
         Ok(random_tensor(&mut rng, shape, kind))
     })
@@ -114,7 +97,7 @@ fn random_tensor(rng: &mut SplitMix64, shape: &[usize], kind: ParamKind) -> Host
         _ => (0.0, (3.0 / shape[1] as f32).sqrt()),
     };
     let values: Vec<bf16> = (0..numel)
-        .map(|_| bf16::from_f32(center + half_width * rng.next_signed()))
+        .map(|_| bf16::from_f32(center + half_width * rng.next_signed_f32()))
         .collect();
     HostTensor::from_bf16(shape.to_vec(), &values)
 }
@@ -124,7 +107,7 @@ fn random_tensor(rng: &mut SplitMix64, shape: &[usize], kind: ParamKind) -> Host
 /// tokenizer is the embedded Qwen2.5 one). Used to benchmark the server on preset shapes.
 pub fn write_model_dir(config: &ModelConfig, seed: u64, dir: &Path) -> Result<()> {
     let local = config.local_sizes(1)?;
-    let mut rng = SplitMix64(seed);
+    let mut rng = SplitMix64::new(seed);
     let mut tensors = Vec::new();
     Qwen2Params::<()>::try_build(config, &local, |name, shape, kind| {
         tensors.push((name.to_string(), random_tensor(&mut rng, shape, kind)));

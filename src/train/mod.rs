@@ -1,12 +1,13 @@
 //! The training side: `score` (per-token logprobs of given token sequences, the trainer's
 //! "recompute old logprobs" step), `tokenize` (a data file as the trainer tokenizes it), `loss`
-//! (the fused LM-head loss of RFT and DAPO, CPU reference) and `optimizer` (AdamW, clipping,
-//! schedules).
+//! (the fused LM-head loss of RFT and DAPO, CPU reference; defined in [`crate::backend::loss`]) and
+//! `optimizer` (AdamW, clipping, schedules).
 
 pub mod checkpoint;
 pub mod data;
 pub mod learner;
-pub mod loss;
+/// The fused LM-head loss lives with the backends that run it: [`crate::backend::loss`].
+pub use crate::backend::loss;
 pub mod optimizer;
 pub mod score;
 pub mod tokenize;

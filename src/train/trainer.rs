@@ -88,19 +88,9 @@ pub struct TrainSummary {
 /// The trajectory indices of epoch `epoch`, shuffled by a SplitMix64 stream seeded from
 /// `(seed, epoch)` (Fisher-Yates), the same on every machine.
 fn epoch_order(n: usize, seed: u64, epoch: u64) -> Vec<usize> {
-    let mut state = seed ^ epoch.wrapping_mul(0x9E37_79B9_7F4A_7C15) ^ 0x5EED;
-    let mut next = move || {
-        state = state.wrapping_add(0x9E37_79B9_7F4A_7C15);
-        let mut z = state;
-        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-        z ^ (z >> 31)
-    };
+    use crate::rng::{Rng, SplitMix64, GOLDEN_GAMMA};
     let mut order: Vec<usize> = (0..n).collect();
-    for i in (1..n).rev() {
-        let j = (next() % (i as u64 + 1)) as usize;
-        order.swap(i, j);
-    }
+    SplitMix64::new(seed ^ epoch.wrapping_mul(GOLDEN_GAMMA) ^ 0x5EED).shuffle(&mut order);
     order
 }
 

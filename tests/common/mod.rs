@@ -20,16 +20,9 @@ pub fn root() -> PathBuf {
 
 /// SplitMix64 token ids below `vocab`: deterministic data for the training tests.
 pub fn tokens(seed: u64, n: usize, vocab: u64) -> Vec<u32> {
-    let mut state = seed;
-    (0..n)
-        .map(|_| {
-            state = state.wrapping_add(0x9E37_79B9_7F4A_7C15);
-            let mut z = state;
-            z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-            z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-            ((z ^ (z >> 31)) % vocab) as u32
-        })
-        .collect()
+    use swerve::rng::{Rng, SplitMix64};
+    let mut rng = SplitMix64::new(seed);
+    (0..n).map(|_| rng.below(vocab as usize) as u32).collect()
 }
 
 /// DAPO data lines: two groups (`task-0`, `task-1`) of four completions, each an 8-token prompt

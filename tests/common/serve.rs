@@ -22,6 +22,7 @@ use std::time::Duration;
 use swerve::config::ModelConfig;
 use swerve::model::params::Qwen2Params;
 use swerve::model::weights::write_safetensors;
+use swerve::rng::{Rng, SplitMix64};
 use swerve::tensor::HostTensor;
 use swerve::tokenizer::Tokenizer;
 
@@ -41,21 +42,6 @@ pub fn script() -> Vec<(&'static str, &'static str)> {
         ("<|im_start|>assistant\n", CHAT_TOOL_CALL),
         (ANSWER_PROMPT, ANSWER),
     ]
-}
-
-struct SplitMix(u64);
-impl SplitMix {
-    fn next(&mut self) -> u64 {
-        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-        z ^ (z >> 31)
-    }
-    /// Uniform in [-1, 1).
-    fn signed(&mut self) -> f32 {
-        ((self.next() >> 40) as f32 / (1u64 << 24) as f32) * 2.0 - 1.0
-    }
 }
 
 /// Writes the scripted model into `dir` (config.json + model.safetensors); `seed` varies the
@@ -90,7 +76,7 @@ pub fn write_scripted_model(dir: &Path, seed: u64) {
             );
         }
     }
-    let mut rng = SplitMix(seed);
+    let mut rng = SplitMix64::new(seed);
     let mut embed = Vec::new();
     let mut tensors = Vec::new();
     for (name, shape) in Qwen2Params::<()>::expected_tensors(&config, &local) {
@@ -111,7 +97,7 @@ pub fn write_scripted_model(dir: &Path, seed: u64) {
                 if scale == 0.0 {
                     1.0
                 } else {
-                    scale * rng.signed()
+                    scale * rng.next_signed_f32()
                 }
             })
             .collect();

@@ -2,7 +2,7 @@
 
 use super::tensor::{CudaTensor, DeviceDType};
 use super::{grid_stride_config, CudaDevice};
-use crate::train::optimizer::{AdamWScalars, AdamWStep};
+use crate::backend::adamw::{AdamWScalars, AdamWStep};
 use anyhow::{ensure, Result};
 use cudarc::driver::{DeviceRepr, PushKernelArg};
 
@@ -16,7 +16,7 @@ unsafe impl DeviceRepr for KernelScalars {}
 
 impl CudaDevice {
     /// One AdamW step over `master`, `exp_avg`, `exp_avg_sq` (f32) from `grad` (f32), all of one
-    /// size; bit for bit the CPU reference ([`crate::train::optimizer::adamw_update_slice`]).
+    /// size; bit for bit the CPU reference ([`crate::backend::adamw::adamw_update_slice`]).
     pub fn adamw(
         &self,
         master: &mut CudaTensor,

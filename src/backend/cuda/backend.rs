@@ -9,12 +9,11 @@
 
 use super::flash_attn::{check_cu_seqlens, VarlenLayout};
 use super::gemm::Gemm;
-use super::graphs::DecodeGraphs;
+use super::graph_inputs::DecodeGraphs;
 use super::paged_attn::DevicePagedLayout;
-use super::tensor::{Arena, BufferPool, CudaTensor, DeviceDType};
+use super::tensor::{Arena, BufferPool, CudaTensor, DeviceDType, DeviceUpload};
 use super::CudaDevice;
-use crate::backend::{Backend, PagedLayout, Rotary, RowDraw};
-use crate::model::{PagedKv, Qwen2Model};
+use crate::backend::{Backend, DecodeModel, PagedLayout, Rotary, RowDraw};
 use crate::tensor::{DType, HostTensor};
 use anyhow::{bail, ensure, Context, Result};
 use cudarc::driver::result as driver;
@@ -265,6 +264,23 @@ impl CudaBackend {
                 self.device.convert(&staged, out)
             }
         }
+    }
+}
+
+impl DeviceUpload for CudaBackend {
+    fn stream(&self) -> &std::sync::Arc<cudarc::driver::CudaStream> {
+        &self.device.stream
+    }
+    fn write_bytes(&self, tensor: &mut CudaTensor, bytes: &[u8]) -> Result<()> {
+        CudaBackend::write_bytes(self, tensor, bytes)
+    }
+    fn upload_pod<T: bytemuck::Pod>(
+        &self,
+        values: &[T],
+        shape: &[usize],
+        dtype: DeviceDType,
+    ) -> Result<CudaTensor> {
+        CudaBackend::upload_pod(self, values, shape, dtype)
     }
 }
 
@@ -569,10 +585,10 @@ impl Backend for CudaBackend {
             .collect())
     }
 
-    fn decode_step_graph(
+    fn decode_step_graph<M: DecodeModel<Self>>(
         &self,
-        model: &Qwen2Model<Self>,
-        kv: &mut PagedKv<CudaTensor>,
+        model: &M,
+        kv: &mut M::Cache,
         tokens: &[u32],
         positions: &[u32],
         layout: &PagedLayout,

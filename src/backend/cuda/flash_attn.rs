@@ -2,8 +2,7 @@
 //! variable-length sequences, with the per-row logsumexp (`[T, heads]` f32) saved for the backward
 //! pass. The backward's launches are in `attention_grad.rs`.
 
-use super::backend::CudaBackend;
-use super::tensor::{CudaTensor, DeviceDType};
+use super::tensor::{CudaTensor, DeviceDType, DeviceUpload};
 use super::{as_i32, CudaDevice};
 use anyhow::{bail, ensure, Result};
 use cudarc::driver::sys::CUfunction_attribute;
@@ -37,7 +36,7 @@ pub struct VarlenLayout {
 
 impl VarlenLayout {
     /// Checks host `cu_seqlens` ([`check_cu_seqlens`]) and copies it to the device (i32).
-    pub fn upload(backend: &CudaBackend, cu_seqlens: &[u32]) -> Result<Self> {
+    pub fn upload(backend: &impl DeviceUpload, cu_seqlens: &[u32]) -> Result<Self> {
         let (max_seqlen, total_tokens) = check_cu_seqlens(cu_seqlens)?;
         as_i32("attention tokens", total_tokens)?;
         let offsets: Vec<i32> = cu_seqlens.iter().map(|&c| c as i32).collect();

@@ -19,10 +19,10 @@ use super::backend::{pod_vec, CudaBackend};
 use super::loss::LossTiles;
 use super::pointwise::SUM_SQUARES_BLOCKS;
 use super::tensor::{CudaTensor, DeviceDType};
+use crate::backend::adamw::AdamWStep;
 use crate::backend::grad::BackendGrad;
+use crate::backend::loss::{LossOutput, LossRows, Objective};
 use crate::backend::Rotary;
-use crate::train::loss::{LossOutput, LossRows, Objective};
-use crate::train::optimizer::AdamWStep;
 use anyhow::{bail, ensure, Context, Result};
 use cudarc::driver::result as driver;
 

@@ -17,10 +17,12 @@
 //!
 //! What a graph bakes in, and why it stays valid:
 //! - **Inputs** live in one arena per graph (tokens, positions, slots, context lengths, block
-//!   tables, the attention work plan, temperatures, uniform draws, and the output). The model code
-//!   is the generic one: the step scope ([`crate::backend::Backend::begin_step`]) is pre-filled
-//!   with these buffers for the host arrays passed in, so no op uploads anything. A host copy
-//!   inside a capture is refused, which fails the capture rather than baking a stale input.
+//!   tables, the attention work plan, temperatures, uniform draws, and the output; the types are
+//!   in `graph_inputs.rs`). The model code is the generic one, called back through
+//!   [`crate::backend::DecodeModel`]: the step scope ([`crate::backend::Backend::begin_step`]) is
+//!   pre-filled with these buffers for the host arrays passed in, so no op uploads anything. A
+//!   host copy inside a capture is refused, which fails the capture rather than baking a stale
+//!   input.
 //! - **The attention plan** is fixed per graph: every sequence gets `ceil(T * block_size / P)`
 //!   partitions of `P` keys; a partition past a sequence's context does nothing, and the merge
 //!   skips rows that fit one partition. Only the per-row partition counts change between replays.
@@ -35,15 +37,13 @@
 //!   the old one.
 
 use super::backend::CudaBackend;
-use super::paged_attn::{DevicePagedLayout, WorkPlan, DECODE_BLOCK_M, MIN_PARTITION_KEYS};
-use super::tensor::{Arena, CudaTensor, DeviceDType};
-use crate::backend::{PagedLayout, RowDraw};
-use crate::model::{PagedKv, Qwen2Model};
+use super::graph_inputs::{DecodeGraph, GraphKey, HostStep, SendGraph, StaticInputs};
+use super::paged_attn::{DevicePagedLayout, DECODE_BLOCK_M};
+use super::tensor::CudaTensor;
+use crate::backend::{DecodeModel, PagedLayout, RowDraw};
 use anyhow::{anyhow, ensure, Context, Result};
 use cudarc::driver::sys::{CUgraphInstantiate_flags, CUstreamCaptureMode};
-use cudarc::driver::CudaGraph;
 use std::collections::hash_map::Entry;
-use std::collections::HashMap;
 use std::sync::atomic::Ordering;
 
 /// Sequences per graph. A step of B sequences runs the smallest bucket >= B; larger steps run
@@ -51,314 +51,30 @@ use std::sync::atomic::Ordering;
 pub const BATCH_BUCKETS: [usize; 13] = [1, 2, 4, 8, 16, 24, 32, 48, 64, 96, 128, 192, 256];
 /// Smallest block-table capacity of a graph (256 tokens at 16 per block); capacities double.
 const MIN_TABLE_BLOCKS: usize = 16;
-/// Blocks per SM the graph's partition size aims at (as the eager plan's).
-const BLOCKS_PER_SM_TARGET: usize = 4;
-
-#[derive(Clone, Copy, Debug, Hash, PartialEq, Eq)]
-struct GraphKey {
-    batch: usize,
-    table_blocks: usize,
-    /// [`DecodeGraphs::generation`] at capture: the weights and KV cache the graph bakes in.
-    generation: u64,
-}
-
-/// The decode graphs of one backend.
-#[derive(Default)]
-pub struct DecodeGraphs {
-    graphs: HashMap<GraphKey, DecodeGraph>,
-    /// Why graphs are off, once a capture failed or disagreed with its eager run.
-    disabled: Option<String>,
-    pub captures: u64,
-    pub replays: u64,
-    /// Bumped whenever the memory graphs bake in may have changed: weights uploaded or
-    /// overwritten, a KV cache allocated or released. A graph replays only in its own generation.
-    generation: u64,
-}
-
-impl DecodeGraphs {
-    pub fn clear(&mut self) {
-        self.graphs.clear();
-    }
-    /// Starts a new generation: every graph captured so far is dropped.
-    fn bump(&mut self) {
-        self.generation += 1;
-        self.graphs.clear();
-    }
-    pub fn disabled_reason(&self) -> Option<&str> {
-        self.disabled.as_deref()
-    }
-}
-
-/// A captured graph. SAFETY of `Send`: the executable graph is only launched on its stream, with
-/// the backend's context bound (cudarc binds it), while the backend's graph lock is held.
-struct SendGraph(CudaGraph);
-unsafe impl Send for SendGraph {}
-
-struct DecodeGraph {
-    graph: SendGraph,
-    inputs: StaticInputs,
-    /// [`baked_addresses`] at capture: a second guard beside the generation (two caches alive at
-    /// once, used in turn, are one generation).
-    baked: Vec<u64>,
-}
 
 /// Every weight and KV-cache address a captured decode step bakes into its launches, and the
 /// cache's size.
-fn baked_addresses(model: &Qwen2Model<CudaBackend>, kv: &PagedKv<CudaTensor>) -> Vec<u64> {
-    (model.params.iter().map(|t| t.ptr()))
-        .chain(kv.layers.iter().flat_map(|(k, v)| [k.ptr(), v.ptr()]))
-        .chain([kv.num_blocks as u64])
+fn baked_addresses<M: DecodeModel<CudaBackend>>(model: &M, kv: &M::Cache) -> Vec<u64> {
+    (model.step_tensors(kv).iter().map(|t| t.ptr()))
+        .chain([model.cache_blocks(kv) as u64])
         .collect()
-}
-
-/// One graph's input and output buffers, views of one arena. The dynamic ones (everything but
-/// `cu_query` and `out`) are contiguous from `tokens` on and rewritten by one copy per replay.
-struct StaticInputs {
-    batch: usize,
-    table_blocks: usize,
-    block_size: usize,
-    partition_keys: usize,
-    partitions: usize,
-    /// Plan items (static) and rows (per step), as the plan tensor holds them.
-    items: Vec<[i32; 4]>,
-    tokens: CudaTensor,
-    positions: CudaTensor,
-    slots: CudaTensor,
-    context_lens: CudaTensor,
-    block_tables: CudaTensor,
-    plan: CudaTensor,
-    temperatures: CudaTensor,
-    uniforms: CudaTensor,
-    cu_query: CudaTensor,
-    out: CudaTensor,
-}
-
-/// The host side of one step, padded to the graph's batch.
-struct HostStep {
-    tokens: Vec<u32>,
-    positions: Vec<u32>,
-    layout: PagedLayout,
-    temperatures: Vec<f32>,
-    uniforms: Vec<f64>,
-    plan_rows: Vec<[i32; 2]>,
-}
-
-impl StaticInputs {
-    fn new(
-        backend: &CudaBackend,
-        batch: usize,
-        table_blocks: usize,
-        block_size: usize,
-        group: usize,
-        kv_heads: usize,
-        num_sms: usize,
-    ) -> Result<Self> {
-        let keys = table_blocks * block_size;
-        let work = batch * keys * kv_heads;
-        let target = num_sms.max(1) * BLOCKS_PER_SM_TARGET;
-        let mut partition_keys = MIN_PARTITION_KEYS;
-        while partition_keys < keys && 2 * partition_keys * target <= work {
-            partition_keys *= 2;
-        }
-        let partitions = keys.div_ceil(partition_keys);
-        let mut items = Vec::new();
-        for s in 0..batch {
-            for m0 in (0..group).step_by(DECODE_BLOCK_M) {
-                for part in 0..partitions {
-                    items.push([s, m0, part, partition_keys].map(|x| x as i32));
-                }
-            }
-        }
-        let plan_ints = 4 * items.len() + 2 * batch + batch;
-        let shapes: [(&[usize], DeviceDType); 10] = [
-            (&[batch], DeviceDType::U32),
-            (&[batch], DeviceDType::U32),
-            (&[batch], DeviceDType::U32),
-            (&[batch], DeviceDType::I32),
-            (&[batch, table_blocks], DeviceDType::I32),
-            (&[plan_ints], DeviceDType::I32),
-            (&[batch], DeviceDType::F32),
-            (&[batch], DeviceDType::F64),
-            (&[batch + 1], DeviceDType::I32),
-            (&[batch, 2], DeviceDType::U32),
-        ];
-        let bytes = Arena::bytes_for(
-            shapes
-                .iter()
-                .map(|(s, d)| s.iter().product::<usize>() * d.size()),
-        );
-        let mut arena = Arena::new(&backend.device.stream, bytes)?;
-        let mut take = |i: usize| arena.take(shapes[i].0, shapes[i].1);
-        let inputs = Self {
-            batch,
-            table_blocks,
-            block_size,
-            partition_keys,
-            partitions,
-            items,
-            tokens: take(0)?,
-            positions: take(1)?,
-            slots: take(2)?,
-            context_lens: take(3)?,
-            block_tables: take(4)?,
-            plan: take(5)?,
-            temperatures: take(6)?,
-            uniforms: take(7)?,
-            cu_query: take(8)?,
-            out: take(9)?,
-        };
-        let cu_query: Vec<i32> = (0..=batch as i32).collect();
-        let mut cu = inputs.share(&inputs.cu_query)?;
-        backend.write_bytes(&mut cu, bytemuck::cast_slice(&cu_query))?;
-        Ok(inputs)
-    }
-
-    fn share(&self, t: &CudaTensor) -> Result<CudaTensor> {
-        t.share()
-            .ok_or_else(|| anyhow!("graph inputs must be arena views"))
-    }
-
-    /// The step's host arrays, padded to the graph's batch; errors name what does not fit.
-    fn host_step(
-        &self,
-        tokens: &[u32],
-        positions: &[u32],
-        layout: &PagedLayout,
-        draws: &[RowDraw],
-        num_blocks: usize,
-    ) -> Result<HostStep> {
-        let (n, b, t) = (tokens.len(), self.batch, self.table_blocks);
-        ensure!(
-            n <= b && positions.len() == n && draws.len() == n && layout.num_seqs() == n,
-            "decode graph of {b}: {n} tokens, {} positions, {} draws, {} sequences",
-            positions.len(),
-            draws.len(),
-            layout.num_seqs()
-        );
-        ensure!(
-            layout.block_size == self.block_size && layout.max_blocks_per_seq <= t,
-            "decode graph: blocks of {} in tables of {} for a graph of {} x {t}",
-            layout.block_size,
-            layout.max_blocks_per_seq,
-            self.block_size
-        );
-        let mut step = HostStep {
-            tokens: tokens.to_vec(),
-            positions: positions.to_vec(),
-            layout: PagedLayout {
-                block_size: self.block_size,
-                cu_query: (0..=b as u32).collect(),
-                context_lens: layout.context_lens.clone(),
-                block_tables: Vec::with_capacity(b * t),
-                max_blocks_per_seq: t,
-                slot_mapping: layout.slot_mapping.clone(),
-            },
-            temperatures: draws.iter().map(|d| d.temperature).collect(),
-            uniforms: draws.iter().map(|d| d.uniform).collect(),
-            plan_rows: Vec::with_capacity(b),
-        };
-        // Replays run no op's host checks: every context must fit its table (the kernels read
-        // entries up to its last key) and every block id the cache.
-        layout.check(num_blocks).context("decode graph")?;
-        for s in 0..n {
-            let table = layout.block_table(s);
-            step.layout.block_tables.extend_from_slice(table);
-            step.layout
-                .block_tables
-                .extend(std::iter::repeat_n(0, t - table.len()));
-        }
-        // Padding rows: token 0 at position 0 of a one-token context in the null block, greedy.
-        step.tokens.resize(b, 0);
-        step.positions.resize(b, 0);
-        step.layout.context_lens.resize(b, 1);
-        step.layout.slot_mapping.resize(b, 0);
-        step.layout.block_tables.resize(b * t, 0);
-        step.temperatures.resize(b, 0.0);
-        step.uniforms.resize(b, 0.0);
-        for (s, &context) in step.layout.context_lens.iter().enumerate() {
-            let parts = (context as usize).div_ceil(self.partition_keys).max(1);
-            step.plan_rows
-                .push([(s * self.partitions) as i32, parts as i32]);
-        }
-        Ok(step)
-    }
-
-    /// Writes a step's dynamic inputs with one host-to-device copy.
-    fn write(&self, backend: &CudaBackend, step: &HostStep) -> Result<()> {
-        let base = self.tokens.ptr();
-        let end = self.uniforms.ptr() as usize + self.uniforms.num_bytes() - base as usize;
-        let mut staging = vec![0u8; end];
-        let mut put = |t: &CudaTensor, bytes: &[u8]| {
-            let at = (t.ptr() - base) as usize;
-            staging[at..at + bytes.len()].copy_from_slice(bytes);
-        };
-        let to_i32 = |v: &[u32]| v.iter().map(|&x| x as i32).collect::<Vec<i32>>();
-        put(&self.tokens, bytemuck::cast_slice(&step.tokens));
-        put(&self.positions, bytemuck::cast_slice(&step.positions));
-        put(&self.slots, bytemuck::cast_slice(&step.layout.slot_mapping));
-        put(
-            &self.context_lens,
-            bytemuck::cast_slice(&to_i32(&step.layout.context_lens)),
-        );
-        put(
-            &self.block_tables,
-            bytemuck::cast_slice(&to_i32(&step.layout.block_tables)),
-        );
-        let plan: Vec<i32> = (self.items.iter().flatten())
-            .chain(step.plan_rows.iter().flatten())
-            .copied()
-            .chain(0..self.batch as i32)
-            .collect();
-        put(&self.plan, bytemuck::cast_slice(&plan));
-        put(&self.temperatures, bytemuck::cast_slice(&step.temperatures));
-        put(&self.uniforms, bytemuck::cast_slice(&step.uniforms));
-        ensure!(end.is_multiple_of(4), "graph input region of {end} bytes");
-        // SAFETY: the region runs from the first dynamic view to the end of the last, all carved
-        // in this order from one arena, so it lies inside the arena.
-        let mut region = unsafe { self.tokens.share_as(&[end / 4], DeviceDType::U32) }
-            .ok_or_else(|| anyhow!("graph inputs must be arena views"))?;
-        backend.write_bytes(&mut region, &staging)
-    }
-
-    /// The device layout over these buffers, with the graph's plan.
-    fn device_layout(&self, group: usize, kv_heads: usize) -> Result<DevicePagedLayout> {
-        let plan = WorkPlan {
-            partition_keys: self.partition_keys,
-            decode: self.items.clone(),
-            prefill: Vec::new(),
-            rows: vec![[0, 1]; self.batch],
-            split_rows: (0..self.batch as i32).collect(),
-            scratch_rows: self.batch * self.partitions,
-        };
-        Ok(DevicePagedLayout::for_graph(
-            self.block_size,
-            self.table_blocks,
-            self.share(&self.cu_query)?,
-            self.share(&self.context_lens)?,
-            self.share(&self.block_tables)?,
-            group,
-            kv_heads,
-            plan,
-            self.share(&self.plan)?,
-        ))
-    }
 }
 
 impl CudaBackend {
     /// A pure decode step (one query row per sequence, every row sampled on the device) through
     /// a CUDA graph; `None` when the step has no graph (shape out of the buckets, graphs off)
     /// and should run eagerly.
-    pub fn run_decode_graph(
+    pub fn run_decode_graph<M: DecodeModel<CudaBackend>>(
         &self,
-        model: &Qwen2Model<CudaBackend>,
-        kv: &mut PagedKv<CudaTensor>,
+        model: &M,
+        kv: &mut M::Cache,
         tokens: &[u32],
         positions: &[u32],
         layout: &PagedLayout,
         draws: &[RowDraw],
     ) -> Result<Option<Vec<(u32, f32)>>> {
         let n = tokens.len();
-        let (heads, kv_heads) = (model.local.heads_local, model.local.kv_heads_local);
+        let (heads, kv_heads) = model.heads_local();
         let group = heads / kv_heads.max(1);
         let Some(&batch) = BATCH_BUCKETS.iter().find(|&&b| b >= n) else {
             return Ok(None);
@@ -370,7 +86,7 @@ impl CudaBackend {
                 .enumerate()
                 .any(|(i, &c)| c as usize != i)
             || group > DECODE_BLOCK_M
-            || kv.layers.is_empty()
+            || model.cache_blocks(kv) == 0
         {
             return Ok(None);
         }
@@ -413,9 +129,10 @@ impl CudaBackend {
                 };
             }
         };
-        let step = graph
-            .inputs
-            .host_step(tokens, positions, layout, draws, kv.num_blocks)?;
+        let step =
+            graph
+                .inputs
+                .host_step(tokens, positions, layout, draws, model.cache_blocks(kv))?;
         graph.inputs.write(self, &step)?;
         graph.graph.0.launch().context("launching a decode graph")?;
         let sampled = read_samples(self, &graph.inputs.out, n)?;
@@ -454,10 +171,10 @@ impl CudaBackend {
     }
 
     /// Warms up, captures, replays once and checks a new graph against its eager run.
-    fn capture_decode(
+    fn capture_decode<M: DecodeModel<CudaBackend>>(
         &self,
-        model: &Qwen2Model<CudaBackend>,
-        kv: &mut PagedKv<CudaTensor>,
+        model: &M,
+        kv: &mut M::Cache,
         key: GraphKey,
         group: usize,
         kv_heads: usize,
@@ -472,7 +189,7 @@ impl CudaBackend {
             kv_heads,
             self.device.num_sms as usize,
         )?;
-        let step = inputs.host_step(tokens, positions, layout, draws, kv.num_blocks)?;
+        let step = inputs.host_step(tokens, positions, layout, draws, model.cache_blocks(kv))?;
         inputs.write(self, &step)?;
         self.graph_mode.store(true, Ordering::Relaxed);
         let result = (|| {
@@ -523,10 +240,10 @@ impl CudaBackend {
     }
 
     /// The step's ops on the pinned inputs: the model's paged forward, the LM head and sampling.
-    fn run_pinned(
+    fn run_pinned<M: DecodeModel<CudaBackend>>(
         &self,
-        model: &Qwen2Model<CudaBackend>,
-        kv: &mut PagedKv<CudaTensor>,
+        model: &M,
+        kv: &mut M::Cache,
         inputs: &StaticInputs,
         step: &HostStep,
         group: usize,
@@ -539,9 +256,8 @@ impl CudaBackend {
             self.pin_step_array(&step.positions, inputs.share(&inputs.positions)?);
             self.pin_step_array(&step.layout.slot_mapping, inputs.share(&inputs.slots)?);
             self.pin_step_layout(&step.layout, inputs.device_layout(group, kv_heads)?);
-            let hidden =
-                model.forward_paged(self, &step.tokens, &step.positions, &step.layout, kv)?;
-            let logits = model.lm_head(self, &hidden)?;
+            let logits =
+                model.step_logits(self, kv, &step.tokens, &step.positions, &step.layout)?;
             let mut out = inputs.share(&inputs.out)?;
             self.device
                 .sample_rows(&logits, &inputs.temperatures, &inputs.uniforms, &mut out)

@@ -1,7 +1,7 @@
 //! The fused LM-head loss on the GPU (`BackendGrad::lm_head_loss`): cuBLASLt GEMMs for the
 //! logits tiles and the two gradient products, `kernels/dapo_loss.cu` for everything
 //! element-wise, the objective's per-row terms on the host. Semantics are exactly
-//! [`crate::train::loss`]'s (the reference), with the same [`token_term`].
+//! [`crate::backend::loss`]'s (the reference), with the same [`token_term`].
 //!
 //! ```text
 //! pass 1  for each tile of rows x vocab:   logits = h W^T (fp32 scratch)      [GEMM]
@@ -29,7 +29,7 @@ use super::backend::{pod_vec, CudaBackend};
 use super::gemm::RowMajorGemm;
 use super::tensor::{CudaTensor, DeviceDType};
 use super::{as_i32, grid_stride_config, CudaDevice};
-use crate::train::loss::{check_rows, token_term, LossOutput, LossRows, Objective};
+use crate::backend::loss::{check_rows, token_term, LossOutput, LossRows, Objective};
 use anyhow::{ensure, Result};
 use cudarc::driver::sys::CUdeviceptr;
 use cudarc::driver::{LaunchConfig, PushKernelArg};
@@ -459,7 +459,7 @@ impl CudaBackend {
 #[cfg(test)]
 mod tests {
     use super::{finalize_rows, LossTiles};
-    use crate::train::loss::{lm_head_loss_cpu, LossRows, Objective};
+    use crate::backend::loss::{lm_head_loss_cpu, LossRows, Objective};
 
     /// The kernel's merge of two tiles' `(m, s, u)` (dapo_loss.cu), mirrored for the host test.
     fn merge(a: [f64; 3], b: [f64; 3]) -> [f64; 3] {
@@ -562,7 +562,7 @@ mod tests {
 
     /// Whether DAPO's clipped branch (zero gradient) is taken at row `r`.
     fn got_clipped(objective: &Objective, rows: &LossRows<'_>, r: usize, logp: f32) -> bool {
-        crate::train::loss::token_term(objective, rows, r, logp as f64).d_term_d_logp == 0.0
+        crate::backend::loss::token_term(objective, rows, r, logp as f64).d_term_d_logp == 0.0
     }
 
     #[test]

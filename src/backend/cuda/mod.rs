@@ -19,6 +19,7 @@ pub mod backend;
 pub mod flash_attn;
 pub mod gemm;
 pub mod grad;
+pub mod graph_inputs;
 pub mod graphs;
 pub mod loss;
 pub mod paged_attn;

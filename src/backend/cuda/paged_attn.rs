@@ -14,8 +14,7 @@
 //!                           (p < P: one partition, written straight to out, no merge)
 //! ```
 
-use super::backend::CudaBackend;
-use super::tensor::{BufferPool, CudaTensor, DeviceDType};
+use super::tensor::{BufferPool, CudaTensor, DeviceDType, DeviceUpload};
 use super::{as_i32, grid_stride_config, CudaDevice};
 use crate::backend::PagedLayout;
 use anyhow::{bail, ensure, Context, Result};
@@ -252,7 +251,7 @@ pub struct DevicePagedLayout {
 }
 
 impl DevicePagedLayout {
-    pub fn upload(backend: &CudaBackend, layout: &PagedLayout) -> Result<Self> {
+    pub fn upload(backend: &impl DeviceUpload, layout: &PagedLayout) -> Result<Self> {
         // Structure only; block ids are checked against the cache in `paged_attention`.
         layout.check(usize::MAX)?;
         let to_i32 = |v: &[u32]| -> Result<Vec<i32>> {

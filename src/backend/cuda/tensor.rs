@@ -289,6 +289,23 @@ impl BufferPool {
     }
 }
 
+/// Host-to-device copies as the backend makes them (into its active pool, refused inside a graph
+/// capture): what the device forms of attention layouts and graph inputs are built with, so
+/// their files need not know [`super::CudaBackend`], which implements it.
+pub trait DeviceUpload {
+    /// The stream every allocation and copy is ordered on.
+    fn stream(&self) -> &Arc<CudaStream>;
+    /// Copies host bytes into `tensor` (sizes must match).
+    fn write_bytes(&self, tensor: &mut CudaTensor, bytes: &[u8]) -> Result<()>;
+    /// A pooled tensor holding `values`.
+    fn upload_pod<T: bytemuck::Pod>(
+        &self,
+        values: &[T],
+        shape: &[usize],
+        dtype: DeviceDType,
+    ) -> Result<CudaTensor>;
+}
+
 /// One allocation holding many tensors (the model's parameters): sized up front, carved into
 /// 256-byte aligned views, freed when the last view is dropped.
 pub struct Arena {

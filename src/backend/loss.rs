@@ -29,7 +29,7 @@
 //! over the vocabulary, each rank's `(m, s, u)` and target logit are combined across ranks
 //! between the passes.
 
-use crate::backend::cpu::dot;
+use super::cpu::dot;
 use anyhow::{bail, ensure, Result};
 
 /// Rows of logits in one tile.
