@@ -6,7 +6,7 @@
 //! gradient norm is a sum of squares over every parameter, so per-element bf16 errors average
 //! out: the bound is 1e-2 relative (the emulated device measured 1.4e-3, 1.5e-3 and 5e-5 on the
 //! three fixtures; the per-tensor comparison with PyTorch's float64 gradients is
-//! `gpu_grad.rs`). The loss is a mean of per-token terms that nearly cancel in DAPO, so its bound
+//! `gpu_grad_model.rs`). The loss is a mean of per-token terms that nearly cancel in DAPO, so its bound
 //! scales with the mean term size (|A| = 1 here): 2e-2 absolute.
 //!
 //! Needs a CUDA GPU (or a SWERVE_EMU=1 build); without one these tests fail, never pass.

@@ -1,14 +1,13 @@
 //! The CPU training reference against PyTorch float64 autograd (tests/fixtures/generate.py,
-//! `train.safetensors`): masked cross-entropy (RFT) and DAPO losses of a packed batch and every
-//! parameter's gradient, for every fixture model; micro-batch splits and activation
-//! checkpointing give the same gradients.
+//! `train.safetensors`): masked cross-entropy (RFT), DAPO and DAPO with truncated importance
+//! sampling losses of a packed batch and every parameter's gradient, for every fixture model;
+//! micro-batch splits and activation checkpointing give the same gradients.
 
 mod common;
 
 use common::{fixture_dir, relative_error, FIXTURE_MODELS};
 use safetensors::{Dtype, SafeTensors};
 use swerve::backend::cpu::{CpuBackend, CpuTensor};
-use swerve::backend::Backend;
 use swerve::model::{PackedBatch, Qwen2Model, Qwen2Params};
 use swerve::train::loss::{LossOutput, LossRows, Objective};
 
@@ -181,11 +180,22 @@ fn check_model(name: &str) {
     let n_act = f.scalar("num_action_tokens");
     let actions = f.action_mask.iter().filter(|&&a| a).count();
     assert!(n_act > actions as f64, "N_act must be the global count");
+    check_masked_ce(name, &backend, &model, &f);
+    check_dapo(name, &backend, &model, &f, false);
+    check_dapo(name, &backend, &model, &f, true);
+}
 
-    // Masked cross-entropy (RFT).
+/// Masked cross-entropy (RFT): loss, per-token logprobs and entropies, gradients.
+fn check_masked_ce(
+    name: &str,
+    backend: &CpuBackend,
+    model: &Qwen2Model<CpuBackend>,
+    f: &TrainFixture,
+) {
+    let n_act = f.scalar("num_action_tokens");
     let (ce, grads) = run(
-        &backend,
-        &model,
+        backend,
+        model,
         &f.batch,
         &f.rows(),
         &Objective::MaskedCe,
@@ -200,7 +210,10 @@ fn check_model(name: &str) {
         ce.loss,
         f.scalar("ce_loss")
     );
-    assert_eq!(ce.action_tokens, actions);
+    assert_eq!(
+        ce.action_tokens,
+        f.action_mask.iter().filter(|&&a| a).count()
+    );
     let want_logprobs = f.floats("logprobs");
     let want_entropy = f.floats("entropy");
     let worst_logprob = (0..f.targets.len())
@@ -218,74 +231,66 @@ fn check_model(name: &str) {
             "{name} row {r} entropy"
         );
     }
-    check_grads(name, &model, &grads, &f, "ce_grad");
+    check_grads(name, model, &grads, f, "ce_grad");
+}
 
-    // DAPO with some tokens clipped on each side.
+/// DAPO with some tokens clipped on each side; with `tis`, each term also times its truncated
+/// importance-sampling factor `min(exp(old - rollout), tis_cap)`, capped on some tokens.
+///
+/// DAPO's sum mixes positive and negative advantages and can nearly cancel (tied: 0.028 from
+/// terms of size ~1), so the loss error is relative to the sum of |terms| / N_act that PyTorch
+/// computed (`dapo_term_scale`, `dapo_tis_term_scale`): the scale the f32 forward's logprob
+/// errors act on (for the CE loss that is |loss| itself).
+fn check_dapo(
+    name: &str,
+    backend: &CpuBackend,
+    model: &Qwen2Model<CpuBackend>,
+    f: &TrainFixture,
+    tis: bool,
+) {
+    let n_act = f.scalar("num_action_tokens");
+    let (kind, loss_key, scale_key, grad_prefix) = if tis {
+        (
+            "dapo+tis",
+            "dapo_tis_loss",
+            "dapo_tis_term_scale",
+            "dapo_tis_grad",
+        )
+    } else {
+        ("dapo", "dapo_loss", "dapo_term_scale", "dapo_grad")
+    };
+    if tis {
+        let capped = f.scalar("tis_capped");
+        let actions = f.action_mask.iter().filter(|&&a| a).count() as f64;
+        assert!(
+            capped > 0.0 && capped < actions,
+            "{name}: the fixture caps {capped} of {actions} TIS factors: needs some of each"
+        );
+    }
     let (dapo, grads) = run(
-        &backend,
-        &model,
+        backend,
+        model,
         &f.batch,
         &f.rows(),
-        &f.dapo(false),
+        &f.dapo(tis),
         n_act,
         true,
     );
-    // DAPO's sum mixes positive and negative advantages and can nearly cancel (tied: 0.028 from
-    // terms of size ~1), so its error is relative to the sum of |terms| / N_act, the scale the
-    // f32 forward's logprob errors act on (for the CE loss that is |loss| itself).
-    let scale = |tis: bool| -> f64 {
-        let objective = f.dapo(tis);
-        let rows = f.rows();
-        (0..f.targets.len())
-            .filter(|&r| f.action_mask[r])
-            .map(|r| {
-                swerve::train::loss::token_term(&objective, &rows, r, want_logprobs[r])
-                    .term
-                    .abs()
-            })
-            .sum::<f64>()
-            / n_act
-    };
-    let err = (dapo.loss - f.scalar("dapo_loss")).abs() / scale(false);
+    let want = f.scalar(loss_key);
+    let err = (dapo.loss - want).abs() / f.scalar(scale_key);
     println!(
-        "{name}: dapo loss {:.6} (error {err:.1e} of the terms' scale), clipped low {} high {}",
+        "{name}: {kind} loss {:.6} (error {err:.1e} of the terms' scale), clipped low {} high {}",
         dapo.loss, dapo.clipped_low, dapo.clipped_high
     );
     assert!(
         err <= MAX_LOSS_ERROR,
-        "{name} dapo loss {} vs {}",
-        dapo.loss,
-        f.scalar("dapo_loss")
+        "{name} {kind} loss {} vs {want}",
+        dapo.loss
     );
     assert_eq!(dapo.clipped_low as f64, f.scalar("clipped_low"), "{name}");
     assert_eq!(dapo.clipped_high as f64, f.scalar("clipped_high"), "{name}");
     assert!(dapo.clipped_low > 0 && dapo.clipped_high > 0);
-    check_grads(name, &model, &grads, &f, "dapo_grad");
-
-    // Truncated importance sampling: the loss value.
-    let mut d_hidden = backend
-        .zeros(&[f.targets.len(), model.config.hidden_size])
-        .unwrap();
-    let mut d_weight = model.zero_grads(&backend).unwrap().embed_tokens;
-    let hidden = model.forward_hidden(&backend, &f.batch).unwrap();
-    let tis = swerve::backend::BackendGrad::lm_head_loss(
-        &backend,
-        &hidden,
-        model.params.lm_head_weight(),
-        &f.rows(),
-        &f.dapo(true),
-        n_act,
-        &mut d_hidden,
-        &mut d_weight,
-    )
-    .unwrap();
-    let err = (tis.loss - f.scalar("dapo_tis_loss")).abs() / scale(true);
-    assert!(
-        err <= MAX_LOSS_ERROR,
-        "{name} dapo+tis loss {} vs {}",
-        tis.loss,
-        f.scalar("dapo_tis_loss")
-    );
+    check_grads(name, model, &grads, f, grad_prefix);
 }
 
 #[test]

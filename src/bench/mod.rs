@@ -1,8 +1,10 @@
 //! What `swerve-bench` measures: prefill throughput of a Qwen2-shaped model on the backend in
-//! use, and (with a GPU) each CUDA kernel against its CPU reference and the card's limits.
+//! use, and (with a GPU) each CUDA kernel against its CPU reference and the card's limits;
+//! [`commands`] runs each of the binary's commands from its options.
 
 pub mod agent;
 pub mod agent_http;
+pub mod commands;
 pub mod decode;
 pub mod kernels;
 pub mod rl;

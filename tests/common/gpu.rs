@@ -5,6 +5,7 @@
 use half::bf16;
 use swerve::backend::cpu::CpuTensor;
 use swerve::backend::cuda::{CudaBackend, CudaTensor, DeviceDType};
+use swerve::backend::grad::BackendGrad;
 use swerve::bench::kernels::random_bf16;
 
 pub fn gpu() -> CudaBackend {
@@ -27,6 +28,28 @@ pub fn random(
     let dev = gpu.upload_pod(&values, shape, DeviceDType::Bf16).unwrap();
     let host = CpuTensor::new(shape.to_vec(), values.iter().map(|v| v.to_f32()).collect());
     (dev, host)
+}
+
+/// bf16-representable values (uniform in +-scale), as f32.
+pub fn values(n: usize, seed: u64, scale: f32) -> Vec<f32> {
+    random_bf16(n, seed, scale)
+        .iter()
+        .map(|v| v.to_f32())
+        .collect()
+}
+
+/// An f32 device tensor of random bf16-representable values and its CPU copy.
+pub fn random_f32(
+    gpu: &CudaBackend,
+    shape: &[usize],
+    seed: u64,
+    scale: f32,
+) -> (CudaTensor, CpuTensor) {
+    let v = values(shape.iter().product(), seed, scale);
+    (
+        gpu.upload_f32(shape, &v).unwrap(),
+        CpuTensor::new(shape.to_vec(), v),
+    )
 }
 
 /// An output tensor filled with NaN bytes, so unwritten elements cannot pass.
