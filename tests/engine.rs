@@ -522,3 +522,29 @@ fn a_released_kv_cache_comes_back_on_the_next_request_with_the_same_results() {
     // The prefix cache went with the memory: nothing was served from it.
     assert_eq!(after.usage.cached_tokens, 0);
 }
+
+#[test]
+fn the_cpu_kv_cache_default_follows_the_workload_flags() {
+    use swerve::backend::DeviceChoice;
+    use swerve::engine::launch::{launch_engine, EngineLaunch};
+    let blocks = |max_num_seqs: usize, max_model_len: usize| {
+        let handle = launch_engine(&EngineLaunch {
+            model: fixture_dir(MODEL),
+            device: DeviceChoice::Cpu,
+            max_model_len,
+            kv_cache_fraction: 0.9,
+            num_kv_blocks: None,
+            max_num_seqs,
+            max_num_batched_tokens: 256,
+            seed: 0,
+        })
+        .unwrap();
+        handle.stats().unwrap().kv_total_blocks
+    };
+    // Each sequence's full length in 16-token blocks, times the sequences, plus a quarter of that
+    // for the prefix cache (the fixture's KV is tiny: memory never caps it here).
+    assert_eq!(blocks(3, 64), 3 * 4 + 3);
+    assert_eq!(blocks(6, 64), 6 * 4 + 6);
+    assert_eq!(blocks(3, 128), 3 * 8 + 6);
+    assert_eq!(blocks(5, 100), 5 * 7 + 9);
+}

@@ -709,8 +709,5 @@ fn train_on<B: swerve::backend::BackendGrad>(
 
 /// MemAvailable from /proc/meminfo, where there is one.
 fn available_memory_bytes() -> Option<usize> {
-    let text = std::fs::read_to_string("/proc/meminfo").ok()?;
-    let line = text.lines().find(|l| l.starts_with("MemAvailable:"))?;
-    let kib: usize = line.split_whitespace().nth(1)?.parse().ok()?;
-    Some(kib * 1024)
+    swerve::sysmem::available_memory_bytes()
 }

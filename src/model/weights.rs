@@ -186,6 +186,28 @@ impl Checkpoint {
                 local.tp_size
             );
         }
+        // A config with absurd sizes must fail here, before a per-layer list is allocated: every
+        // tensor's shape is checked against the file below, but not the number of layers.
+        let per_layer = Qwen2Params::<()>::TENSORS_PER_LAYER;
+        let others = 2 + usize::from(!config.tie_word_embeddings);
+        let expected = config
+            .num_hidden_layers
+            .checked_mul(per_layer)
+            .and_then(|n| n.checked_add(others));
+        if expected.is_none_or(|n| n > self.tensors.len()) {
+            bail!(
+                "config.json's `num_hidden_layers` {} implies {} tensors ({per_layer} per layer \
+                 + {others}), but the checkpoint ({}) holds {}",
+                config.num_hidden_layers,
+                expected.map_or_else(|| "more than 2^64".to_string(), |n| n.to_string()),
+                self.files
+                    .iter()
+                    .map(|(p, _)| p.display().to_string())
+                    .collect::<Vec<_>>()
+                    .join(", "),
+                self.tensors.len()
+            );
+        }
         let mut used = std::collections::HashSet::new();
         let params = Qwen2Params::try_build(config, local, |name, shape, _| {
             used.insert(name.to_string());
