@@ -29,6 +29,7 @@ fn generate(engine: &mut Engine<CpuBackend>) -> (Vec<u32>, Vec<u32>) {
             params: SamplingParams::greedy(),
             max_tokens: 12,
             stop_ids: vec![],
+            prompt_logprobs: None,
         })
         .unwrap();
     loop {

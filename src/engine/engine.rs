@@ -11,6 +11,7 @@
 
 use crate::backend::{Backend, DeviceSpan, PagedLayout, Rotary, RowDraw};
 use crate::config::ModelConfig;
+use crate::engine::prompt_logprobs::{score_rows, PromptLogprobs, PromptRow};
 use crate::engine::request::{FinishReason, GenerationRequest, Request};
 use crate::engine::sampler::{sample, Sample, SampleRng, SamplingParams};
 use crate::engine::scheduler::{Scheduler, SchedulerConfig, StepPlan};
@@ -89,6 +90,11 @@ pub struct FinalRecord {
 
 #[derive(Clone, Debug, PartialEq)]
 pub enum EngineEvent {
+    /// A request's prompt logprobs (asked for with `prompt_logprobs`), once, before its tokens.
+    PromptLogprobs {
+        id: RequestId,
+        logprobs: PromptLogprobs,
+    },
     Token(TokenEvent),
     Finished(FinalRecord),
 }
@@ -475,12 +481,30 @@ impl<B: Backend> Engine<B> {
             return Ok(events);
         }
         let (tokens, positions, layout) = self.build_layout(&plan)?;
+        let prompt_rows = self.prompt_rows(&plan, &layout);
         let model_started = Instant::now();
-        let (sample_ids, samples) = match self.graph_step(&plan, &tokens, &positions, &layout)? {
+        // A graph step samples only; prompt rows (never in a pure decode step) need the eager one.
+        let graph = if prompt_rows.is_empty() {
+            self.graph_step(&plan, &tokens, &positions, &layout)?
+        } else {
+            None
+        };
+        let (sample_ids, samples) = match graph {
             Some(graph_samples) => graph_samples,
-            None => self.eager_step(&plan, &tokens, &positions, &layout)?,
+            None => self.eager_step(&plan, &tokens, &positions, &layout, &prompt_rows)?,
         };
         let model_seconds = model_started.elapsed().as_secs_f64();
+        for s in &plan.scheduled {
+            let request = self.scheduler.get_mut(s.id).expect("scheduled request");
+            let prompt_len = request.prompt_len;
+            if let Some(state) = request.prompt_logprobs.as_mut() {
+                if !state.delivered && state.is_complete(prompt_len) {
+                    state.delivered = true;
+                    let logprobs = std::mem::take(&mut state.values);
+                    events.push(EngineEvent::PromptLogprobs { id: s.id, logprobs });
+                }
+            }
+        }
 
         // Events in the step's scheduling order, whichever path sampled.
         let mut by_id: HashMap<RequestId, Sample> = samples.into_iter().collect();
@@ -585,11 +609,19 @@ impl<B: Backend> Engine<B> {
         tokens: &[u32],
         positions: &[u32],
         layout: &PagedLayout,
+        prompt_rows: &[PromptRow],
     ) -> Result<(Vec<RequestId>, Vec<(RequestId, Sample)>)> {
         let hidden =
             self.model
                 .forward_paged(&self.backend, tokens, positions, layout, &mut self.kv)?;
         self.scheduler.complete(plan);
+        let scored = score_rows(&self.backend, &self.model, &hidden, prompt_rows)?;
+        for (row, scored) in prompt_rows.iter().zip(scored) {
+            let request = self.scheduler.get_mut(row.id).expect("scheduled request");
+            let state = request.prompt_logprobs.as_mut().expect("asked for");
+            state.values.logprobs.push(Some(scored.logprob));
+            state.values.top_logprobs.push(scored.top_logprobs);
+        }
 
         // Requests that caught up sample from their last row.
         let mut sample_rows = Vec::new();
@@ -677,6 +709,28 @@ impl<B: Backend> Engine<B> {
             }
         }
         Ok((sample_ids, samples))
+    }
+
+    /// The rows of a planned step that score prompt tokens whose logprobs are asked for and
+    /// still missing, in step order (see [`crate::engine::prompt_logprobs`]).
+    fn prompt_rows(&mut self, plan: &StepPlan, layout: &PagedLayout) -> Vec<PromptRow> {
+        let mut rows = Vec::new();
+        for (i, s) in plan.scheduled.iter().enumerate() {
+            let request = self.scheduler.get_mut(s.id).expect("scheduled request");
+            let Some(state) = &request.prompt_logprobs else {
+                continue;
+            };
+            let computed = s.num_computed_tokens..s.num_computed_tokens + s.num_new_tokens;
+            for p in state.rows_needed(request.prompt_len, computed) {
+                rows.push(PromptRow {
+                    id: s.id,
+                    row: layout.cu_query[i] + (p - s.num_computed_tokens) as u32,
+                    target: request.tokens[p + 1],
+                    top_n: state.top_n,
+                });
+            }
+        }
+        rows
     }
 
     /// Token ids, positions and the paged layout of a planned step.

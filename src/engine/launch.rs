@@ -219,7 +219,12 @@ fn start_engine<B: KvMemory + 'static>(
         let blocks = match options.num_kv_blocks {
             Some(n) => {
                 let bytes = n.checked_mul(bytes_per_block);
-                if let (Some(free), true) = (free, bytes.is_none_or(|b| Some(b) > free.into())) {
+                let fits = match (bytes, free) {
+                    (Some(bytes), Some(free)) => bytes <= free,
+                    (None, _) => false,
+                    (Some(_), None) => true,
+                };
+                if !fits {
                     bail!(
                         "--num-kv-blocks {n} needs {} ({} per block of {bs} tokens), but {} is {}",
                         bytes.map_or_else(
@@ -228,7 +233,7 @@ fn start_engine<B: KvMemory + 'static>(
                         ),
                         format_bytes(bytes_per_block as u64),
                         backend.memory_name(),
-                        format_bytes(free as u64)
+                        free.map_or_else(|| "unknown".into(), |f| format_bytes(f as u64))
                     );
                 }
                 n

@@ -8,7 +8,8 @@
 //! - [`handle`]: [`EngineHandle`], the engine on its own thread behind channels: submit, a stream
 //!   of events per request, abort, weight updates, pause and resume.
 //! - [`launch`]: an engine for a model folder on the backend chosen at run time.
-//! - [`prompt_logprobs`]: logprobs of a prompt's own tokens (for `echo`).
+//! - [`prompt_logprobs`]: logprobs of a prompt's own tokens (for `echo`), computed during the
+//!   request's prefill.
 
 #[allow(clippy::module_inception)]
 pub mod engine;
