@@ -8,6 +8,7 @@
 //! - [`handle`]: [`EngineHandle`], the engine on its own thread behind channels: submit, a stream
 //!   of events per request, abort, weight updates, pause and resume.
 //! - [`launch`]: an engine for a model folder on the backend chosen at run time.
+//! - [`reload`]: weight updates in place between steps.
 //! - [`prompt_logprobs`]: logprobs of a prompt's own tokens (for `echo`), computed during the
 //!   request's prefill.
 
@@ -16,6 +17,7 @@ pub mod engine;
 pub mod handle;
 pub mod launch;
 pub mod prompt_logprobs;
+pub mod reload;
 pub mod request;
 pub mod sampler;
 pub mod scheduler;
