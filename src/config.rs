@@ -207,7 +207,129 @@ impl ModelConfig {
                 bail!("yarn `original_max_position_embeddings` must be positive");
             }
         }
+        // Token ids and positions are u32 throughout the engine and the kernels.
+        if self.vocab_size as u64 > 1 << 32 {
+            bail!(
+                "field `vocab_size` is {}: token ids are 32-bit, so at most 2^32",
+                self.vocab_size
+            );
+        }
+        if self.max_context() as u64 > u32::MAX as u64 {
+            bail!(
+                "the context of {} positions (`max_position_embeddings` {}, or YaRN's \
+                 `original_max_position_embeddings` x `factor`) exceeds the 32-bit positions \
+                 the engine uses",
+                self.max_context(),
+                self.max_position_embeddings
+            );
+        }
+        self.parameter_count()?;
         Ok(())
+    }
+
+    /// The size fields, for messages: `hidden_size 3584, intermediate_size 18944, ...`.
+    fn size_fields(&self) -> String {
+        format!(
+            "hidden_size {}, intermediate_size {}, num_hidden_layers {}, num_attention_heads {}, \
+             num_key_value_heads {}, head_dim {}, vocab_size {}",
+            self.hidden_size,
+            self.intermediate_size,
+            self.num_hidden_layers,
+            self.num_attention_heads,
+            self.num_key_value_heads,
+            self.head_dim,
+            self.vocab_size
+        )
+    }
+
+    /// The parameters of the whole model (all ranks) by part, counted with overflow checks: an
+    /// absurd config is an error naming its sizes, never a wrapped count.
+    pub fn parameter_count(&self) -> Result<ParameterCount> {
+        let overflow = |part: &str| {
+            anyhow!(
+                "the parameter count of {part} overflows 64 bits: {}",
+                self.size_fields()
+            )
+        };
+        let mul =
+            |a: u64, b: usize, part: &str| a.checked_mul(b as u64).ok_or_else(|| overflow(part));
+        let add = |a: u64, b: u64, part: &str| a.checked_add(b).ok_or_else(|| overflow(part));
+        let layer = "one layer (hidden_size, intermediate_size, heads x head_dim)";
+        let d = self.hidden_size as u64;
+        let q = mul(self.num_attention_heads as u64, self.head_dim, layer)?;
+        let kv = mul(self.num_key_value_heads as u64, self.head_dim, layer)?;
+        // q_proj and o_proj: d x q each, plus q's bias; k_proj and v_proj: d x kv plus bias.
+        let attention = add(mul(mul(q, 2, layer)?, self.hidden_size, layer)?, q, layer)?;
+        let attention = add(
+            attention,
+            mul(add(mul(kv, self.hidden_size, layer)?, kv, layer)?, 2, layer)?,
+            layer,
+        )?;
+        // gate, up and down: d x intermediate each; two norm weights.
+        let mlp = mul(mul(d, self.intermediate_size, layer)?, 3, layer)?;
+        let per_layer = add(add(attention, mlp, layer)?, mul(d, 2, layer)?, layer)?;
+        let layers = mul(
+            per_layer,
+            self.num_hidden_layers,
+            "the layers (num_hidden_layers x one layer)",
+        )?;
+        let tables = if self.tie_word_embeddings { 1 } else { 2 };
+        let embeddings = mul(
+            mul(
+                d,
+                self.vocab_size,
+                "the embedding (vocab_size x hidden_size)",
+            )?,
+            tables,
+            "the embedding and the LM head",
+        )?;
+        let total = add(add(layers, embeddings, "the model")?, d, "the model")?;
+        Ok(ParameterCount {
+            embeddings,
+            per_layer,
+            layers,
+            total,
+        })
+    }
+
+    /// Fails, naming the sizes at fault, unless the parameters at `bytes_per_parameter` bytes each
+    /// fit in the `available` bytes of `memory` (e.g. "available host memory"). Called before
+    /// anything is allocated from the config.
+    pub fn check_parameters_fit(
+        &self,
+        bytes_per_parameter: usize,
+        available: usize,
+        memory: &str,
+    ) -> Result<()> {
+        let count = self.parameter_count()?;
+        let bytes = count.total.checked_mul(bytes_per_parameter as u64);
+        if bytes.is_some_and(|b| b <= available as u64) {
+            return Ok(());
+        }
+        let need = bytes.map_or_else(|| "more than 2^64 bytes".to_string(), format_bytes);
+        let embedding = if self.tie_word_embeddings {
+            "the embedding"
+        } else {
+            "the embedding and the LM head"
+        };
+        bail!(
+            "the model's parameters need {need} ({} parameters x {bytes_per_parameter} bytes: \
+             `num_hidden_layers` {} x {} per layer (`hidden_size` {}, `intermediate_size` {}, \
+             `num_attention_heads` {} and `num_key_value_heads` {} of `head_dim` {}), and {} in \
+             {embedding} (`vocab_size` {} x `hidden_size` {})), but {memory} is {}",
+            count.total,
+            self.num_hidden_layers,
+            count.per_layer,
+            self.hidden_size,
+            self.intermediate_size,
+            self.num_attention_heads,
+            self.num_key_value_heads,
+            self.head_dim,
+            count.embeddings,
+            self.vocab_size,
+            self.hidden_size,
+            format_bytes(available as u64)
+        )
     }
 
     /// The longest sequence the model's positions cover: `max_position_embeddings`, or with YaRN
@@ -240,21 +362,42 @@ impl ModelConfig {
         })
     }
 
-    /// Parameters of the whole model (all ranks), counting the LM head once when tied.
+    /// Parameters of the whole model (all ranks), counting the LM head once when tied
+    /// (`usize::MAX` for a config whose count overflows; [`ModelConfig::validate`] refuses those).
     pub fn num_parameters(&self) -> usize {
-        let (d, hd) = (self.hidden_size, self.head_dim);
-        let q = self.num_attention_heads * hd;
-        let kv = self.num_key_value_heads * hd;
-        let attention = d * q + q + 2 * (d * kv + kv) + q * d;
-        let mlp = 3 * d * self.intermediate_size;
-        let layer = attention + mlp + 2 * d;
-        let lm_head = if self.tie_word_embeddings {
-            0
-        } else {
-            self.vocab_size * d
-        };
-        self.vocab_size * d + self.num_hidden_layers * layer + d + lm_head
+        self.parameter_count()
+            .ok()
+            .and_then(|c| usize::try_from(c.total).ok())
+            .unwrap_or(usize::MAX)
     }
+}
+
+/// A model's parameter count by part (see [`ModelConfig::parameter_count`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ParameterCount {
+    /// `vocab_size x hidden_size`, twice when the LM head is not tied.
+    pub embeddings: u64,
+    /// One decoder layer's parameters.
+    pub per_layer: u64,
+    /// `num_hidden_layers x per_layer`.
+    pub layers: u64,
+    /// Everything, the final norm included.
+    pub total: u64,
+}
+
+/// `12.3 GiB`, `512.0 MiB`, `100 B`: a byte count for messages.
+pub fn format_bytes(bytes: u64) -> String {
+    const UNITS: [&str; 6] = ["KiB", "MiB", "GiB", "TiB", "PiB", "EiB"];
+    if bytes < 1024 {
+        return format!("{bytes} B");
+    }
+    let mut value = bytes as f64 / 1024.0;
+    let mut unit = 0;
+    while value >= 1024.0 && unit + 1 < UNITS.len() {
+        value /= 1024.0;
+        unit += 1;
+    }
+    format!("{value:.1} {}", UNITS[unit])
 }
 
 impl RopeConfig {
@@ -503,6 +646,60 @@ mod tests {
         assert!(e.contains("JSON object"), "{e}");
         let e = error_of("{\"architectures\": [");
         assert!(e.contains("not valid JSON"), "{e}");
+    }
+
+    #[test]
+    fn absurd_sizes_are_refused_by_name_before_anything_is_allocated() {
+        let with = |field: &str, value: &str| {
+            let re = replace_field(QWEN25_7B_YARN, field, value);
+            ModelConfig::from_json_str(&re)
+        };
+        // 10^12 layers of 7B's width: 2.3e20 parameters, past 64 bits.
+        let e = format!(
+            "{:#}",
+            with("num_hidden_layers", "1000000000000").unwrap_err()
+        );
+        assert!(
+            e.contains("overflows 64 bits") && e.contains("num_hidden_layers 1000000000000"),
+            "{e}"
+        );
+        let e = format!("{:#}", with("vocab_size", "10000000000").unwrap_err());
+        assert!(e.contains("`vocab_size` is 10000000000"), "{e}");
+        let e = format!(
+            "{:#}",
+            with("max_position_embeddings", "100000000000").unwrap_err()
+        );
+        assert!(e.contains("`max_position_embeddings` 100000000000"), "{e}");
+        // A million layers count fine (2.3e14 parameters) but fit no machine.
+        let c = with("num_hidden_layers", "1000000").unwrap();
+        let count = c.parameter_count().unwrap();
+        assert_eq!(count.total, c.num_parameters() as u64);
+        assert_eq!(count.layers, count.per_layer * 1_000_000);
+        let e = format!(
+            "{:#}",
+            c.check_parameters_fit(4, 24 << 30, "available host memory")
+                .unwrap_err()
+        );
+        assert!(
+            e.contains("`num_hidden_layers` 1000000 x 233057792 per layer")
+                && e.contains("but available host memory is 24.0 GiB"),
+            "{e}"
+        );
+        // The real 7B fits 80 GB in bf16, not 8 GB.
+        let real = ModelConfig::from_json_str(QWEN25_7B_YARN).unwrap();
+        real.check_parameters_fit(2, 80 << 30, "free device memory")
+            .unwrap();
+        assert!(real.check_parameters_fit(2, 8 << 30, "x").is_err());
+        assert_eq!(format_bytes(100), "100 B");
+        assert_eq!(format_bytes(3 << 29), "1.5 GiB");
+    }
+
+    /// `"field": value` of the 7B config with another value.
+    fn replace_field(text: &str, field: &str, value: &str) -> String {
+        let key = format!("\"{field}\": ");
+        let at = text.find(&key).expect("field present") + key.len();
+        let end = at + text[at..].find([',', '\n', '}']).unwrap();
+        format!("{}{value}{}", &text[..at], &text[end..])
     }
 
     #[test]

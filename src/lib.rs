@@ -34,7 +34,8 @@
 //!   policies, episodes, rewards, concurrent rollouts): `swerve-train rollout` and `eval`.
 //! - [`rl`]: `swerve-train rl`, the method in one process: rollouts, rewards, DAPO through
 //!   [`train::learner`], weights handed to the engine in memory, iterated.
-//! - [`bench`]: what `swerve-bench` measures; [`progress`]: progress bars.
+//! - [`bench`]: what `swerve-bench` measures; [`progress`]: progress bars; [`sysmem`]: the
+//!   host's available memory.
 //!
 //! The binaries in `src/bin/` only parse arguments and call into these modules.
 //!
@@ -66,6 +67,7 @@ pub mod progress;
 pub mod rl;
 pub mod rng;
 pub mod server;
+pub mod sysmem;
 pub mod tensor;
 pub mod tokenizer;
 pub mod toolcall;

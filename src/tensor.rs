@@ -77,20 +77,30 @@ impl<'a> HostTensor<'a> {
 
     /// Every element widened to f32 (exact for all three dtypes).
     pub fn to_f32_vec(&self) -> Vec<f32> {
+        let mut out = vec![0.0; self.bytes.len() / self.dtype.size_bytes()];
+        self.write_f32(&mut out);
+        out
+    }
+
+    /// Every element widened to f32 into `out`, in place (as many as both hold).
+    pub fn write_f32(&self, out: &mut [f32]) {
         let b = &self.bytes;
         match self.dtype {
-            DType::F32 => b
-                .chunks_exact(4)
-                .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
-                .collect(),
-            DType::BF16 => b
-                .chunks_exact(2)
-                .map(|c| bf16::from_bits(u16::from_le_bytes([c[0], c[1]])).to_f32())
-                .collect(),
-            DType::F16 => b
-                .chunks_exact(2)
-                .map(|c| f16::from_bits(u16::from_le_bytes([c[0], c[1]])).to_f32())
-                .collect(),
+            DType::F32 => {
+                for (o, c) in out.iter_mut().zip(b.chunks_exact(4)) {
+                    *o = f32::from_le_bytes([c[0], c[1], c[2], c[3]]);
+                }
+            }
+            DType::BF16 => {
+                for (o, c) in out.iter_mut().zip(b.chunks_exact(2)) {
+                    *o = bf16::from_bits(u16::from_le_bytes([c[0], c[1]])).to_f32();
+                }
+            }
+            DType::F16 => {
+                for (o, c) in out.iter_mut().zip(b.chunks_exact(2)) {
+                    *o = f16::from_bits(u16::from_le_bytes([c[0], c[1]])).to_f32();
+                }
+            }
         }
     }
 

@@ -11,7 +11,7 @@ use swerve::backend::cpu::CpuBackend;
 use swerve::backend::Backend;
 use swerve::engine::{
     Engine, EngineConfig, EngineEvent, EngineHandle, FinalRecord, FinishReason, GenerationRequest,
-    RequestEvent, SamplingParams,
+    PromptLogprobs, RequestEvent, SamplingParams,
 };
 use swerve::model::{PackedBatch, Qwen2Model};
 use swerve::rng::{Rng, SplitMix64};
@@ -28,6 +28,7 @@ fn greedy(prompt: Vec<u32>, max_tokens: usize) -> GenerationRequest {
         params: SamplingParams::greedy(),
         max_tokens,
         stop_ids: vec![],
+        prompt_logprobs: None,
     }
 }
 
@@ -248,6 +249,7 @@ fn same_seed_same_sample_and_defaults_report_the_models_logprobs() {
                 params,
                 max_tokens: 30,
                 stop_ids: vec![],
+                prompt_logprobs: None,
             })
             .unwrap();
         loop {
@@ -315,6 +317,7 @@ fn device_and_host_sampled_rows_in_one_step_match_each_request_alone() {
         },
         max_tokens: 12,
         stop_ids: vec![],
+        prompt_logprobs: None,
     };
     let hot = |temperature: f32| SamplingParams {
         temperature,
@@ -427,6 +430,7 @@ fn the_handle_streams_aborts_reloads_and_frees_everything() {
                 streamed.push(t.token);
             }
             RequestEvent::Finished(r) => break r,
+            RequestEvent::PromptLogprobs(_) => panic!("not asked for"),
         }
     };
     assert_eq!(record.output_tokens, streamed);
@@ -507,4 +511,159 @@ fn a_released_kv_cache_comes_back_on_the_next_request_with_the_same_results() {
     assert_eq!(before.logprobs, after.logprobs);
     // The prefix cache went with the memory: nothing was served from it.
     assert_eq!(after.usage.cached_tokens, 0);
+}
+
+#[test]
+fn the_cpu_kv_cache_default_follows_the_workload_flags() {
+    use swerve::backend::DeviceChoice;
+    use swerve::engine::launch::{launch_engine, EngineLaunch};
+    let blocks = |max_num_seqs: usize, max_model_len: usize| {
+        let handle = launch_engine(&EngineLaunch {
+            model: fixture_dir(MODEL),
+            device: DeviceChoice::Cpu,
+            max_model_len,
+            kv_cache_fraction: 0.9,
+            num_kv_blocks: None,
+            max_num_seqs,
+            max_num_batched_tokens: 256,
+            seed: 0,
+        })
+        .unwrap();
+        handle.stats().unwrap().kv_total_blocks
+    };
+    // Each sequence's full length in 16-token blocks, times the sequences, plus a quarter of that
+    // for the prefix cache (the fixture's KV is tiny: memory never caps it here).
+    assert_eq!(blocks(3, 64), 3 * 4 + 3);
+    assert_eq!(blocks(6, 64), 6 * 4 + 6);
+    assert_eq!(blocks(3, 128), 3 * 8 + 6);
+    assert_eq!(blocks(5, 100), 5 * 7 + 9);
+}
+
+/// The prompt logprobs the engine computed before they became engine work: one full forward
+/// over the prompt, the LM head over its rows, `log_softmax_at` of each next token and the
+/// greedy sampler's top alternatives. Also checked against the trainer's `token_logprobs`.
+fn full_forward_prompt_logprobs(
+    backend: &CpuBackend,
+    model: &Qwen2Model<CpuBackend>,
+    prompt: &[u32],
+    top_n: usize,
+) -> PromptLogprobs {
+    use swerve::engine::sampler::{log_softmax_at, sample, SampleRng};
+    let logits = model
+        .forward_logits(backend, &PackedBatch::from_sequences(&[prompt]))
+        .unwrap();
+    let rows = backend.slice_rows(&logits, 0..prompt.len() - 1).unwrap();
+    let trainer = backend.token_logprobs(&rows, &prompt[1..]).unwrap();
+    let vocab = model.config.vocab_size;
+    let greedy_top = SamplingParams {
+        top_logprobs: top_n,
+        ..SamplingParams::greedy()
+    };
+    let mut out = PromptLogprobs {
+        logprobs: vec![None],
+        top_logprobs: vec![Vec::new()],
+    };
+    for (t, row) in logits
+        .data
+        .chunks_exact(vocab)
+        .take(prompt.len() - 1)
+        .enumerate()
+    {
+        let logprob = log_softmax_at(row, prompt[t + 1]);
+        assert_eq!(
+            logprob.to_bits(),
+            trainer[t].to_bits(),
+            "position {}",
+            t + 1
+        );
+        out.logprobs.push(Some(logprob));
+        let mut rng = SampleRng::from_seed(0);
+        out.top_logprobs
+            .push(sample(row, &greedy_top, &mut rng).top_logprobs);
+    }
+    out
+}
+
+#[test]
+fn echo_prompt_logprobs_are_prefill_work_with_unchanged_values() {
+    let backend = CpuBackend::with_threads(1);
+    let reference_model = model(&backend);
+    let prompt: Vec<u32> = (0..100).map(|i| (i * 37 % 311) as u32 + 3).collect();
+    let expected = full_forward_prompt_logprobs(&backend, &reference_model, &prompt, 3);
+    // Budgets: prefill chunks of 15 beside a decode, and one step of 99 rows (two LM head
+    // chunks). Prefix caching: the same prompt computed before, so its blocks are cached.
+    for (budget, cached_before) in [(16, false), (256, false), (16, true)] {
+        let mut config = EngineConfig::for_model(128, 64);
+        config.max_num_batched_tokens = budget;
+        let mut engine = Engine::new(CpuBackend::with_threads(1), model(&backend), config).unwrap();
+        if cached_before {
+            let id = engine.add_request(greedy(prompt.clone(), 1)).unwrap();
+            while engine.has_unfinished() {
+                engine.step().unwrap();
+            }
+            assert!(engine.kv_manager().pool().num_cached_blocks() >= 6, "{id}");
+        }
+        // A short request runs first; the long echo request arrives behind it.
+        let short = engine.add_request(greedy(vec![5, 6, 7, 8, 9], 6)).unwrap();
+        let echo = engine
+            .add_request(GenerationRequest {
+                prompt_logprobs: Some(3),
+                ..greedy(prompt.clone(), 2)
+            })
+            .unwrap();
+        let (mut step, mut short_done, mut echo_logprobs, mut echo_first_token) =
+            (0, None, None, None);
+        let mut echo_record = None;
+        while engine.has_unfinished() {
+            step += 1;
+            for event in engine.step().unwrap() {
+                match event {
+                    EngineEvent::PromptLogprobs { id, logprobs } => {
+                        assert_eq!(id, echo);
+                        assert!(echo_logprobs.is_none(), "delivered twice");
+                        echo_logprobs = Some((step, logprobs));
+                    }
+                    EngineEvent::Token(t) if t.id == echo => {
+                        echo_first_token.get_or_insert(step);
+                    }
+                    EngineEvent::Finished(r) if r.id == short => short_done = Some(step),
+                    EngineEvent::Finished(r) if r.id == echo => echo_record = Some(r),
+                    _ => {}
+                }
+            }
+        }
+        let (logprobs_step, logprobs) = echo_logprobs.expect("prompt logprobs delivered");
+        assert_eq!(logprobs, expected, "budget {budget}");
+        assert!(logprobs_step <= echo_first_token.unwrap());
+        if budget == 16 {
+            // The prefill of 100 tokens takes 7 steps of 15 or 16: the short request's 6 tokens
+            // all come out meanwhile.
+            assert!(
+                short_done.unwrap() < logprobs_step,
+                "short done at step {short_done:?}, echo logprobs at {logprobs_step}"
+            );
+        }
+        // Every prompt row was computed: no prefix-cache hit for the echo request.
+        let record = echo_record.unwrap();
+        assert_eq!(record.usage.cached_tokens, 0);
+        check_against_recompute(&backend, &reference_model, &record);
+        assert_eq!(engine.kv_manager().num_used_blocks(), 0);
+    }
+
+    // Through the handle: the event comes first on the request's own channel.
+    let handle = EngineHandle::spawn(|| {
+        let backend = CpuBackend::with_threads(1);
+        let model = model(&backend);
+        Engine::new(backend, model, EngineConfig::for_model(128, 64))
+    })
+    .unwrap();
+    let request = GenerationRequest {
+        prompt_logprobs: Some(3),
+        ..greedy(prompt.clone(), 2)
+    };
+    let (_, events) = handle.submit(request).unwrap();
+    let events: Vec<RequestEvent> = events.iter().collect();
+    assert_eq!(events[0], RequestEvent::PromptLogprobs(expected));
+    assert!(matches!(events[1], RequestEvent::Token(_)));
+    assert!(matches!(events.last(), Some(RequestEvent::Finished(_))));
 }

@@ -44,6 +44,7 @@ fn generate(cuda_graphs: bool) -> (Engine<CudaBackend>, Vec<FinalRecord>) {
                 params: SamplingParams::greedy(),
                 max_tokens: 24,
                 stop_ids: vec![],
+                prompt_logprobs: None,
             })
             .unwrap();
     }
@@ -180,6 +181,7 @@ fn weights_handed_over_device_to_device_equal_loaded_ones() {
                 params: SamplingParams::greedy(),
                 max_tokens: 16,
                 stop_ids: vec![],
+                prompt_logprobs: None,
             })
             .unwrap();
         let mut done = None;

@@ -43,6 +43,7 @@ fn rollouts(model_name: &str) -> Vec<TrainSequence> {
                 },
                 max_tokens: 12 + 5 * i,
                 stop_ids: vec![],
+                prompt_logprobs: None,
             })
             .unwrap();
     }

@@ -108,6 +108,8 @@ fn completions_chat_tools_streaming_logprobs_and_token_ids() {
         "{lp}"
     );
     assert_eq!(lp["tokens"][prompt_ids.len()], " forty");
+    let echo_prompt_logprobs =
+        lp["token_logprobs"].as_array().unwrap()[..prompt_ids.len()].to_vec();
     assert_eq!(lp["text_offset"][prompt_ids.len()], ANSWER_PROMPT.len());
     assert_eq!(ids(&choice["token_ids"]).len(), 3);
 
@@ -244,6 +246,9 @@ fn completions_chat_tools_streaming_logprobs_and_token_ids() {
         let i = choice["index"].as_u64().unwrap() as usize;
         if texts[i].is_empty() {
             assert_eq!(ids(&choice["prompt_token_ids"]), prompt_ids);
+            // The prompt's logprobs come in the first chunk, the same as without streaming.
+            let lps = choice["logprobs"]["token_logprobs"].as_array().unwrap();
+            assert_eq!(lps[..prompt_ids.len()], echo_prompt_logprobs[..], "{chunk}");
         }
         texts[i].push_str(choice["text"].as_str().unwrap());
         tokens[i].extend(ids(&choice["token_ids"]));
@@ -291,6 +296,7 @@ fn engine_greedy(prompts: &[Vec<u32>], max_tokens: usize) -> Vec<(Vec<u32>, Vec<
                     params: SamplingParams::greedy(),
                     max_tokens,
                     stop_ids: vec![],
+                    prompt_logprobs: None,
                 })
                 .unwrap(),
         );

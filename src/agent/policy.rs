@@ -61,6 +61,7 @@ impl Policy for EnginePolicy {
             },
             max_tokens: input.max_tokens,
             stop_ids: self.stop_ids.clone(),
+            prompt_logprobs: None,
         };
         let (_, events) = self.engine.submit(request)?;
         for event in events {

@@ -163,6 +163,18 @@ impl Backend for CpuBackend {
         Ok(CpuTensor::new(tensor.shape.clone(), tensor.to_f32_vec()))
     }
 
+    fn overwrite(&self, dst: &mut CpuTensor, src: &HostTensor<'_>) -> Result<()> {
+        src.check()?;
+        ensure!(
+            dst.shape == src.shape,
+            "overwrite: a {:?} tensor with {:?} data",
+            dst.shape,
+            src.shape
+        );
+        src.write_f32(&mut dst.data);
+        Ok(())
+    }
+
     fn zeros(&self, shape: &[usize]) -> Result<CpuTensor> {
         Ok(CpuTensor::new(
             shape.to_vec(),

@@ -156,6 +156,10 @@ pub trait Backend {
     fn upload_params(&self, tensors: &[&HostTensor<'_>]) -> Result<Vec<Self::Tensor>> {
         tensors.iter().map(|t| self.upload(t)).collect()
     }
+    /// Overwrites `dst` in place with `src` (same shape, any float dtype, converted as
+    /// [`Backend::upload`] converts): `dst` keeps its storage, so a weight reload needs no second
+    /// copy of the model. Errors, with `dst` unchanged, when the shapes or the byte count differ.
+    fn overwrite(&self, dst: &mut Self::Tensor, src: &HostTensor<'_>) -> Result<()>;
     /// Opens a step scope, closed by [`Backend::end_step`]. Inside it the backend may keep device
     /// copies of the host index arrays its ops are given (positions, slot mappings, paged
     /// layouts), keyed by their address, so that the layers of one forward upload them once.

@@ -104,6 +104,7 @@ pub fn run<B: Backend>(engine: &mut Engine<B>, workload: &AgentWorkload) -> Resu
             },
             max_tokens: workload.gen_tokens,
             stop_ids: vec![],
+            prompt_logprobs: None,
         };
         engine
             .add_request(request)

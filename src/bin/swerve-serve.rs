@@ -30,10 +30,13 @@ struct Cli {
     /// Longest prompt + completion in tokens (default: the model's context).
     #[arg(long)]
     max_model_len: Option<usize>,
-    /// Fraction of the memory free after loading the weights given to the KV cache.
+    /// On a GPU: the fraction of the device memory free after loading the weights given to the
+    /// KV cache. On the CPU the cache is sized for --max-num-seqs sequences of --max-model-len
+    /// tokens plus a quarter for the prefix cache, and this is the most of the available memory
+    /// it may take.
     #[arg(long, default_value_t = 0.9)]
     kv_cache_fraction: f64,
-    /// KV-cache size in blocks of 16 tokens, instead of --kv-cache-fraction.
+    /// KV-cache size in blocks of 16 tokens, instead of the default sizing.
     #[arg(long)]
     num_kv_blocks: Option<usize>,
     /// Sequences scheduled together at most.

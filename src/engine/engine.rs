@@ -9,16 +9,15 @@
 //! [`Engine`] is synchronous: [`Engine::step`] runs one step and returns what happened. The
 //! [`super::EngineHandle`] runs it on its own thread behind channels, for the server and the RL loop.
 
-use crate::backend::{Backend, DeviceSpan, PagedLayout, RowDraw};
+use crate::backend::{Backend, PagedLayout, RowDraw};
+use crate::engine::prompt_logprobs::{score_rows, PromptLogprobs, PromptRow};
 use crate::engine::request::{FinishReason, GenerationRequest, Request};
 use crate::engine::sampler::{sample, Sample, SampleRng, SamplingParams};
 use crate::engine::scheduler::{Scheduler, SchedulerConfig, StepPlan};
 use crate::kvcache::{KvCacheManager, RequestId, DEFAULT_BLOCK_SIZE};
-use crate::model::{PagedKv, Qwen2Model, Qwen2Params};
-use crate::tensor::HostTensor;
+use crate::model::{PagedKv, Qwen2Model};
 use anyhow::{bail, ensure, Context, Result};
 use std::collections::HashMap;
-use std::path::Path;
 use std::time::Instant;
 
 #[derive(Clone, Debug)]
@@ -87,6 +86,11 @@ pub struct FinalRecord {
 
 #[derive(Clone, Debug, PartialEq)]
 pub enum EngineEvent {
+    /// A request's prompt logprobs (asked for with `prompt_logprobs`), once, before its tokens.
+    PromptLogprobs {
+        id: RequestId,
+        logprobs: PromptLogprobs,
+    },
     Token(TokenEvent),
     Finished(FinalRecord),
 }
@@ -120,10 +124,10 @@ pub struct Engine<B: Backend> {
     /// The KV cache's memory is given back (while a colocated trainer runs); the next step that
     /// has work allocates it again.
     kv_released: bool,
-    scheduler: Scheduler,
+    pub(super) scheduler: Scheduler,
     config: EngineConfig,
     next_id: RequestId,
-    stats: EngineStats,
+    pub(super) stats: EngineStats,
 }
 
 impl<B: Backend> Engine<B> {
@@ -245,71 +249,6 @@ impl<B: Backend> Engine<B> {
         &self.scheduler.kv
     }
 
-    /// Swaps in the weights in `dir` (same architecture), forgets the prefix cache (its KV came
-    /// from the old weights) and bumps the weight version every record carries. Called between
-    /// steps, so no step mixes two versions. Running requests continue on the new weights.
-    pub fn update_weights(&mut self, dir: &Path) -> Result<u64> {
-        let model = Qwen2Model::load(&self.backend, dir)?;
-        self.swap_model(model, &dir.display().to_string())
-    }
-
-    /// Swaps in weights handed over in memory (the RL loop's trainer): same checks and effects
-    /// as [`Engine::update_weights`], no disk.
-    pub fn update_weights_from_host(&mut self, host: &Qwen2Params<HostTensor<'_>>) -> Result<u64> {
-        let model = Qwen2Model::from_host_params(
-            &self.backend,
-            self.model.config.clone(),
-            self.model.local,
-            host,
-        )?;
-        self.swap_model(model, "the weights handed over")
-    }
-
-    /// Overwrites the weights in place from device memory of another backend on this device
-    /// (the RL loop's trainer), one span per parameter in checkpoint order: no host round trip.
-    ///
-    /// # Safety
-    /// Every span must be live device memory of this device that nobody writes until this
-    /// returns (the trainer waits for the reply).
-    pub unsafe fn update_weights_from_device(&mut self, spans: &[DeviceSpan]) -> Result<u64> {
-        let count = self.model.params.iter().count();
-        ensure!(
-            spans.len() == count,
-            "{} device tensors handed over for {count} parameters",
-            spans.len()
-        );
-        // Captured graphs keep reading the same (now updated) buffers, but drop them anyway:
-        // a graph is checked against its eager warm-up when captured.
-        self.backend.reset_graphs();
-        for (param, span) in self.model.params.iter_mut().zip(spans) {
-            // SAFETY: forwarded from the caller.
-            unsafe { self.backend.copy_from_span(param, span) }?;
-        }
-        self.scheduler.kv.reset_prefix_cache();
-        self.stats.weight_version += 1;
-        Ok(self.stats.weight_version)
-    }
-
-    fn swap_model(&mut self, model: Qwen2Model<B>, source: &str) -> Result<u64> {
-        let (old, new) = (&self.model.config, &model.config);
-        ensure!(
-            old.hidden_size == new.hidden_size
-                && old.num_hidden_layers == new.num_hidden_layers
-                && old.num_attention_heads == new.num_attention_heads
-                && old.num_key_value_heads == new.num_key_value_heads
-                && old.head_dim == new.head_dim
-                && old.vocab_size == new.vocab_size
-                && old.intermediate_size == new.intermediate_size,
-            "{source}: a different architecture than the loaded model"
-        );
-        // Captured graphs read the old weights' memory.
-        self.backend.reset_graphs();
-        self.model = model;
-        self.scheduler.kv.reset_prefix_cache();
-        self.stats.weight_version += 1;
-        Ok(self.stats.weight_version)
-    }
-
     fn record(&self, request: Request, finish_reason: FinishReason) -> FinalRecord {
         FinalRecord {
             id: request.id,
@@ -396,12 +335,30 @@ impl<B: Backend> Engine<B> {
             return Ok(events);
         }
         let (tokens, positions, layout) = self.build_layout(&plan)?;
+        let prompt_rows = self.prompt_rows(&plan, &layout);
         let model_started = Instant::now();
-        let (sample_ids, samples) = match self.graph_step(&plan, &tokens, &positions, &layout)? {
+        // A graph step samples only; prompt rows (never in a pure decode step) need the eager one.
+        let graph = if prompt_rows.is_empty() {
+            self.graph_step(&plan, &tokens, &positions, &layout)?
+        } else {
+            None
+        };
+        let (sample_ids, samples) = match graph {
             Some(graph_samples) => graph_samples,
-            None => self.eager_step(&plan, &tokens, &positions, &layout)?,
+            None => self.eager_step(&plan, &tokens, &positions, &layout, &prompt_rows)?,
         };
         let model_seconds = model_started.elapsed().as_secs_f64();
+        for s in &plan.scheduled {
+            let request = self.scheduler.get_mut(s.id).expect("scheduled request");
+            let prompt_len = request.prompt_len;
+            if let Some(state) = request.prompt_logprobs.as_mut() {
+                if !state.delivered && state.is_complete(prompt_len) {
+                    state.delivered = true;
+                    let logprobs = std::mem::take(&mut state.values);
+                    events.push(EngineEvent::PromptLogprobs { id: s.id, logprobs });
+                }
+            }
+        }
 
         // Events in the step's scheduling order, whichever path sampled.
         let mut by_id: HashMap<RequestId, Sample> = samples.into_iter().collect();
@@ -506,11 +463,19 @@ impl<B: Backend> Engine<B> {
         tokens: &[u32],
         positions: &[u32],
         layout: &PagedLayout,
+        prompt_rows: &[PromptRow],
     ) -> Result<(Vec<RequestId>, Vec<(RequestId, Sample)>)> {
         let hidden =
             self.model
                 .forward_paged(&self.backend, tokens, positions, layout, &mut self.kv)?;
         self.scheduler.complete(plan);
+        let scored = score_rows(&self.backend, &self.model, &hidden, prompt_rows)?;
+        for (row, scored) in prompt_rows.iter().zip(scored) {
+            let request = self.scheduler.get_mut(row.id).expect("scheduled request");
+            let state = request.prompt_logprobs.as_mut().expect("asked for");
+            state.values.logprobs.push(Some(scored.logprob));
+            state.values.top_logprobs.push(scored.top_logprobs);
+        }
 
         // Requests that caught up sample from their last row.
         let mut sample_rows = Vec::new();
@@ -598,6 +563,28 @@ impl<B: Backend> Engine<B> {
             }
         }
         Ok((sample_ids, samples))
+    }
+
+    /// The rows of a planned step that score prompt tokens whose logprobs are asked for and
+    /// still missing, in step order (see [`crate::engine::prompt_logprobs`]).
+    fn prompt_rows(&mut self, plan: &StepPlan, layout: &PagedLayout) -> Vec<PromptRow> {
+        let mut rows = Vec::new();
+        for (i, s) in plan.scheduled.iter().enumerate() {
+            let request = self.scheduler.get_mut(s.id).expect("scheduled request");
+            let Some(state) = &request.prompt_logprobs else {
+                continue;
+            };
+            let computed = s.num_computed_tokens..s.num_computed_tokens + s.num_new_tokens;
+            for p in state.rows_needed(request.prompt_len, computed) {
+                rows.push(PromptRow {
+                    id: s.id,
+                    row: layout.cu_query[i] + (p - s.num_computed_tokens) as u32,
+                    target: request.tokens[p + 1],
+                    top_n: state.top_n,
+                });
+            }
+        }
+        rows
     }
 
     /// Token ids, positions and the paged layout of a planned step.

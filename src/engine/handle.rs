@@ -15,7 +15,7 @@
 
 use crate::backend::{Backend, DeviceSpan};
 use crate::engine::engine::{Engine, EngineEvent, EngineStats, FinalRecord, TokenEvent};
-use crate::engine::prompt_logprobs::{prompt_logprobs, PromptLogprobs};
+use crate::engine::prompt_logprobs::PromptLogprobs;
 use crate::engine::request::GenerationRequest;
 use crate::kvcache::RequestId;
 use crate::model::Qwen2Params;
@@ -26,9 +26,11 @@ use std::path::PathBuf;
 use std::sync::mpsc::{channel, Receiver, Sender};
 use std::thread::JoinHandle;
 
-/// What a request's receiver gets: its tokens as they come, then exactly one `Finished`.
+/// What a request's receiver gets: its prompt logprobs when asked for (once, before any
+/// token), its tokens as they come, then exactly one `Finished`.
 #[derive(Clone, Debug, PartialEq)]
 pub enum RequestEvent {
+    PromptLogprobs(PromptLogprobs),
     Token(TokenEvent),
     Finished(FinalRecord),
 }
@@ -48,7 +50,6 @@ enum Command {
     ReleaseKv(Sender<Result<usize>>),
     RestoreKv(Sender<Result<()>>),
     Stats(Sender<EngineStats>),
-    PromptLogprobs(Vec<u32>, usize, Sender<Result<PromptLogprobs>>),
     Pause,
     Resume,
     Shutdown,
@@ -136,14 +137,6 @@ impl EngineHandle {
     /// Steps again after [`EngineHandle::pause`]. Idempotent.
     pub fn resume(&self) -> Result<()> {
         self.send(Command::Resume)
-    }
-
-    /// `log p(tokens[t] | tokens[<t])` for every t >= 1 and the `top_n` most likely tokens at
-    /// each position, computed between steps with the current weights (for `echo`).
-    pub fn prompt_logprobs(&self, tokens: Vec<u32>, top_n: usize) -> Result<PromptLogprobs> {
-        let (tx, rx) = channel();
-        self.send(Command::PromptLogprobs(tokens, top_n, tx))?;
-        rx.recv().map_err(|_| anyhow!("the engine has stopped"))?
     }
 
     /// Ends a request; its receiver gets `Finished` with reason `abort`.
@@ -245,9 +238,6 @@ fn run<B: Backend>(mut engine: Engine<B>, inbox: Receiver<Command>) {
                         }
                     }
                 }
-                Command::PromptLogprobs(tokens, top_n, reply) => {
-                    let _ = reply.send(prompt_logprobs(&engine, &tokens, top_n));
-                }
                 Command::Pause => paused = true,
                 Command::Resume => paused = false,
                 Command::UpdateWeights(dir, reply) => {
@@ -300,6 +290,15 @@ fn run<B: Backend>(mut engine: Engine<B>, inbox: Receiver<Command>) {
         };
         for event in events {
             match event {
+                EngineEvent::PromptLogprobs { id, logprobs } => {
+                    let gone = listeners
+                        .get_mut(&id)
+                        .is_some_and(|tx| !tx(RequestEvent::PromptLogprobs(logprobs)));
+                    if gone {
+                        listeners.remove(&id);
+                        engine.abort(id);
+                    }
+                }
                 EngineEvent::Token(token) => {
                     let id = token.id;
                     let gone = listeners

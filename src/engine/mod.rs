@@ -8,13 +8,16 @@
 //! - [`handle`]: [`EngineHandle`], the engine on its own thread behind channels: submit, a stream
 //!   of events per request, abort, weight updates, pause and resume.
 //! - [`launch`]: an engine for a model folder on the backend chosen at run time.
-//! - [`prompt_logprobs`]: logprobs of a prompt's own tokens (for `echo`).
+//! - [`reload`]: weight updates in place between steps.
+//! - [`prompt_logprobs`]: logprobs of a prompt's own tokens (for `echo`), computed during the
+//!   request's prefill.
 
 #[allow(clippy::module_inception)]
 pub mod engine;
 pub mod handle;
 pub mod launch;
 pub mod prompt_logprobs;
+pub mod reload;
 pub mod request;
 pub mod sampler;
 pub mod scheduler;

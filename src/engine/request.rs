@@ -11,7 +11,8 @@
 //! `num_tokens()` one larger again (decode). A preempted request drops to zero computed tokens
 //! and later recomputes all of them, prompt and generated alike.
 
-use crate::engine::sampler::{SampleRng, SamplingParams};
+use crate::engine::prompt_logprobs::PromptLogprobsState;
+use crate::engine::sampler::{SampleRng, SamplingParams, MAX_TOP_LOGPROBS};
 use crate::kvcache::RequestId;
 
 /// Why a request ended (OpenAI's `finish_reason` words where they exist).
@@ -47,6 +48,10 @@ pub struct GenerationRequest {
     pub max_tokens: usize,
     /// Generating any of these ends the request (the token is kept in the output).
     pub stop_ids: Vec<u32>,
+    /// `Some(top_n)`: also the logprobs of the prompt's own tokens, with `top_n` alternatives
+    /// each (at most `MAX_TOP_LOGPROBS`), computed during the prefill and delivered before the
+    /// first token (see [`crate::engine::prompt_logprobs`]).
+    pub prompt_logprobs: Option<usize>,
 }
 
 #[derive(Clone, Debug)]
@@ -68,6 +73,8 @@ pub struct Request {
     pub logprobs: Vec<f32>,
     pub top_logprobs: Vec<Vec<(u32, f32)>>,
     pub num_preemptions: usize,
+    /// The prompt's own logprobs, when asked for, as the prefill computes them.
+    pub prompt_logprobs: Option<PromptLogprobsState>,
 }
 
 impl Request {
@@ -86,7 +93,18 @@ impl Request {
             logprobs: Vec::new(),
             top_logprobs: Vec::new(),
             num_preemptions: 0,
+            prompt_logprobs: submitted
+                .prompt_logprobs
+                .map(|top_n| PromptLogprobsState::new(top_n.min(MAX_TOP_LOGPROBS))),
         }
+    }
+
+    /// Whether prompt logprobs are wanted and some are still missing (the request then takes no
+    /// prefix-cache hits: the rows a hit skips are the ones it needs).
+    pub fn needs_prompt_rows(&self) -> bool {
+        self.prompt_logprobs
+            .as_ref()
+            .is_some_and(|p| !p.is_complete(self.prompt_len))
     }
 
     pub fn num_tokens(&self) -> usize {

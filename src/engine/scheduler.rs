@@ -157,10 +157,13 @@ impl Scheduler {
             let Some(mut request) = self.waiting.pop_front() else {
                 break;
             };
-            let (hits, hit_tokens) = if request.num_computed_tokens == 0 {
-                self.kv.get_computed_blocks(&request.tokens)
-            } else {
+            let (hits, hit_tokens) = if request.num_computed_tokens > 0 {
                 (Vec::new(), request.num_computed_tokens)
+            } else if request.needs_prompt_rows() {
+                // Its prompt logprobs need every prompt row computed.
+                (Vec::new(), 0)
+            } else {
+                self.kv.get_computed_blocks(&request.tokens)
             };
             let n = (request.num_tokens() - hit_tokens).min(budget);
             match self
@@ -241,6 +244,7 @@ mod tests {
                 params: SamplingParams::greedy(),
                 max_tokens: 4,
                 stop_ids: vec![],
+                prompt_logprobs: None,
             },
             SampleRng::from_seed(id),
         )

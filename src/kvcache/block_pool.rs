@@ -1,29 +1,34 @@
 //! The block pool: reference counts, the free queue (lazy LRU eviction) and the prefix cache.
 //!
 //! ```text
-//!   block id    0     1     2     3     4     5     6     7
-//!   ref_cnt     -     2     1     0     0     1     0     0      block 0: the null block, never
-//!   hash        -     h0    h1    h7    -     -     h3    -      handed out (block-table padding)
+//!   block id    0     1     2     3     4     5     6     7     8
+//!   ref_cnt     -     2     1     0     0     1     0     0     0   block 0: the null block, never
+//!   hash        -     h0    h1    h7    -     -     h3    -     -   handed out (block-table padding)
+//!                                                               8: never used yet
 //!
 //!   free queue (doubly linked through prev/next arrays of block ids, no allocation per op):
 //!
-//!      head -> [4] <-> [7] <-> [3] <-> [6] <- tail
-//!              pop here:              freed blocks are pushed here, so the least recently
-//!              allocate               freed block is reused first (LRU)
+//!      head -> [4] <-> [7] <-> [8] <-> [3] <-> [6] <- tail
+//!              ^ freed without a hash:         ^ freed with a hash: pushed at the back, so
+//!                pushed at the front, reused     cached KV is evicted least recently freed
+//!                first (their KV is worthless)   first (LRU), and only once nothing else is free
+//!      pop here: allocate
 //! ```
 //!
 //! - Every non-null block with `ref_cnt == 0` is in the free queue, and no other block is.
 //! - A free block may still carry a hash: its KV is valid and a prefix-cache hit revives it
 //!   ([`BlockPool::touch`] unlinks it from the middle of the queue in O(1)). Its cache entry is
 //!   only dropped when [`BlockPool::allocate`] pops it for new content (lazy eviction).
+//! - Blocks freed without a hash go to the front: a block just written is reused before a block
+//!   never touched, so the memory the pool actually touches (the resident set of a CPU cache,
+//!   whose pages the system maps on first write) stays near the blocks in use plus those the
+//!   prefix cache keeps, however large the pool. Cached blocks are evicted only when no uncached
+//!   block is free.
 //! - [`BlockPool::free`] takes a request's block table and releases it tail first, so within a
-//!   sequence the last blocks (least likely to be shared) are evicted before the first ones.
+//!   sequence the last cached blocks (least likely to be shared) are evicted before the first ones.
 
 use super::prefix::{BlockHash, CacheInsert, CachedBlock, PrefixCache};
-use super::KvCacheError;
-
-/// Index of a block in the per-layer K and V pools `[blocks, block_size, kv_heads, head_dim]`.
-pub type BlockId = u32;
+use super::{BlockId, KvCacheError};
 
 /// Block 0: never handed out; pads block tables.
 pub const NULL_BLOCK: BlockId = 0;
@@ -34,8 +39,8 @@ pub const DEFAULT_BLOCK_SIZE: usize = 16;
 /// "No block" in the free queue's links.
 const NIL: BlockId = BlockId::MAX;
 
-/// An index-linked doubly-linked list of block ids: O(1) push-back, pop-front and removal of any
-/// member, with all storage allocated up front.
+/// An index-linked doubly-linked list of block ids: O(1) push at either end, pop-front and
+/// removal of any member, with all storage allocated up front.
 #[derive(Clone, Debug)]
 struct FreeQueue {
     prev: Vec<BlockId>,
@@ -73,6 +78,21 @@ impl FreeQueue {
             self.next[self.tail as usize] = id;
         }
         self.tail = id;
+        self.in_queue[i] = true;
+        self.len += 1;
+    }
+
+    fn push_front(&mut self, id: BlockId) {
+        debug_assert!(!self.contains(id), "block {id} is already free");
+        let i = id as usize;
+        self.prev[i] = NIL;
+        self.next[i] = self.head;
+        if self.head == NIL {
+            self.tail = id;
+        } else {
+            self.prev[self.head as usize] = id;
+        }
+        self.head = id;
         self.in_queue[i] = true;
         self.len += 1;
     }
@@ -243,9 +263,9 @@ impl BlockPool {
         }
     }
 
-    /// Releases one holder of each block of a request's block table (given in table order).
-    /// Blocks left with no holder join the back of the free queue tail first, keeping their
-    /// cached hash until they are reallocated.
+    /// Releases one holder of each block of a request's block table (given in table order),
+    /// tail first. A block left with no holder joins the free queue: at the back when it carries
+    /// a cached hash (kept until the block is reallocated), at the front otherwise.
     pub fn free(&mut self, block_table: &[BlockId]) {
         for &id in block_table.iter().rev() {
             assert!(
@@ -256,7 +276,11 @@ impl BlockPool {
             assert!(*rc > 0, "free: block {id} is not in use");
             *rc -= 1;
             if *rc == 0 {
-                self.free_queue.push_back(id);
+                if self.cached_hash[id as usize].is_some() {
+                    self.free_queue.push_back(id);
+                } else {
+                    self.free_queue.push_front(id);
+                }
             }
         }
     }
@@ -309,8 +333,19 @@ impl BlockPool {
     }
 
     /// Forgets every cached hash, of free and in-use blocks alike (their KV came from weights
-    /// that are gone). Returns how many entries were dropped. The free queue's order is kept.
+    /// that are gone). Returns how many entries were dropped. Free blocks that were cached move
+    /// to the front of the free queue in their order (they are uncached now, and reusing them
+    /// touches no new memory); the rest of the queue keeps its order.
     pub fn reset_prefix_cache(&mut self) -> usize {
+        let was_cached_free: Vec<BlockId> = self
+            .free_queue_order()
+            .into_iter()
+            .filter(|&id| self.cached_hash[id as usize].is_some())
+            .collect();
+        for &id in was_cached_free.iter().rev() {
+            self.free_queue.remove(id);
+            self.free_queue.push_front(id);
+        }
         self.cached_hash.iter_mut().for_each(|h| *h = None);
         self.cache.clear()
     }
@@ -432,19 +467,48 @@ mod tests {
     }
 
     #[test]
-    fn free_releases_tail_first_to_the_back() {
+    fn uncached_blocks_are_freed_to_the_front_cached_ones_to_the_back() {
         let mut p = pool(8);
         let a = p.allocate(3).unwrap(); // 1 2 3
         let b = p.allocate(2).unwrap(); // 4 5
         assert_eq!(p.free_queue_order(), vec![6, 7]);
         p.free(&a);
-        assert_eq!(p.free_queue_order(), vec![6, 7, 3, 2, 1]);
+        assert_eq!(p.free_queue_order(), vec![1, 2, 3, 6, 7]);
         p.free(&b);
-        assert_eq!(p.free_queue_order(), vec![6, 7, 3, 2, 1, 5, 4]);
+        assert_eq!(p.free_queue_order(), vec![4, 5, 1, 2, 3, 6, 7]);
         assert_eq!(p.num_used_blocks(), 0);
         p.check_invariants().unwrap();
-        // LRU: the least recently freed are reused first.
-        assert_eq!(p.allocate(3), Some(vec![6, 7, 3]));
+        assert_eq!(p.allocate(3), Some(vec![4, 5, 1]));
+        // Cached blocks go to the back, the table's tail first (evicted first).
+        let c = p.allocate(4).unwrap(); // 2 3 6 7
+        for (seed, &id) in c.iter().enumerate() {
+            cache(&mut p, id, seed as u32);
+        }
+        p.free(&c);
+        assert_eq!(p.free_queue_order(), vec![7, 6, 3, 2]);
+        p.check_invariants().unwrap();
+    }
+
+    #[test]
+    fn a_freed_uncached_block_is_reused_before_untouched_and_cached_ones() {
+        let mut p = pool(8);
+        let a = p.allocate(3).unwrap(); // 1 2 3: written
+        let h1 = cache(&mut p, 1, 7); // block 1 holds a cached prefix
+        p.free(&a);
+        // 2 and 3 were written and carry no hash; 4..7 were never touched; 1 is cached.
+        assert_eq!(p.free_queue_order(), vec![2, 3, 4, 5, 6, 7, 1]);
+        assert_eq!(
+            p.allocate(1),
+            Some(vec![2]),
+            "a freed block before a new one"
+        );
+        p.free(&[2]);
+        assert_eq!(p.allocate(2), Some(vec![2, 3]));
+        // The never-touched blocks go before the cached prefix is evicted.
+        assert_eq!(p.allocate(4), Some(vec![4, 5, 6, 7]));
+        assert_eq!(p.lookup(h1, None, &[7; 4], None), Some(1), "still cached");
+        assert_eq!(p.allocate(1), Some(vec![1]), "evicted last");
+        assert_eq!(p.num_cached_blocks(), 0);
         p.check_invariants().unwrap();
     }
 
@@ -457,7 +521,7 @@ mod tests {
         p.free(&a);
         assert_eq!(p.num_free_blocks(), 3, "still held by the second request");
         p.free(&a);
-        assert_eq!(p.free_queue_order(), vec![3, 4, 5, 2, 1]);
+        assert_eq!(p.free_queue_order(), vec![1, 2, 3, 4, 5]);
         p.check_invariants().unwrap();
     }
 
@@ -466,25 +530,26 @@ mod tests {
         let mut p = pool(6);
         let a = p.allocate(3).unwrap(); // 1 2 3
         let h2 = cache(&mut p, 2, 20);
-        p.free(&a); // queue: 4 5 3 2 1
+        p.free(&a); // uncached 3, then 1, to the front; cached 2 to the back
+        assert_eq!(p.free_queue_order(), vec![1, 3, 4, 5, 2]);
         assert_eq!(
             p.lookup(h2, None, &[20; 4], None),
             Some(2),
             "a free block stays cached"
         );
         p.touch(&[2]);
-        assert_eq!(p.free_queue_order(), vec![4, 5, 3, 1]);
+        assert_eq!(p.free_queue_order(), vec![1, 3, 4, 5]);
         assert_eq!((p.ref_count(2), p.num_used_blocks()), (1, 1));
         p.check_invariants().unwrap();
-        // Head and tail removal too.
+        // Head and middle removal too.
         p.touch(&[4]);
         p.touch(&[1]);
-        assert_eq!(p.free_queue_order(), vec![5, 3]);
+        assert_eq!(p.free_queue_order(), vec![3, 5]);
         p.touch(&[5, 3]);
         assert_eq!(p.free_queue_order(), Vec::<BlockId>::new());
         p.check_invariants().unwrap();
         p.free(&[1, 2, 3, 4, 5]);
-        assert_eq!(p.free_queue_order(), vec![5, 4, 3, 2, 1]);
+        assert_eq!(p.free_queue_order(), vec![1, 3, 4, 5, 2]);
         p.check_invariants().unwrap();
     }
 
@@ -536,7 +601,7 @@ mod tests {
         cache(&mut p, a[0], 1);
         cache(&mut p, a[1], 2);
         p.free(&a[1..]);
-        let order = p.free_queue_order();
+        assert_eq!(p.free_queue_order(), vec![3, a[1]]);
         assert_eq!(p.reset_prefix_cache(), 2);
         assert_eq!(
             (
@@ -546,7 +611,8 @@ mod tests {
             ),
             (0, None, None)
         );
-        assert_eq!(p.free_queue_order(), order);
+        // The block that was cached is uncached now: reused first.
+        assert_eq!(p.free_queue_order(), vec![a[1], 3]);
         assert_eq!(p.reset_prefix_cache(), 0);
         p.check_invariants().unwrap();
     }

@@ -11,9 +11,9 @@
 //!   cacheable          false after a weight reset or a hash collision: nothing more registered
 //! ```
 
-use super::block_pool::{BlockId, BlockPool, NULL_BLOCK};
+use super::block_pool::{BlockPool, NULL_BLOCK};
 use super::prefix::{hash_block, BlockHasher, CacheInsert};
-use super::KvCacheError;
+use super::{BlockId, KvCacheError};
 use std::collections::HashMap;
 
 /// The engine's id of a request (one sequence).
@@ -392,20 +392,7 @@ impl KvCacheManager {
 mod tests {
     use super::*;
     use crate::kvcache::prefix::hash_request_blocks;
-
-    fn tokens(range: std::ops::Range<u32>) -> Vec<u32> {
-        range.collect()
-    }
-
-    /// get_computed_blocks + allocate_slots for the whole list, as a request new to the cache.
-    fn admit(m: &mut KvCacheManager, req: RequestId, toks: &[u32]) -> Option<Vec<BlockId>> {
-        let (hits, n) = m.get_computed_blocks(toks);
-        let out = m
-            .allocate_slots(req, toks, n, toks.len() - n, &hits)
-            .unwrap();
-        m.check_invariants().unwrap();
-        out
-    }
+    use crate::kvcache::test_support::{admit, tokens};
 
     /// Everything observable, to show that a refused call changed nothing.
     fn snapshot(m: &KvCacheManager) -> impl PartialEq + std::fmt::Debug {
@@ -477,7 +464,9 @@ mod tests {
         );
         assert!(m.free(1));
         assert!(!m.free(1), "freeing an unknown request is a no-op");
-        assert_eq!(m.pool().free_queue_order()[11..], [4, 3, 2, 1]);
+        // The uncached tail block is reused first, the cached ones last, tail first.
+        let order = m.pool().free_queue_order();
+        assert_eq!((order[0], &order[12..]), (4, &[3, 2, 1][..]));
         m.check_invariants().unwrap();
     }
 
@@ -486,7 +475,7 @@ mod tests {
         let mut m = KvCacheManager::new(6, 4, true).unwrap(); // 5 usable
         let prompt = tokens(0..13); // 3 full blocks + 1 token
         assert_eq!(admit(&mut m, 1, &prompt), Some(vec![1, 2, 3, 4]));
-        m.free(1); // queue: 5 4 3 2 1, blocks 1-3 still cached
+        m.free(1); // queue: 4 5 3 2 1, blocks 1-3 still cached
         m.check_invariants().unwrap();
         // The next request hits the 3 cached free blocks; with 5 free, 2 more can be allocated.
         let long = [tokens(0..12), tokens(50..58)].concat(); // 5 blocks in all
@@ -502,8 +491,8 @@ mod tests {
         );
         assert_eq!(snapshot(&m), before);
         let new = m.allocate_slots(2, &long, 12, 8, &hits).unwrap();
-        assert_eq!(new, Some(vec![5, 4]));
-        assert_eq!(m.block_table(2), &[1, 2, 3, 5, 4]);
+        assert_eq!(new, Some(vec![4, 5]));
+        assert_eq!(m.block_table(2), &[1, 2, 3, 4, 5]);
         assert_eq!(m.num_free_blocks(), 0);
         m.check_invariants().unwrap();
     }

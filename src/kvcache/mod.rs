@@ -48,10 +48,18 @@
 pub mod block_pool;
 pub mod manager;
 pub mod prefix;
+#[cfg(test)]
+mod test_support;
 
-pub use block_pool::{BlockId, BlockPool, DEFAULT_BLOCK_SIZE, NULL_BLOCK};
+pub use block_pool::{BlockPool, DEFAULT_BLOCK_SIZE, NULL_BLOCK};
 pub use manager::{KvCacheManager, PrefixCacheStats, RequestId};
 pub use prefix::{hash_block, hash_request_blocks, BlockHash, BlockHasher, PrefixCache};
+
+/// Index of a block in the per-layer K and V pools `[blocks, block_size, kv_heads, head_dim]`.
+/// Defined here, below its three users, so that `prefix` (which names blocks) and `block_pool`
+/// (which owns the prefix cache) depend on each other in one direction only:
+/// `manager -> block_pool -> prefix`, each of them -> this module's shared types.
+pub type BlockId = u32;
 
 /// What the KV cache refuses. Running out of free blocks is not an error but `Ok(None)` from
 /// [`KvCacheManager::allocate_slots`].
@@ -101,32 +109,8 @@ impl std::error::Error for KvCacheError {}
 /// seeded randomized stress test checked against a model of what each KV slot holds.
 #[cfg(test)]
 mod tests {
+    use super::test_support::{admit, decode, tokens};
     use super::*;
-
-    fn tokens(range: std::ops::Range<u32>) -> Vec<u32> {
-        range.collect()
-    }
-
-    /// get_computed_blocks + allocate_slots for the whole list, as a request new to the cache.
-    fn admit(m: &mut KvCacheManager, req: RequestId, toks: &[u32]) -> Option<Vec<BlockId>> {
-        let (hits, n) = m.get_computed_blocks(toks);
-        let out = m
-            .allocate_slots(req, toks, n, toks.len() - n, &hits)
-            .unwrap();
-        m.check_invariants().unwrap();
-        out
-    }
-
-    /// Decodes `n` tokens for a running request (one allocation per token), from `next_token`.
-    fn decode(m: &mut KvCacheManager, req: RequestId, toks: &mut Vec<u32>, n: usize, first: u32) {
-        for t in first..first + n as u32 {
-            toks.push(t);
-            m.allocate_slots(req, toks, toks.len() - 1, 1, &[])
-                .unwrap()
-                .unwrap();
-            m.check_invariants().unwrap();
-        }
-    }
 
     #[test]
     fn group_of_ten_computes_the_shared_prompt_once() {

@@ -24,7 +24,7 @@
 //! builds and machines (std's `DefaultHasher` promises none of that). It is not a cryptographic
 //! hash: a server shared with adversarial clients would want SHA-256 here.
 
-use super::block_pool::BlockId;
+use super::BlockId;
 use std::collections::HashMap;
 
 /// The chained hash of one full block (see the module doc).

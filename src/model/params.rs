@@ -45,6 +45,9 @@ pub enum ParamKind {
 }
 
 impl<T> Qwen2Params<T> {
+    /// Tensors of one decoder layer (the fields of [`LayerParams`]).
+    pub const TENSORS_PER_LAYER: usize = 12;
+
     /// Builds every parameter in checkpoint order by calling `make(hf_name, local_shape, kind)`.
     pub fn try_build(
         config: &ModelConfig,

@@ -186,6 +186,24 @@ impl Checkpoint {
                 local.tp_size
             );
         }
+        // A config with absurd sizes must fail before a per-layer list is allocated: every
+        // tensor's shape is checked against the file below, but not the number of layers. Each
+        // layer has several tensors, so a count past the checkpoint's is hopeless; below it, the
+        // first missing tensor is named.
+        if config.num_hidden_layers > self.tensors.len() {
+            bail!(
+                "config.json's `num_hidden_layers` {} is more than the {} tensors the checkpoint \
+                 ({}) holds ({} per layer)",
+                config.num_hidden_layers,
+                self.tensors.len(),
+                self.files
+                    .iter()
+                    .map(|(p, _)| p.display().to_string())
+                    .collect::<Vec<_>>()
+                    .join(", "),
+                Qwen2Params::<()>::TENSORS_PER_LAYER
+            );
+        }
         let mut used = std::collections::HashSet::new();
         let params = Qwen2Params::try_build(config, local, |name, shape, _| {
             used.insert(name.to_string());

@@ -205,12 +205,8 @@ pub struct Run {
 }
 
 impl Run {
-    pub fn new(
-        state: Arc<AppState>,
-        job: Job,
-        inflight: Inflight,
-        prompt_logprobs: Vec<Option<PromptLogprobs>>,
-    ) -> Self {
+    pub fn new(state: Arc<AppState>, job: Job, inflight: Inflight) -> Self {
+        let prompt_logprobs = vec![None; job.prompts.len()];
         let choices = (0..job.num_choices())
             .map(|c| ChoiceState {
                 prompt_index: c / job.n,
@@ -235,6 +231,16 @@ impl Run {
         }
     }
 
+    /// Whether choice `index` waits for its prompt's logprobs before its first stream chunk
+    /// (they come from the prompt's first choice, which computes them during its prefill; if
+    /// that choice ended without them, nothing is waited for).
+    pub fn awaits_prompt_logprobs(&self, index: usize) -> bool {
+        let p = self.choices[index].prompt_index;
+        self.job.wants_prompt_logprobs()
+            && self.prompt_logprobs[p].is_none()
+            && self.choices[p * self.job.n].finish.is_none()
+    }
+
     pub fn all_finished(&self) -> bool {
         self.choices.iter().all(|c| c.finish.is_some())
     }
@@ -244,6 +250,10 @@ impl Run {
             return;
         }
         match event {
+            RequestEvent::PromptLogprobs(logprobs) => {
+                let p = self.choices[choice].prompt_index;
+                self.prompt_logprobs[p] = Some(logprobs);
+            }
             RequestEvent::Token(token) => self.on_token(choice, token),
             RequestEvent::Finished(record) => self.on_finished(choice, record),
         }

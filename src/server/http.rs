@@ -14,13 +14,10 @@ use super::error::ApiError;
 use super::fields::Fields;
 use super::generate::{collect, start, Run};
 use super::metrics::ServerGauges;
-use super::openai::{
-    parse_chat, parse_completion, parse_detokenize, parse_tokenize, Endpoint, Job,
-};
+use super::openai::{parse_chat, parse_completion, parse_detokenize, parse_tokenize, Endpoint};
 use super::response::{full_response, Envelope};
 use super::state::AppState;
 use super::stream::SseBody;
-use crate::engine::PromptLogprobs;
 use axum::body::{Body, Bytes};
 use axum::extract::State;
 use axum::http::{header, HeaderMap, HeaderValue, StatusCode};
@@ -142,31 +139,6 @@ async fn chat_completions(State(state): Shared, headers: HeaderMap, body: Body) 
     finish(&state, "/v1/chat/completions", result)
 }
 
-/// Prompt logprobs for `echo` with `logprobs`, one engine call per prompt.
-async fn echo_logprobs(
-    state: &Arc<AppState>,
-    job: &Job,
-) -> Result<Vec<Option<PromptLogprobs>>, ApiError> {
-    let mut out = Vec::new();
-    for prompt in &job.prompts {
-        if !(job.echo && job.logprobs.is_some()) {
-            out.push(None);
-            continue;
-        }
-        let (engine, prompt, top) = (
-            state.engine.clone(),
-            prompt.clone(),
-            job.logprobs.unwrap_or(0),
-        );
-        let logprobs = tokio::task::spawn_blocking(move || engine.prompt_logprobs(prompt, top))
-            .await
-            .map_err(|e| ApiError::internal(format!("prompt logprobs failed: {e}")))?
-            .map_err(|e| super::error::from_engine_refusal(&e))?;
-        out.push(Some(logprobs));
-    }
-    Ok(out)
-}
-
 async fn generate(
     state: &Arc<AppState>,
     headers: &HeaderMap,
@@ -179,7 +151,6 @@ async fn generate(
         Endpoint::Completions => parse_blocking(state, body, parse_completion).await?,
         Endpoint::Chat => parse_blocking(state, body, parse_chat).await?,
     };
-    let prompt_logprobs = echo_logprobs(state, &job).await?;
     let (inflight, mut events) = start(state, &job).await?;
     let prefix = match endpoint {
         Endpoint::Completions => "cmpl",
@@ -193,7 +164,7 @@ async fn generate(
         created: now_unix(),
         model: state.served_model_name.clone(),
     };
-    let mut run = Run::new(state.clone(), job, inflight, prompt_logprobs);
+    let mut run = Run::new(state.clone(), job, inflight);
     if run.job.stream {
         let body = SseBody::new(run, events, envelope);
         return Ok((

@@ -39,10 +39,11 @@ pub struct ServeOptions {
     pub device: DeviceChoice,
     /// Longest prompt + output; the model's context by default.
     pub max_model_len: Option<usize>,
-    /// Fraction of the memory free after loading the weights (device memory on a GPU, available
-    /// RAM on the CPU) given to the KV cache.
+    /// On a GPU, the fraction of the device memory free after loading the weights given to the
+    /// KV cache; on the CPU, the most of the available memory the workload-sized cache may take
+    /// (see [`crate::engine::launch`]).
     pub kv_cache_fraction: f64,
-    /// Exact KV-cache size in blocks, overriding the fraction.
+    /// Exact KV-cache size in blocks, overriding the default sizing.
     pub num_kv_blocks: Option<usize>,
     pub max_num_seqs: usize,
     pub max_num_batched_tokens: usize,
@@ -156,7 +157,6 @@ pub fn run(options: ServeOptions) -> Result<()> {
     );
     let tokenizer = Tokenizer::for_model_dir(&options.model)?;
     let template = ChatTemplate::for_tokenizer(&tokenizer)?;
-    let table = TokenTable::new(&tokenizer, config.vocab_size)?;
     if tokenizer.vocab_size() > config.vocab_size {
         eprintln!(
             "warning: the tokenizer has {} tokens but the model only {}: text whose tokens fall outside the model is refused (token ids still work)",
@@ -182,6 +182,9 @@ pub fn run(options: ServeOptions) -> Result<()> {
         max_num_batched_tokens: options.max_num_batched_tokens,
         seed: options.seed,
     })?;
+    // After the launch, which checked the config's sizes against memory: the table has a row
+    // per token of the model's vocabulary.
+    let table = TokenTable::new(&tokenizer, config.vocab_size)?;
     let state = Arc::new(AppState {
         engine: Arc::new(engine),
         tokenizer,

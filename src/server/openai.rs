@@ -88,7 +88,9 @@ pub struct Job {
 
 impl Job {
     /// The engine request of every choice, in choice order (prompt-major: choice `p * n + j`).
-    /// With a seed, choice j of a prompt samples with `seed + j`.
+    /// With a seed, choice j of a prompt samples with `seed + j`. With `echo` and `logprobs`, the
+    /// first choice of each prompt also computes the prompt's logprobs (the others share its
+    /// prompt through the prefix cache).
     pub fn requests(&self) -> Vec<GenerationRequest> {
         let mut out = Vec::new();
         for (p, prompt) in self.prompts.iter().enumerate() {
@@ -100,10 +102,17 @@ impl Job {
                     params,
                     max_tokens: self.max_tokens[p],
                     stop_ids: self.stop_ids.clone(),
+                    prompt_logprobs: (j == 0 && self.wants_prompt_logprobs())
+                        .then(|| self.logprobs.unwrap_or(0)),
                 });
             }
         }
         out
+    }
+
+    /// Whether the prompts' own logprobs are returned (completions' `echo` with `logprobs`).
+    pub fn wants_prompt_logprobs(&self) -> bool {
+        self.echo && self.logprobs.is_some()
     }
 
     pub fn num_choices(&self) -> usize {

@@ -270,6 +270,10 @@ pub fn choice_chunks(run: &mut Run, envelope: &Envelope, index: usize, out: &mut
     let mut text = c.text()[c.sent_text.min(text_end)..text_end].to_string();
     let token_range = c.sent_tokens..c.tokens.len();
     let start = !c.sent_start;
+    if start && !finishing && run.awaits_prompt_logprobs(index) {
+        // The first chunk carries the echoed prompt's logprobs: not before they are here.
+        return;
+    }
     if start && job.endpoint == Endpoint::Completions && job.echo {
         let (echo_text, _) = echo_parts(run, c);
         text.insert_str(0, &echo_text);

@@ -328,6 +328,22 @@ impl Backend for CudaBackend {
         Ok(out)
     }
 
+    fn overwrite(&self, dst: &mut CudaTensor, src: &HostTensor<'_>) -> Result<()> {
+        src.check()?;
+        ensure!(
+            dst.shape() == src.shape.as_slice() && dst.dtype() == DeviceDType::Bf16,
+            "overwrite: a {:?} {:?} tensor with {:?} data",
+            dst.shape(),
+            dst.dtype(),
+            src.shape
+        );
+        // Weights overwritten in place: captured decode graphs start over.
+        self.bump_graph_generation();
+        // A host-to-device copy into the existing buffer (f32 data is rounded on the device).
+        self.write_host_tensor(src, dst)?;
+        self.device.synchronize()
+    }
+
     fn zeros(&self, shape: &[usize]) -> Result<CudaTensor> {
         let mut t = self.alloc(shape, DeviceDType::Bf16)?;
         self.fill_bytes(&mut t, 0)?;

@@ -36,7 +36,7 @@ pub fn prefill(options: &PrefillOptions) -> Result<()> {
     match backend {
         Selected::Cpu(b) => {
             let param_bytes = config.num_parameters() / tp_size * 4;
-            if let Some(available) = available_memory_bytes() {
+            if let Some(available) = crate::sysmem::available_memory_bytes() {
                 if param_bytes > available / 2 {
                     bail!(
                         "preset {} needs {:.1} GiB of f32 weights on the CPU backend but only {:.1} GiB is available; \
@@ -90,12 +90,4 @@ fn prefill_on<B: Backend>(
         append_jsonl(path, &records)?;
     }
     Ok(())
-}
-
-/// MemAvailable from /proc/meminfo, where there is one.
-fn available_memory_bytes() -> Option<usize> {
-    let text = std::fs::read_to_string("/proc/meminfo").ok()?;
-    let line = text.lines().find(|l| l.starts_with("MemAvailable:"))?;
-    let kib: usize = line.split_whitespace().nth(1)?.parse().ok()?;
-    Some(kib * 1024)
 }
