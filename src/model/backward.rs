@@ -22,9 +22,9 @@
 
 use crate::backend::grad::BackendGrad;
 use crate::backend::loss::{LossOutput, LossRows, Objective};
-use crate::model::layer::{AttentionFn, Keep, LayerActivations, SavedLayer};
+use crate::model::layer::{LayerActivations, SavedLayer};
 use crate::model::params::{LayerParams, Qwen2Params};
-use crate::model::qwen2::{PackedBatch, Qwen2Model};
+use crate::model::qwen2::{AttentionFn, Keep, PackedBatch, Qwen2Model};
 use anyhow::{bail, Result};
 
 /// The training forward's result: the final hidden states (what the LM head reads) and what the

@@ -20,7 +20,7 @@
 
 use crate::backend::Backend;
 use crate::model::params::LayerParams;
-use crate::model::qwen2::Qwen2Model;
+use crate::model::qwen2::{AttentionFn, Keep, Qwen2Model};
 use anyhow::{anyhow, bail, ensure, Result};
 
 /// Everything one layer's backward reads.
@@ -47,22 +47,6 @@ pub enum SavedLayer<T> {
     Input(T),
     Full(LayerActivations<T>),
 }
-
-/// What a layer's forward keeps for the backward.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Keep {
-    /// Inference: buffers are reused from layer to layer.
-    Nothing,
-    /// Activation checkpointing: each layer's input.
-    Input,
-    Everything,
-}
-
-/// Attention supplied by the caller (packed prefill, paged decode, or training's with its
-/// logsumexp): `(layer index, q, k, v, out, lse)`; `lse` is `Some` exactly when the caller asked
-/// for it.
-pub trait AttentionFn<T>: FnMut(usize, &T, &T, &T, &mut T, Option<&mut T>) -> Result<()> {}
-impl<T, F: FnMut(usize, &T, &T, &T, &mut T, Option<&mut T>) -> Result<()>> AttentionFn<T> for F {}
 
 /// The residual stream between layers: `residual`, plus the previous layer's MLP output in
 /// `delta` when `pending` (not yet added: the next norm adds it).

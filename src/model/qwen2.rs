@@ -16,7 +16,6 @@
 
 use crate::backend::{Backend, PagedLayout, Rotary};
 use crate::config::{LocalSizes, ModelConfig};
-use crate::model::layer::{AttentionFn, Keep};
 use crate::model::params::Qwen2Params;
 use crate::model::weights::Checkpoint;
 use crate::tensor::HostTensor;
@@ -82,6 +81,22 @@ impl PackedBatch {
         self.cu_seqlens[i] as usize..self.cu_seqlens[i + 1] as usize
     }
 }
+
+/// What a layer's forward keeps for the backward.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Keep {
+    /// Inference: buffers are reused from layer to layer.
+    Nothing,
+    /// Activation checkpointing: each layer's input.
+    Input,
+    Everything,
+}
+
+/// Attention supplied by the caller (packed prefill, paged decode, or training's with its
+/// logsumexp): `(layer index, q, k, v, out, lse)`; `lse` is `Some` exactly when the caller asked
+/// for it.
+pub trait AttentionFn<T>: FnMut(usize, &T, &T, &T, &mut T, Option<&mut T>) -> Result<()> {}
+impl<T, F: FnMut(usize, &T, &T, &T, &mut T, Option<&mut T>) -> Result<()>> AttentionFn<T> for F {}
 
 impl<B: Backend> Qwen2Model<B> {
     /// Loads `DIR/config.json` and the safetensors checkpoint beside it (TP = 1).
