@@ -273,11 +273,36 @@ fn sampling_field(e: SamplingError) -> ApiError {
     ApiError::field(param, e.to_string())
 }
 
+/// Reads the fields both endpoints share, stage by stage (the order in which a body's errors are
+/// found): choices and lengths, sampling, stops, streaming, then the fields accepted only at
+/// their neutral values.
 fn read_common(
     fields: &mut Fields,
     ctx: &Context<'_>,
     max_tokens_names: &[&'static str],
 ) -> Result<Common, ApiError> {
+    let n = read_n(fields)?;
+    let (max_tokens, max_tokens_field) = read_max_tokens(fields, max_tokens_names)?;
+    let params = read_sampling(fields, ctx)?;
+    let (stop_strings, stop_ids) = read_stops(fields, ctx)?;
+    let (stream, include_usage) = read_streaming(fields)?;
+    let skip_special_tokens = fields.boolean("skip_special_tokens")?.unwrap_or(true);
+    accept_neutral_fields(fields)?;
+    Ok(Common {
+        n,
+        max_tokens,
+        max_tokens_field,
+        params,
+        stop_strings,
+        stop_ids,
+        stream,
+        include_usage,
+        skip_special_tokens,
+    })
+}
+
+/// `n`: choices per prompt.
+fn read_n(fields: &mut Fields) -> Result<usize, ApiError> {
     let n = fields.count("n")?.unwrap_or(1);
     if n == 0 || n as usize > MAX_CHOICES {
         return Err(ApiError::field(
@@ -285,9 +310,17 @@ fn read_common(
             format!("`n` = {n}: must be between 1 and {MAX_CHOICES}"),
         ));
     }
+    Ok(n as usize)
+}
+
+/// The completion length under any of its names (the last one given wins), and that name.
+fn read_max_tokens(
+    fields: &mut Fields,
+    names: &[&'static str],
+) -> Result<(Option<usize>, &'static str), ApiError> {
     let mut max_tokens = None;
     let mut max_tokens_field = "max_tokens";
-    for name in max_tokens_names {
+    for name in names {
         if let Some(m) = fields.count(name)? {
             if m == 0 {
                 return Err(ApiError::field(
@@ -299,6 +332,11 @@ fn read_common(
             max_tokens_field = name;
         }
     }
+    Ok((max_tokens, max_tokens_field))
+}
+
+/// Temperature, top_p, min_p, top_k and seed over the server's defaults, validated.
+fn read_sampling(fields: &mut Fields, ctx: &Context<'_>) -> Result<SamplingParams, ApiError> {
     let d = ctx.defaults;
     let temperature = fields
         .number("temperature")?
@@ -326,7 +364,12 @@ fn read_common(
         top_logprobs: 0,
     };
     params.validate(ctx.model_vocab).map_err(sampling_field)?;
+    Ok(params)
+}
 
+/// `stop` strings, and the stop ids: the tokenizer's end tokens unless `ignore_eos`, plus
+/// `stop_token_ids`.
+fn read_stops(fields: &mut Fields, ctx: &Context<'_>) -> Result<(Vec<String>, Vec<u32>), ApiError> {
     let stop_strings = match fields.take("stop") {
         None => Vec::new(),
         Some(Value::String(s)) => vec![s],
@@ -373,6 +416,11 @@ fn read_common(
     if let Some(v) = fields.take("stop_token_ids") {
         stop_ids.extend(token_ids(&v, "stop_token_ids", ctx)?);
     }
+    Ok((stop_strings, stop_ids))
+}
+
+/// `stream` and `stream_options.include_usage` (only with `stream: true`).
+fn read_streaming(fields: &mut Fields) -> Result<(bool, bool), ApiError> {
     let stream = fields.boolean("stream")?.unwrap_or(false);
     let include_usage = match fields.take("stream_options") {
         None => false,
@@ -407,9 +455,12 @@ fn read_common(
             "`stream_options` is only allowed with `stream: true`",
         ));
     }
-    let skip_special_tokens = fields.boolean("skip_special_tokens")?.unwrap_or(true);
+    Ok((stream, include_usage))
+}
 
-    // Accepted, not used.
+/// Fields accepted and not used, and those accepted only at their neutral values (anything
+/// else would change the distribution sampled).
+fn accept_neutral_fields(fields: &mut Fields) -> Result<(), ApiError> {
     fields.ignore(&[
         "user",
         "store",
@@ -419,7 +470,6 @@ fn read_common(
         "prompt_cache_key",
         "return_token_ids",
     ]);
-    // Accepted only at their neutral values: anything else changes the distribution sampled.
     let zero = |v: &Value| v.as_f64() == Some(0.0);
     fields.only_neutral("frequency_penalty", zero, "0")?;
     fields.only_neutral("presence_penalty", zero, "0")?;
@@ -434,17 +484,7 @@ fn read_common(
         |v| v.get("type").and_then(Value::as_str) == Some("text"),
         "{\"type\": \"text\"}",
     )?;
-    Ok(Common {
-        n: n as usize,
-        max_tokens,
-        max_tokens_field,
-        params,
-        stop_strings,
-        stop_ids,
-        stream,
-        include_usage,
-        skip_special_tokens,
-    })
+    Ok(())
 }
 
 /// Every prompt must leave room to generate, and `max_tokens` must fit the context: the counts are
