@@ -116,7 +116,7 @@ pub fn run_agent(options: &AgentRunOptions, name: &str) -> Result<AgentRun> {
     let model_dir = options
         .model
         .as_ref()
-        .map(|m| crate::model::synthetic::resolve_model_arg(m, &options.out))
+        .map(|m| crate::train::run_dir::resolve_model(m, &options.out))
         .transpose()?;
     let tokenizer = Arc::new(match &model_dir {
         Some(dir) => Tokenizer::for_model_dir(dir)?,

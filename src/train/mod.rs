@@ -8,6 +8,7 @@ pub mod data;
 pub mod learner;
 pub mod loss;
 pub mod optimizer;
+pub mod run_dir;
 pub mod score;
 pub mod tokenize;
 pub mod trainer;
