@@ -249,7 +249,7 @@ impl<B: BackendGrad> Loop<'_, '_, B> {
         plot::write_reward_plot(&self.out().join("reward.png"), &self.history)?;
         eprintln!("{}", plot::sparkline(&self.history));
         if options.save_every > 0
-            && (iteration % options.save_every == 0 || iteration == options.iterations)
+            && (iteration.is_multiple_of(options.save_every) || iteration == options.iterations)
         {
             self.checkpoint(iteration)?;
         }
