@@ -5,7 +5,8 @@
 //! `lp_t = log p(tokens[t] | tokens[<t])` (the first token has no context, hence `null`).
 //!
 //! Sequences are packed in input order into batches of at most `batch_tokens` tokens (a longer
-//! sequence runs alone, never truncated); the LM head runs over at most `LOGIT_ROWS` rows at a
+//! sequence runs alone, never truncated), each scored as soon as it is read, so memory holds one
+//! batch whatever the file's size; the LM head runs over at most `LOGIT_ROWS` rows at a
 //! time so the `[T, vocab]` logits are never whole in memory.
 
 use crate::backend::Backend;
