@@ -6,7 +6,8 @@
 //! (assistant turns are the actions; `"loss": false` masks one); a line with both forms (a
 //! rollout's) is read by its `tokens`. A line that does not parse, a
 //! mask of the wrong length, a token id outside the vocabulary, or a sequence longer than the
-//! maximum is an error naming `file:line`, never a skip.
+//! maximum is an error naming `file:line`, never a skip. A file is read one line at a time into
+//! [`PackedTrajectories`]: only the line being converted is ever a `serde_json::Value`.
 //!
 //! Row form: row `r` of a sequence predicts token `r + 1`, so the token-aligned mask and
 //! logprobs shift by one; the last row predicts nothing.

@@ -301,6 +301,7 @@ fn resume_checkpoint(opts: &TrainOptions, record: &RecordedOptions) -> Result<Op
     Ok(Some(dir))
 }
 
+/// Runs `rft`/`dapo` on `backend` as the module doc draws it; the model ends in `OUT/final`.
 pub fn train<B: BackendGrad>(backend: &B, opts: &TrainOptions) -> Result<TrainSummary> {
     if opts.batch_size == 0 || opts.micro_batch_tokens == 0 || opts.epochs == 0 {
         bail!("--batch-size, --micro-batch-tokens and --epochs must be positive");
