@@ -14,6 +14,16 @@ use std::path::Path;
 static QWEN25_TOKENIZER_JSON: &[u8] = include_bytes!("../assets/qwen2.5/tokenizer.json");
 static QWEN25_TOKENIZER_CONFIG: &str = include_str!("../assets/qwen2.5/tokenizer_config.json");
 
+/// The embedded Qwen2.5 tokenizer as files (`tokenizer.json`, `tokenizer_config.json`): what
+/// [`Tokenizer::for_model_dir`] uses for a folder without its own, and what checkpoints of such
+/// a model carry.
+pub fn embedded_qwen25_files() -> [(&'static str, &'static [u8]); 2] {
+    [
+        ("tokenizer.json", QWEN25_TOKENIZER_JSON),
+        ("tokenizer_config.json", QWEN25_TOKENIZER_CONFIG.as_bytes()),
+    ]
+}
+
 /// End of a turn; the instruct models stop on it.
 pub const IM_END: &str = "<|im_end|>";
 /// End of text; also the padding token.

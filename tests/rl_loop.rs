@@ -113,7 +113,32 @@ fn a_killed_and_resumed_run_continues_exactly() {
         "4",
         "--resume",
     ]);
+    // A resume that changes what the run is made of is refused, naming each change.
+    let mut changed = args.clone();
+    changed.extend(["--batch-size", "16"]);
+    let seed = changed.iter().position(|a| *a == "--seed").unwrap();
+    changed[seed + 1] = "4";
+    let refused = Command::new(bin_path("swerve-train"))
+        .args(["rl", "--device", "cpu"])
+        .args(&changed)
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&refused.stderr);
+    assert!(!refused.status.success(), "{stderr}");
+    assert!(
+        stderr.contains("--seed: 3 in the run, 4 now")
+            && stderr.contains("--batch-size: 32 in the run, 16 now"),
+        "{stderr}"
+    );
     rl(&args);
+    // Checkpoints carry the starting model's own tokenizer files.
+    for file in ["tokenizer.json", "tokenizer_config.json"] {
+        assert_eq!(
+            std::fs::read(whole.join("iteration-000004").join(file)).unwrap(),
+            std::fs::read(whole.join("base-model").join(file)).unwrap(),
+            "{file}"
+        );
+    }
     let a = json_lines(&whole.join("iterations.jsonl"));
     let b = json_lines(&split.join("iterations.jsonl"));
     assert_eq!(a.len(), 4);

@@ -1,4 +1,5 @@
-//! `swerve-train tokenize` end to end on the committed Qwen2.5 tokenizer.
+//! `swerve-train tokenize` end to end on the committed Qwen2.5 tokenizer, and on a swerve
+//! checkpoint (which carries its model's tokenizer files).
 
 mod common;
 
@@ -8,12 +9,19 @@ use std::process::Command;
 use swerve::tokenizer::Tokenizer;
 
 fn run(lines: &[String]) -> (std::process::Output, Option<String>) {
+    run_with(&root().join("assets/qwen2.5"), lines)
+}
+
+fn run_with(
+    tokenizer: &std::path::Path,
+    lines: &[String],
+) -> (std::process::Output, Option<String>) {
     let tmp = tempfile::tempdir().unwrap();
     let (input, output) = (tmp.path().join("in.jsonl"), tmp.path().join("out.jsonl"));
     std::fs::write(&input, lines.join("\n") + "\n").unwrap();
     let result = Command::new(bin_path("swerve-train"))
         .args(["tokenize", "--tokenizer"])
-        .arg(root().join("assets/qwen2.5"))
+        .arg(tokenizer)
         .arg("--input")
         .arg(&input)
         .arg("--output")
@@ -105,4 +113,59 @@ fn bad_lines_name_line_and_message() {
         );
         assert!(output.is_none());
     }
+}
+
+#[test]
+fn a_checkpoint_carries_the_tokenizer_its_model_used() {
+    // preset:tiny has no tokenizer files of its own: it runs with the embedded Qwen2.5
+    // tokenizer, so that is what its checkpoints must carry.
+    let dir = tempfile::tempdir().unwrap();
+    let data = dir.path().join("rft.jsonl");
+    let conversation = json!({"messages": [
+        {"role": "user", "content": "Hi"},
+        {"role": "assistant", "content": "Hello!"}
+    ]});
+    std::fs::write(&data, format!("{conversation}\n{conversation}\n")).unwrap();
+    let out = dir.path().join("out");
+    let result = Command::new(bin_path("swerve-train"))
+        .args([
+            "rft",
+            "--model",
+            "preset:tiny",
+            "--steps",
+            "1",
+            "--batch-size",
+            "2",
+        ])
+        .args(["--device", "cpu", "--data"])
+        .arg(&data)
+        .arg("--out")
+        .arg(&out)
+        .output()
+        .unwrap();
+    assert!(
+        result.status.success(),
+        "{}",
+        String::from_utf8_lossy(&result.stderr)
+    );
+    let checkpoint = out.join("final");
+    for file in ["tokenizer.json", "tokenizer_config.json"] {
+        assert!(
+            std::fs::read(checkpoint.join(file)).unwrap()
+                == std::fs::read(root().join("assets/qwen2.5").join(file)).unwrap(),
+            "{file}"
+        );
+    }
+    let lines = vec![
+        json!({"text": "<|im_start|>user\nHi"}).to_string(),
+        conversation.to_string(),
+    ];
+    let (from_checkpoint, tokenized) = run_with(&checkpoint, &lines);
+    assert!(
+        from_checkpoint.status.success(),
+        "{}",
+        String::from_utf8_lossy(&from_checkpoint.stderr)
+    );
+    let (_, expected) = run(&lines);
+    assert_eq!(tokenized.unwrap(), expected.unwrap());
 }

@@ -1,13 +1,14 @@
 //! `swerve-train rollout` and `swerve-train eval`: tasks, an environment, a policy, episodes,
 //! then `trajectories.jsonl` (RL-SPEC's format; `rft` and `dapo` read it) and a summary.
 
-use super::episode::{EpisodeConfig, EpisodeContext};
+use super::episode::{Episode, EpisodeConfig, EpisodeContext};
 use super::policy::{read_replay, EnginePolicy, Policy, Script, ScriptedPolicy, ServerPolicy};
 use super::rollout::{print_summary, run_episodes, summarize};
 use crate::backend::DeviceChoice;
 use crate::chat::ChatTemplate;
 use crate::config::ModelConfig;
 use crate::engine::launch::{launch_engine, EngineLaunch};
+use crate::engine::EngineHandle;
 use crate::env::docker::{DockerConfig, DockerEnvironment};
 use crate::env::local::{LocalConfig, LocalEnvironment};
 use crate::env::toy::ToyEnvironment;
@@ -116,7 +117,7 @@ pub fn run_agent(options: &AgentRunOptions, name: &str) -> Result<AgentRun> {
     let model_dir = options
         .model
         .as_ref()
-        .map(|m| crate::model::synthetic::resolve_model_arg(m, &options.out))
+        .map(|m| crate::train::run_dir::resolve_model(m, &options.out))
         .transpose()?;
     let tokenizer = Arc::new(match &model_dir {
         Some(dir) => Tokenizer::for_model_dir(dir)?,
@@ -125,6 +126,61 @@ pub fn run_agent(options: &AgentRunOptions, name: &str) -> Result<AgentRun> {
     let template = ChatTemplate::for_tokenizer(&tokenizer)?;
 
     let mut episode = options.episode.clone();
+    let (policy, engine) = make_policy(options, &tokenizer, model_dir.as_ref(), &mut episode)?;
+    if options.policy != "model" {
+        if let Some(n) = options.max_context {
+            episode.max_context = n;
+        }
+    }
+    let env = environment_for(&tasks, options)?;
+    eprintln!(
+        "{name}: {} tasks from {} x {} samples, policy {}, environment {}, {} at a time, context {} tokens, {} turns",
+        tasks.len(),
+        if builtin::is_builtin_path(&tasks_path) { options.tasks.clone() } else { tasks_path.display().to_string() },
+        options.group,
+        policy.name(),
+        env.name(),
+        options.concurrency,
+        episode.max_context,
+        episode.max_turns
+    );
+    let ctx = EpisodeContext {
+        env: env.as_ref(),
+        policy: policy.as_ref(),
+        tokenizer: &tokenizer,
+        template: &template,
+        config: &episode,
+    };
+    let episodes = run_episodes(
+        &ctx,
+        &tasks,
+        options.group,
+        options.concurrency,
+        options.seed,
+        name,
+    );
+    drop(policy);
+    if let Some(handle) = engine {
+        if let Ok(handle) = Arc::try_unwrap(handle) {
+            handle.shutdown();
+        }
+    }
+
+    write_outputs(options, name, &tasks, &episodes, env.name(), &episode)
+}
+
+/// A policy, and the in-process engine it samples from (if any), to shut down after.
+type PolicyAndEngine = (Box<dyn Policy>, Option<Arc<EngineHandle>>);
+
+/// The policy `--policy` names: the model (through an in-process engine, returned too so it can
+/// be shut down, or `--server`), or a scripted one. For the model, the episodes' context limit
+/// is set from the model's.
+fn make_policy(
+    options: &AgentRunOptions,
+    tokenizer: &Arc<Tokenizer>,
+    model_dir: Option<&PathBuf>,
+    episode: &mut EpisodeConfig,
+) -> Result<PolicyAndEngine> {
     let mut engine = None;
     let policy: Box<dyn Policy> = match options.policy.as_str() {
         "noop" => Box::new(ScriptedPolicy {
@@ -136,7 +192,7 @@ pub fn run_agent(options: &AgentRunOptions, name: &str) -> Result<AgentRun> {
             script: Script::Oracle,
         }),
         "model" => {
-            let dir = model_dir.as_ref().ok_or_else(|| {
+            let dir = model_dir.ok_or_else(|| {
                 anyhow::anyhow!("--policy model needs --model DIR or --model preset:NAME")
             })?;
             let config = ModelConfig::from_dir(dir)?;
@@ -184,58 +240,31 @@ pub fn run_agent(options: &AgentRunOptions, name: &str) -> Result<AgentRun> {
             None => bail!("--policy {other}: expected model, oracle, noop or replay:FILE"),
         },
     };
-    if options.policy != "model" {
-        if let Some(n) = options.max_context {
-            episode.max_context = n;
-        }
-    }
-    let env = environment_for(&tasks, options)?;
-    eprintln!(
-        "{name}: {} tasks from {} x {} samples, policy {}, environment {}, {} at a time, context {} tokens, {} turns",
-        tasks.len(),
-        if builtin::is_builtin_path(&tasks_path) { options.tasks.clone() } else { tasks_path.display().to_string() },
-        options.group,
-        policy.name(),
-        env.name(),
-        options.concurrency,
-        episode.max_context,
-        episode.max_turns
-    );
-    let ctx = EpisodeContext {
-        env: env.as_ref(),
-        policy: policy.as_ref(),
-        tokenizer: &tokenizer,
-        template: &template,
-        config: &episode,
-    };
-    let episodes = run_episodes(
-        &ctx,
-        &tasks,
-        options.group,
-        options.concurrency,
-        options.seed,
-        name,
-    );
-    drop(policy);
-    if let Some(handle) = engine {
-        if let Ok(handle) = Arc::try_unwrap(handle) {
-            handle.shutdown();
-        }
-    }
+    Ok((policy, engine))
+}
 
+/// Writes `OUT/trajectories.jsonl` and `OUT/{name}.json` and prints the summary.
+fn write_outputs(
+    options: &AgentRunOptions,
+    name: &str,
+    tasks: &[Task],
+    episodes: &[Episode],
+    environment: &str,
+    episode: &EpisodeConfig,
+) -> Result<AgentRun> {
     let trajectories = options.out.join("trajectories.jsonl");
     crate::jsonl::write_atomically(&trajectories, |write| {
-        for e in &episodes {
+        for e in episodes {
             if !options.only_resolved || e.resolved {
                 write(&e.to_json())?;
             }
         }
         Ok(())
     })?;
-    let mut summary = summarize(&tasks, &episodes, options.group);
+    let mut summary = summarize(tasks, episodes, options.group);
     summary["policy"] = json!(options.policy);
     summary["tasks_file"] = json!(options.tasks);
-    summary["environment"] = json!(env.name());
+    summary["environment"] = json!(environment);
     summary["seed"] = json!(options.seed);
     summary["max_context"] = json!(episode.max_context);
     summary["max_turns"] = json!(episode.max_turns);

@@ -67,112 +67,148 @@ impl Editor {
         let mut io = SandboxFiles { sandbox, timeout };
         match command {
             "view" => self.view(&mut io, &path, args.get("view_range")),
-            "create" => {
-                let Some(text) = str_arg("file_text") else {
-                    return Ok("Error: `file_text` is required for `create`.".into());
-                };
-                match io.read(&path)? {
-                    Read::Missing => {
-                        io.write(&path, text)?;
-                        self.history.entry(path.clone()).or_default();
-                        Ok(format!("File created successfully at: {path}"))
-                    }
-                    _ => Ok(format!(
-                        "File already exists at: {path}. Cannot overwrite files using command `create`."
-                    )),
-                }
-            }
-            "str_replace" => {
-                let Some(old) = str_arg("old_str") else {
-                    return Ok("Error: `old_str` is required for `str_replace`.".into());
-                };
-                let new = str_arg("new_str").unwrap_or("");
-                let content = match io.read(&path)? {
-                    Read::File(c) => c,
-                    Read::Dir => return Ok(format!("Error: {path} is a directory; `str_replace` edits files.")),
-                    Read::Missing => return Ok(format!("Error: the path {path} does not exist.")),
-                    Read::Unreadable(why) => return Ok(format!("Error: cannot read {path}: {why}")),
-                };
-                if old.is_empty() {
-                    return Ok("Error: `old_str` must not be empty.".into());
-                }
-                let starts: Vec<usize> = content.match_indices(old).map(|(i, _)| i).collect();
-                match starts.len() {
-                    0 => Ok(format!(
-                        "No replacement was performed, old_str `{old}` did not appear verbatim in {path}."
-                    )),
-                    1 => {
-                        let edited = content.replacen(old, new, 1);
-                        io.write(&path, &edited)?;
-                        let first_line = content[..starts[0]].matches('\n').count();
-                        let snippet = snippet(&edited, first_line, new.matches('\n').count());
-                        self.history.entry(path.clone()).or_default().push(content);
-                        Ok(format!(
-                            "The file {path} has been edited. Here's the result of running `cat -n` on a snippet of {path}:\n{snippet}\nReview the changes and make sure they are as expected. Edit the file again if necessary."
-                        ))
-                    }
-                    _ => {
-                        let lines: Vec<String> = starts
-                            .iter()
-                            .map(|&s| (content[..s].matches('\n').count() + 1).to_string())
-                            .collect();
-                        Ok(format!(
-                            "No replacement was performed. Multiple occurrences of old_str `{old}` in lines [{}]. Please ensure it is unique.",
-                            lines.join(", ")
-                        ))
-                    }
-                }
-            }
-            "insert" => {
-                let Some(new) = str_arg("new_str") else {
-                    return Ok("Error: `new_str` is required for `insert`.".into());
-                };
-                let Some(line) = args.get("insert_line").and_then(Value::as_i64) else {
-                    return Ok("Error: `insert_line` (an integer) is required for `insert`.".into());
-                };
-                let content = match io.read(&path)? {
-                    Read::File(c) => c,
-                    Read::Dir => return Ok(format!("Error: {path} is a directory; `insert` edits files.")),
-                    Read::Missing => return Ok(format!("Error: the path {path} does not exist.")),
-                    Read::Unreadable(why) => return Ok(format!("Error: cannot read {path}: {why}")),
-                };
-                let lines: Vec<&str> = content.split_inclusive('\n').collect();
-                if line < 0 || line as usize > lines.len() {
-                    return Ok(format!(
-                        "Error: Invalid `insert_line` parameter: {line}. It should be within the range of lines of the file: [0, {}]",
-                        lines.len()
-                    ));
-                }
-                let at = line as usize;
-                let mut edited: String = lines[..at].concat();
-                if !edited.is_empty() && !edited.ends_with('\n') {
-                    edited.push('\n');
-                }
-                edited.push_str(new);
-                if !new.ends_with('\n') && at < lines.len() {
-                    edited.push('\n');
-                }
-                edited.push_str(&lines[at..].concat());
-                io.write(&path, &edited)?;
-                let shown = snippet(&edited, at, new.matches('\n').count());
-                self.history.entry(path.clone()).or_default().push(content);
-                Ok(format!(
-                    "The file {path} has been edited. Here's the result of running `cat -n` on a snippet of the edited file:\n{shown}\nReview the changes and make sure they are as expected (correct indentation, no duplicate lines, etc). Edit the file again if necessary."
-                ))
-            }
-            "undo_edit" => match self.history.get_mut(&path).and_then(Vec::pop) {
-                Some(previous) => {
-                    io.write(&path, &previous)?;
-                    Ok(format!(
-                        "Last edit to {path} undone successfully. {}",
-                        numbered(&previous, 1)
-                    ))
-                }
-                None => Ok(format!("No edit history found for {path}.")),
-            },
+            "create" => self.create(&mut io, &path, args),
+            "str_replace" => self.str_replace(&mut io, &path, args),
+            "insert" => self.insert(&mut io, &path, args),
+            "undo_edit" => self.undo_edit(&mut io, &path),
             other => Ok(format!(
                 "Error: unknown command `{other}`; use view, create, str_replace, insert or undo_edit."
             )),
+        }
+    }
+
+    /// `create`: a new file (never over an existing one).
+    fn create(&mut self, io: &mut SandboxFiles<'_>, path: &str, args: &Value) -> Result<String> {
+        let str_arg = |name: &str| args.get(name).and_then(Value::as_str);
+        let Some(text) = str_arg("file_text") else {
+            return Ok("Error: `file_text` is required for `create`.".into());
+        };
+        match io.read(path)? {
+            Read::Missing => {
+                io.write(path, text)?;
+                self.history.entry(path.to_string()).or_default();
+                Ok(format!("File created successfully at: {path}"))
+            }
+            _ => Ok(format!(
+                "File already exists at: {path}. Cannot overwrite files using command `create`."
+            )),
+        }
+    }
+
+    /// `str_replace`: replaces the one occurrence of `old_str` with `new_str`.
+    fn str_replace(
+        &mut self,
+        io: &mut SandboxFiles<'_>,
+        path: &str,
+        args: &Value,
+    ) -> Result<String> {
+        let str_arg = |name: &str| args.get(name).and_then(Value::as_str);
+        let Some(old) = str_arg("old_str") else {
+            return Ok("Error: `old_str` is required for `str_replace`.".into());
+        };
+        let new = str_arg("new_str").unwrap_or("");
+        let content = match io.read(path)? {
+            Read::File(c) => c,
+            Read::Dir => {
+                return Ok(format!(
+                    "Error: {path} is a directory; `str_replace` edits files."
+                ))
+            }
+            Read::Missing => return Ok(format!("Error: the path {path} does not exist.")),
+            Read::Unreadable(why) => return Ok(format!("Error: cannot read {path}: {why}")),
+        };
+        if old.is_empty() {
+            return Ok("Error: `old_str` must not be empty.".into());
+        }
+        let starts: Vec<usize> = content.match_indices(old).map(|(i, _)| i).collect();
+        match starts.len() {
+            0 => Ok(format!(
+                "No replacement was performed, old_str `{old}` did not appear verbatim in {path}."
+            )),
+            1 => {
+                let edited = content.replacen(old, new, 1);
+                io.write(path, &edited)?;
+                let first_line = content[..starts[0]].matches('\n').count();
+                let snippet = snippet(&edited, first_line, new.matches('\n').count());
+                self.history
+                    .entry(path.to_string())
+                    .or_default()
+                    .push(content);
+                Ok(format!(
+                    "The file {path} has been edited. Here's the result of running `cat -n` on a snippet of {path}:\n{snippet}\nReview the changes and make sure they are as expected. Edit the file again if necessary."
+                ))
+            }
+            _ => {
+                let lines: Vec<String> = starts
+                    .iter()
+                    .map(|&s| (content[..s].matches('\n').count() + 1).to_string())
+                    .collect();
+                Ok(format!(
+                    "No replacement was performed. Multiple occurrences of old_str `{old}` in lines [{}]. Please ensure it is unique.",
+                    lines.join(", ")
+                ))
+            }
+        }
+    }
+
+    /// `insert`: `new_str` after line `insert_line` (0: at the top).
+    fn insert(&mut self, io: &mut SandboxFiles<'_>, path: &str, args: &Value) -> Result<String> {
+        let str_arg = |name: &str| args.get(name).and_then(Value::as_str);
+        let Some(new) = str_arg("new_str") else {
+            return Ok("Error: `new_str` is required for `insert`.".into());
+        };
+        let Some(line) = args.get("insert_line").and_then(Value::as_i64) else {
+            return Ok("Error: `insert_line` (an integer) is required for `insert`.".into());
+        };
+        let content = match io.read(path)? {
+            Read::File(c) => c,
+            Read::Dir => {
+                return Ok(format!(
+                    "Error: {path} is a directory; `insert` edits files."
+                ))
+            }
+            Read::Missing => return Ok(format!("Error: the path {path} does not exist.")),
+            Read::Unreadable(why) => return Ok(format!("Error: cannot read {path}: {why}")),
+        };
+        let lines: Vec<&str> = content.split_inclusive('\n').collect();
+        if line < 0 || line as usize > lines.len() {
+            return Ok(format!(
+                "Error: Invalid `insert_line` parameter: {line}. It should be within the range of lines of the file: [0, {}]",
+                lines.len()
+            ));
+        }
+        let at = line as usize;
+        let mut edited: String = lines[..at].concat();
+        if !edited.is_empty() && !edited.ends_with('\n') {
+            edited.push('\n');
+        }
+        edited.push_str(new);
+        if !new.ends_with('\n') && at < lines.len() {
+            edited.push('\n');
+        }
+        edited.push_str(&lines[at..].concat());
+        io.write(path, &edited)?;
+        let shown = snippet(&edited, at, new.matches('\n').count());
+        self.history
+            .entry(path.to_string())
+            .or_default()
+            .push(content);
+        Ok(format!(
+            "The file {path} has been edited. Here's the result of running `cat -n` on a snippet of the edited file:\n{shown}\nReview the changes and make sure they are as expected (correct indentation, no duplicate lines, etc). Edit the file again if necessary."
+        ))
+    }
+
+    /// `undo_edit`: the file as it was before its last edit.
+    fn undo_edit(&mut self, io: &mut SandboxFiles<'_>, path: &str) -> Result<String> {
+        match self.history.get_mut(path).and_then(Vec::pop) {
+            Some(previous) => {
+                io.write(path, &previous)?;
+                Ok(format!(
+                    "Last edit to {path} undone successfully. {}",
+                    numbered(&previous, 1)
+                ))
+            }
+            None => Ok(format!("No edit history found for {path}.")),
         }
     }
 

@@ -17,7 +17,7 @@ use super::prompt;
 use super::reward::reward;
 use super::transcript::Transcript;
 use crate::chat::ChatTemplate;
-use crate::env::{describe_end, grade, Environment, Task};
+use crate::env::{describe_end, grade, Environment, Sandbox, Task};
 use crate::tokenizer::Tokenizer;
 use crate::toolcall::{parse_tool_calls, ToolCall};
 use anyhow::Result;
@@ -177,7 +177,6 @@ fn drive(ctx: &EpisodeContext<'_>, task: &Task, episode: &mut Episode) -> Result
     let started = Instant::now();
     let mut sandbox = ctx.env.start(task, &name)?;
     episode.environment_s += started.elapsed().as_secs_f64();
-    let limits = ctx.env.limits().clone();
     let workdir = sandbox.workdir().to_string();
     let mut transcript = Transcript::start(
         ctx.template,
@@ -197,108 +196,14 @@ fn drive(ctx: &EpisodeContext<'_>, task: &Task, episode: &mut Episode) -> Result
     let mut editor = Editor::default();
     let mut finish = Finish::MaxTurns;
     for turn in 1..=config.max_turns {
-        let room = config.max_context.saturating_sub(transcript.len());
-        if room == 0 {
-            finish = Finish::ContextFull;
-            break;
-        }
-        let t = Instant::now();
-        let out = ctx.policy.generate(&TurnInput {
-            task,
-            tokens: &transcript.tokens,
-            turn,
-            max_tokens: room.min(config.max_turn_tokens),
-            seed: episode.seed.wrapping_add(turn as u64),
-        })?;
-        episode.generation_s += t.elapsed().as_secs_f64();
-        episode.generated += out.tokens.len();
-        if let Some(v) = out.weight_version {
-            let (first, _) = episode.weight_versions.unwrap_or((v, v));
-            episode.weight_versions = Some((first, v));
-        }
-        episode.turns = turn;
-        let body = if out.stopped {
-            &out.tokens[..out.tokens.len() - 1]
-        } else {
-            &out.tokens[..]
+        let mut turn_state = TurnState {
+            sandbox: sandbox.as_mut(),
+            editor: &mut editor,
+            transcript: &mut transcript,
+            episode,
         };
-        let text = ctx.tokenizer.decode(body, false)?;
-        let context_full =
-            !out.stopped && transcript.len() + out.tokens.len() >= config.max_context;
-        if context_full {
-            // Kept as generated, not closed: nothing follows it (RL-SPEC: kept, not dropped).
-            transcript.push_assistant(&out.tokens, out.logprobs.as_deref(), &text, true, false);
-            finish = Finish::ContextFull;
-            break;
-        }
-        // A reply cut by the per-turn limit still counts when its tool calls are complete (it
-        // is closed with an <|im_end|> that was not generated, so not an action; the chat form
-        // would count that one token as an action); else it is a format error.
-        let calls = match parse_actions(&text) {
-            Ok(calls) => Ok(calls),
-            Err(_) if !out.stopped => Err(format!(
-                "Your reply was cut at {} tokens before it ended. Keep replies shorter.",
-                out.tokens.len()
-            )),
-            Err(message) => Err(message),
-        };
-        let calls = match calls {
-            Ok(calls) => {
-                transcript.push_assistant(&out.tokens, out.logprobs.as_deref(), &text, true, true);
-                calls
-            }
-            Err(message) => {
-                episode.format_errors += 1;
-                transcript.push_assistant(&out.tokens, out.logprobs.as_deref(), &text, false, true);
-                if turn == config.max_turns {
-                    break;
-                }
-                let observation =
-                    vec![json!({"role": "user", "content": format!("Format error: {message}")})];
-                if !append_observation(ctx, &mut transcript, observation)? {
-                    finish = Finish::ContextFull;
-                    break;
-                }
-                continue;
-            }
-        };
-        let mut observation = Vec::new();
-        let mut submitted = false;
-        for call in &calls {
-            let t = Instant::now();
-            let result = match call.name.as_str() {
-                "submit" => {
-                    submitted = true;
-                    break;
-                }
-                "bash" => {
-                    let command = call.arguments["command"].as_str().unwrap_or_default();
-                    let out = sandbox.run(command, None, limits.command_timeout)?;
-                    // The environment may end the episode (a game won), as a submit would.
-                    submitted |= out.ends_episode;
-                    bash_observation(&out)
-                }
-                _ => editor.call(sandbox.as_mut(), &call.arguments, limits.command_timeout)?,
-            };
-            episode.environment_s += t.elapsed().as_secs_f64();
-            observation.push(json!({
-                "role": "tool",
-                "content": truncate_middle(&result, config.observation_bytes),
-            }));
-            if submitted {
-                break;
-            }
-        }
-        if submitted {
-            finish = Finish::Submitted;
-            break;
-        }
-        // After the last turn nothing reads an observation: the trajectory ends at the reply.
-        if turn == config.max_turns {
-            break;
-        }
-        if !append_observation(ctx, &mut transcript, observation)? {
-            finish = Finish::ContextFull;
+        if let Some(end) = play_turn(ctx, task, turn, &mut turn_state)? {
+            finish = end;
             break;
         }
     }
@@ -320,6 +225,131 @@ fn drive(ctx: &EpisodeContext<'_>, task: &Task, episode: &mut Episode) -> Result
     episode.finish = finish;
     episode.transcript = Some(transcript);
     Ok(())
+}
+
+/// What one turn reads and updates.
+struct TurnState<'t> {
+    sandbox: &'t mut dyn Sandbox,
+    editor: &'t mut Editor,
+    transcript: &'t mut Transcript,
+    episode: &'t mut Episode,
+}
+
+/// One turn: the policy's reply, its tool calls, their observation. `Some(finish)` ends the
+/// episode.
+fn play_turn(
+    ctx: &EpisodeContext<'_>,
+    task: &Task,
+    turn: usize,
+    state: &mut TurnState<'_>,
+) -> Result<Option<Finish>> {
+    let config = ctx.config;
+    let (transcript, episode) = (&mut *state.transcript, &mut *state.episode);
+    let room = config.max_context.saturating_sub(transcript.len());
+    if room == 0 {
+        return Ok(Some(Finish::ContextFull));
+    }
+    let t = Instant::now();
+    let out = ctx.policy.generate(&TurnInput {
+        task,
+        tokens: &transcript.tokens,
+        turn,
+        max_tokens: room.min(config.max_turn_tokens),
+        seed: episode.seed.wrapping_add(turn as u64),
+    })?;
+    episode.generation_s += t.elapsed().as_secs_f64();
+    episode.generated += out.tokens.len();
+    if let Some(v) = out.weight_version {
+        let (first, _) = episode.weight_versions.unwrap_or((v, v));
+        episode.weight_versions = Some((first, v));
+    }
+    episode.turns = turn;
+    let body = if out.stopped {
+        &out.tokens[..out.tokens.len() - 1]
+    } else {
+        &out.tokens[..]
+    };
+    let text = ctx.tokenizer.decode(body, false)?;
+    let context_full = !out.stopped && transcript.len() + out.tokens.len() >= config.max_context;
+    if context_full {
+        // Kept as generated, not closed: nothing follows it (RL-SPEC: kept, not dropped).
+        transcript.push_assistant(&out.tokens, out.logprobs.as_deref(), &text, true, false);
+        return Ok(Some(Finish::ContextFull));
+    }
+    // A reply cut by the per-turn limit still counts when its tool calls are complete (it
+    // is closed with an <|im_end|> that was not generated, so not an action; the chat form
+    // would count that one token as an action); else it is a format error.
+    let calls = match parse_actions(&text) {
+        Ok(calls) => Ok(calls),
+        Err(_) if !out.stopped => Err(format!(
+            "Your reply was cut at {} tokens before it ended. Keep replies shorter.",
+            out.tokens.len()
+        )),
+        Err(message) => Err(message),
+    };
+    let observation = match calls {
+        Ok(calls) => {
+            transcript.push_assistant(&out.tokens, out.logprobs.as_deref(), &text, true, true);
+            let (observation, submitted) = run_tool_calls(ctx, &calls, state)?;
+            if submitted {
+                return Ok(Some(Finish::Submitted));
+            }
+            observation
+        }
+        Err(message) => {
+            episode.format_errors += 1;
+            transcript.push_assistant(&out.tokens, out.logprobs.as_deref(), &text, false, true);
+            vec![json!({"role": "user", "content": format!("Format error: {message}")})]
+        }
+    };
+    // After the last turn nothing reads an observation: the trajectory ends at the reply.
+    if turn == config.max_turns {
+        return Ok(Some(Finish::MaxTurns));
+    }
+    if !append_observation(ctx, state.transcript, observation)? {
+        return Ok(Some(Finish::ContextFull));
+    }
+    Ok(None)
+}
+
+/// Runs a reply's tool calls in order, up to a `submit` (or an environment that ends the
+/// episode); returns the observation and whether the episode was submitted.
+fn run_tool_calls(
+    ctx: &EpisodeContext<'_>,
+    calls: &[ToolCall],
+    state: &mut TurnState<'_>,
+) -> Result<(Vec<Value>, bool)> {
+    let timeout = ctx.env.limits().command_timeout;
+    let mut observation = Vec::new();
+    let mut submitted = false;
+    for call in calls {
+        let t = Instant::now();
+        let result = match call.name.as_str() {
+            "submit" => {
+                submitted = true;
+                break;
+            }
+            "bash" => {
+                let command = call.arguments["command"].as_str().unwrap_or_default();
+                let out = state.sandbox.run(command, None, timeout)?;
+                // The environment may end the episode (a game won), as a submit would.
+                submitted |= out.ends_episode;
+                bash_observation(&out)
+            }
+            _ => state
+                .editor
+                .call(&mut *state.sandbox, &call.arguments, timeout)?,
+        };
+        state.episode.environment_s += t.elapsed().as_secs_f64();
+        observation.push(json!({
+            "role": "tool",
+            "content": truncate_middle(&result, ctx.config.observation_bytes),
+        }));
+        if submitted {
+            break;
+        }
+    }
+    Ok((observation, submitted))
 }
 
 /// Appends an observation unless it would overflow the context (then false: the episode ends).

@@ -326,7 +326,8 @@ impl Policy for ScriptedPolicy {
 /// Reads a replay file: `{"task": ID, "tool_calls": [{"name", "arguments"}, ...]}` lines.
 pub fn read_replay(path: &Path) -> Result<HashMap<String, Vec<Value>>> {
     let mut out = HashMap::new();
-    for (line_no, value) in crate::jsonl::read_objects(path)? {
+    for line in crate::jsonl::ObjectLines::open(path)? {
+        let (line_no, value) = line?;
         let at = crate::jsonl::at(path, line_no);
         let task = value
             .get("task")

@@ -125,7 +125,7 @@ pub fn run<B: BackendGrad>(backend: &B, options: &RlBenchOptions, work: &Path) -
         tis_cap: None,
         micro_batch_tokens: 16384,
         save_every: 0,
-        resume: false,
+        start: crate::train::run_dir::RunStart::Fresh,
         rft_first: None,
         rft_lr: 5e-6,
         rft_epochs: 1,

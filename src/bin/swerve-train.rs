@@ -2,32 +2,65 @@
 //! sequences; `tokenize` shows a data file as the trainer tokenizes it; `rft` (masked
 //! cross-entropy on successful trajectories) and `dapo` (the clipped policy-gradient step on
 //! rollout groups) train, as ../shared/RL-SPEC.md specifies; `rollout` and `eval` run agent
-//! episodes on coding tasks in sandboxes.
+//! episodes on coding tasks in sandboxes; `rl` runs the whole loop. This file only parses
+//! arguments: each command is a function of the library.
 
 use anyhow::Result;
 use clap::{Parser, Subcommand};
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use swerve::agent::command::{run_agent, AgentRunOptions};
 use swerve::agent::episode::EpisodeConfig;
-use swerve::backend::{select, Backend, DeviceChoice, Selected};
+use swerve::backend::DeviceChoice;
 use swerve::env::{EnvKind, Limits};
-use swerve::model::Qwen2Model;
 use swerve::rl::{RlDefaults, RlOptions};
 use swerve::train::optimizer::LrSchedule;
-use swerve::train::trainer::{train, Algorithm, OldLogprobs, TrainOptions};
+use swerve::train::run_dir::RunStart;
+use swerve::train::trainer::{Algorithm, OldLogprobs, TrainOptions};
 
-/// A hyperparameter must be a finite number: `--lr NaN` is an error here, not a run that
-/// silently trains nothing.
-fn finite_f64(text: &str) -> Result<f64, String> {
-    match text.parse::<f64>() {
-        Ok(v) if v.is_finite() => Ok(v),
-        Ok(v) => Err(format!("{v} is not a finite number")),
-        Err(e) => Err(format!("{text:?} is not a number: {e}")),
+/// A number parsed as f64 that must be finite and lie in a range: `--lr NaN`, `--lr -1` or
+/// `--eps-low 1.5` are errors naming the flag (clap adds it), not runs that train nothing.
+fn number_in(text: &str, low: f64, low_inclusive: bool, high: Option<f64>) -> Result<f64, String> {
+    let v = match text.parse::<f64>() {
+        Ok(v) if v.is_finite() => v,
+        Ok(v) => return Err(format!("{v} is not a finite number")),
+        Err(e) => return Err(format!("{text:?} is not a number: {e}")),
+    };
+    let above = if low_inclusive { v >= low } else { v > low };
+    let (low_bracket, low_word) = if low_inclusive {
+        ("[", "at least")
+    } else {
+        ("(", "greater than")
+    };
+    match high {
+        Some(high) if !(above && v < high) => Err(format!(
+            "{v} is outside {low_bracket}{low}, {high}): it must be {low_word} {low} and below {high}"
+        )),
+        None if !above => Err(format!("{v} must be {low_word} {low}")),
+        _ => Ok(v),
     }
 }
 
-fn finite_f32(text: &str) -> Result<f32, String> {
-    finite_f64(text).map(|v| v as f32)
+/// Finite and > 0: learning rates, the TIS cap.
+fn positive_f64(text: &str) -> Result<f64, String> {
+    number_in(text, 0.0, false, None)
+}
+
+fn positive_f32(text: &str) -> Result<f32, String> {
+    positive_f64(text).map(|v| v as f32)
+}
+
+/// Finite and >= 0: weight decay, gradient clipping (0: off), the upper clip range.
+fn non_negative_f64(text: &str) -> Result<f64, String> {
+    number_in(text, 0.0, true, None)
+}
+
+fn non_negative_f32(text: &str) -> Result<f32, String> {
+    non_negative_f64(text).map(|v| v as f32)
+}
+
+/// In [0, 1): the lower clip range (1 - eps_low must stay positive).
+fn eps_low_f32(text: &str) -> Result<f32, String> {
+    number_in(text, 0.0, true, Some(1.0)).map(|v| v as f32)
 }
 
 #[derive(Parser)]
@@ -49,30 +82,23 @@ enum Command {
         /// Model folder: config.json plus model.safetensors or a sharded index.
         #[arg(long)]
         model: PathBuf,
-        /// JSON lines, one {"tokens": [ids...]} per line.
-        #[arg(long)]
-        input: PathBuf,
-        /// Where to write one {"logprobs": [...]} line per input line.
-        #[arg(long)]
-        output: PathBuf,
+        #[command(flatten)]
+        files: JsonlFiles,
         /// Most tokens packed into one forward pass (a longer sequence runs alone).
         #[arg(long, default_value_t = 8192, value_parser = clap::value_parser!(u64).range(1..))]
         batch_tokens: u64,
-        /// Where the model runs: auto (the GPU when there is one), cpu, or cuda.
-        #[arg(long, default_value = "auto")]
-        device: DeviceChoice,
+        #[command(flatten)]
+        device: DeviceArgs,
     },
     /// A data file as the trainer tokenizes it: input lines {"text": ...} or {"messages": [...],
     /// "tools": [...]}, output lines {"tokens": [...], "action_mask": [...]}.
     Tokenize {
         /// Folder with tokenizer.json (and tokenizer_config.json for the chat template); a model
-        /// folder works.
+        /// folder or a swerve checkpoint works.
         #[arg(long)]
         tokenizer: PathBuf,
-        #[arg(long)]
-        input: PathBuf,
-        #[arg(long)]
-        output: PathBuf,
+        #[command(flatten)]
+        files: JsonlFiles,
     },
     /// Rejection fine-tuning: masked cross-entropy on the action tokens of successful
     /// trajectories (token lines or chat `messages`).
@@ -84,19 +110,12 @@ enum Command {
     Dapo {
         #[command(flatten)]
         args: TrainArgs,
-        /// Lower clip range: rho below 1 - eps_low stops pushing down (A < 0).
-        #[arg(long, default_value_t = 0.2, value_parser = finite_f32)]
-        eps_low: f32,
-        /// Upper clip range: rho above 1 + eps_high stops pushing up (A > 0).
-        #[arg(long, default_value_t = 0.28, value_parser = finite_f32)]
-        eps_high: f32,
+        #[command(flatten)]
+        clip: ClipArgs,
         /// logp_old: `recompute` scores the data with the starting weights before the first
         /// update; `rollout` uses the data's `logprobs`.
         #[arg(long, default_value = "recompute", value_parser = ["recompute", "rollout"])]
         old_logprobs: String,
-        /// Truncated importance sampling: each token's term times min(exp(old - rollout), C).
-        #[arg(long, value_parser = finite_f32)]
-        tis_cap: Option<f32>,
     },
     /// Agent episodes on coding tasks in sandboxes; writes OUT/trajectories.jsonl (RL-SPEC's
     /// format plus task, resolved, turns, finish and the chat form; `rft` and `dapo` read it) and
@@ -122,6 +141,97 @@ enum Command {
         #[command(flatten)]
         args: AgentArgs,
     },
+}
+
+/// `--device`, shared by every command that runs a model.
+#[derive(clap::Args)]
+struct DeviceArgs {
+    /// Where the model runs (the trainer and the rollout engine alike): auto (the GPU when there
+    /// is one), cpu, or cuda.
+    #[arg(long, default_value = "auto")]
+    device: DeviceChoice,
+}
+
+/// A JSON-lines input and output, shared by `score` and `tokenize` (the command's description
+/// gives both formats).
+#[derive(clap::Args)]
+struct JsonlFiles {
+    /// Input file: JSON lines, in the format the command's description gives; read one line at
+    /// a time.
+    #[arg(long)]
+    input: PathBuf,
+    /// Where to write one output line per input line (written whole or not at all).
+    #[arg(long)]
+    output: PathBuf,
+}
+
+/// The starting model of `rft`, `dapo` and `rl`.
+#[derive(clap::Args)]
+struct StartModelArgs {
+    /// Starting model folder: config.json, safetensors, tokenizer files; or `preset:NAME`, the
+    /// random-weight model of a swerve-bench preset (`preset:default`: the embedded default;
+    /// `preset:toy`: the toy task's model, for `--tasks builtin:toy`), written to
+    /// OUT/base-model and reused only when it is that preset's.
+    #[arg(long)]
+    model: PathBuf,
+}
+
+/// The output folder of `rft`, `dapo` and `rl`, and what to do with what is in it.
+#[derive(clap::Args)]
+struct RunDirArgs {
+    /// Output folder: metrics, checkpoints (step-N/ or iteration-N/, final/), OUT/base-model for
+    /// a preset model. It must be empty or absent, unless --resume or --overwrite.
+    #[arg(long)]
+    out: PathBuf,
+    /// Continue the run in OUT from its latest checkpoint. Refused, naming each difference, when
+    /// an option the checkpoint recorded (data, objective, schedule, batch size, seed, model, ...;
+    /// README "Resuming") differs.
+    #[arg(long, conflicts_with = "overwrite")]
+    resume: bool,
+    /// Delete what swerve wrote in OUT (metrics, checkpoints, base-model; nothing else) and start
+    /// a new run there.
+    #[arg(long)]
+    overwrite: bool,
+}
+
+impl RunDirArgs {
+    fn start(&self) -> RunStart {
+        match (self.resume, self.overwrite) {
+            (true, _) => RunStart::Resume,
+            (false, true) => RunStart::Overwrite,
+            (false, false) => RunStart::Fresh,
+        }
+    }
+}
+
+/// AdamW and micro-batching, shared by `rft`, `dapo` and `rl`.
+#[derive(clap::Args)]
+struct OptimizerArgs {
+    /// Decoupled AdamW weight decay on 2-D weights (at least 0).
+    #[arg(long, default_value_t = 0.1, value_parser = non_negative_f32)]
+    weight_decay: f32,
+    /// Global gradient-norm clipping (0: off).
+    #[arg(long, default_value_t = 1.0, value_parser = non_negative_f64)]
+    grad_clip: f64,
+    /// Most tokens packed into one micro-batch (a longer trajectory runs alone); changes memory,
+    /// not the step.
+    #[arg(long, default_value_t = 16384, value_parser = clap::value_parser!(u64).range(1..))]
+    micro_batch_tokens: u64,
+}
+
+/// DAPO's clip ranges and truncated importance sampling, shared by `dapo` and `rl`.
+#[derive(clap::Args)]
+struct ClipArgs {
+    /// Lower clip range, in [0, 1): rho below 1 - eps_low stops pushing down (A < 0).
+    #[arg(long, default_value_t = 0.2, value_parser = eps_low_f32)]
+    eps_low: f32,
+    /// Upper clip range (at least 0): rho above 1 + eps_high stops pushing up (A > 0). Default:
+    /// 0.28 for dapo; 0.3 for rl (stage 1; stage 2 used 0.26).
+    #[arg(long, value_parser = non_negative_f32)]
+    eps_high: Option<f32>,
+    /// Truncated importance sampling: each token's term times min(exp(old - rollout), C), C > 0.
+    #[arg(long, value_parser = positive_f32)]
+    tis_cap: Option<f32>,
 }
 
 /// Where agent commands run and their limits (`rollout`, `eval`, `rl`).
@@ -171,7 +281,7 @@ struct AgentArgs {
     /// Output folder.
     #[arg(long, default_value = ".")]
     out: PathBuf,
-    /// Episodes per task.
+    /// Episodes per task (G: the group whose rewards give each other's advantages).
     #[arg(long, default_value_t = 10)]
     group: usize,
     /// Turns (assistant replies) per episode at most; T_max of the turn penalty.
@@ -194,6 +304,7 @@ struct AgentArgs {
     /// Episodes running at once.
     #[arg(long, default_value_t = 16)]
     concurrency: usize,
+    /// Seeds every episode's sampling (with the task id and sample index).
     #[arg(long, default_value_t = 0)]
     seed: u64,
     /// model, oracle (applies the task's solution), noop (submits at once) or replay:FILE.
@@ -202,14 +313,14 @@ struct AgentArgs {
     /// A running swerve-serve (http://HOST:PORT) to sample from instead of an in-process engine.
     #[arg(long)]
     server: Option<String>,
+    /// Bearer key for --server.
     #[arg(long)]
     api_key: Option<String>,
     /// Only the first N tasks of the file.
     #[arg(long)]
     limit_tasks: Option<usize>,
-    /// Where the model runs: auto (the GPU when there is one), cpu, or cuda.
-    #[arg(long, default_value = "auto")]
-    device: DeviceChoice,
+    #[command(flatten)]
+    device: DeviceArgs,
 }
 
 impl AgentArgs {
@@ -236,7 +347,7 @@ impl AgentArgs {
             policy: self.policy.clone(),
             server: self.server.clone(),
             api_key: self.api_key.clone(),
-            device: self.device,
+            device: self.device.device,
             only_resolved,
             limit_tasks: self.limit_tasks,
         }
@@ -246,83 +357,81 @@ impl AgentArgs {
 /// `rl`'s options; unset ones take `RlDefaults::for_tasks` (stage 1, or the toy's).
 #[derive(clap::Args)]
 struct RlArgs {
-    /// Starting model folder or `preset:NAME` (`preset:toy` for `builtin:toy`).
-    #[arg(long)]
-    model: PathBuf,
+    #[command(flatten)]
+    model: StartModelArgs,
     /// Task file or `builtin:NAME` (python-bugs, toy).
     #[arg(long)]
     tasks: String,
-    #[arg(long)]
-    out: PathBuf,
+    #[command(flatten)]
+    run_dir: RunDirArgs,
+    /// Iterations to run (stage 1: 100; the toy: 60); a resumed run may raise it.
     #[arg(long)]
     iterations: Option<usize>,
+    /// Tasks rolled out per iteration (stage 1: 300; the toy: 8).
     #[arg(long)]
     tasks_per_iteration: Option<usize>,
-    /// Rollouts per task (G).
+    /// Rollouts per task (G; stage 1: 10; the toy: 16).
     #[arg(long)]
     group: Option<usize>,
-    /// Trajectories per optimizer step (several steps per iteration).
+    /// Trajectories per optimizer step (several steps per iteration; stage 1: 128; the toy: 32).
     #[arg(long)]
     batch_size: Option<usize>,
-    #[arg(long, value_parser = finite_f64)]
+    /// Peak learning rate of the DAPO steps (stage 1: 1e-6; the toy: 1e-3).
+    #[arg(long, value_parser = positive_f64)]
     lr: Option<f64>,
+    /// Optimizer steps of linear warmup (stage 1: 10; the toy: 0).
     #[arg(long)]
     warmup_steps: Option<u64>,
-    #[arg(long, default_value_t = 0.1, value_parser = finite_f32)]
-    weight_decay: f32,
-    /// Global gradient-norm clipping (0: off).
-    #[arg(long, default_value_t = 1.0, value_parser = finite_f64)]
-    grad_clip: f64,
-    #[arg(long, default_value_t = 0.2, value_parser = finite_f32)]
-    eps_low: f32,
-    /// Upper clip range (stage 1: 0.3; stage 2: 0.26).
-    #[arg(long, value_parser = finite_f32)]
-    eps_high: Option<f32>,
-    #[arg(long, value_parser = finite_f32)]
-    tis_cap: Option<f32>,
+    #[command(flatten)]
+    optimizer: OptimizerArgs,
+    #[command(flatten)]
+    clip: ClipArgs,
+    /// Turns (assistant replies) per episode at most; T_max of the turn penalty.
     #[arg(long)]
     max_turns: Option<usize>,
+    /// L_thr of the turn penalty: episodes of this many turns or more lose reward.
     #[arg(long)]
     turn_threshold: Option<usize>,
     /// Context limit per episode (131072 with a YaRN model: stage 2).
     #[arg(long)]
     max_context: Option<usize>,
+    /// Tokens one reply may have at most (a longer one is cut and is a format error).
     #[arg(long)]
     max_turn_tokens: Option<usize>,
+    /// Bytes of one tool result shown to the agent (cut in the middle beyond).
     #[arg(long, default_value_t = 16384)]
     observation_bytes: usize,
     #[command(flatten)]
     sandbox: SandboxArgs,
+    /// Episodes running at once (default 64).
     #[arg(long)]
     concurrency: Option<usize>,
+    /// Seeds everything random: the task order, each episode's sampling, the batches.
     #[arg(long, default_value_t = 0)]
     seed: u64,
     /// Checkpoint every N iterations (and after the last).
     #[arg(long, default_value_t = 10)]
     save_every: usize,
-    /// Continue from OUT's latest iteration checkpoint.
-    #[arg(long)]
-    resume: bool,
     /// First collect K rollouts per task with the base model and RFT on the resolved ones.
     #[arg(long)]
     rft_first: Option<usize>,
     /// Skip the RFT phase the toy schedule has.
     #[arg(long)]
     no_rft_first: bool,
-    #[arg(long, value_parser = finite_f64)]
+    /// Learning rate of the RFT phase (stage 1: 5e-6; the toy: 1e-3).
+    #[arg(long, value_parser = positive_f64)]
     rft_lr: Option<f64>,
+    /// Epochs over the RFT phase's resolved rollouts.
     #[arg(long, default_value_t = 1)]
     rft_epochs: usize,
-    #[arg(long, default_value_t = 16384)]
-    micro_batch_tokens: usize,
     /// Sample from a running swerve-serve (http://HOST:PORT), reloaded after each iteration.
     #[arg(long)]
     server: Option<String>,
+    /// Bearer key for --server.
     #[arg(long)]
     api_key: Option<String>,
-    /// Where the trainer and the engine run.
-    #[arg(long, default_value = "auto")]
-    device: DeviceChoice,
+    #[command(flatten)]
+    device: DeviceArgs,
 }
 
 impl RlArgs {
@@ -337,9 +446,9 @@ impl RlArgs {
         };
         RlOptions {
             agent: AgentRunOptions {
-                model: Some(self.model.clone()),
+                model: Some(self.model.model.clone()),
                 tasks: self.tasks.clone(),
-                out: self.out.clone(),
+                out: self.run_dir.out.clone(),
                 group: self.group.unwrap_or(d.group),
                 episode,
                 max_context: self.max_context,
@@ -352,7 +461,7 @@ impl RlArgs {
                 policy: "model".into(),
                 server: self.server.clone(),
                 api_key: self.api_key.clone(),
-                device: self.device,
+                device: self.device.device,
                 only_resolved: false,
                 limit_tasks: None,
             },
@@ -361,14 +470,14 @@ impl RlArgs {
             batch_size: self.batch_size.unwrap_or(d.batch_size),
             lr: self.lr.unwrap_or(d.lr),
             warmup_steps: self.warmup_steps.unwrap_or(d.warmup_steps),
-            weight_decay: self.weight_decay,
-            grad_clip: (self.grad_clip > 0.0).then_some(self.grad_clip),
-            eps_low: self.eps_low,
-            eps_high: self.eps_high.unwrap_or(d.eps_high),
-            tis_cap: self.tis_cap,
-            micro_batch_tokens: self.micro_batch_tokens,
+            weight_decay: self.optimizer.weight_decay,
+            grad_clip: (self.optimizer.grad_clip > 0.0).then_some(self.optimizer.grad_clip),
+            eps_low: self.clip.eps_low,
+            eps_high: self.clip.eps_high.unwrap_or(d.eps_high),
+            tis_cap: self.clip.tis_cap,
+            micro_batch_tokens: self.optimizer.micro_batch_tokens as usize,
             save_every: self.save_every,
-            resume: self.resume,
+            start: self.run_dir.start(),
             rft_first: if self.no_rft_first {
                 None
             } else {
@@ -383,39 +492,31 @@ impl RlArgs {
 /// Options shared by `rft` and `dapo`.
 #[derive(clap::Args)]
 struct TrainArgs {
-    /// Starting model folder: config.json, safetensors, tokenizer files; or `preset:NAME`, the
-    /// random-weight model of a swerve-bench preset (`preset:default`: the embedded default),
-    /// written to OUT/base-model.
-    #[arg(long)]
-    model: PathBuf,
-    /// Training data, JSON lines (RL-SPEC.md "Data formats").
+    #[command(flatten)]
+    model: StartModelArgs,
+    /// Training data, JSON lines (RL-SPEC.md "Data formats"), read one line at a time.
     #[arg(long)]
     data: PathBuf,
-    /// Output folder: metrics.jsonl, step-N/ checkpoints, final/.
-    #[arg(long)]
-    out: PathBuf,
+    #[command(flatten)]
+    run_dir: RunDirArgs,
     /// Peak learning rate (default: 5e-6 for rft, 1e-6 for dapo).
-    #[arg(long, value_parser = finite_f64)]
+    #[arg(long, value_parser = positive_f64)]
     lr: Option<f64>,
+    /// Learning rate after warmup: constant, or cosine towards 0 at the last step.
     #[arg(long, default_value = "constant")]
     lr_schedule: LrSchedule,
+    /// Optimizer steps of linear warmup from 0 to --lr.
     #[arg(long, default_value_t = 0)]
     warmup_steps: u64,
-    /// Decoupled AdamW weight decay on 2-D weights.
-    #[arg(long, default_value_t = 0.1, value_parser = finite_f32)]
-    weight_decay: f32,
-    /// Global gradient-norm clipping (0: off).
-    #[arg(long, default_value_t = 1.0, value_parser = finite_f64)]
-    grad_clip: f64,
+    #[command(flatten)]
+    optimizer: OptimizerArgs,
     /// Trajectories per optimizer step (after dropping zero-advantage ones).
     #[arg(long, default_value_t = 64, value_parser = clap::value_parser!(u64).range(1..))]
     batch_size: u64,
-    /// Most tokens packed into one micro-batch (a longer trajectory runs alone).
-    #[arg(long, default_value_t = 16384, value_parser = clap::value_parser!(u64).range(1..))]
-    micro_batch_tokens: u64,
+    /// Passes over the data.
     #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u64).range(1..))]
     epochs: u64,
-    /// Stop after this many optimizer steps.
+    /// Stop after this many optimizer steps (also the cosine schedule's length).
     #[arg(long)]
     steps: Option<u64>,
     /// Longest trajectory accepted; longer ones are an error (default: the model's context).
@@ -424,39 +525,35 @@ struct TrainArgs {
     /// Write a resumable checkpoint every N steps.
     #[arg(long)]
     save_every: Option<u64>,
-    /// Continue from the latest OUT/step-N checkpoint.
-    #[arg(long)]
-    resume: bool,
     /// Keep every layer's activations instead of recomputing them in the backward.
     #[arg(long)]
     no_activation_checkpointing: bool,
     /// Seeds the trajectory order of each epoch.
     #[arg(long, default_value_t = 0)]
     seed: u64,
-    /// Where training runs: auto (the GPU when there is one), cpu, or cuda.
-    #[arg(long, default_value = "auto")]
-    device: DeviceChoice,
+    #[command(flatten)]
+    device: DeviceArgs,
 }
 
 impl TrainArgs {
     fn options(&self, algorithm: Algorithm, default_lr: f64) -> TrainOptions {
         TrainOptions {
-            model: self.model.clone(),
+            model: self.model.model.clone(),
             data: self.data.clone(),
-            out: self.out.clone(),
+            out: self.run_dir.out.clone(),
             algorithm,
             lr: self.lr.unwrap_or(default_lr),
             lr_schedule: self.lr_schedule,
             warmup_steps: self.warmup_steps,
-            weight_decay: self.weight_decay,
-            grad_clip: (self.grad_clip > 0.0).then_some(self.grad_clip),
+            weight_decay: self.optimizer.weight_decay,
+            grad_clip: (self.optimizer.grad_clip > 0.0).then_some(self.optimizer.grad_clip),
             batch_size: self.batch_size as usize,
-            micro_batch_tokens: self.micro_batch_tokens as usize,
+            micro_batch_tokens: self.optimizer.micro_batch_tokens as usize,
             epochs: self.epochs as usize,
             steps: self.steps,
             max_seq_len: self.max_seq_len,
             save_every: self.save_every,
-            resume: self.resume,
+            start: self.run_dir.start(),
             checkpoint_layers: !self.no_activation_checkpointing,
             seed: self.seed,
             progress: true,
@@ -464,86 +561,47 @@ impl TrainArgs {
     }
 }
 
-fn run_training(device: DeviceChoice, options: &TrainOptions) -> Result<()> {
-    let mut options = options.clone();
-    options.model = swerve::train::trainer::resolve_model(&options.model, &options.out)?;
-    let (backend, line) = select(device)?;
-    eprintln!("{line}");
-    let summary = match backend {
-        Selected::Cpu(b) => train(&b, &options)?,
-        Selected::Cuda(b) => train(&*b, &options)?,
-    };
-    eprintln!(
-        "trained {} steps ({} skipped); loss {} -> {}; model in {}",
-        summary.steps,
-        summary.skipped_steps,
-        summary.first_loss.map_or("-".into(), |l| format!("{l:.4}")),
-        summary.last_loss.map_or("-".into(), |l| format!("{l:.4}")),
-        summary.final_dir.display()
-    );
-    Ok(())
-}
-
 fn main() -> Result<()> {
     if let Some(banner) = swerve::backend::cuda::emulation_banner() {
         eprintln!("{banner}");
     }
-    let cli = Cli::parse();
-    match cli.command {
+    match Cli::parse().command {
         Command::Score {
             model,
-            input,
-            output,
+            files,
             batch_tokens,
             device,
         } => {
-            let (backend, line) = select(device)?;
-            eprintln!("{line}");
-            let batch_tokens = batch_tokens as usize;
-            let summary = match backend {
-                Selected::Cpu(b) => score(&b, &model, &input, &output, batch_tokens)?,
-                Selected::Cuda(b) => score(&*b, &model, &input, &output, batch_tokens)?,
-            };
-            eprintln!(
-                "scored {} sequences ({} tokens) in {:.2} s -> {}",
-                summary.sequences,
-                summary.tokens,
-                summary.seconds,
-                output.display()
-            );
+            swerve::train::score::run(
+                device.device,
+                &model,
+                &files.input,
+                &files.output,
+                batch_tokens as usize,
+            )?;
         }
-        Command::Tokenize {
-            tokenizer,
-            input,
-            output,
-        } => {
-            let tokenizer = swerve::tokenizer::Tokenizer::from_dir(&tokenizer)?;
-            let (lines, tokens) =
-                swerve::train::tokenize::tokenize_file(&tokenizer, &input, &output)?;
-            eprintln!(
-                "tokenized {lines} lines ({tokens} tokens) -> {}",
-                output.display()
-            );
+        Command::Tokenize { tokenizer, files } => {
+            swerve::train::tokenize::run(&tokenizer, &files.input, &files.output)?;
         }
-        Command::Rft { args } => run_training(args.device, &args.options(Algorithm::Rft, 5e-6))?,
+        Command::Rft { args } => {
+            swerve::train::trainer::run(args.device.device, &args.options(Algorithm::Rft, 5e-6))?;
+        }
         Command::Dapo {
             args,
-            eps_low,
-            eps_high,
+            clip,
             old_logprobs,
-            tis_cap,
         } => {
             let algorithm = Algorithm::Dapo {
-                eps_low,
-                eps_high,
+                eps_low: clip.eps_low,
+                eps_high: clip.eps_high.unwrap_or(0.28),
                 old_logprobs: if old_logprobs == "rollout" {
                     OldLogprobs::Rollout
                 } else {
                     OldLogprobs::Recompute
                 },
-                tis_cap,
+                tis_cap: clip.tis_cap,
             };
-            run_training(args.device, &args.options(algorithm, 1e-6))?
+            swerve::train::trainer::run(args.device.device, &args.options(algorithm, 1e-6))?;
         }
         Command::Rollout {
             args,
@@ -551,15 +609,7 @@ fn main() -> Result<()> {
         } => {
             run_agent(&args.options(only_resolved), "rollout")?;
         }
-        Command::Rl { args } => {
-            let options = args.options();
-            let (backend, line) = select(args.device)?;
-            eprintln!("{line}");
-            match backend {
-                Selected::Cpu(b) => swerve::rl::run(&b, &options)?,
-                Selected::Cuda(b) => swerve::rl::run(&*b, &options)?,
-            }
-        }
+        Command::Rl { args } => swerve::rl::run_on_device(args.device.device, &args.options())?,
         Command::Eval { args } => {
             run_agent(&args.options(false), "eval")?;
         }
@@ -567,13 +617,59 @@ fn main() -> Result<()> {
     Ok(())
 }
 
-fn score<B: Backend>(
-    backend: &B,
-    model_dir: &Path,
-    input: &Path,
-    output: &Path,
-    batch_tokens: usize,
-) -> Result<swerve::train::score::ScoreSummary> {
-    let model = Qwen2Model::load(backend, model_dir)?;
-    swerve::train::score::score_file(backend, &model, input, output, batch_tokens)
+#[cfg(test)]
+mod tests {
+    use super::Cli;
+    use clap::CommandFactory;
+
+    /// Every flag of every subcommand says what it is in `--help`.
+    #[test]
+    fn every_argument_has_help_text() {
+        fn visit(command: &clap::Command, path: &str, missing: &mut Vec<String>) {
+            for arg in command.get_arguments() {
+                let id = arg.get_id().as_str();
+                if matches!(id, "help" | "version") {
+                    continue;
+                }
+                let help = arg
+                    .get_help()
+                    .or(arg.get_long_help())
+                    .map(|h| h.to_string())
+                    .unwrap_or_default();
+                if help.trim().is_empty() {
+                    missing.push(format!("{path} --{}", arg.get_long().unwrap_or(id)));
+                }
+            }
+            for sub in command.get_subcommands() {
+                let path = format!("{path} {}", sub.get_name());
+                if sub
+                    .get_about()
+                    .is_none_or(|a| a.to_string().trim().is_empty())
+                    && sub.get_name() != "help"
+                {
+                    missing.push(format!("{path} (no description)"));
+                }
+                visit(sub, &path, missing);
+            }
+        }
+        let command = Cli::command();
+        command.clone().debug_assert();
+        let mut missing = Vec::new();
+        visit(&command, "swerve-train", &mut missing);
+        assert!(missing.is_empty(), "no help text: {missing:#?}");
+        // The walk sees the flattened shared structs.
+        let rl = command.find_subcommand("rl").unwrap();
+        let names: Vec<&str> = rl.get_arguments().filter_map(|a| a.get_long()).collect();
+        for flag in [
+            "device",
+            "out",
+            "resume",
+            "overwrite",
+            "eps-low",
+            "grad-clip",
+            "group",
+        ] {
+            assert!(names.contains(&flag), "rl --{flag}: {names:?}");
+        }
+    }
 }

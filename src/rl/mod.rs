@@ -16,32 +16,32 @@
 //! ```
 //!
 //! Everything random is seeded by (--seed, iteration), so `--resume` continues exactly: the same
-//! tasks, the same sampling streams, the same batches.
+//! tasks, the same sampling streams, the same batches, given the options [`recorded_options`]
+//! lists (each checkpoint records them; a resume that changes one is refused).
 
+pub mod iteration;
 pub mod plot;
 
 use crate::agent::command::{environment_for, AgentRunOptions};
-use crate::agent::episode::{Episode, EpisodeConfig, EpisodeContext, Finish};
+use crate::agent::episode::{EpisodeConfig, EpisodeContext};
 use crate::agent::policy::{EnginePolicy, Policy, ServerPolicy};
-use crate::agent::rollout::{episode_seed, run_episodes};
+use crate::agent::rollout::episode_seed;
 use crate::backend::grad::BackendGrad;
+use crate::backend::{select, DeviceChoice, Selected};
 use crate::chat::ChatTemplate;
 use crate::config::ModelConfig;
 use crate::engine::launch::{launch_engine, EngineLaunch};
-use crate::engine::EngineHandle;
 use crate::env::{builtin, load_tasks, Task};
 use crate::tokenizer::Tokenizer;
 use crate::train::checkpoint;
-use crate::train::data::{group_advantages, TrainSequence, Trajectory};
 use crate::train::learner::Learner;
-use crate::train::loss::Objective;
 use crate::train::optimizer::AdamWConfig;
-use crate::train::trainer::append_line;
+use crate::train::run_dir::{self, decimal, RecordedOptions, RunStart};
 use anyhow::{anyhow, bail, Context, Result};
+use iteration::{handoff, Loop, Progress, Sampler};
 use serde_json::{json, Value};
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::sync::Arc;
-use std::time::Instant;
 
 /// Everything `swerve-train rl` takes.
 #[derive(Clone, Debug)]
@@ -62,7 +62,8 @@ pub struct RlOptions {
     pub tis_cap: Option<f32>,
     pub micro_batch_tokens: usize,
     pub save_every: usize,
-    pub resume: bool,
+    /// What to do with what is already in `agent.out` (see [`crate::train::run_dir`]).
+    pub start: RunStart,
     /// RFT first: rollouts per task with the base model, then RFT on the resolved ones.
     pub rft_first: Option<usize>,
     pub rft_lr: f64,
@@ -130,68 +131,6 @@ impl RlDefaults {
     }
 }
 
-/// What training did with an iteration's episodes.
-struct Trained {
-    kept: usize,
-    action_tokens: usize,
-    /// max and mean rollout-vs-trainer logprob gap.
-    gap: (f64, f64),
-}
-
-/// One iteration's line of `iterations.jsonl`.
-fn iteration_line(
-    (iteration, phase): (usize, &str),
-    episodes: &[Episode],
-    trained: Trained,
-    times: &Value,
-    weight_version: u64,
-) -> Value {
-    let Trained {
-        kept,
-        action_tokens,
-        gap,
-    } = trained;
-    let n = episodes.len().max(1) as f64;
-    let mut finish = serde_json::Map::new();
-    for e in episodes {
-        let count = finish.entry(e.finish.as_str()).or_insert(json!(0));
-        *count = json!(count.as_u64().unwrap_or(0) + 1);
-    }
-    json!({
-        "iteration": iteration,
-        "phase": phase,
-        "episodes": episodes.len(),
-        "reward_mean": episodes.iter().map(|e| e.reward).sum::<f64>() / n,
-        "resolved_rate": episodes.iter().filter(|e| e.resolved).count() as f64 / n,
-        "mean_turns": episodes.iter().map(|e| e.turns as f64).sum::<f64>() / n,
-        "format_errors": episodes.iter().map(|e| e.format_errors).sum::<usize>(),
-        "finish": finish,
-        "trajectories_kept": kept,
-        "trajectories_dropped": episodes.len() - kept,
-        "action_tokens": action_tokens,
-        "logprob_gap_max": gap.0,
-        "logprob_gap_mean": gap.1,
-        "time_s": times,
-        "weight_version": weight_version,
-    })
-}
-
-/// An episode as the trainer's trajectory (its group is its task).
-fn trajectory(e: &Episode) -> Option<Trajectory> {
-    let t = e.transcript.as_ref()?;
-    if matches!(e.finish, Finish::Error(_)) || t.tokens.len() < 2 {
-        return None;
-    }
-    Some(Trajectory {
-        location: format!("task {} sample {}", e.task_id, e.sample),
-        group: Some(e.task_id.clone()),
-        tokens: t.tokens.clone(),
-        action_mask: t.action_mask.iter().map(|&m| m == 1).collect(),
-        rollout_logprobs: t.sampled.then(|| t.logprobs.clone()),
-        reward: Some(e.reward),
-    })
-}
-
 /// The tasks of `iteration` (1-based): the next `per_iteration` of an endless sequence of seeded
 /// shuffles of the task file, one shuffle per pass.
 pub fn tasks_of_iteration(
@@ -210,7 +149,7 @@ pub fn tasks_of_iteration(
         .collect()
 }
 
-fn shuffled(n: usize, seed: u64) -> Vec<usize> {
+pub(crate) fn shuffled(n: usize, seed: u64) -> Vec<usize> {
     let mut state = seed;
     let mut order: Vec<usize> = (0..n).collect();
     for i in (1..n).rev() {
@@ -220,15 +159,74 @@ fn shuffled(n: usize, seed: u64) -> Vec<usize> {
     order
 }
 
-/// Where rollouts come from, and how new weights reach them.
-enum Sampler {
-    Engine(Arc<EngineHandle>),
-    Server { policy: ServerPolicy, url: String },
+/// `swerve-train rl`: picks the device (the trainer's and the engine's), then [`run`].
+pub fn run_on_device(device: DeviceChoice, options: &RlOptions) -> Result<()> {
+    let (backend, line) = select(device)?;
+    eprintln!("{line}");
+    match backend {
+        Selected::Cpu(b) => run(&b, options),
+        Selected::Cuda(b) => run(&*b, options),
+    }
 }
 
-/// Runs `rl` on the trainer's backend.
-pub fn run<B: BackendGrad>(backend: &B, options: &RlOptions) -> Result<()> {
-    let agent = &options.agent;
+/// The options a `--resume` must repeat, and why each: `model`, `tasks` (length and FNV-1a hash
+/// of the task file), `seed`, `group`, `tasks-per-iteration` decide which episodes each
+/// iteration runs; `max-turns`, `turn-threshold`, `max-context` (as resolved from the model),
+/// `max-turn-tokens`, `observation-bytes` how they run and what they are rewarded; `batch-size`,
+/// `lr`, `warmup-steps`, `weight-decay`, `grad-clip`, `eps-low`, `eps-high`, `tis-cap`,
+/// `adamw` each update; `rft-first`, `rft-lr`, `rft-epochs` the phase before iteration 1.
+///
+/// Free to change: `--iterations` (nothing depends on the total: a resume may extend a run),
+/// `--save-every`, `--concurrency`, `--micro-batch-tokens`, `--device`, `--server`, and the
+/// sandbox's settings (`--env`, limits, binds, image): where commands run, not the method.
+pub fn recorded_options(
+    options: &RlOptions,
+    tasks: &crate::jsonl::ContentHash,
+    episode: &EpisodeConfig,
+) -> RecordedOptions {
+    let (agent, adamw) = (&options.agent, AdamWConfig::default());
+    let model = agent.model.as_deref().map(run_dir::model_source);
+    RecordedOptions::new()
+        .with("command", "rl")
+        .with("model", model)
+        .with("tasks", tasks.to_string())
+        .with("seed", agent.seed)
+        .with("group", agent.group)
+        .with("tasks-per-iteration", options.tasks_per_iteration)
+        .with("max-turns", episode.max_turns)
+        .with("turn-threshold", episode.turn_threshold)
+        .with("max-context", episode.max_context)
+        .with("max-turn-tokens", episode.max_turn_tokens)
+        .with("observation-bytes", episode.observation_bytes)
+        .with("batch-size", options.batch_size)
+        .with("lr", options.lr)
+        .with("warmup-steps", options.warmup_steps)
+        .with("weight-decay", decimal(options.weight_decay))
+        .with("grad-clip", options.grad_clip)
+        .with("eps-low", decimal(options.eps_low))
+        .with("eps-high", decimal(options.eps_high))
+        .with("tis-cap", options.tis_cap.map(decimal))
+        .with("rft-first", options.rft_first)
+        .with("rft-lr", options.rft_lr)
+        .with("rft-epochs", options.rft_epochs)
+        .with(
+            "adamw",
+            json!({"beta1": decimal(adamw.beta1), "beta2": decimal(adamw.beta2), "eps": decimal(adamw.eps)}),
+        )
+}
+
+/// What the run needs from its model folder and task file.
+struct Setup {
+    model_dir: std::path::PathBuf,
+    tasks: Vec<Task>,
+    tasks_content: crate::jsonl::ContentHash,
+    tokenizer: Arc<Tokenizer>,
+    template: ChatTemplate,
+    episode: EpisodeConfig,
+    stop_ids: Vec<u32>,
+}
+
+fn check_options(options: &RlOptions) -> Result<()> {
     if options.iterations == 0 || options.tasks_per_iteration == 0 || options.batch_size == 0 {
         bail!("--iterations, --tasks-per-iteration and --batch-size must be at least 1");
     }
@@ -237,20 +235,28 @@ pub fn run<B: BackendGrad>(backend: &B, options: &RlOptions) -> Result<()> {
             bail!("{name} {v}: expected a positive number");
         }
     }
-    std::fs::create_dir_all(&agent.out)
-        .with_context(|| format!("creating {}", agent.out.display()))?;
+    Ok(())
+}
+
+/// Checks OUT (see [`run_dir`]), resolves the model (`preset:` into OUT/base-model), loads the
+/// tasks and the tokenizer, and sets the episodes' context from the model's.
+fn setup(options: &RlOptions) -> Result<Setup> {
+    let agent = &options.agent;
+    check_options(options)?;
+    run_dir::prepare(&agent.out, options.start)?;
     let model_arg = agent
         .model
         .as_ref()
         .ok_or_else(|| anyhow!("rl needs --model DIR or --model preset:NAME"))?;
-    let model_dir = crate::model::synthetic::resolve_model_arg(model_arg, &agent.out)?;
+    let model_dir = run_dir::resolve_model(model_arg, &agent.out)?;
     let tasks_path = builtin::resolve_tasks(&agent.tasks)?;
     let tasks = load_tasks(&tasks_path)?;
+    let tasks_content = crate::jsonl::hash_file(&tasks_path)?;
     let tokenizer = Arc::new(Tokenizer::for_model_dir(&model_dir)?);
     let template = ChatTemplate::for_tokenizer(&tokenizer)?;
     let config = ModelConfig::from_dir(&model_dir)?;
-    let mut episode_config: EpisodeConfig = agent.episode.clone();
-    episode_config.max_context = match agent.max_context {
+    let mut episode: EpisodeConfig = agent.episode.clone();
+    episode.max_context = match agent.max_context {
         Some(n) if n > config.max_context() => bail!(
             "--max-context {n} is beyond the model's context of {} tokens",
             config.max_context()
@@ -264,10 +270,67 @@ pub fn run<B: BackendGrad>(backend: &B, options: &RlOptions) -> Result<()> {
         .copied()
         .filter(|&t| (t as usize) < config.vocab_size)
         .collect();
+    Ok(Setup {
+        model_dir,
+        tasks,
+        tasks_content,
+        tokenizer,
+        template,
+        episode,
+        stop_ids,
+    })
+}
 
+/// Where a run starts: after the latest iteration checkpoint (restored into `learner`) with
+/// `--resume`, else at the beginning. Logs beyond the checkpoint are trimmed; a `--resume`
+/// without a checkpoint starts over.
+fn resume<B: BackendGrad>(
+    options: &RlOptions,
+    record: &RecordedOptions,
+    learner: &mut Learner<'_, B>,
+) -> Result<(usize, Progress, bool)> {
+    let out = &options.agent.out;
+    let (iterations_path, metrics_path) = (out.join("iterations.jsonl"), out.join("metrics.jsonl"));
+    if options.start != RunStart::Resume {
+        return Ok((1, Progress::default(), options.rft_first.is_none()));
+    }
+    let Some(dir) = checkpoint::latest_named(out, "iteration-")? else {
+        // Killed before its first checkpoint: nothing to continue, so start over.
+        for path in [&iterations_path, &metrics_path] {
+            if path.exists() {
+                std::fs::remove_file(path)
+                    .with_context(|| format!("removing {}", path.display()))?;
+            }
+        }
+        eprintln!(
+            "rl: --resume: no checkpoint in {} yet; starting from the beginning",
+            out.display()
+        );
+        return Ok((1, Progress::default(), options.rft_first.is_none()));
+    };
+    record.check_resume(&checkpoint::read_state(&dir)?, &dir)?;
+    let state = learner.restore(&dir)?;
+    let done = state["iteration"]
+        .as_u64()
+        .context("trainer_state.json: no iteration")?;
+    let progress = Progress {
+        step: state["step"].as_u64().unwrap_or(0),
+        weight_version: state["weight_version"].as_u64().unwrap_or(0),
+    };
+    keep_lines(&iterations_path, "iteration", done)?;
+    keep_lines(&metrics_path, "step", progress.step)?;
+    eprintln!("rl: resuming after iteration {done} from {}", dir.display());
+    Ok((done as usize + 1, progress, true))
+}
+
+/// Runs `rl` on the trainer's backend.
+pub fn run<B: BackendGrad>(backend: &B, options: &RlOptions) -> Result<()> {
+    let agent = &options.agent;
+    let setup = setup(options)?;
+    let record = recorded_options(options, &setup.tasks_content, &setup.episode);
     let mut learner = Learner::new(
         backend,
-        &model_dir,
+        &setup.model_dir,
         AdamWConfig {
             weight_decay: options.weight_decay,
             max_grad_norm: options.grad_clip,
@@ -276,58 +339,16 @@ pub fn run<B: BackendGrad>(backend: &B, options: &RlOptions) -> Result<()> {
         options.micro_batch_tokens,
         true,
     )?;
-    let iterations_path = agent.out.join("iterations.jsonl");
-    let metrics_path = agent.out.join("metrics.jsonl");
-    let mut first_iteration = 1;
-    let mut step = 0u64;
-    let mut resumed_version = 0u64;
-    let mut rft_done = options.rft_first.is_none();
-    if options.resume {
-        if let Some(dir) = checkpoint::latest_named(&agent.out, "iteration-")? {
-            let state = learner.restore(&dir)?;
-            let done = state["iteration"]
-                .as_u64()
-                .context("trainer_state.json: no iteration")? as usize;
-            step = state["step"].as_u64().unwrap_or(0);
-            resumed_version = state["weight_version"].as_u64().unwrap_or(0);
-            first_iteration = done + 1;
-            rft_done = true;
-            keep_lines(&iterations_path, "iteration", done as u64)?;
-            keep_lines(&metrics_path, "step", step)?;
-            eprintln!("rl: resuming after iteration {done} from {}", dir.display());
-        } else {
-            // Killed before its first checkpoint: nothing to continue, so start over.
-            for path in [&iterations_path, &metrics_path] {
-                if path.exists() {
-                    std::fs::remove_file(path)
-                        .with_context(|| format!("removing {}", path.display()))?;
-                }
-            }
-            eprintln!(
-                "rl: --resume: no checkpoint in {} yet; starting from the beginning",
-                agent.out.display()
-            );
-        }
-    } else {
-        for path in [&iterations_path, &metrics_path] {
-            if path.exists() {
-                bail!(
-                    "{} exists: pass --resume to continue that run, or choose another --out",
-                    path.display()
-                );
-            }
-        }
-    }
-
+    let (first_iteration, progress, rft_done) = resume(options, &record, &mut learner)?;
     let sampler = match &agent.server {
         Some(url) => Sampler::Server {
-            policy: ServerPolicy::new(url, agent.api_key.clone(), stop_ids.clone())?,
+            policy: ServerPolicy::new(url, agent.api_key.clone(), setup.stop_ids.clone())?,
             url: url.clone(),
         },
         None => Sampler::Engine(Arc::new(launch_engine(&EngineLaunch {
-            model: model_dir.clone(),
+            model: setup.model_dir.clone(),
             device: agent.device,
-            max_model_len: episode_config.max_context,
+            max_model_len: setup.episode.max_context,
             kv_cache_fraction: 0.9,
             num_kv_blocks: None,
             max_num_seqs: agent.concurrency,
@@ -335,20 +356,17 @@ pub fn run<B: BackendGrad>(backend: &B, options: &RlOptions) -> Result<()> {
             seed: agent.seed,
         })?)),
     };
-    let env = environment_for(&tasks, agent)?;
-    // The policy's version: weight updates handed to the rollouts since the base model (the
-    // engine's own counter restarts with the process; this one is checkpointed).
-    let mut weight_version = resumed_version;
+    let env = environment_for(&setup.tasks, agent)?;
     if first_iteration > 1 {
         // The engine starts from the base model: hand it the resumed weights.
-        handoff(&learner, &sampler, &model_dir, &agent.out)?;
+        handoff(&learner, &sampler, &setup.model_dir, &agent.out)?;
     }
     let engine_policy;
     let policy: &dyn Policy = match &sampler {
         Sampler::Engine(handle) => {
             engine_policy = EnginePolicy {
                 engine: handle.clone(),
-                stop_ids: stop_ids.clone(),
+                stop_ids: setup.stop_ids.clone(),
                 temperature: 1.0,
             };
             &engine_policy
@@ -358,13 +376,13 @@ pub fn run<B: BackendGrad>(backend: &B, options: &RlOptions) -> Result<()> {
     let ctx = EpisodeContext {
         env: env.as_ref(),
         policy,
-        tokenizer: &tokenizer,
-        template: &template,
-        config: &episode_config,
+        tokenizer: &setup.tokenizer,
+        template: &setup.template,
+        config: &setup.episode,
     };
     eprintln!(
         "rl: {} tasks from {}, {} per iteration x {} rollouts, {} iterations, batch {}, lr {}, environment {}, context {}",
-        tasks.len(),
+        setup.tasks.len(),
         agent.tasks,
         options.tasks_per_iteration,
         agent.group,
@@ -372,277 +390,26 @@ pub fn run<B: BackendGrad>(backend: &B, options: &RlOptions) -> Result<()> {
         options.batch_size,
         options.lr,
         env.name(),
-        episode_config.max_context
+        setup.episode.max_context
     );
-    let dapo = Objective::Dapo {
-        eps_low: options.eps_low,
-        eps_high: options.eps_high,
-        tis_cap: options.tis_cap,
+    let mut run = Loop {
+        options,
+        learner,
+        sampler: &sampler,
+        ctx: &ctx,
+        tasks: &setup.tasks,
+        model_dir: &setup.model_dir,
+        record: &record,
+        progress,
+        history: read_history(&agent.out.join("iterations.jsonl"))?,
     };
-    let mut history = read_history(&iterations_path)?;
-
-    if !rft_done {
-        let k = options.rft_first.expect("checked");
-        let started = Instant::now();
-        let episodes = run_episodes(
-            &ctx,
-            &tasks,
-            k,
-            agent.concurrency,
-            agent.seed ^ 0x0052_4654,
-            "rft rollouts",
-        );
-        let rollout_s = started.elapsed().as_secs_f64();
-        let resolved: Vec<TrainSequence> = episodes
-            .iter()
-            .filter(|e| e.resolved)
-            .filter_map(trajectory)
-            .map(|t| TrainSequence::from_trajectory(&t, 1.0))
-            .collect();
-        let train_started = Instant::now();
-        let mut action_tokens = 0;
-        if resolved.is_empty() {
-            eprintln!("rl: --rft-first {k}: no rollout resolved its task; DAPO starts from the base model");
-        } else {
-            for epoch in 0..options.rft_epochs {
-                let order = shuffled(resolved.len(), agent.seed ^ 0x0052_4654 ^ epoch as u64);
-                for chunk in order.chunks(options.batch_size) {
-                    let batch: Vec<&TrainSequence> = chunk.iter().map(|&i| &resolved[i]).collect();
-                    let olds: Vec<&[f32]> = vec![&[]; batch.len()];
-                    step += 1;
-                    let report =
-                        learner.step(&batch, &olds, &Objective::MaskedCe, options.rft_lr)?;
-                    action_tokens += report.metrics["action_tokens"].as_u64().unwrap_or(0) as usize;
-                    append_step(&metrics_path, step, 0, report.metrics)?;
-                }
-            }
-        }
-        let training_s = train_started.elapsed().as_secs_f64();
-        let handoff_s = handoff(&learner, &sampler, &model_dir, &agent.out)?;
-        weight_version += 1;
-        let line = iteration_line(
-            (0, "rft"),
-            &episodes,
-            Trained {
-                kept: resolved.len(),
-                action_tokens,
-                gap: (0.0, 0.0),
-            },
-            &json!({"rollout": rollout_s, "environment": env_time(&episodes), "grading": grade_time(&episodes), "training": training_s, "handoff": handoff_s}),
-            weight_version,
-        );
-        append_line(&iterations_path, &line)?;
-        history.push(line);
-        checkpoint_iteration(&learner, &model_dir, &agent.out, 0, step, weight_version)?;
+    if let (false, Some(k)) = (rft_done, options.rft_first) {
+        run.rft_phase(k)?;
     }
-
     for iteration in first_iteration..=options.iterations {
-        let picked: Vec<Task> = tasks_of_iteration(
-            tasks.len(),
-            options.tasks_per_iteration,
-            agent.seed,
-            iteration,
-        )
-        .into_iter()
-        .map(|i| tasks[i].clone())
-        .collect();
-        let picked = dedup_groups(picked);
-        let started = Instant::now();
-        let label = format!("iteration {iteration}/{}", options.iterations);
-        let episodes = run_episodes(
-            &ctx,
-            &picked,
-            agent.group,
-            agent.concurrency,
-            episode_seed(agent.seed, "iteration", iteration),
-            &label,
-        );
-        let rollout_s = started.elapsed().as_secs_f64();
-
-        let trajectories: Vec<Trajectory> = episodes.iter().filter_map(trajectory).collect();
-        let advantages = if trajectories.is_empty() {
-            Vec::new()
-        } else {
-            group_advantages(&trajectories)?
-        };
-        let kept: Vec<TrainSequence> = trajectories
-            .iter()
-            .zip(&advantages)
-            .filter(|(_, &a)| a != 0.0)
-            .map(|(t, &a)| TrainSequence::from_trajectory(t, a))
-            .collect();
-        let train_started = Instant::now();
-        // The engine's KV cache gives its memory to the trainer while it runs.
-        if let Sampler::Engine(handle) = &sampler {
-            handle.release_kv_cache()?;
-        }
-        let refs: Vec<&TrainSequence> = kept.iter().collect();
-        // logp_old: the trainer's logprobs under the weights that produced the rollouts.
-        let olds = learner.logprobs(&refs)?;
-        let gap = logprob_gap(&kept, &olds);
-        let order = shuffled(kept.len(), episode_seed(agent.seed, "batches", iteration));
-        let mut action_tokens = 0;
-        for chunk in order.chunks(options.batch_size) {
-            let batch: Vec<&TrainSequence> = chunk.iter().map(|&i| &kept[i]).collect();
-            let batch_olds: Vec<&[f32]> = chunk.iter().map(|&i| olds[i].as_slice()).collect();
-            step += 1;
-            let lr = if step <= options.warmup_steps {
-                options.lr * step as f64 / options.warmup_steps as f64
-            } else {
-                options.lr
-            };
-            let report = learner.step(&batch, &batch_olds, &dapo, lr)?;
-            action_tokens += report.metrics["action_tokens"].as_u64().unwrap_or(0) as usize;
-            append_step(&metrics_path, step, iteration, report.metrics)?;
-        }
-        let training_s = train_started.elapsed().as_secs_f64();
-        let handoff_s = if kept.is_empty() {
-            0.0
-        } else {
-            weight_version += 1;
-            handoff(&learner, &sampler, &model_dir, &agent.out)?
-        };
-        let restore_started = Instant::now();
-        if let Sampler::Engine(handle) = &sampler {
-            handle.restore_kv_cache()?;
-        }
-        let kv_restore_s = restore_started.elapsed().as_secs_f64();
-        let line = iteration_line(
-            (iteration, "dapo"),
-            &episodes,
-            Trained {
-                kept: kept.len(),
-                action_tokens,
-                gap,
-            },
-            &json!({"rollout": rollout_s, "environment": env_time(&episodes), "grading": grade_time(&episodes), "training": training_s, "handoff": handoff_s, "kv_cache_restore": kv_restore_s}),
-            weight_version,
-        );
-        append_line(&iterations_path, &line)?;
-        eprintln!(
-            "iteration {iteration}: reward {:.3} resolved {:.3} turns {:.2} kept {}/{} gap {:.1e} | rollout {:.1}s train {:.1}s handoff {:.3}s",
-            line["reward_mean"].as_f64().unwrap_or(0.0),
-            line["resolved_rate"].as_f64().unwrap_or(0.0),
-            line["mean_turns"].as_f64().unwrap_or(0.0),
-            kept.len(),
-            episodes.len(),
-            gap.0,
-            rollout_s,
-            training_s,
-            handoff_s
-        );
-        history.push(line);
-        plot::write_reward_plot(&agent.out.join("reward.png"), &history)?;
-        eprintln!("{}", plot::sparkline(&history));
-        if options.save_every > 0
-            && (iteration % options.save_every == 0 || iteration == options.iterations)
-        {
-            checkpoint_iteration(
-                &learner,
-                &model_dir,
-                &agent.out,
-                iteration,
-                step,
-                weight_version,
-            )?;
-        }
+        run.iteration(iteration)?;
     }
     Ok(())
-}
-
-/// Tasks picked twice in one iteration become separate groups (`ID#2`).
-fn dedup_groups(mut tasks: Vec<Task>) -> Vec<Task> {
-    let mut seen: Vec<String> = Vec::new();
-    for t in tasks.iter_mut() {
-        let count = seen.iter().filter(|s| **s == t.id).count();
-        seen.push(t.id.clone());
-        if count > 0 {
-            t.id = format!("{}#{}", t.id, count + 1);
-        }
-    }
-    tasks
-}
-
-fn env_time(episodes: &[Episode]) -> f64 {
-    episodes.iter().map(|e| e.environment_s).sum()
-}
-
-fn grade_time(episodes: &[Episode]) -> f64 {
-    episodes.iter().map(|e| e.grading_s).sum()
-}
-
-/// max and mean |sampler logprob - trainer logprob| over action tokens with a sampler logprob.
-fn logprob_gap(sequences: &[TrainSequence], olds: &[Vec<f32>]) -> (f64, f64) {
-    let (mut max, mut sum, mut count) = (0.0f64, 0.0f64, 0usize);
-    for (s, old) in sequences.iter().zip(olds) {
-        if !s.has_rollout_logprobs {
-            continue;
-        }
-        let rows = s.action_mask.iter().zip(&s.rollout_logprobs).zip(old);
-        for ((&action, &sampled), &trainer) in rows {
-            if action {
-                let gap = (sampled - trainer).abs() as f64;
-                max = max.max(gap);
-                sum += gap;
-                count += 1;
-            }
-        }
-    }
-    (max, sum / count.max(1) as f64)
-}
-
-fn append_step(path: &Path, step: u64, iteration: usize, metrics: Value) -> Result<()> {
-    let mut line = json!({"step": step, "iteration": iteration});
-    for (k, v) in metrics.as_object().expect("an object") {
-        line[k] = v.clone();
-    }
-    append_line(path, &line)
-}
-
-/// New weights to the rollouts: in memory to the engine, or written and reloaded through the
-/// server. Returns the new weight version and the seconds it took.
-fn handoff<B: BackendGrad>(
-    learner: &Learner<'_, B>,
-    sampler: &Sampler,
-    model_dir: &Path,
-    out: &Path,
-) -> Result<f64> {
-    let started = Instant::now();
-    match sampler {
-        Sampler::Engine(handle) => match learner.compute_weight_spans()? {
-            // Same device: the engine copies the trainer's bf16 buffers device to device.
-            // SAFETY: the learner is borrowed (nothing trains) until the engine has replied.
-            Some(spans) => {
-                unsafe { handle.update_weights_from_device(spans) }?;
-            }
-            None => {
-                handle.update_weights_from(learner.compute_weights()?)?;
-            }
-        },
-        Sampler::Server { policy, url } => {
-            // A separate server reads weights from disk: an HF folder it can load.
-            let dir = out.join("handoff");
-            learner.save(model_dir, &dir, &json!({"handoff": true}))?;
-            policy
-                .post_json("/v1/weights/reload", &json!({"path": dir}))
-                .with_context(|| format!("reloading {url} with {}", dir.display()))?;
-        }
-    }
-    Ok(started.elapsed().as_secs_f64())
-}
-
-fn checkpoint_iteration<B: BackendGrad>(
-    learner: &Learner<'_, B>,
-    model_dir: &Path,
-    out: &Path,
-    iteration: usize,
-    step: u64,
-    weight_version: u64,
-) -> Result<PathBuf> {
-    let dir = out.join(format!("iteration-{iteration:06}"));
-    let state = json!({"iteration": iteration, "step": step, "updates": learner.updates(), "weight_version": weight_version});
-    learner.save(model_dir, &dir, &state)?;
-    Ok(dir)
 }
 
 /// Keeps the lines of `path` whose `key` is at most `last` (a resumed run rewrites the rest).

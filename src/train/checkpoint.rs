@@ -5,9 +5,12 @@
 //! OUT/step-000010/             (or OUT/final/)
 //!   config.json                copied from the starting model
 //!   model.safetensors          bf16 weights under their HF names (no lm_head when tied)
-//!   tokenizer.json ...         the starting model's tokenizer files, copied
+//!   tokenizer.json ...         the starting model's tokenizer and generation files, copied (the
+//!                              embedded Qwen2.5 tokenizer's when the model has none: what it
+//!                              used), so `swerve-train tokenize --tokenizer` and servers read it
 //!   optimizer.safetensors      f32 `master.NAME`, `exp_avg.NAME`, `exp_avg_sq.NAME`
-//!   trainer_state.json         step, updates taken, data position, options that must not change
+//!   trainer_state.json         step, updates taken, data position, and under "options" what a
+//!                              `--resume` must repeat (`run_dir::RecordedOptions`)
 //! ```
 //!
 //! A checkpoint is written into `OUT/.NAME.partial/` and renamed into place, so a crash never
@@ -21,13 +24,16 @@ use safetensors::SafeTensors;
 use serde_json::Value;
 use std::path::{Path, PathBuf};
 
-/// Tokenizer and generation files copied from the starting model when present.
-const TOKENIZER_FILES: [&str; 6] = [
+/// Tokenizer, chat-template and generation files copied from the starting model when present.
+pub const TOKENIZER_FILES: [&str; 9] = [
     "tokenizer.json",
     "tokenizer_config.json",
     "vocab.json",
     "merges.txt",
     "special_tokens_map.json",
+    "added_tokens.json",
+    "chat_template.jinja",
+    "chat_template.json",
     "generation_config.json",
 ];
 
@@ -94,6 +100,14 @@ fn write_contents(
             copy(file)?;
         }
     }
+    if !source_model_dir.join("tokenizer.json").is_file() {
+        // The model runs with the embedded tokenizer: the checkpoint says so in files.
+        for (file, bytes) in crate::tokenizer::embedded_qwen25_files() {
+            let path = dir.join(file);
+            std::fs::write(&path, bytes)
+                .with_context(|| format!("cannot write {}", path.display()))?;
+        }
+    }
     let weights: Vec<(String, HostTensor<'static>)> = state
         .masters
         .iter()
@@ -154,17 +168,45 @@ pub fn latest_named(out: &Path, prefix: &str) -> Result<Option<PathBuf>> {
     Ok(best.map(|(_, p)| p))
 }
 
+/// A checkpoint's `trainer_state.json`.
+pub fn read_state(dir: &Path) -> Result<Value> {
+    let path = dir.join("trainer_state.json");
+    let text = std::fs::read_to_string(&path)
+        .with_context(|| format!("cannot read {}", path.display()))?;
+    serde_json::from_str(&text).with_context(|| format!("{}: not valid JSON", path.display()))
+}
+
+/// The checkpoint `rft`/`dapo --resume` continues from, with its trainer state: the latest
+/// `step-N` or `final` (a finished run's, or one that saved no `step-N`), whichever recorded the
+/// later step.
+pub fn latest_with_final(out: &Path) -> Result<Option<(PathBuf, Value)>> {
+    let mut best: Option<(u64, PathBuf, Value)> = None;
+    let final_dir = out.join("final");
+    let candidates = latest(out)?.into_iter().chain(
+        final_dir
+            .join("trainer_state.json")
+            .is_file()
+            .then_some(final_dir),
+    );
+    for dir in candidates {
+        let state = read_state(&dir)?;
+        let step = state["step"]
+            .as_u64()
+            .with_context(|| format!("{}/trainer_state.json: no step", dir.display()))?;
+        if best.as_ref().is_none_or(|b| step > b.0) {
+            best = Some((step, dir, state));
+        }
+    }
+    Ok(best.map(|(_, dir, state)| (dir, state)))
+}
+
 /// Reads a checkpoint's trainer state and optimizer tensors, checking every expected parameter
 /// (`names_and_shapes`, in order) is there with its shape.
 pub fn load(
     dir: &Path,
     names_and_shapes: &[(String, Vec<usize>)],
 ) -> Result<(Value, OptimizerState)> {
-    let state_path = dir.join("trainer_state.json");
-    let text = std::fs::read_to_string(&state_path)
-        .with_context(|| format!("cannot read {}", state_path.display()))?;
-    let trainer_state: Value = serde_json::from_str(&text)
-        .with_context(|| format!("{}: not valid JSON", state_path.display()))?;
+    let trainer_state = read_state(dir)?;
     let opt_path = dir.join("optimizer.safetensors");
     let bytes =
         std::fs::read(&opt_path).with_context(|| format!("cannot read {}", opt_path.display()))?;

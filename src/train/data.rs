@@ -6,7 +6,8 @@
 //! (assistant turns are the actions; `"loss": false` masks one); a line with both forms (a
 //! rollout's) is read by its `tokens`. A line that does not parse, a
 //! mask of the wrong length, a token id outside the vocabulary, or a sequence longer than the
-//! maximum is an error naming `file:line`, never a skip.
+//! maximum is an error naming `file:line`, never a skip. A file is read one line at a time into
+//! [`PackedTrajectories`]: only the line being converted is ever a `serde_json::Value`.
 //!
 //! Row form: row `r` of a sequence predicts token `r + 1`, so the token-aligned mask and
 //! logprobs shift by one; the last row predicts nothing.
@@ -23,6 +24,7 @@ use crate::jsonl;
 use crate::tokenizer::Tokenizer;
 use anyhow::{anyhow, bail, Context, Result};
 use serde_json::Value;
+use std::collections::HashMap;
 use std::path::Path;
 
 /// One line of a data file.
@@ -136,22 +138,150 @@ fn parse_trajectory(value: &Value, vocab_size: usize) -> Result<Trajectory> {
     })
 }
 
-/// Reads a data file. Chat-form lines (`messages`) are allowed when `allow_chat` (RFT) and are
-/// rendered with the tokenizer of `model_dir`.
+/// Every trajectory of a data file, packed end to end: 4 bytes per token for the ids, 1 for the
+/// action mask, 4 more only for trajectories that carry rollout logprobs (a `serde_json::Value`
+/// per token would be about 50). Lines are converted one at a time as the file is read.
+///
+/// ```text
+/// tokens          t t t t t | t t t | t t t t        every trajectory's ids, in file order
+/// starts          0           5       8        12    n + 1 offsets into `tokens`
+/// action          0 0 1 1 0 | 0 1 1 | 0 0 1 1        one byte per token (token form)
+/// logprob_starts  Some(0)     None    Some(5)         where a trajectory's logprobs begin
+/// logprobs        l l l l l |         l l l l        token form, 0 where the data has null
+/// ```
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct PackedTrajectories {
+    pub path: std::path::PathBuf,
+    tokens: Vec<u32>,
+    starts: Vec<usize>,
+    action: Vec<u8>,
+    logprobs: Vec<f32>,
+    logprob_starts: Vec<Option<usize>>,
+    /// Index into `group_names`.
+    groups: Vec<Option<u32>>,
+    group_names: Vec<String>,
+    rewards: Vec<Option<f64>>,
+    line_numbers: Vec<usize>,
+}
+
+impl PackedTrajectories {
+    fn new(path: &Path) -> Self {
+        Self {
+            path: path.to_path_buf(),
+            starts: vec![0],
+            ..Self::default()
+        }
+    }
+
+    fn push(&mut self, t: &Trajectory, line_no: usize, group_index: &mut HashMap<String, u32>) {
+        self.tokens.extend_from_slice(&t.tokens);
+        self.starts.push(self.tokens.len());
+        self.action.extend(t.action_mask.iter().map(|&a| a as u8));
+        self.logprob_starts
+            .push(t.rollout_logprobs.as_ref().map(|lps| {
+                let start = self.logprobs.len();
+                self.logprobs.extend(lps.iter().map(|lp| lp.unwrap_or(0.0)));
+                start
+            }));
+        self.groups.push(t.group.as_ref().map(|g| {
+            let next = self.group_names.len() as u32;
+            *group_index.entry(g.clone()).or_insert_with(|| {
+                self.group_names.push(g.clone());
+                next
+            })
+        }));
+        self.rewards.push(t.reward);
+        self.line_numbers.push(line_no);
+    }
+
+    /// Trajectories held.
+    pub fn len(&self) -> usize {
+        self.line_numbers.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// Tokens over every trajectory.
+    pub fn num_tokens(&self) -> usize {
+        self.tokens.len()
+    }
+
+    pub fn tokens(&self, i: usize) -> &[u32] {
+        &self.tokens[self.starts[i]..self.starts[i + 1]]
+    }
+
+    /// `file:line` of trajectory `i`.
+    pub fn location(&self, i: usize) -> String {
+        jsonl::at(&self.path, self.line_numbers[i])
+    }
+
+    pub fn has_rollout_logprobs(&self, i: usize) -> bool {
+        self.logprob_starts[i].is_some()
+    }
+
+    /// Group and reward of every trajectory, for [`group_advantages`].
+    pub fn group_rewards(&self) -> Vec<GroupReward<'_>> {
+        (0..self.len())
+            .map(|i| GroupReward {
+                group: self.groups[i].map(|g| self.group_names[g as usize].as_str()),
+                reward: self.rewards[i],
+            })
+            .collect()
+    }
+
+    /// Trajectory `i` in row form with `advantage`, for the loss.
+    pub fn train_sequence(&self, i: usize, advantage: f64) -> TrainSequence {
+        let tokens = self.tokens(i);
+        let n = tokens.len();
+        let action = &self.action[self.starts[i]..self.starts[i + 1]];
+        let mut targets = tokens[1..].to_vec();
+        targets.push(0);
+        let mut action_mask: Vec<bool> = action[1..].iter().map(|&a| a == 1).collect();
+        action_mask.push(false);
+        let mut rollout_logprobs = match self.logprob_starts[i] {
+            Some(start) => self.logprobs[start + 1..start + n].to_vec(),
+            None => vec![0.0; n - 1],
+        };
+        rollout_logprobs.push(0.0);
+        TrainSequence {
+            location: self.location(i),
+            tokens: tokens.to_vec(),
+            targets,
+            action_mask,
+            advantage: advantage as f32,
+            rollout_logprobs,
+            has_rollout_logprobs: self.logprob_starts[i].is_some(),
+        }
+    }
+}
+
+/// A data file as the trainer holds it, and what its bytes hashed to (recorded in checkpoints, so
+/// `--resume` with another file's data is refused).
+pub struct DataFile {
+    pub trajectories: PackedTrajectories,
+    pub content: jsonl::ContentHash,
+}
+
+/// Reads a data file line by line into [`PackedTrajectories`]. Chat-form lines (`messages`) are
+/// allowed when `allow_chat` (RFT) and are rendered with the tokenizer of `model_dir`.
 pub fn read_trajectories(
     path: &Path,
     model_dir: &Path,
     vocab_size: usize,
     max_seq_len: usize,
     allow_chat: bool,
-) -> Result<Vec<Trajectory>> {
+) -> Result<DataFile> {
     let mut chat: Option<(Tokenizer, ChatTemplate)> = None;
-    let mut out = Vec::new();
-    for (line_no, value) in jsonl::read_objects(path)? {
+    let mut packed = PackedTrajectories::new(path);
+    let mut group_index = HashMap::new();
+    let mut lines = jsonl::ObjectLines::open(path)?;
+    while let Some((line_no, value)) = lines.next_object()? {
         let at = jsonl::at(path, line_no);
         // Token ids are the truth where a line has them (rollouts carry both forms); the chat
         // form is rendered only for lines without `tokens`.
-        let mut trajectory = if value.get("messages").is_some() && value.get("tokens").is_none() {
+        let trajectory = if value.get("messages").is_some() && value.get("tokens").is_none() {
             if !allow_chat {
                 bail!(
                     "{at}: chat-form lines (`messages`) are for rft; dapo needs token trajectories"
@@ -189,30 +319,46 @@ pub fn read_trajectories(
         if trajectory.tokens.len() < 2 {
             bail!("{at}: a trajectory needs at least 2 tokens");
         }
-        trajectory.location = at;
-        out.push(trajectory);
+        packed.push(&trajectory, line_no, &mut group_index);
     }
-    if out.is_empty() {
+    if packed.is_empty() {
         bail!("{}: no trajectories", path.display());
     }
-    Ok(out)
+    Ok(DataFile {
+        trajectories: packed,
+        content: lines.content_hash(),
+    })
+}
+
+/// One trajectory's group and reward, as [`group_advantages`] reads them.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct GroupReward<'a> {
+    pub group: Option<&'a str>,
+    pub reward: Option<f64>,
 }
 
 /// DAPO advantages (RL-SPEC): per group of `G` trajectories, `A_i = (R_i - mean) / (std + 1e-6)`
 /// with the sample standard deviation (divide by `G - 1`; a group of one gets 0).
-pub fn group_advantages(trajectories: &[Trajectory]) -> Result<Vec<f64>> {
+/// `location(i)` names trajectory `i` in errors.
+pub fn group_advantages(
+    trajectories: &[GroupReward<'_>],
+    location: impl Fn(usize) -> String,
+) -> Result<Vec<f64>> {
     let mut groups: Vec<(&str, Vec<usize>)> = Vec::new();
+    let mut index: HashMap<&str, usize> = HashMap::new();
     for (i, t) in trajectories.iter().enumerate() {
         let group = t
             .group
-            .as_deref()
-            .ok_or_else(|| anyhow!("{}: dapo needs a `group`", t.location))?;
+            .ok_or_else(|| anyhow!("{}: dapo needs a `group`", location(i)))?;
         if t.reward.is_none() {
-            bail!("{}: dapo needs a `reward`", t.location);
+            bail!("{}: dapo needs a `reward`", location(i));
         }
-        match groups.iter_mut().find(|(g, _)| *g == group) {
-            Some((_, members)) => members.push(i),
-            None => groups.push((group, vec![i])),
+        match index.get(group) {
+            Some(&g) => groups[g].1.push(i),
+            None => {
+                index.insert(group, groups.len());
+                groups.push((group, vec![i]));
+            }
         }
     }
     let mut advantages = vec![0.0; trajectories.len()];
@@ -340,27 +486,88 @@ mod tests {
 
     #[test]
     fn advantages_use_the_sample_std_per_group() {
-        let t = |group: &str, reward: f64| Trajectory {
-            location: "f:1".into(),
-            group: Some(group.into()),
-            tokens: vec![1, 2],
-            action_mask: vec![false, true],
-            rollout_logprobs: None,
+        let t = |group: &'static str, reward: f64| GroupReward {
+            group: Some(group),
             reward: Some(reward),
         };
         let data = [
             t("a", 1.0),
-            t("a", 0.0),
             t("b", 0.5),
+            t("a", 0.0),
             t("b", 0.5),
             t("c", 1.0),
         ];
-        let a = group_advantages(&data).unwrap();
+        let a = group_advantages(&data, |i| format!("f:{i}")).unwrap();
         // Group a: mean 0.5, sample std sqrt(0.5).
         let std = 0.5f64.sqrt();
         assert!((a[0] - 0.5 / (std + 1e-6)).abs() < 1e-12);
-        assert!((a[1] + 0.5 / (std + 1e-6)).abs() < 1e-12);
+        assert!((a[2] + 0.5 / (std + 1e-6)).abs() < 1e-12);
         // Equal rewards and a group of one: 0 (dropped by the trainer).
-        assert_eq!(&a[2..], &[0.0, 0.0, 0.0]);
+        assert_eq!([a[1], a[3], a[4]], [0.0, 0.0, 0.0]);
+        let missing = [
+            t("a", 1.0),
+            GroupReward {
+                group: None,
+                reward: Some(1.0),
+            },
+        ];
+        let error = group_advantages(&missing, |i| format!("f:{}", i + 1)).unwrap_err();
+        assert_eq!(error.to_string(), "f:2: dapo needs a `group`");
+    }
+
+    #[test]
+    fn packed_trajectories_give_what_each_line_alone_gives() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("d.jsonl");
+        let lines = [
+            serde_json::json!({"group": "g1", "tokens": [5, 6, 7, 8], "action_mask": [0, 0, 1, 1],
+                "logprobs": [null, null, -0.5, -1.5], "reward": 1.0}),
+            serde_json::json!({"group": 7, "tokens": [1, 2, 3], "action_mask": [0, 1, 1], "reward": 0}),
+            serde_json::json!({"group": "g1", "tokens": [9, 9], "action_mask": [1, 1],
+                "logprobs": [-0.1, -0.2]}),
+        ];
+        let text: String = lines.iter().map(|l| format!("{l}\n")).collect();
+        std::fs::write(&path, &text).unwrap();
+        let file = read_trajectories(&path, dir.path(), 10, 100, false).unwrap();
+        let packed = &file.trajectories;
+        assert_eq!(packed.len(), 3);
+        assert_eq!(packed.num_tokens(), 9);
+        assert_eq!(file.content, jsonl::hash_file(&path).unwrap());
+        for (i, line) in lines.iter().enumerate() {
+            let mut alone = parse_trajectory(line, 10).unwrap();
+            alone.location = format!("{}:{}", path.display(), i + 1);
+            let advantage = 0.25 * i as f64;
+            assert_eq!(
+                packed.train_sequence(i, advantage),
+                TrainSequence::from_trajectory(&alone, advantage)
+            );
+            assert_eq!(packed.tokens(i), alone.tokens.as_slice());
+            assert_eq!(
+                packed.has_rollout_logprobs(i),
+                alone.rollout_logprobs.is_some()
+            );
+        }
+        let groups = packed.group_rewards();
+        assert_eq!(
+            groups[0],
+            GroupReward {
+                group: Some("g1"),
+                reward: Some(1.0)
+            }
+        );
+        assert_eq!(
+            groups[1],
+            GroupReward {
+                group: Some("7"),
+                reward: Some(0.0)
+            }
+        );
+        assert_eq!(
+            groups[2],
+            GroupReward {
+                group: Some("g1"),
+                reward: None
+            }
+        );
     }
 }

@@ -9,6 +9,7 @@ pub mod learner;
 /// The fused LM-head loss lives with the backends that run it: [`crate::backend::loss`].
 pub use crate::backend::loss;
 pub mod optimizer;
+pub mod run_dir;
 pub mod score;
 pub mod tokenize;
 pub mod trainer;

@@ -5,7 +5,8 @@
 //! `lp_t = log p(tokens[t] | tokens[<t])` (the first token has no context, hence `null`).
 //!
 //! Sequences are packed in input order into batches of at most `batch_tokens` tokens (a longer
-//! sequence runs alone, never truncated); the LM head runs over at most `LOGIT_ROWS` rows at a
+//! sequence runs alone, never truncated), each scored as soon as it is read, so memory holds one
+//! batch whatever the file's size; the LM head runs over at most `LOGIT_ROWS` rows at a
 //! time so the `[T, vocab]` logits are never whole in memory.
 
 use crate::backend::Backend;
@@ -18,37 +19,33 @@ use std::path::Path;
 /// Rows of logits materialised at once.
 const LOGIT_ROWS: usize = 256;
 
-/// Reads and checks a score input file: token ids inside the vocabulary, lengths within the
-/// model's context. Errors name `file:line`.
-pub fn read_token_sequences(
-    path: &Path,
+/// The token ids of one score input line, checked: ids inside the vocabulary, length within
+/// the model's context. Errors name `at` (`file:line`).
+fn token_sequence(
+    value: &Value,
+    at: &str,
     vocab_size: usize,
     max_context: usize,
-) -> Result<Vec<Vec<u32>>> {
-    let mut sequences = Vec::new();
-    for (line_no, value) in jsonl::read_objects(path)? {
-        let at = jsonl::at(path, line_no);
-        let tokens = value
-            .get("tokens")
-            .and_then(Value::as_array)
-            .ok_or_else(|| anyhow!("{at}: expected an object with a `tokens` array"))?;
-        let mut ids = Vec::with_capacity(tokens.len());
-        for (t, id) in tokens.iter().enumerate() {
-            let id = id
-                .as_u64()
-                .filter(|&id| (id as usize) < vocab_size)
-                .ok_or_else(|| anyhow!("{at}: tokens[{t}] = {id} is not a token id below the vocabulary size {vocab_size}"))?;
-            ids.push(id as u32);
-        }
-        if ids.len() > max_context {
-            bail!(
-                "{at}: {} tokens exceed the model's context of {max_context}",
-                ids.len()
-            );
-        }
-        sequences.push(ids);
+) -> Result<Vec<u32>> {
+    let tokens = value
+        .get("tokens")
+        .and_then(Value::as_array)
+        .ok_or_else(|| anyhow!("{at}: expected an object with a `tokens` array"))?;
+    let mut ids = Vec::with_capacity(tokens.len());
+    for (t, id) in tokens.iter().enumerate() {
+        let id = id
+            .as_u64()
+            .filter(|&id| (id as usize) < vocab_size)
+            .ok_or_else(|| anyhow!("{at}: tokens[{t}] = {id} is not a token id below the vocabulary size {vocab_size}"))?;
+        ids.push(id as u32);
     }
-    Ok(sequences)
+    if ids.len() > max_context {
+        bail!(
+            "{at}: {} tokens exceed the model's context of {max_context}",
+            ids.len()
+        );
+    }
+    Ok(ids)
 }
 
 /// Logprobs of every sequence (`None` for each sequence's first token).
@@ -128,8 +125,9 @@ pub struct ScoreSummary {
     pub seconds: f64,
 }
 
-/// Reads `input`, scores every sequence, writes `output` (through a temporary file, renamed
-/// when complete, so a failed run never leaves a partial output behind).
+/// Reads `input` line by line, scores each batch of sequences as soon as it is read (only one
+/// batch is ever in memory), writes `output` (through a temporary file, renamed when complete,
+/// so a failed run never leaves a partial output behind).
 pub fn score_file<B: Backend>(
     backend: &B,
     model: &Qwen2Model<B>,
@@ -137,19 +135,78 @@ pub fn score_file<B: Backend>(
     output: &Path,
     batch_tokens: usize,
 ) -> Result<ScoreSummary> {
+    if batch_tokens == 0 {
+        bail!("batch_tokens must be positive");
+    }
     let started = std::time::Instant::now();
-    let sequences =
-        read_token_sequences(input, model.config.vocab_size, model.config.max_context())?;
-    let mut partial = output.as_os_str().to_owned();
-    partial.push(".partial");
+    let (vocab_size, max_context) = (model.config.vocab_size, model.config.max_context());
+    let mut lines = jsonl::ObjectLines::open(input)?;
+    let mut summary = ScoreSummary {
+        sequences: 0,
+        tokens: 0,
+        seconds: 0.0,
+    };
     jsonl::write_atomically(output, |write| {
-        score_sequences(backend, model, &sequences, batch_tokens, |_, logprobs| {
-            write(&serde_json::json!({ "logprobs": logprobs }))
-        })
+        let mut pending: Vec<Vec<u32>> = Vec::new();
+        let mut pending_tokens = 0;
+        let mut flush = |pending: &mut Vec<Vec<u32>>| -> Result<()> {
+            score_sequences(backend, model, pending, batch_tokens, |_, logprobs| {
+                write(&serde_json::json!({ "logprobs": logprobs }))
+            })?;
+            pending.clear();
+            Ok(())
+        };
+        while let Some((line_no, value)) = lines.next_object()? {
+            let at = jsonl::at(input, line_no);
+            let ids = token_sequence(&value, &at, vocab_size, max_context)?;
+            // The packing `score_sequences` would choose over the whole file: a batch closes
+            // before the sequence that would overflow it.
+            if !pending.is_empty() && pending_tokens + ids.len() > batch_tokens {
+                flush(&mut pending)?;
+                pending_tokens = 0;
+            }
+            summary.sequences += 1;
+            summary.tokens += ids.len();
+            pending_tokens += ids.len();
+            pending.push(ids);
+        }
+        flush(&mut pending)
     })?;
-    Ok(ScoreSummary {
-        sequences: sequences.len(),
-        tokens: sequences.iter().map(Vec::len).sum(),
-        seconds: started.elapsed().as_secs_f64(),
-    })
+    summary.seconds = started.elapsed().as_secs_f64();
+    Ok(summary)
+}
+
+/// `swerve-train score`: loads `model_dir` on `device`'s backend and scores `input`.
+pub fn run(
+    device: crate::backend::DeviceChoice,
+    model_dir: &Path,
+    input: &Path,
+    output: &Path,
+    batch_tokens: usize,
+) -> Result<ScoreSummary> {
+    use crate::backend::{select, Selected};
+    fn on<B: Backend>(
+        backend: &B,
+        model_dir: &Path,
+        input: &Path,
+        output: &Path,
+        batch_tokens: usize,
+    ) -> Result<ScoreSummary> {
+        let model = Qwen2Model::load(backend, model_dir)?;
+        score_file(backend, &model, input, output, batch_tokens)
+    }
+    let (backend, line) = select(device)?;
+    eprintln!("{line}");
+    let summary = match backend {
+        Selected::Cpu(b) => on(&b, model_dir, input, output, batch_tokens)?,
+        Selected::Cuda(b) => on(&*b, model_dir, input, output, batch_tokens)?,
+    };
+    eprintln!(
+        "scored {} sequences ({} tokens) in {:.2} s -> {}",
+        summary.sequences,
+        summary.tokens,
+        summary.seconds,
+        output.display()
+    );
+    Ok(summary)
 }

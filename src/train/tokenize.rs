@@ -35,19 +35,31 @@ pub fn tokenize_line(
     }
 }
 
-/// Tokenizes every line of `input` into `output`; returns (lines, tokens).
+/// Tokenizes every line of `input` into `output`, one line at a time; returns (lines, tokens).
 pub fn tokenize_file(tokenizer: &Tokenizer, input: &Path, output: &Path) -> Result<(usize, usize)> {
     let template = ChatTemplate::for_tokenizer(tokenizer)?;
-    let lines = jsonl::read_objects(input)?;
-    let mut total_tokens = 0;
+    let mut lines = jsonl::ObjectLines::open(input)?;
+    let (mut total_lines, mut total_tokens) = (0, 0);
     jsonl::write_atomically(output, |write| {
-        for (line_no, value) in &lines {
-            let masked = tokenize_line(tokenizer, &template, value)
-                .map_err(|e| anyhow!("{}: {e:#}", jsonl::at(input, *line_no)))?;
+        while let Some((line_no, value)) = lines.next_object()? {
+            let masked = tokenize_line(tokenizer, &template, &value)
+                .map_err(|e| anyhow!("{}: {e:#}", jsonl::at(input, line_no)))?;
+            total_lines += 1;
             total_tokens += masked.tokens.len();
             write(&json!({ "tokens": masked.tokens, "action_mask": masked.action_mask }))?;
         }
         Ok(())
     })?;
-    Ok((lines.len(), total_tokens))
+    Ok((total_lines, total_tokens))
+}
+
+/// `swerve-train tokenize`: the tokenizer of folder `tokenizer_dir` over `input`.
+pub fn run(tokenizer_dir: &Path, input: &Path, output: &Path) -> Result<(usize, usize)> {
+    let tokenizer = Tokenizer::from_dir(tokenizer_dir)?;
+    let (lines, tokens) = tokenize_file(&tokenizer, input, output)?;
+    eprintln!(
+        "tokenized {lines} lines ({tokens} tokens) -> {}",
+        output.display()
+    );
+    Ok((lines, tokens))
 }

@@ -1,8 +1,10 @@
 //! `swerve-train rft` and `dapo`: the training loop over [`BackendGrad`].
 //!
 //! ```text
-//! read data ─ (dapo) group advantages, drop A = 0 ─ (dapo) old logprobs: recompute with the
-//! starting weights, or the data's rollout logprobs
+//! OUT checked (run_dir: empty, --resume or --overwrite) ─ starting model (preset: OUT/base-model)
+//! read data line by line into packed arrays ─ (dapo) group advantages, drop A = 0
+//! (--resume) the latest checkpoint's recorded options must equal this run's
+//! (dapo) old logprobs: recompute with the starting weights, or the data's rollout logprobs
 //! for each optimizer step (batch = `batch_size` trajectories, epoch order shuffled by a seed):
 //!     N_act = the batch's action tokens (before any split)
 //!     for each micro-batch (packed up to `micro_batch_tokens`):
@@ -13,14 +15,17 @@
 //!
 //! Step `s` always trains the same trajectories (epoch `(s-1) / steps_per_epoch`, position
 //! `(s-1) % steps_per_epoch` of that epoch's seeded order), so `--resume` needs only the step,
-//! the masters and the moments to continue exactly as an uninterrupted run.
+//! the masters and the moments to continue exactly as an uninterrupted run, given the options
+//! [`recorded_options`] lists (checked, never assumed).
 
 use crate::backend::grad::BackendGrad;
+use crate::backend::{select, DeviceChoice, Selected};
 use crate::train::checkpoint;
-use crate::train::data::{self, TrainSequence};
+use crate::train::data::{self, DataFile, TrainSequence};
 use crate::train::learner::Learner;
 use crate::train::loss::Objective;
 use crate::train::optimizer::{lr_at, AdamWConfig, LrSchedule};
+use crate::train::run_dir::{self, decimal, RecordedOptions, RunStart};
 use anyhow::{bail, Context, Result};
 use serde_json::{json, Value};
 use std::io::{IsTerminal, Write};
@@ -48,6 +53,7 @@ pub enum Algorithm {
 
 #[derive(Clone, Debug)]
 pub struct TrainOptions {
+    /// `--model` as given: a folder or `preset:NAME`.
     pub model: PathBuf,
     pub data: PathBuf,
     pub out: PathBuf,
@@ -62,12 +68,14 @@ pub struct TrainOptions {
     pub batch_size: usize,
     pub micro_batch_tokens: usize,
     pub epochs: usize,
-    /// Stop after this many optimizer steps (default: every epoch's batches).
+    /// Stop after this many optimizer steps (default: every epoch's batches); the length of the
+    /// learning-rate schedule.
     pub steps: Option<u64>,
     /// Longest trajectory accepted (default: the model's context).
     pub max_seq_len: Option<usize>,
     pub save_every: Option<u64>,
-    pub resume: bool,
+    /// What to do with what is already in `out` (see [`run_dir`]).
+    pub start: RunStart,
     /// Activation checkpointing per layer.
     pub checkpoint_layers: bool,
     /// Seeds each epoch's trajectory order.
@@ -94,15 +102,202 @@ fn epoch_order(n: usize, seed: u64, epoch: u64) -> Vec<usize> {
     order
 }
 
-/// The starting model folder for `--model` (see [`crate::model::synthetic::resolve_model_arg`]).
-pub fn resolve_model(model: &Path, out: &Path) -> Result<PathBuf> {
-    crate::model::synthetic::resolve_model_arg(model, out)
+/// `swerve-train rft` / `dapo`: picks the device, trains, prints a summary line.
+pub fn run(device: DeviceChoice, options: &TrainOptions) -> Result<TrainSummary> {
+    let (backend, line) = select(device)?;
+    eprintln!("{line}");
+    let summary = match backend {
+        Selected::Cpu(b) => train(&b, options)?,
+        Selected::Cuda(b) => train(&*b, options)?,
+    };
+    eprintln!(
+        "trained {} steps ({} skipped); loss {} -> {}; model in {}",
+        summary.steps,
+        summary.skipped_steps,
+        summary.first_loss.map_or("-".into(), |l| format!("{l:.4}")),
+        summary.last_loss.map_or("-".into(), |l| format!("{l:.4}")),
+        summary.final_dir.display()
+    );
+    Ok(summary)
 }
 
+/// The options a `--resume` must repeat, and why each:
+///
+/// - `command`, `eps-low`, `eps-high`, `old-logprobs`, `tis-cap`: the objective every step
+///   minimises;
+/// - `model`: the starting weights (also what `recompute` scores old logprobs with);
+/// - `data`: the trajectories (length and FNV-1a hash of the file's bytes; the path may change);
+/// - `batch-size`, `seed`: which trajectories step `s` trains;
+/// - `epochs`, `steps`: the schedule's length, so every step's learning rate;
+/// - `lr`, `lr-schedule`, `warmup-steps`, `weight-decay`, `grad-clip`, `adamw`: each update.
+///
+/// Free to change: `--micro-batch-tokens` and `--no-activation-checkpointing` (memory, not the
+/// step), `--max-seq-len` (a check), `--save-every`, `--device`, and the data file's location.
+pub fn recorded_options(opts: &TrainOptions, data: &crate::jsonl::ContentHash) -> RecordedOptions {
+    let adamw = AdamWConfig::default();
+    let mut record = RecordedOptions::new()
+        .with(
+            "command",
+            match opts.algorithm {
+                Algorithm::Rft => "rft",
+                Algorithm::Dapo { .. } => "dapo",
+            },
+        )
+        .with("model", run_dir::model_source(&opts.model))
+        .with("data", data.to_string());
+    if let Algorithm::Dapo {
+        eps_low,
+        eps_high,
+        old_logprobs,
+        tis_cap,
+    } = opts.algorithm
+    {
+        let old = match old_logprobs {
+            OldLogprobs::Recompute => "recompute",
+            OldLogprobs::Rollout => "rollout",
+        };
+        record = record
+            .with("eps-low", decimal(eps_low))
+            .with("eps-high", decimal(eps_high))
+            .with("old-logprobs", old)
+            .with("tis-cap", tis_cap.map(decimal));
+    }
+    record
+        .with("batch-size", opts.batch_size)
+        .with("seed", opts.seed)
+        .with("epochs", opts.epochs)
+        .with("steps", opts.steps)
+        .with("lr", opts.lr)
+        .with(
+            "lr-schedule",
+            match opts.lr_schedule {
+                LrSchedule::Constant => "constant",
+                LrSchedule::Cosine => "cosine",
+            },
+        )
+        .with("warmup-steps", opts.warmup_steps)
+        .with("weight-decay", decimal(opts.weight_decay))
+        .with("grad-clip", opts.grad_clip)
+        .with(
+            "adamw",
+            json!({"beta1": decimal(adamw.beta1), "beta2": decimal(adamw.beta2), "eps": decimal(adamw.eps)}),
+        )
+}
+
+/// The trajectories a run trains on (those with a non-zero advantage) and their old logprobs.
+struct TrainingSet {
+    data: DataFile,
+    /// (trajectory index, advantage), in file order.
+    kept: Vec<(usize, f64)>,
+    /// DAPO `recompute`: the kept trajectories' row-form logprobs under the starting weights,
+    /// packed (kept trajectory `k`'s rows at `recomputed_starts[k]..recomputed_starts[k + 1]`).
+    recomputed: Vec<f32>,
+    recomputed_starts: Vec<usize>,
+}
+
+/// Reads the data and computes the advantages; a DAPO run that needs the data's logprobs checks
+/// they are there.
+fn load_training_set(
+    opts: &TrainOptions,
+    model_dir: &Path,
+    vocab_size: usize,
+    max_seq_len: usize,
+) -> Result<TrainingSet> {
+    let is_dapo = matches!(opts.algorithm, Algorithm::Dapo { .. });
+    let data = data::read_trajectories(&opts.data, model_dir, vocab_size, max_seq_len, !is_dapo)?;
+    let set = &data.trajectories;
+    let advantages = if is_dapo {
+        data::group_advantages(&set.group_rewards(), |i| set.location(i))?
+    } else {
+        vec![1.0; set.len()]
+    };
+    let kept: Vec<(usize, f64)> = advantages
+        .into_iter()
+        .enumerate()
+        .filter(|&(_, a)| a != 0.0)
+        .collect();
+    if kept.is_empty() {
+        bail!(
+            "{}: every trajectory has zero advantage (all groups' rewards are equal)",
+            opts.data.display()
+        );
+    }
+    if let Algorithm::Dapo {
+        old_logprobs,
+        tis_cap,
+        ..
+    } = opts.algorithm
+    {
+        let needs_rollout = old_logprobs == OldLogprobs::Rollout || tis_cap.is_some();
+        if let Some(&(i, _)) = kept
+            .iter()
+            .find(|&&(i, _)| needs_rollout && !set.has_rollout_logprobs(i))
+        {
+            bail!(
+                "{}: --old-logprobs rollout and --tis-cap need the data's `logprobs`",
+                set.location(i)
+            );
+        }
+    }
+    Ok(TrainingSet {
+        data,
+        kept,
+        recomputed: Vec::new(),
+        recomputed_starts: Vec::new(),
+    })
+}
+
+/// DAPO `recompute`: scores every kept trajectory with the learner's (starting) weights, one
+/// micro-batch at a time (the packing `score` would use over all of them).
+fn recompute_old_logprobs<B: BackendGrad>(
+    learner: &Learner<'_, B>,
+    set: &mut TrainingSet,
+) -> Result<()> {
+    let trajectories = &set.data.trajectories;
+    let lengths: Vec<usize> = set
+        .kept
+        .iter()
+        .map(|&(i, _)| trajectories.tokens(i).len())
+        .collect();
+    set.recomputed_starts = vec![0];
+    for micro in data::pack_micro_batches(&lengths, learner.micro_batch_tokens) {
+        let sequences: Vec<TrainSequence> = set.kept[micro]
+            .iter()
+            .map(|&(i, a)| trajectories.train_sequence(i, a))
+            .collect();
+        for rows in learner.logprobs(&sequences.iter().collect::<Vec<_>>())? {
+            set.recomputed.extend_from_slice(&rows);
+            set.recomputed_starts.push(set.recomputed.len());
+        }
+    }
+    Ok(())
+}
+
+/// Where a `--resume` continues: the latest checkpoint (`step-N/` or `final/`) whose recorded
+/// options equal `record`; `None` (start over, its metrics dropped) when there is none.
+fn resume_checkpoint(opts: &TrainOptions, record: &RecordedOptions) -> Result<Option<PathBuf>> {
+    let metrics = opts.out.join("metrics.jsonl");
+    let Some((dir, state)) = checkpoint::latest_with_final(&opts.out)? else {
+        if metrics.exists() {
+            eprintln!(
+                "--resume: no checkpoint in {} yet; starting from the beginning",
+                opts.out.display()
+            );
+        }
+        truncate_metrics(&metrics, 0)?;
+        return Ok(None);
+    };
+    record.check_resume(&state, &dir)?;
+    Ok(Some(dir))
+}
+
+/// Runs `rft`/`dapo` on `backend` as the module doc draws it; the model ends in `OUT/final`.
 pub fn train<B: BackendGrad>(backend: &B, opts: &TrainOptions) -> Result<TrainSummary> {
     if opts.batch_size == 0 || opts.micro_batch_tokens == 0 || opts.epochs == 0 {
         bail!("--batch-size, --micro-batch-tokens and --epochs must be positive");
     }
+    run_dir::prepare(&opts.out, opts.start)?;
+    let model_dir = run_dir::resolve_model(&opts.model, &opts.out)?;
     let config = AdamWConfig {
         weight_decay: opts.weight_decay,
         max_grad_norm: opts.grad_clip,
@@ -110,7 +305,7 @@ pub fn train<B: BackendGrad>(backend: &B, opts: &TrainOptions) -> Result<TrainSu
     };
     let mut learner = Learner::new(
         backend,
-        &opts.model,
+        &model_dir,
         config,
         opts.micro_batch_tokens,
         opts.checkpoint_layers,
@@ -118,110 +313,177 @@ pub fn train<B: BackendGrad>(backend: &B, opts: &TrainOptions) -> Result<TrainSu
     let max_seq_len = opts
         .max_seq_len
         .unwrap_or(learner.model.config.max_context());
-    let is_dapo = matches!(opts.algorithm, Algorithm::Dapo { .. });
-    let trajectories = data::read_trajectories(
-        &opts.data,
-        &opts.model,
+    let mut set = load_training_set(
+        opts,
+        &model_dir,
         learner.model.config.vocab_size,
         max_seq_len,
-        !is_dapo,
     )?;
-    let advantages = if is_dapo {
-        data::group_advantages(&trajectories)?
-    } else {
-        vec![1.0; trajectories.len()]
+    let record = recorded_options(opts, &set.data.content);
+    let resume_from = match opts.start {
+        RunStart::Resume => resume_checkpoint(opts, &record)?,
+        RunStart::Fresh | RunStart::Overwrite => None,
     };
-    let sequences: Vec<TrainSequence> = trajectories
-        .iter()
-        .zip(&advantages)
-        .filter(|(_, &a)| a != 0.0)
-        .map(|(t, &a)| TrainSequence::from_trajectory(t, a))
-        .collect();
-    if sequences.is_empty() {
-        bail!(
-            "{}: every trajectory has zero advantage (all groups' rewards are equal)",
-            opts.data.display()
-        );
+    // Old logprobs come from the starting weights, also on resume.
+    if let Algorithm::Dapo {
+        old_logprobs: OldLogprobs::Recompute,
+        ..
+    } = opts.algorithm
+    {
+        recompute_old_logprobs(&learner, &mut set)?;
     }
-    let objective = objective_of(&opts.algorithm);
-    // Old logprobs (row form), from the starting weights also on resume.
-    let old_logprobs = match opts.algorithm {
-        Algorithm::Rft => vec![Vec::new(); sequences.len()],
-        Algorithm::Dapo {
-            old_logprobs,
-            tis_cap,
-            ..
-        } => {
-            let needs_rollout = old_logprobs == OldLogprobs::Rollout || tis_cap.is_some();
-            if let Some(s) = sequences
-                .iter()
-                .find(|s| needs_rollout && !s.has_rollout_logprobs)
-            {
-                bail!(
-                    "{}: --old-logprobs rollout and --tis-cap need the data's `logprobs`",
-                    s.location
-                );
-            }
-            match old_logprobs {
-                OldLogprobs::Rollout => sequences
-                    .iter()
-                    .map(|s| s.rollout_logprobs.clone())
-                    .collect(),
-                OldLogprobs::Recompute => {
-                    learner.logprobs(&sequences.iter().collect::<Vec<_>>())?
-                }
-            }
-        }
-    };
-
-    let steps_per_epoch = sequences.len().div_ceil(opts.batch_size) as u64;
+    let mut first_step = 1;
+    if let Some(dir) = resume_from {
+        let state = learner.restore(&dir)?;
+        let step = state["step"]
+            .as_u64()
+            .context("trainer_state.json: no step")?;
+        first_step = step + 1;
+        truncate_metrics(&opts.out.join("metrics.jsonl"), step)?;
+        eprintln!("resuming after step {step} from {}", dir.display());
+    }
+    let steps_per_epoch = set.kept.len().div_ceil(opts.batch_size) as u64;
     let total_steps = opts
         .steps
         .unwrap_or(u64::MAX)
         .min(steps_per_epoch * opts.epochs as u64);
-    std::fs::create_dir_all(&opts.out)
-        .with_context(|| format!("cannot create {}", opts.out.display()))?;
-    let mut first_step = 1;
-    if opts.resume {
-        if let Some(dir) = checkpoint::latest(&opts.out)? {
-            let state = learner.restore(&dir)?;
-            let step = state["step"]
-                .as_u64()
-                .context("trainer_state.json: no step")?;
-            first_step = step + 1;
-            truncate_metrics(&opts.out.join("metrics.jsonl"), step)?;
-            eprintln!("resuming after step {step} from {}", dir.display());
-        }
+    let run = Run {
+        opts,
+        model_dir: &model_dir,
+        set: &set,
+        record: &record,
+        steps_per_epoch,
+        total_steps,
+    };
+    run.steps(&mut learner, first_step)
+}
+
+/// A run's fixed parts, for the step loop.
+struct Run<'a> {
+    opts: &'a TrainOptions,
+    model_dir: &'a Path,
+    set: &'a TrainingSet,
+    record: &'a RecordedOptions,
+    steps_per_epoch: u64,
+    total_steps: u64,
+}
+
+impl Run<'_> {
+    /// `trainer_state.json` after `step` (see [`checkpoint`]).
+    fn state(&self, step: u64, updates: u64) -> Value {
+        json!({
+            "step": step,
+            "updates": updates,
+            "epoch": step.saturating_sub(1) / self.steps_per_epoch,
+            "batch_in_epoch": step.saturating_sub(1) % self.steps_per_epoch,
+            "total_steps": self.total_steps,
+            "seed": self.opts.seed,
+            "data_path": self.opts.data.display().to_string(),
+            "options": self.record.to_json(),
+        })
     }
 
-    let mut summary = TrainSummary::default();
-    let metrics_path = opts.out.join("metrics.jsonl");
-    let show_progress = opts.progress && std::io::stderr().is_terminal();
-    for step in first_step..=total_steps {
-        let epoch = (step - 1) / steps_per_epoch;
-        let position = ((step - 1) % steps_per_epoch) as usize;
-        let order = epoch_order(sequences.len(), opts.seed, epoch);
-        let batch: Vec<usize> = order
+    /// The kept-trajectory positions step `step` trains.
+    fn batch(&self, step: u64) -> Vec<usize> {
+        let epoch = (step - 1) / self.steps_per_epoch;
+        let position = ((step - 1) % self.steps_per_epoch) as usize;
+        let order = epoch_order(self.set.kept.len(), self.opts.seed, epoch);
+        order
             .iter()
-            .skip(position * opts.batch_size)
-            .take(opts.batch_size)
+            .skip(position * self.opts.batch_size)
+            .take(self.opts.batch_size)
             .copied()
+            .collect()
+    }
+
+    /// Steps `first_step..=total_steps`, then the final checkpoint.
+    fn steps<B: BackendGrad>(
+        &self,
+        learner: &mut Learner<'_, B>,
+        first_step: u64,
+    ) -> Result<TrainSummary> {
+        let opts = self.opts;
+        let mut summary = TrainSummary {
+            steps: first_step - 1,
+            ..TrainSummary::default()
+        };
+        let metrics_path = opts.out.join("metrics.jsonl");
+        let show_progress = opts.progress && std::io::stderr().is_terminal();
+        let objective = objective_of(&opts.algorithm);
+        for step in first_step..=self.total_steps {
+            let metrics = self.step(learner, &objective, step, &mut summary)?;
+            append_line(&metrics_path, &metrics)?;
+            if show_progress {
+                eprint!(
+                    "\rstep {step}/{}  loss {}  grad norm {}  {:.0} tokens/s   ",
+                    self.total_steps,
+                    metrics["loss"],
+                    metrics["grad_norm"],
+                    metrics["tokens_per_s"].as_f64().unwrap_or(0.0)
+                );
+            }
+            summary.steps = step;
+            if opts.save_every.is_some_and(|n| n > 0 && step % n == 0) {
+                let dir = opts.out.join(format!("step-{step:06}"));
+                learner.save(self.model_dir, &dir, &self.state(step, learner.updates()))?;
+            }
+        }
+        if show_progress {
+            eprintln!();
+        }
+        summary.final_dir = opts.out.join("final");
+        let state = self.state(summary.steps, learner.updates());
+        learner.save(self.model_dir, &summary.final_dir, &state)?;
+        Ok(summary)
+    }
+
+    /// One optimizer step; returns its metrics line.
+    fn step<B: BackendGrad>(
+        &self,
+        learner: &mut Learner<'_, B>,
+        objective: &Objective,
+        step: u64,
+        summary: &mut TrainSummary,
+    ) -> Result<Value> {
+        let opts = self.opts;
+        let set = self.set;
+        let batch = self.batch(step);
+        let members: Vec<TrainSequence> = batch
+            .iter()
+            .map(|&k| {
+                let (i, advantage) = set.kept[k];
+                set.data.trajectories.train_sequence(i, advantage)
+            })
             .collect();
-        let members: Vec<&TrainSequence> = batch.iter().map(|&i| &sequences[i]).collect();
-        let olds: Vec<&[f32]> = batch.iter().map(|&i| old_logprobs[i].as_slice()).collect();
+        let olds: Vec<&[f32]> = match opts.algorithm {
+            Algorithm::Rft => vec![&[]; members.len()],
+            Algorithm::Dapo {
+                old_logprobs: OldLogprobs::Rollout,
+                ..
+            } => members
+                .iter()
+                .map(|s| s.rollout_logprobs.as_slice())
+                .collect(),
+            Algorithm::Dapo {
+                old_logprobs: OldLogprobs::Recompute,
+                ..
+            } => batch
+                .iter()
+                .map(|&k| &set.recomputed[set.recomputed_starts[k]..set.recomputed_starts[k + 1]])
+                .collect(),
+        };
         let lr = lr_at(
             opts.lr_schedule,
             opts.lr,
             opts.warmup_steps,
-            total_steps,
+            self.total_steps,
             step,
         );
-        let report = learner.step(&members, &olds, &objective, lr)?;
+        let report = learner.step(&members.iter().collect::<Vec<_>>(), &olds, objective, lr)?;
         let mut metrics = json!({"step": step});
         for (k, v) in report.metrics.as_object().expect("an object") {
             metrics[k] = v.clone();
         }
-        append_line(&metrics_path, &metrics)?;
         if report.skipped {
             summary.skipped_steps += 1;
             eprintln!(
@@ -232,28 +494,8 @@ pub fn train<B: BackendGrad>(backend: &B, opts: &TrainOptions) -> Result<TrainSu
             summary.first_loss.get_or_insert(report.loss);
             summary.last_loss = Some(report.loss);
         }
-        if show_progress {
-            eprint!(
-                "\rstep {step}/{total_steps}  loss {:.4}  grad norm {}  {:.0} tokens/s   ",
-                report.loss,
-                metrics["grad_norm"],
-                metrics["tokens_per_s"].as_f64().unwrap_or(0.0)
-            );
-        }
-        summary.steps = step;
-        let state = json!({"step": step, "updates": learner.updates(), "epoch": epoch, "batch_in_epoch": position, "total_steps": total_steps, "seed": opts.seed});
-        if opts.save_every.is_some_and(|n| n > 0 && step % n == 0) {
-            let dir = opts.out.join(format!("step-{step:06}"));
-            learner.save(&opts.model, &dir, &state)?;
-        }
+        Ok(metrics)
     }
-    if show_progress {
-        eprintln!();
-    }
-    let state = json!({"step": summary.steps, "updates": learner.updates(), "total_steps": total_steps, "seed": opts.seed});
-    summary.final_dir = opts.out.join("final");
-    learner.save(&opts.model, &summary.final_dir, &state)?;
-    Ok(summary)
 }
 
 /// The loss an algorithm trains with.
