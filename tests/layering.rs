@@ -218,7 +218,7 @@ fn table_problems(declared: &BTreeSet<String>) -> Vec<String> {
         }
     }
     for &(from, to, _) in SIDEWAYS {
-        if table.get(from).is_none() || table.get(from) != table.get(to) {
+        if !table.contains_key(from) || table.get(from) != table.get(to) {
             problems.push(format!(
                 "SIDEWAYS {from} -> {to}: not two modules of one layer"
             ));
