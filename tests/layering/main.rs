@@ -137,7 +137,7 @@ fn layering_points_down() {
     }
     assert!(
         problems.is_empty(),
-        "{} lines against the layering (see the table at the top of tests/layering.rs):\n  {}",
+        "{} lines against the layering (see the table at the top of tests/layering/main.rs):\n  {}",
         problems.len(),
         problems.join("\n  ")
     );
