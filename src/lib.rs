@@ -39,9 +39,9 @@
 //!
 //! The binaries in `src/bin/` only parse arguments and call into these modules.
 //!
-//! Layering: a module uses only modules below it, so no two need each other (`tests/layering.rs`
-//! checks every `crate::` path against its table, and that the files inside each directory
-//! module import each other without cycles):
+//! Layering: a module uses only modules below it, so no two need each other (`tests/layering/`
+//! checks every `crate::` path against its table, and that the files inside each directory module
+//! import each other without cycles):
 //!
 //! ```text
 //!  server  bench                          (src/bin/* on top)

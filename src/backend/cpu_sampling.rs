@@ -5,7 +5,7 @@
 //! The engine adds the filters (`top_k`, `top_p`, `min_p`) and the request's generator on top.
 //!
 //! Scores `z / temperature`, weights `exp(score - max)` and all sums are in f64; with no filter
-//! the inverse CDF walks the vocabulary in index order, in chunks of [`CDF_CHUNK`] whose running
+//! the inverse CDF walks the vocabulary in index order, in chunks of `CDF_CHUNK` whose running
 //! sums are kept, so a draw recomputes one chunk's weights rather than the vocabulary's.
 
 use std::cmp::Ordering;
@@ -35,8 +35,8 @@ impl Sample {
 
 /// [`sample`](crate::engine::sampler::sample) for a row without filters or top logprobs, with its
 /// uniform draw `u` given: what [`Backend::sample_rows`](super::Backend::sample_rows) computes on
-/// the reference backend. Greedy when `temperature` is not
-/// above 0 (`u` unused). Returns the token and its logprob.
+/// the reference backend. Greedy when `temperature` is not above 0 (`u` unused). Returns the token
+/// and its logprob.
 pub fn sample_unfiltered_at(logits: &[f32], temperature: f32, u: f64) -> (u32, f32) {
     let sampled = if !matches!(temperature.partial_cmp(&0.0), Some(Ordering::Greater)) {
         greedy(logits, 0)

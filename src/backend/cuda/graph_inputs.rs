@@ -1,6 +1,6 @@
 //! What a backend keeps of its CUDA graphs for decode steps (`graphs.rs` captures and replays
-//! them): the graphs by key ([`DecodeGraphs`]), and each graph's static input buffers
-//! ([`StaticInputs`]) with how one step's host arrays are padded and written into them. Apart
+//! them): the graphs by key (`DecodeGraphs`), and each graph's static input buffers
+//! (`StaticInputs`) with how one step's host arrays are padded and written into them. Apart
 //! from `graphs.rs` so that [`super::CudaBackend`], which holds the graphs, does not depend on the
 //! code that runs it.
 

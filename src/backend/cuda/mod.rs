@@ -7,6 +7,12 @@
 //! once per device. Launch wrappers live beside this file, one module per kernel family; they
 //! check every size against the tensors before launching.
 //!
+//! The files import downward only (`tests/layering/`): `tensor`, `gemm`, the kernel families'
+//! device layouts (`flash_attn`, `paged_attn`: uploaded through [`tensor::DeviceUpload`], not
+//! the backend) and `graph_inputs`; then `backend` ([`CudaBackend`]: memory, step scope, the
+//! forward ops); then the files that add to it (`graphs`, `attention_grad`, `loss`, `adamw`,
+//! `grad`).
+//!
 //! ```text
 //!  CudaBackend ─┬─ CudaDevice  context, the one stream, loaded kernel families
 //!               ├─ Gemm        cuBLASLt handle, workspace, plans cached per problem
