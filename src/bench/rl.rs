@@ -37,7 +37,7 @@ pub struct RlBenchOptions {
 /// Runs both measurements on `backend` (the trainer's); the engine gets its own on `device`.
 pub fn run<B: BackendGrad>(backend: &B, options: &RlBenchOptions, work: &Path) -> Result<Value> {
     let model_arg = std::path::PathBuf::from(format!("preset:{}", options.preset));
-    let model_dir = crate::model::synthetic::resolve_model_arg(&model_arg, work)?;
+    let model_dir = crate::model::model_arg::resolve_model_arg(&model_arg, work)?;
     let config = crate::config::ModelConfig::from_dir(&model_dir)?;
 
     // Handoff.

@@ -248,7 +248,7 @@ pub fn resolve_model(model: &Path, out: &Path) -> Result<PathBuf> {
             }
         }
     }
-    crate::model::synthetic::resolve_model_arg(model, out)
+    crate::model::model_arg::resolve_model_arg(model, out)
 }
 
 /// `field: found vs wanted` for each architecture field that differs.
