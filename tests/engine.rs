@@ -103,6 +103,8 @@ fn paged_generation_equals_full_recomputation_over_random_interleavings() {
             seed: trial,
             enable_prefix_caching: rng.below(4) != 0,
             cuda_graphs: true,
+            // Both free-queue policies (the CPU server's and the default).
+            evict_before_touching: trial % 2 == 0,
         };
         let mut engine = Engine::new(CpuBackend::with_threads(1), model(&backend), config).unwrap();
         let shared: Vec<u32> = (0..50).map(|_| rng.below(320) as u32).collect();

@@ -35,6 +35,10 @@ pub struct EngineConfig {
     /// Replay pure decode steps from captured CUDA graphs where the backend has them
     /// (`Backend::decode_step_graph`); a no-op on the CPU. Default on.
     pub cuda_graphs: bool,
+    /// Evict cached prefixes before touching never-used KV blocks (a CPU cache, whose pages
+    /// cost memory only once written; see `BlockPool::set_evict_before_touching`). Off by
+    /// default; `swerve-serve` turns it on for the CPU backend.
+    pub evict_before_touching: bool,
 }
 
 impl EngineConfig {
@@ -49,6 +53,7 @@ impl EngineConfig {
             seed: 0,
             enable_prefix_caching: true,
             cuda_graphs: true,
+            evict_before_touching: false,
         }
     }
 }
@@ -142,11 +147,12 @@ impl<B: Backend> Engine<B> {
             config.max_num_seqs > 0 && config.max_num_batched_tokens > 0,
             "max_num_seqs and max_num_batched_tokens must be positive"
         );
-        let manager = KvCacheManager::new(
+        let mut manager = KvCacheManager::new(
             config.num_blocks,
             config.block_size,
             config.enable_prefix_caching,
         )?;
+        manager.set_evict_before_touching(config.evict_before_touching);
         let kv = model
             .new_paged_kv(&backend, config.num_blocks, config.block_size)
             .context("allocating the KV cache")?;

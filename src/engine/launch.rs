@@ -211,6 +211,8 @@ fn start_engine<B: KvMemory + 'static>(
         engine_config.max_num_seqs = options.max_num_seqs;
         engine_config.max_num_batched_tokens = options.max_num_batched_tokens;
         engine_config.seed = options.seed;
+        // Host memory is committed as the cache writes it: keep the touched set small.
+        engine_config.evict_before_touching = backend.kv_sizing() == KvSizing::Workload;
         let bs = engine_config.block_size;
         let per_token =
             PagedKv::<()>::bytes_per_token(&config, &model.local, backend.kv_elem_bytes());

@@ -97,6 +97,23 @@ impl FreeQueue {
         self.len += 1;
     }
 
+    /// Links `id` in just before `anchor` (a member).
+    fn insert_before(&mut self, anchor: BlockId, id: BlockId) {
+        debug_assert!(!self.contains(id) && self.contains(anchor));
+        let (i, a) = (id as usize, anchor as usize);
+        let p = self.prev[a];
+        self.prev[i] = p;
+        self.next[i] = anchor;
+        self.prev[a] = id;
+        if p == NIL {
+            self.head = id;
+        } else {
+            self.next[p as usize] = id;
+        }
+        self.in_queue[i] = true;
+        self.len += 1;
+    }
+
     fn pop_front(&mut self) -> Option<BlockId> {
         let id = self.head;
         if id == NIL {
@@ -150,6 +167,11 @@ pub struct BlockPool {
     cached_hash: Vec<Option<BlockHash>>,
     free_queue: FreeQueue,
     cache: PrefixCache,
+    /// The first block never handed out yet (NIL when every block has been used): the queue's
+    /// tail from here on is the blocks never touched, in id order.
+    first_untouched: BlockId,
+    /// Freed cached blocks go before the never-touched ones instead of after them.
+    evict_before_touching: bool,
 }
 
 impl BlockPool {
@@ -176,7 +198,32 @@ impl BlockPool {
             cached_hash: vec![None; num_blocks],
             free_queue,
             cache: PrefixCache::new(),
+            first_untouched: 1,
+            evict_before_touching: false,
         })
+    }
+
+    /// Where never-touched memory costs something (a CPU cache, whose pages the system maps on
+    /// first write), evict the least recently freed cached block before touching a new one: the
+    /// free queue becomes `[freed uncached] [cached, LRU] [never touched]`, and the resident set
+    /// stays at the most blocks ever in use at once. Where the pool is resident anyway (a GPU),
+    /// the default keeps cached prefixes as long as any never-touched block is left.
+    pub fn set_evict_before_touching(&mut self, evict_before_touching: bool) {
+        self.evict_before_touching = evict_before_touching;
+    }
+
+    /// Block `id` leaves the free queue to be used: the never-touched run (the blocks from
+    /// `first_untouched` on, in id order in the queue) then starts after it. Only `allocate`
+    /// takes blocks from that run in practice (it pops them in order); a `touch` of a block there
+    /// (uncached, so never a prefix hit) gives up the blocks before it as well.
+    fn mark_touched(&mut self, id: BlockId) {
+        if self.first_untouched != NIL && id >= self.first_untouched {
+            self.first_untouched = if (id as usize) + 1 < self.num_blocks() {
+                id + 1
+            } else {
+                NIL
+            };
+        }
     }
 
     /// All blocks, the null block included.
@@ -240,6 +287,7 @@ impl BlockPool {
         let mut out = Vec::with_capacity(n);
         for _ in 0..n {
             let id = self.free_queue.pop_front().expect("counted above");
+            self.mark_touched(id);
             if let Some(hash) = self.cached_hash[id as usize].take() {
                 self.cache.remove(hash, id);
             }
@@ -258,6 +306,7 @@ impl BlockPool {
             );
             if self.ref_cnt[id as usize] == 0 {
                 self.free_queue.remove(id);
+                self.mark_touched(id);
             }
             self.ref_cnt[id as usize] += 1;
         }
@@ -277,7 +326,11 @@ impl BlockPool {
             *rc -= 1;
             if *rc == 0 {
                 if self.cached_hash[id as usize].is_some() {
-                    self.free_queue.push_back(id);
+                    if self.evict_before_touching && self.first_untouched != NIL {
+                        self.free_queue.insert_before(self.first_untouched, id);
+                    } else {
+                        self.free_queue.push_back(id);
+                    }
                 } else {
                     self.free_queue.push_front(id);
                 }
@@ -379,6 +432,16 @@ impl BlockPool {
         }
         if q.tail != prev {
             return Err("free queue: tail is not the last block".into());
+        }
+        if self.first_untouched != NIL {
+            let untouched = self.first_untouched..n as BlockId;
+            let start = order.iter().position(|&id| id == self.first_untouched);
+            let run = start.map(|s| &order[s..(s + untouched.len()).min(order.len())]);
+            if !run.is_some_and(|run| run.iter().copied().eq(untouched.clone())) {
+                return Err(format!(
+                    "the never-touched blocks {untouched:?} are not together in the free queue"
+                ));
+            }
         }
         for (id, (&rc, &in_walk)) in self.ref_cnt.iter().zip(&seen).enumerate().skip(1) {
             if (rc == 0) != in_walk || in_walk != q.in_queue[id] {
@@ -614,6 +677,34 @@ mod tests {
         // The block that was cached is uncached now: reused first.
         assert_eq!(p.free_queue_order(), vec![a[1], 3]);
         assert_eq!(p.reset_prefix_cache(), 0);
+        p.check_invariants().unwrap();
+    }
+
+    #[test]
+    fn with_evict_before_touching_cached_blocks_go_before_untouched_ones() {
+        let mut p = pool(8); // blocks 1..=7
+        p.set_evict_before_touching(true);
+        let a = p.allocate(3).unwrap(); // 1, 2, 3
+        let h = cache(&mut p, a[0], 1);
+        assert_eq!(p.lookup(h, None, &[1; 4], None), Some(1));
+        p.free(&a);
+        // 2 and 3 (uncached) at the front, then 1 (cached), then the never-touched 4..7.
+        assert_eq!(p.free_queue_order(), vec![2, 3, 1, 4, 5, 6, 7]);
+        p.check_invariants().unwrap();
+        // Three new blocks: the two written ones, then the cached prefix is evicted before any
+        // new memory is touched.
+        assert_eq!(p.allocate(3).unwrap(), vec![2, 3, 1]);
+        assert_eq!(p.lookup(h, None, &[1; 4], None), None);
+        assert_eq!(p.allocate(1).unwrap(), vec![4]);
+        p.check_invariants().unwrap();
+
+        // The default keeps the cached block until no never-touched block is left.
+        let mut p = pool(8);
+        let a = p.allocate(3).unwrap();
+        cache(&mut p, a[0], 1);
+        p.free(&a);
+        assert_eq!(p.free_queue_order(), vec![2, 3, 4, 5, 6, 7, 1]);
+        assert_eq!(p.allocate(6).unwrap(), vec![2, 3, 4, 5, 6, 7]);
         p.check_invariants().unwrap();
     }
 

@@ -74,6 +74,11 @@ impl KvCacheManager {
         self.pool.block_size()
     }
 
+    /// See [`BlockPool::set_evict_before_touching`].
+    pub fn set_evict_before_touching(&mut self, evict_before_touching: bool) {
+        self.pool.set_evict_before_touching(evict_before_touching);
+    }
+
     /// All blocks, the null block included.
     pub fn num_blocks(&self) -> usize {
         self.pool.num_blocks()
