@@ -81,6 +81,19 @@ pub struct LossOutput {
     pub ratio_deviation_sum: f64,
 }
 
+impl LossOutput {
+    /// Adds one action row's term to the report (the loss divided by the global `N_act`, the
+    /// counts); returns the row's `d loss / d logp`.
+    pub fn add_action_row(&mut self, term: &TokenTerm, num_action_tokens: f64) -> f64 {
+        self.loss -= term.term / num_action_tokens;
+        self.action_tokens += 1;
+        self.clipped_low += term.clipped_low as usize;
+        self.clipped_high += term.clipped_high as usize;
+        self.ratio_deviation_sum += (term.ratio - 1.0).abs();
+        -term.d_term_d_logp / num_action_tokens
+    }
+}
+
 /// One action row's contribution: the term inside the sum and `d term / d logp`.
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct TokenTerm {
@@ -349,12 +362,7 @@ pub fn lm_head_loss_cpu(
                 continue;
             }
             let term = token_term(objective, rows, r, logp);
-            out.loss -= term.term / num_action_tokens;
-            out.action_tokens += 1;
-            out.clipped_low += term.clipped_low as usize;
-            out.clipped_high += term.clipped_high as usize;
-            out.ratio_deviation_sum += (term.ratio - 1.0).abs();
-            d_logp[i] = -term.d_term_d_logp / num_action_tokens;
+            d_logp[i] = out.add_action_row(&term, num_action_tokens);
         }
         if d_logp.iter().all(|&c| c == 0.0) {
             continue;

@@ -96,14 +96,33 @@ pub fn finalize_rows(
             continue;
         }
         let term = token_term(objective, rows, r, logp);
-        out.loss -= term.term / num_action_tokens;
-        out.action_tokens += 1;
-        out.clipped_low += term.clipped_low as usize;
-        out.clipped_high += term.clipped_high as usize;
-        out.ratio_deviation_sum += (term.ratio - 1.0).abs();
-        coef[r] = (-term.d_term_d_logp / num_action_tokens) as f32;
+        coef[r] = out.add_action_row(&term, num_action_tokens) as f32;
     }
     (out, lse, coef)
+}
+
+/// Checks the loss's bf16 `hidden [T, d]` against the LM head `[V, d]`; returns `(T, V, d)`.
+fn check_lm_head(hidden: &CudaTensor, weight: &CudaTensor) -> Result<(usize, usize, usize)> {
+    for (what, t) in [("hidden", hidden), ("LM head", weight)] {
+        ensure!(
+            t.dtype() == DeviceDType::Bf16,
+            "loss: {what} is {:?}, expected Bf16",
+            t.dtype()
+        );
+    }
+    ensure!(
+        weight.shape().len() == 2,
+        "loss: LM head {:?}",
+        weight.shape()
+    );
+    let (vocab, d) = (weight.shape()[0], weight.shape()[1]);
+    ensure!(
+        d > 0 && vocab > 0 && !hidden.is_empty() && hidden.len().is_multiple_of(d),
+        "loss: hidden {:?} against the LM head {:?}",
+        hidden.shape(),
+        weight.shape()
+    );
+    Ok((hidden.len() / d, vocab, d))
 }
 
 /// Byte offset of element `i` of a tensor of `dtype`.
@@ -250,26 +269,7 @@ impl CudaBackend {
         targets: &[u32],
         tiles: LossTiles,
     ) -> Result<(Vec<f32>, Vec<f32>)> {
-        for (what, t) in [("hidden", hidden), ("LM head", weight)] {
-            ensure!(
-                t.dtype() == DeviceDType::Bf16,
-                "loss: {what} is {:?}, expected Bf16",
-                t.dtype()
-            );
-        }
-        ensure!(
-            weight.shape().len() == 2,
-            "loss: LM head {:?}",
-            weight.shape()
-        );
-        let (vocab, d) = (weight.shape()[0], weight.shape()[1]);
-        ensure!(
-            d > 0 && vocab > 0 && !hidden.is_empty() && hidden.len().is_multiple_of(d),
-            "loss: hidden {:?} against the LM head {:?}",
-            hidden.shape(),
-            weight.shape()
-        );
-        let t = hidden.len() / d;
+        let (t, vocab, _) = check_lm_head(hidden, weight)?;
         let action_mask = vec![false; t];
         let rows = LossRows {
             targets,
@@ -301,8 +301,6 @@ impl CudaBackend {
         tiles: LossTiles,
     ) -> Result<LossOutput> {
         for (what, t, dtype) in [
-            ("hidden", hidden, DeviceDType::Bf16),
-            ("LM head", weight, DeviceDType::Bf16),
             ("d_hidden", &*d_hidden, DeviceDType::Bf16),
             ("d_weight", &*d_weight, DeviceDType::F32),
         ] {
@@ -312,19 +310,7 @@ impl CudaBackend {
                 t.dtype()
             );
         }
-        ensure!(
-            weight.shape().len() == 2,
-            "loss: LM head {:?}",
-            weight.shape()
-        );
-        let (vocab, d) = (weight.shape()[0], weight.shape()[1]);
-        ensure!(
-            d > 0 && vocab > 0 && !hidden.is_empty() && hidden.len().is_multiple_of(d),
-            "loss: hidden {:?} against the LM head {:?}",
-            hidden.shape(),
-            weight.shape()
-        );
-        let t = hidden.len() / d;
+        let (t, vocab, d) = check_lm_head(hidden, weight)?;
         ensure!(
             d_hidden.len() == hidden.len() && d_weight.len() == weight.len(),
             "loss: gradient buffers {:?} / {:?} do not match hidden [{t}, {d}] and LM head \
