@@ -271,6 +271,17 @@ fn row_stats(
     stats
 }
 
+/// `(T, V)` of `hidden: [T, d]` against the LM head `weight: [V, d]`.
+fn lm_head_rows(hidden: &[f32], weight: &[f32], d: usize) -> Result<(usize, usize)> {
+    ensure!(
+        d > 0 && hidden.len().is_multiple_of(d) && weight.len().is_multiple_of(d),
+        "loss: hidden of {} and LM head of {} values for width {d}",
+        hidden.len(),
+        weight.len()
+    );
+    Ok((hidden.len() / d, weight.len() / d))
+}
+
 /// The loss's forward alone: `log p(targets[r])` and the entropy of every row, the numbers
 /// [`lm_head_loss_cpu`] reports for the same rows, with no gradient. DAPO's recomputed old
 /// logprobs come from here, so the ratio is exactly 1 before the first update.
@@ -280,21 +291,14 @@ pub fn lm_head_logprobs_cpu(
     d: usize,
     targets: &[u32],
 ) -> Result<(Vec<f32>, Vec<f32>)> {
-    ensure!(
-        d > 0 && hidden.len().is_multiple_of(d) && weight.len().is_multiple_of(d),
-        "loss: hidden of {} and LM head of {} values for width {d}",
-        hidden.len(),
-        weight.len()
-    );
-    let (t, vocab) = (hidden.len() / d, weight.len() / d);
-    ensure!(
-        targets.len() == t,
-        "loss: {} targets for {t} rows",
-        targets.len()
-    );
-    if let Some(&bad) = targets.iter().find(|&&id| id as usize >= vocab) {
-        bail!("loss: target id {bad} is outside the vocabulary of {vocab}");
-    }
+    let (t, vocab) = lm_head_rows(hidden, weight, d)?;
+    let no_action = vec![false; targets.len()];
+    let rows = LossRows {
+        targets,
+        action_mask: &no_action,
+        ..Default::default()
+    };
+    check_rows(&rows, &Objective::MaskedCe, t, vocab)?;
     let mut logprobs = Vec::with_capacity(t);
     let mut entropy = Vec::with_capacity(t);
     let mut tile = Vec::with_capacity(ROW_CHUNK * VOCAB_CHUNK);
@@ -321,13 +325,7 @@ pub fn lm_head_loss_cpu(
     d_hidden: &mut [f32],
     d_weight: &mut [f32],
 ) -> Result<LossOutput> {
-    ensure!(
-        d > 0 && hidden.len().is_multiple_of(d) && weight.len().is_multiple_of(d),
-        "loss: hidden of {} and LM head of {} values for width {d}",
-        hidden.len(),
-        weight.len()
-    );
-    let (t, vocab) = (hidden.len() / d, weight.len() / d);
+    let (t, vocab) = lm_head_rows(hidden, weight, d)?;
     ensure!(
         d_hidden.len() == hidden.len() && d_weight.len() == weight.len(),
         "loss: gradient buffers do not match hidden [{t}, {d}] and LM head [{vocab}, {d}]"
