@@ -57,6 +57,7 @@ pub mod backend;
 pub mod bench;
 pub mod chat;
 pub mod config;
+pub mod dist;
 pub mod engine;
 pub mod env;
 pub mod http_client;

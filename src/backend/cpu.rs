@@ -175,6 +175,17 @@ impl Backend for CpuBackend {
         Ok(())
     }
 
+    fn write_f32(&self, dst: &mut CpuTensor, values: &[f32]) -> Result<()> {
+        ensure!(
+            dst.data.len() == values.len(),
+            "write_f32: {} values into a {:?} tensor",
+            values.len(),
+            dst.shape
+        );
+        dst.data.copy_from_slice(values);
+        Ok(())
+    }
+
     fn zeros(&self, shape: &[usize]) -> Result<CpuTensor> {
         Ok(CpuTensor::new(
             shape.to_vec(),

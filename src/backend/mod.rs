@@ -160,6 +160,11 @@ pub trait Backend {
     /// [`Backend::upload`] converts): `dst` keeps its storage, so a weight reload needs no second
     /// copy of the model. Errors, with `dst` unchanged, when the shapes or the byte count differ.
     fn overwrite(&self, dst: &mut Self::Tensor, src: &HostTensor<'_>) -> Result<()>;
+    /// Overwrites every element of `dst` with `values` (f32, rounded to `dst`'s element type as
+    /// an upload rounds): the host-staged collectives write their results back with it. Unlike
+    /// [`Backend::overwrite`] it takes activations and f32 tensors alike and is not a weight
+    /// change (captured graphs stay valid).
+    fn write_f32(&self, dst: &mut Self::Tensor, values: &[f32]) -> Result<()>;
     /// Opens a step scope, closed by [`Backend::end_step`]. Inside it the backend may keep device
     /// copies of the host index arrays its ops are given (positions, slot mappings, paged
     /// layouts), keyed by their address, so that the layers of one forward upload them once.

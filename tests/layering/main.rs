@@ -2,15 +2,17 @@
 //! of a lower layer, so every arrow points down and no two modules need each other.
 //!
 //! ```text
-//!  layer 7   server  bench                  src/bin/* (separate crates) sit above everything
+//!  layer 8   server  bench                  src/bin/* (separate crates) sit above everything
 //!              │       │
-//!  layer 6     │      rl                    the RL loop
+//!  layer 7     │      rl                    the RL loop
 //!              │       │
-//!  layer 5     │     agent                  episodes over the engine and an environment
+//!  layer 6     │     agent                  episodes over the engine and an environment
 //!              ▼       ▼
-//!  layer 4   engine  train  env             serving and training; sandboxes
+//!  layer 5   engine  train  env             serving and training; sandboxes
 //!              │   ╲   │
-//!  layer 3   kvcache  model                 pure-CPU block accounting; the Qwen2 model
+//!  layer 4   kvcache  model                 pure-CPU block accounting; the Qwen2 model
+//!                      │
+//!  layer 3            dist                  collectives between ranks (over the backend's tensors)
 //!                      │
 //!  layer 2          backend                 the fused ops, their CPU references and CUDA
 //!                      │
@@ -60,6 +62,7 @@ const LAYERS: &[&[&str]] = &[
     ],
     &["tokenizer", "chat", "toolcall"],
     &["backend"],
+    &["dist"],
     &["kvcache", "model"],
     &["engine", "train", "env"],
     &["agent"],

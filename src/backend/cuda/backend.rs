@@ -344,6 +344,23 @@ impl Backend for CudaBackend {
         self.device.synchronize()
     }
 
+    fn write_f32(&self, dst: &mut CudaTensor, values: &[f32]) -> Result<()> {
+        ensure!(
+            dst.len() == values.len(),
+            "write_f32: {} values into a {:?} tensor",
+            values.len(),
+            dst.shape()
+        );
+        match dst.dtype() {
+            DeviceDType::F32 => self.write_bytes(dst, bytemuck::cast_slice(values)),
+            DeviceDType::Bf16 => {
+                let host = HostTensor::from_f32(dst.shape().to_vec(), values);
+                self.write_host_tensor(&host, dst)
+            }
+            other => bail!("write_f32: a {other:?} tensor"),
+        }
+    }
+
     fn zeros(&self, shape: &[usize]) -> Result<CudaTensor> {
         let mut t = self.alloc(shape, DeviceDType::Bf16)?;
         self.fill_bytes(&mut t, 0)?;

@@ -9,6 +9,10 @@
 //! as is, also when `max_position_embeddings` equals `original_max_position_embeddings` (as in
 //! Qwen's own long-context instructions); the attention factor defaults to `0.1 ln(factor) + 1`.
 
+mod shard;
+
+pub use shard::LocalSizes;
+
 use anyhow::{anyhow, bail, Context, Result};
 use serde_json::{Map, Value};
 use std::path::Path;
@@ -51,16 +55,6 @@ pub struct YarnConfig {
     /// Multiplies cos and sin (so q.k scales by its square).
     pub attention_factor: f64,
     pub truncate: bool,
-}
-
-/// Tensor-parallel sizes of one rank (DESIGN.md decision 11). TP = 1 until the communicator lands.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct LocalSizes {
-    pub tp_size: usize,
-    pub heads_local: usize,
-    pub kv_heads_local: usize,
-    pub intermediate_local: usize,
-    pub vocab_local: usize,
 }
 
 impl ModelConfig {
@@ -343,23 +337,6 @@ impl ModelConfig {
                 scaled.max(self.max_position_embeddings)
             }
         }
-    }
-
-    /// Sizes held by one rank of a tensor-parallel group of `tp_size`.
-    pub fn local_sizes(&self, tp_size: usize) -> Result<LocalSizes> {
-        let check = |name: &str, total: usize| -> Result<usize> {
-            if tp_size == 0 || !total.is_multiple_of(tp_size) {
-                bail!("tensor-parallel size {tp_size} does not divide {name} ({total})");
-            }
-            Ok(total / tp_size)
-        };
-        Ok(LocalSizes {
-            tp_size,
-            heads_local: check("num_attention_heads", self.num_attention_heads)?,
-            kv_heads_local: check("num_key_value_heads", self.num_key_value_heads)?,
-            intermediate_local: check("intermediate_size", self.intermediate_size)?,
-            vocab_local: check("vocab_size", self.vocab_size)?,
-        })
     }
 
     /// Parameters of the whole model (all ranks), counting the LM head once when tied
@@ -716,17 +693,29 @@ mod tests {
             )
             .replace(r#""num_key_value_heads": 4"#, r#""num_key_value_heads": 8"#);
         let c = ModelConfig::from_json_str(&text).unwrap();
-        let l = c.local_sizes(8).unwrap();
+        for rank in 0..8 {
+            let l = c.shard(8, rank).unwrap();
+            assert_eq!(
+                (
+                    l.heads_local,
+                    l.kv_heads_local,
+                    l.intermediate_local,
+                    l.vocab_local
+                ),
+                (8, 1, 3696, 19008)
+            );
+            assert_eq!((l.head_start, l.kv_head_start), (8 * rank, rank));
+        }
+        // 16 ranks over 8 KV heads: each KV head is held by two ranks, 4 query heads each.
+        let l = c.shard(16, 5).unwrap();
         assert_eq!(
             (
                 l.heads_local,
+                l.head_start,
                 l.kv_heads_local,
-                l.intermediate_local,
-                l.vocab_local
+                l.kv_head_start
             ),
-            (8, 1, 3696, 19008)
+            (4, 20, 1, 2)
         );
-        assert!(format!("{}", c.local_sizes(16).unwrap_err())
-            .contains("does not divide num_key_value_heads"));
     }
 }
