@@ -1,7 +1,9 @@
 // Token embedding, forward and backward.
 //
-//   embedding_fwd_bf16:  out[t, :] = table[ids[t], :]
-//   embedding_bwd_f32:   d_table[ids[t], :] += d_out[t, :]   (scatter-add; repeated ids add up)
+//   embedding_fwd_bf16:  out[t, :] = table[ids[t], :]           (0 for id 0xffffffff: a token of
+//                                                              another rank's vocabulary shard)
+//   embedding_bwd_f32:   d_table[ids[t], :] += d_out[t, :]   (scatter-add; repeated ids add up;
+//                                                              the host drops other shards' ids)
 //
 // Shapes: table [vocab, d] bf16 row-major; ids [tokens] u32; out, d_out [tokens, d] bf16;
 // d_table [vocab, d] f32 (a parameter gradient: f32 so micro-batches accumulate without loss).
@@ -31,6 +33,10 @@ extern "C" __global__ void __launch_bounds__(EmbeddingConfig::threads)
     if (t >= tokens) return;
     const uint32_t id = ids[t];
     __nv_bfloat16* out_row = out + (size_t)t * d;
+    if (id == 0xffffffffu) {  // OTHER_SHARD: the vocabulary-parallel ranks' rows add up
+        for (int i = threadIdx.x; i < d; i += blockDim.x) out_row[i] = __float2bfloat16(0.0f);
+        return;
+    }
     if (id >= (uint32_t)vocab) {
         for (int i = threadIdx.x; i < d; i += blockDim.x) out_row[i] = __float2bfloat16(__int_as_float(0x7fc00000));
         return;

@@ -75,6 +75,41 @@ impl<'a> HostTensor<'a> {
         Ok(())
     }
 
+    /// The part with indices `range` along dimension `dim` (a tensor-parallel rank's slice). Rows
+    /// (`dim` 0) stay borrowed; any other dimension is copied out.
+    pub fn slice(self, dim: usize, range: std::ops::Range<usize>) -> Result<HostTensor<'a>> {
+        let Some(&extent) = self.shape.get(dim) else {
+            bail!("slice along dimension {dim} of a tensor of shape {:?}", self.shape);
+        };
+        if range.start > range.end || range.end > extent {
+            bail!("slice {range:?} along dimension {dim} of a tensor of shape {:?}", self.shape);
+        }
+        let elem = self.dtype.size_bytes();
+        // Bytes of one index along `dim` (everything after it), and runs of it before.
+        let inner: usize = self.shape[dim + 1..].iter().product::<usize>() * elem;
+        let outer: usize = self.shape[..dim].iter().product();
+        let mut shape = self.shape.clone();
+        shape[dim] = range.len();
+        let bytes = if outer == 1 {
+            match self.bytes {
+                Cow::Borrowed(b) => Cow::Borrowed(&b[range.start * inner..range.end * inner]),
+                Cow::Owned(b) => Cow::Owned(b[range.start * inner..range.end * inner].to_vec()),
+            }
+        } else {
+            let mut out = Vec::with_capacity(outer * range.len() * inner);
+            for o in 0..outer {
+                let base = o * extent * inner;
+                out.extend_from_slice(&self.bytes[base + range.start * inner..base + range.end * inner]);
+            }
+            Cow::Owned(out)
+        };
+        Ok(HostTensor {
+            dtype: self.dtype,
+            shape,
+            bytes,
+        })
+    }
+
     /// Every element widened to f32 (exact for all three dtypes).
     pub fn to_f32_vec(&self) -> Vec<f32> {
         let mut out = vec![0.0; self.bytes.len() / self.dtype.size_bytes()];

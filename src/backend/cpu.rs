@@ -5,7 +5,7 @@
 //! benchmark to be quick: GEMMs and attention split their work over the machine's cores.
 
 use super::cpu_sampling::sample_unfiltered_at;
-use super::{Backend, PagedLayout, Rotary, RowDraw};
+use super::{Backend, PagedLayout, Rotary, RowDraw, OTHER_SHARD};
 use crate::tensor::HostTensor;
 use anyhow::{bail, ensure, Result};
 
@@ -226,6 +226,10 @@ impl Backend for CpuBackend {
             ids.len()
         );
         for (row, &id) in out.data.chunks_exact_mut(d).zip(ids) {
+            if id == OTHER_SHARD {
+                row.fill(0.0);
+                continue;
+            }
             if id as usize >= vocab {
                 bail!("token id {id} is outside the embedding table of {vocab} rows");
             }

@@ -8,8 +8,8 @@
 use super::adamw::{adamw_update_slice, AdamWStep};
 use super::cpu::{CpuBackend, CpuTensor};
 use super::grad::BackendGrad;
-use super::loss::{lm_head_logprobs_cpu, lm_head_loss_cpu, LossOutput, LossRows, Objective};
-use super::{Backend, Rotary};
+use super::loss::{lm_head_loss_grad_cpu, lm_head_stats_cpu, RowStats};
+use super::{Backend, Rotary, OTHER_SHARD};
 use anyhow::{ensure, Result};
 
 fn cols(x: &CpuTensor) -> usize {
@@ -159,6 +159,9 @@ impl BackendGrad for CpuBackend {
             ids.len()
         );
         for (row, &id) in d_out.data.chunks_exact(d).zip(ids) {
+            if id == OTHER_SHARD {
+                continue;
+            }
             ensure!(
                 (id as usize) < vocab,
                 "token id {id} is outside the embedding table of {vocab} rows"
@@ -415,35 +418,35 @@ impl BackendGrad for CpuBackend {
         Ok(())
     }
 
-    fn lm_head_loss(
-        &self,
-        hidden: &CpuTensor,
-        weight: &CpuTensor,
-        rows: &LossRows<'_>,
-        objective: &Objective,
-        num_action_tokens: f64,
-        d_hidden: &mut CpuTensor,
-        d_weight: &mut CpuTensor,
-    ) -> Result<LossOutput> {
-        lm_head_loss_cpu(
-            &hidden.data,
-            &weight.data,
-            cols(weight),
-            rows,
-            objective,
-            num_action_tokens,
-            &mut d_hidden.data,
-            &mut d_weight.data,
-        )
-    }
-
-    fn lm_head_logprobs(
+    fn lm_head_stats(
         &self,
         hidden: &CpuTensor,
         weight: &CpuTensor,
         targets: &[u32],
-    ) -> Result<(Vec<f32>, Vec<f32>)> {
-        lm_head_logprobs_cpu(&hidden.data, &weight.data, cols(weight), targets)
+    ) -> Result<Vec<RowStats>> {
+        lm_head_stats_cpu(&hidden.data, &weight.data, cols(weight), targets)
+    }
+
+    fn lm_head_loss_grad(
+        &self,
+        hidden: &CpuTensor,
+        weight: &CpuTensor,
+        targets: &[u32],
+        lse: &[f64],
+        coef: &[f64],
+        d_hidden: &mut CpuTensor,
+        d_weight: &mut CpuTensor,
+    ) -> Result<()> {
+        lm_head_loss_grad_cpu(
+            &hidden.data,
+            &weight.data,
+            cols(weight),
+            targets,
+            lse,
+            coef,
+            &mut d_hidden.data,
+            &mut d_weight.data,
+        )
     }
 
     fn sum_of_squares(&self, x: &CpuTensor) -> Result<f64> {

@@ -13,8 +13,8 @@
 
 use super::{Backend, Rotary};
 use crate::backend::adamw::AdamWStep;
-use crate::backend::loss::{LossOutput, LossRows, Objective};
-use anyhow::Result;
+use crate::backend::loss::{check_rows, finish_rows, LossOutput, LossRows, Objective, RowStats};
+use anyhow::{ensure, Result};
 
 pub trait BackendGrad: Backend {
     /// Sets every element to zero.
@@ -36,7 +36,8 @@ pub trait BackendGrad: Backend {
         lse: &mut Self::Tensor,
     ) -> Result<()>;
 
-    /// `d_table[ids[t]] += d_out[t]` (scatter-add; repeated ids add up).
+    /// `d_table[ids[t]] += d_out[t]` (scatter-add; repeated ids add up; [`super::OTHER_SHARD`]
+    /// ids are skipped).
     fn embedding_backward(
         &self,
         d_out: &Self::Tensor,
@@ -109,10 +110,35 @@ pub trait BackendGrad: Backend {
         d_v: &mut Self::Tensor,
     ) -> Result<()>;
 
-    /// The fused LM-head loss (`kernels/dapo_loss.cu` on CUDA): logits `hidden W^T` chunk by
-    /// chunk with an online logsumexp, never whole; per-row logprob and entropy; the objective's
-    /// loss divided by `num_action_tokens` (the optimizer batch's, not this call's); and the
-    /// gradients `d_hidden += ...`, `d_weight += ...`. See [`crate::backend::loss`].
+    /// Pass 1 of the fused LM-head loss (`kernels/dapo_loss.cu` on CUDA): logits `hidden W^T`
+    /// chunk by chunk, never whole, reduced to each row's [`RowStats`]. `weight` is the whole LM
+    /// head or one rank's vocabulary shard; `targets` index into it ([`super::OTHER_SHARD`] for
+    /// a target another shard holds). See [`crate::backend::loss`].
+    fn lm_head_stats(
+        &self,
+        hidden: &Self::Tensor,
+        weight: &Self::Tensor,
+        targets: &[u32],
+    ) -> Result<Vec<RowStats>>;
+
+    /// Pass 2: with each row's whole-vocabulary `lse` and `coef = d loss / d logp` (0: the row
+    /// is skipped), the logits' gradient tile by tile and `d_hidden += ...`, `d_weight += ...`.
+    #[allow(clippy::too_many_arguments)]
+    fn lm_head_loss_grad(
+        &self,
+        hidden: &Self::Tensor,
+        weight: &Self::Tensor,
+        targets: &[u32],
+        lse: &[f64],
+        coef: &[f64],
+        d_hidden: &mut Self::Tensor,
+        d_weight: &mut Self::Tensor,
+    ) -> Result<()>;
+
+    /// The fused LM-head loss over a whole LM head: pass 1, the host half
+    /// ([`finish_rows`]), pass 2. The per-row logprob and entropy, the objective's loss divided
+    /// by `num_action_tokens` (the optimizer batch's, not this call's), and the gradients
+    /// `d_hidden += ...`, `d_weight += ...`.
     #[allow(clippy::too_many_arguments)]
     fn lm_head_loss(
         &self,
@@ -123,7 +149,20 @@ pub trait BackendGrad: Backend {
         num_action_tokens: f64,
         d_hidden: &mut Self::Tensor,
         d_weight: &mut Self::Tensor,
-    ) -> Result<LossOutput>;
+    ) -> Result<LossOutput> {
+        let (t, vocab) = (self.shape(hidden)[0], self.shape(weight)[0]);
+        check_rows(rows, objective, t, vocab)?;
+        ensure!(
+            num_action_tokens > 0.0,
+            "loss: the global action-token count is {num_action_tokens}"
+        );
+        let stats = self.lm_head_stats(hidden, weight, rows.targets)?;
+        let (out, lse, coef) = finish_rows(&stats, rows, objective, num_action_tokens);
+        if coef.iter().any(|&c| c != 0.0) {
+            self.lm_head_loss_grad(hidden, weight, rows.targets, &lse, &coef, d_hidden, d_weight)?;
+        }
+        Ok(out)
+    }
 
     /// The fused loss's forward alone: per row, `log p(targets[r])` and the entropy, the numbers
     /// [`Self::lm_head_loss`] reports for the same rows (same kernels, same order), with no
@@ -133,7 +172,19 @@ pub trait BackendGrad: Backend {
         hidden: &Self::Tensor,
         weight: &Self::Tensor,
         targets: &[u32],
-    ) -> Result<(Vec<f32>, Vec<f32>)>;
+    ) -> Result<(Vec<f32>, Vec<f32>)> {
+        let (t, vocab) = (self.shape(hidden)[0], self.shape(weight)[0]);
+        let no_action = vec![false; t];
+        let rows = LossRows {
+            targets,
+            action_mask: &no_action,
+            ..Default::default()
+        };
+        check_rows(&rows, &Objective::MaskedCe, t, vocab)?;
+        let stats = self.lm_head_stats(hidden, weight, targets)?;
+        let (out, _, _) = finish_rows(&stats, &rows, &Objective::MaskedCe, 1.0);
+        Ok((out.logprobs, out.entropy))
+    }
 
     /// Sum of squares of every element (f64), for the global gradient norm.
     fn sum_of_squares(&self, x: &Self::Tensor) -> Result<f64>;

@@ -19,15 +19,20 @@
 //! and gradients then simply add up to the batch's (never a per-micro-batch mean).
 //!
 //! The `[T, V]` logits are never stored: the reference walks tiles of `ROW_CHUNK x VOCAB_CHUNK`
-//! logits. Pass 1 finds, per row, the max logit `m` and the target's logit in one sweep, then
-//! `s = sum exp(z - m)` and `u = sum exp(z - m) z` (for the entropy `lse - u / s`) in a second,
-//! in vocabulary order: the sums the scoring path and the sampler take, so the reference's
-//! logprobs equal theirs bit for bit (the CUDA kernel keeps an online, rescaled `(m, s, u)` in one
-//! sweep instead, and merges tiles). Pass 2
-//! recomputes each tile and turns it into the logits' gradient `c_r (onehot - softmax)` (`c_r = d
-//! loss / d logp_r`), then `d_hidden += G W` and `d_weight += G^T H`. With tensor parallelism
-//! over the vocabulary, each rank's `(m, s, u)` and target logit are combined across ranks
-//! between the passes.
+//! logits, in three steps every backend shares:
+//!
+//! ```text
+//! pass 1   per row, over the LM head's rows: RowStats (m, s, u, z_target)    [lm_head_stats]
+//!          (vocabulary parallel: each rank's shard, merged in rank order)      [merge_shards]
+//! host     logprob, entropy, the terms; per row lse and coef = d loss / d logp [finish_rows]
+//! pass 2   per tile, G = coef (onehot - softmax); d_hidden += G W, d_weight += G^T H
+//!                                                                               [lm_head_loss_grad]
+//! ```
+//!
+//! The reference's pass 1 finds each row's max (and target logit) in one sweep and
+//! `s = sum exp(z - m)`, `u = sum exp(z - m) (z - m)` in a second, in vocabulary order: the sums
+//! the scoring path and the sampler take, so its logprobs equal theirs bit for bit (the CUDA
+//! kernel keeps an online, rescaled `(m, s, u)` in one sweep instead, and merges tiles).
 
 use super::cpu::dot;
 use anyhow::{bail, ensure, Result};
@@ -196,33 +201,86 @@ fn logits_tile(
     }
 }
 
-/// Pass 1's statistics of one row: its max logit, `s = sum exp(z - max)`, `u = sum exp(z - max) z`
-/// and its target's logit, each sum taken in vocabulary order.
-#[derive(Clone, Copy, Debug)]
-struct RowStats {
-    max: f64,
-    sum_exp: f64,
-    sum_exp_z: f64,
-    target_logit: f64,
+/// Pass 1's statistics of one row over a block of vocabulary columns (the whole vocabulary, or
+/// one tensor-parallel rank's shard): its max logit `m`, `s = sum exp(z - m)`,
+/// `u = sum exp(z - m) (z - m)` (centred, so the entropy never cancels two large numbers) and
+/// its target's logit (0 when the target is not in the block). Every backend's pass 1 returns
+/// these; ranks merge theirs with [`RowStats::merge_shards`].
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct RowStats {
+    pub max: f64,
+    pub sum_exp: f64,
+    pub sum_exp_centered: f64,
+    pub target_logit: f64,
 }
 
 impl RowStats {
-    fn lse(&self) -> f64 {
+    pub fn lse(&self) -> f64 {
         self.max + self.sum_exp.ln()
     }
 
     /// `log p(target)`, rounded as the CPU backend's `token_logprobs` and the sampler round it
     /// (`z - max - ln s`), so the trainer's logprobs equal the server's bit for bit.
-    fn logprob(&self) -> f64 {
+    pub fn logprob(&self) -> f64 {
         self.target_logit - self.max - self.sum_exp.ln()
     }
 
-    fn entropy(&self) -> f64 {
-        self.lse() - self.sum_exp_z / self.sum_exp
+    pub fn entropy(&self) -> f64 {
+        self.sum_exp.ln() - self.sum_exp_centered / self.sum_exp
+    }
+
+    /// One row's statistics over the whole vocabulary from every rank's shard (`shards[rank]`,
+    /// in rank order), the target's logit from `target_rank`'s: with `M = max m_k`,
+    /// `s = sum s_k exp(m_k - M)` and `u = sum exp(m_k - M) (u_k + (m_k - M) s_k)` (the kernel's
+    /// tile merge). One shard is returned unchanged, bit for bit.
+    pub fn merge_shards(shards: &[RowStats], target_rank: usize) -> RowStats {
+        let max = shards.iter().map(|s| s.max).fold(f64::NEG_INFINITY, f64::max);
+        let (mut sum_exp, mut sum_exp_centered) = (0.0, 0.0);
+        for s in shards {
+            let (shift, scale) = (s.max - max, (s.max - max).exp());
+            sum_exp += scale * s.sum_exp;
+            sum_exp_centered += scale * (s.sum_exp_centered + shift * s.sum_exp);
+        }
+        RowStats {
+            max,
+            sum_exp,
+            sum_exp_centered,
+            target_logit: shards[target_rank].target_logit,
+        }
     }
 }
 
-/// Pass 1 over rows `r0..r1`, tile by tile: one sweep for each row's max (and target logit), a
+/// Between the passes, on the host: from each row's statistics over the whole vocabulary, the
+/// loss report (logprob, entropy, the objective's terms with [`token_term`], clip counts) and
+/// each row's `(lse, coef)` for pass 2, `coef = d loss / d logp` (0 outside the loss).
+pub fn finish_rows(
+    stats: &[RowStats],
+    rows: &LossRows<'_>,
+    objective: &Objective,
+    num_action_tokens: f64,
+) -> (LossOutput, Vec<f64>, Vec<f64>) {
+    let t = stats.len();
+    let mut out = LossOutput {
+        logprobs: Vec::with_capacity(t),
+        entropy: Vec::with_capacity(t),
+        ..Default::default()
+    };
+    let mut lse = Vec::with_capacity(t);
+    let mut coef = vec![0.0; t];
+    for (r, row) in stats.iter().enumerate() {
+        let logp = row.logprob();
+        out.logprobs.push(logp as f32);
+        out.entropy.push(row.entropy() as f32);
+        lse.push(row.lse());
+        if rows.action_mask.get(r) == Some(&true) {
+            let term = token_term(objective, rows, r, logp);
+            coef[r] = out.add_action_row(&term, num_action_tokens);
+        }
+    }
+    (out, lse, coef)
+}
+
+/// Pass 1 over rows `rows`, tile by tile: one sweep for each row's max (and target logit), a
 /// second for the sums with that max. Two sweeps rather than an online rescaled logsumexp: the
 /// sums are then the very sums the scoring path and the sampler take over a whole row of logits
 /// (the same `dot` as the backend's `linear`), so every logprob matches theirs exactly.
@@ -239,7 +297,7 @@ fn row_stats(
         RowStats {
             max: f64::NEG_INFINITY,
             sum_exp: 0.0,
-            sum_exp_z: 0.0,
+            sum_exp_centered: 0.0,
             target_logit: 0.0,
         };
         rows.len()
@@ -262,9 +320,10 @@ fn row_stats(
         for (i, row) in tile.chunks_exact(v1 - v0).enumerate() {
             let row_stats = &mut stats[i];
             for &z in row {
-                let e = (z as f64 - row_stats.max).exp();
+                let centred = z as f64 - row_stats.max;
+                let e = centred.exp();
                 row_stats.sum_exp += e;
-                row_stats.sum_exp_z += e * z as f64;
+                row_stats.sum_exp_centered += e * centred;
             }
         }
     }
@@ -272,7 +331,7 @@ fn row_stats(
 }
 
 /// `(T, V)` of `hidden: [T, d]` against the LM head `weight: [V, d]`.
-fn lm_head_rows(hidden: &[f32], weight: &[f32], d: usize) -> Result<(usize, usize)> {
+pub fn lm_head_rows(hidden: &[f32], weight: &[f32], d: usize) -> Result<(usize, usize)> {
     ensure!(
         d > 0 && hidden.len().is_multiple_of(d) && weight.len().is_multiple_of(d),
         "loss: hidden of {} and LM head of {} values for width {d}",
@@ -282,104 +341,77 @@ fn lm_head_rows(hidden: &[f32], weight: &[f32], d: usize) -> Result<(usize, usiz
     Ok((hidden.len() / d, weight.len() / d))
 }
 
-/// The loss's forward alone: `log p(targets[r])` and the entropy of every row, the numbers
-/// [`lm_head_loss_cpu`] reports for the same rows, with no gradient. DAPO's recomputed old
-/// logprobs come from here, so the ratio is exactly 1 before the first update.
-pub fn lm_head_logprobs_cpu(
+/// Pass 1 on host slices: every row's [`RowStats`] against `weight: [V, d]` (a whole LM head or
+/// one rank's shard; `targets` are indices into it, [`super::OTHER_SHARD`] or any index past it
+/// for a target another shard holds).
+pub fn lm_head_stats_cpu(
     hidden: &[f32],
     weight: &[f32],
     d: usize,
     targets: &[u32],
-) -> Result<(Vec<f32>, Vec<f32>)> {
-    let (t, vocab) = lm_head_rows(hidden, weight, d)?;
-    let no_action = vec![false; targets.len()];
-    let rows = LossRows {
-        targets,
-        action_mask: &no_action,
-        ..Default::default()
-    };
-    check_rows(&rows, &Objective::MaskedCe, t, vocab)?;
-    let mut logprobs = Vec::with_capacity(t);
-    let mut entropy = Vec::with_capacity(t);
+) -> Result<Vec<RowStats>> {
+    let (t, _) = lm_head_rows(hidden, weight, d)?;
+    ensure!(
+        targets.len() == t,
+        "loss: {} targets for {t} rows",
+        targets.len()
+    );
+    let mut stats = Vec::with_capacity(t);
     let mut tile = Vec::with_capacity(ROW_CHUNK * VOCAB_CHUNK);
     for r0 in (0..t).step_by(ROW_CHUNK) {
         let r1 = (r0 + ROW_CHUNK).min(t);
-        for stats in row_stats(hidden, weight, d, r0..r1, targets, &mut tile) {
-            logprobs.push(stats.logprob() as f32);
-            entropy.push(stats.entropy() as f32);
-        }
+        stats.extend(row_stats(hidden, weight, d, r0..r1, targets, &mut tile));
     }
-    Ok((logprobs, entropy))
+    Ok(stats)
 }
 
-/// The fused loss on host slices: `hidden: [T, d]`, `weight: [V, d]`; accumulates into
-/// `d_hidden: [T, d]` and `d_weight: [V, d]`.
+/// Pass 2 on host slices: with each row's whole-vocabulary `lse` and `coef = d loss / d logp`,
+/// the logits' gradient `coef (onehot - softmax)` tile by tile, then `d_hidden += G W` and
+/// `d_weight += G^T H` (rows with `coef` 0 are skipped).
 #[allow(clippy::too_many_arguments)]
-pub fn lm_head_loss_cpu(
+pub fn lm_head_loss_grad_cpu(
     hidden: &[f32],
     weight: &[f32],
     d: usize,
-    rows: &LossRows<'_>,
-    objective: &Objective,
-    num_action_tokens: f64,
+    targets: &[u32],
+    lse: &[f64],
+    coef: &[f64],
     d_hidden: &mut [f32],
     d_weight: &mut [f32],
-) -> Result<LossOutput> {
+) -> Result<()> {
     let (t, vocab) = lm_head_rows(hidden, weight, d)?;
     ensure!(
         d_hidden.len() == hidden.len() && d_weight.len() == weight.len(),
         "loss: gradient buffers do not match hidden [{t}, {d}] and LM head [{vocab}, {d}]"
     );
-    check_rows(rows, objective, t, vocab)?;
     ensure!(
-        num_action_tokens > 0.0,
-        "loss: the global action-token count is {num_action_tokens}"
+        targets.len() == t && lse.len() == t && coef.len() == t,
+        "loss: {} targets, {} lse and {} coefficients for {t} rows",
+        targets.len(),
+        lse.len(),
+        coef.len()
     );
-
-    let mut out = LossOutput {
-        logprobs: vec![0.0; t],
-        entropy: vec![0.0; t],
-        ..Default::default()
-    };
     let mut tile = Vec::with_capacity(ROW_CHUNK * VOCAB_CHUNK);
     let mut d_logits = Vec::with_capacity(ROW_CHUNK * VOCAB_CHUNK);
     for r0 in (0..t).step_by(ROW_CHUNK) {
         let r1 = (r0 + ROW_CHUNK).min(t);
-        let n = r1 - r0;
-        // Pass 1: each row's softmax statistics and target logit.
-        let stats = row_stats(hidden, weight, d, r0..r1, rows.targets, &mut tile);
-        // The loss terms and each row's d loss / d logp.
-        let lse: Vec<f64> = stats.iter().map(RowStats::lse).collect();
-        let mut d_logp = vec![0.0f64; n];
-        for (i, row) in stats.iter().enumerate() {
-            let r = r0 + i;
-            let logp = row.logprob();
-            out.logprobs[r] = logp as f32;
-            out.entropy[r] = row.entropy() as f32;
-            if !rows.action_mask[r] {
-                continue;
-            }
-            let term = token_term(objective, rows, r, logp);
-            d_logp[i] = out.add_action_row(&term, num_action_tokens);
-        }
-        if d_logp.iter().all(|&c| c == 0.0) {
+        if coef[r0..r1].iter().all(|&c| c == 0.0) {
             continue;
         }
-        // Pass 2: d logits = c (onehot - softmax), then both GEMMs of the LM head's backward.
         for v0 in (0..vocab).step_by(VOCAB_CHUNK) {
             let v1 = (v0 + VOCAB_CHUNK).min(vocab);
             let width = v1 - v0;
             logits_tile(hidden, weight, d, r0..r1, v0..v1, &mut tile);
             d_logits.clear();
             for (i, row) in tile.chunks_exact(width).enumerate() {
-                let target = rows.targets[r0 + i] as usize;
+                let (target, c, row_lse) = (targets[r0 + i] as usize, coef[r0 + i], lse[r0 + i]);
                 d_logits.extend(row.iter().enumerate().map(|(j, &z)| {
                     let onehot = if v0 + j == target { 1.0 } else { 0.0 };
-                    (d_logp[i] * (onehot - (z as f64 - lse[i]).exp())) as f32
+                    (c * (onehot - (z as f64 - row_lse).exp())) as f32
                 }));
             }
             for (i, g_row) in d_logits.chunks_exact(width).enumerate() {
-                if d_logp[i] == 0.0 {
+                if coef[r0 + i] == 0.0 {
                     continue;
                 }
                 let r = r0 + i;
@@ -396,5 +428,60 @@ pub fn lm_head_loss_cpu(
             }
         }
     }
+    Ok(())
+}
+
+/// The loss's forward alone: `log p(targets[r])` and the entropy of every row, the numbers
+/// [`lm_head_loss_cpu`] reports for the same rows, with no gradient.
+pub fn lm_head_logprobs_cpu(
+    hidden: &[f32],
+    weight: &[f32],
+    d: usize,
+    targets: &[u32],
+) -> Result<(Vec<f32>, Vec<f32>)> {
+    let (t, vocab) = lm_head_rows(hidden, weight, d)?;
+    let no_action = vec![false; targets.len()];
+    let rows = LossRows {
+        targets,
+        action_mask: &no_action,
+        ..Default::default()
+    };
+    check_rows(&rows, &Objective::MaskedCe, t, vocab)?;
+    let stats = lm_head_stats_cpu(hidden, weight, d, targets)?;
+    let (out, _, _) = finish_rows(&stats, &rows, &Objective::MaskedCe, 1.0);
+    Ok((out.logprobs, out.entropy))
+}
+
+/// The fused loss on host slices (pass 1, the host half, pass 2): `hidden: [T, d]`,
+/// `weight: [V, d]`; accumulates into `d_hidden: [T, d]` and `d_weight: [V, d]`.
+#[allow(clippy::too_many_arguments)]
+pub fn lm_head_loss_cpu(
+    hidden: &[f32],
+    weight: &[f32],
+    d: usize,
+    rows: &LossRows<'_>,
+    objective: &Objective,
+    num_action_tokens: f64,
+    d_hidden: &mut [f32],
+    d_weight: &mut [f32],
+) -> Result<LossOutput> {
+    let (t, vocab) = lm_head_rows(hidden, weight, d)?;
+    check_rows(rows, objective, t, vocab)?;
+    ensure!(
+        num_action_tokens > 0.0,
+        "loss: the global action-token count is {num_action_tokens}"
+    );
+    let stats = lm_head_stats_cpu(hidden, weight, d, rows.targets)?;
+    let (out, lse, coef) = finish_rows(&stats, rows, objective, num_action_tokens);
+    lm_head_loss_grad_cpu(
+        hidden,
+        weight,
+        d,
+        rows.targets,
+        &lse,
+        &coef,
+        d_hidden,
+        d_weight,
+    )?;
     Ok(out)
 }

@@ -23,6 +23,10 @@ pub use grad::BackendGrad;
 use crate::tensor::HostTensor;
 use anyhow::{bail, Result};
 
+/// A token id that another tensor-parallel rank's vocabulary shard holds: the embedding gives it
+/// a zero row (and its backward skips it), the fused loss finds no target logit for it here.
+pub const OTHER_SHARD: u32 = u32::MAX;
+
 /// Rotary embedding parameters shared by every layer: the inverse frequencies of the
 /// `head_dim / 2` rotated pairs and YaRN's attention scaling (1 without YaRN).
 #[derive(Clone, Debug)]
@@ -189,7 +193,8 @@ pub trait Backend {
         range: std::ops::Range<usize>,
     ) -> Result<Self::Tensor>;
 
-    /// `out[t] = table[ids[t]]`; `table: [vocab, d]`, `out: [T, d]`.
+    /// `out[t] = table[ids[t]]`; `table: [vocab, d]`, `out: [T, d]`; an id of [`OTHER_SHARD`]
+    /// gives a zero row (vocabulary-parallel embedding: the ranks' rows add up).
     fn embedding(&self, table: &Self::Tensor, ids: &[u32], out: &mut Self::Tensor) -> Result<()>;
     /// `out = x * rsqrt(mean(x^2) + eps) * weight`, row by row.
     fn rmsnorm(

@@ -17,10 +17,15 @@
 //! residual's precision, then normalised), so a layer's MLP output stays `pending` until the next
 //! layer (or the final norm) adds it. A layer recomputed from its kept input starts with nothing
 //! pending and a plain `rmsnorm` of that input: the same numbers as the fused add gave.
+//!
+//! Tensor parallelism ([`crate::model::parallel`]): q/k/v, gate/up are this rank's heads and MLP
+//! columns; o_proj and down_proj give partial sums, reduced into `delta`; under sequence
+//! parallelism the residual stream, `x_in` and `x_mid` are this rank's rows only, and each norm's
+//! output is gathered to all rows (`normed_attn`, `normed_mlp` hold all rows).
 
 use crate::backend::Backend;
 use crate::model::params::LayerParams;
-use crate::model::qwen2::{AttentionFn, Keep, Qwen2Model};
+use crate::model::qwen2::{AttentionFn, Keep, Layout, Qwen2Model};
 use anyhow::{anyhow, bail, ensure, Result};
 
 /// Everything one layer's backward reads.
@@ -58,6 +63,9 @@ pub struct ResidualStream<T> {
 
 /// The buffers one layer writes (besides the residual stream).
 struct LayerBuffers<T> {
+    /// Sequence parallelism only: a norm's output on this rank's rows (before the gather) and a
+    /// row-parallel GEMM's partial sums over all rows (before the reduce-scatter).
+    sequence: Option<(T, T)>,
     normed_attn: T,
     q: T,
     k: T,
@@ -75,6 +83,7 @@ impl<B: Backend> Qwen2Model<B> {
         &self,
         backend: &B,
         t: usize,
+        layout: Layout,
         with_lse: bool,
     ) -> Result<LayerBuffers<B::Tensor>> {
         let (d, hd) = (self.config.hidden_size, self.config.head_dim);
@@ -83,7 +92,14 @@ impl<B: Backend> Qwen2Model<B> {
             self.local.kv_heads_local,
             self.local.intermediate_local,
         );
+        let sequence = if self.sequence_parallel(layout) {
+            let rows = self.residual_rows(t, layout);
+            Some((backend.zeros(&[rows, d])?, backend.zeros(&[t, d])?))
+        } else {
+            None
+        };
         Ok(LayerBuffers {
+            sequence,
             normed_attn: backend.zeros(&[t, d])?,
             q: backend.zeros(&[t, heads, hd])?,
             k: backend.zeros(&[t, kv_heads, hd])?,
@@ -101,27 +117,45 @@ impl<B: Backend> Qwen2Model<B> {
         })
     }
 
-    /// The embedding of `tokens` as a residual stream with nothing pending.
-    pub(crate) fn embed(&self, backend: &B, tokens: &[u32]) -> Result<ResidualStream<B::Tensor>> {
-        let shape = [tokens.len(), self.config.hidden_size];
-        let mut residual = backend.zeros(&shape)?;
-        backend.embedding(&self.params.embed_tokens, tokens, &mut residual)?;
+    /// The embedding of `tokens` as a residual stream with nothing pending: each rank looks up
+    /// the tokens of its vocabulary shard (zero rows for the others') and the ranks' rows are
+    /// summed, into this rank's rows under sequence parallelism.
+    pub(crate) fn embed(
+        &self,
+        backend: &B,
+        tokens: &[u32],
+        layout: Layout,
+    ) -> Result<ResidualStream<B::Tensor>> {
+        let d = self.config.hidden_size;
+        let rows = self.residual_rows(tokens.len(), layout);
+        let mut embedded = backend.zeros(&[tokens.len(), d])?;
+        backend.embedding(&self.params.embed_tokens, &self.shard_ids(tokens), &mut embedded)?;
+        let residual = if self.sequence_parallel(layout) {
+            let mut mine = backend.zeros(&[rows, d])?;
+            self.reduce_partial(backend, layout, &mut embedded, Some(&mut mine))?;
+            mine
+        } else {
+            self.reduce_partial(backend, layout, &mut embedded, None)?;
+            embedded
+        };
         Ok(ResidualStream {
             residual,
-            delta: backend.zeros(&shape)?,
+            delta: backend.zeros(&[rows, d])?,
             pending: false,
         })
     }
 
     /// Every layer from the embedding of `tokens`, keeping what `keep` says, then the final
-    /// norm: returns the hidden states `[T, d]` the LM head reads, the residual stream the final
-    /// norm read, and each layer's kept activations (empty with [`Keep::Nothing`]).
-    #[allow(clippy::type_complexity)]
+    /// norm: returns the hidden states `[T, d]` (all rows) the LM head reads, the residual stream
+    /// the final norm read (this rank's rows), and each layer's kept activations (empty with
+    /// [`Keep::Nothing`]).
+    #[allow(clippy::type_complexity, clippy::too_many_arguments)]
     pub(crate) fn run_layers(
         &self,
         backend: &B,
         tokens: &[u32],
         positions: &[u32],
+        layout: Layout,
         with_lse: bool,
         keep: Keep,
         attention: &mut impl AttentionFn<B::Tensor>,
@@ -133,8 +167,14 @@ impl<B: Backend> Qwen2Model<B> {
             "{t} tokens but {} positions",
             positions.len()
         );
-        let mut stream = self.embed(backend, tokens)?;
-        let mut buffers = self.layer_buffers(backend, t, with_lse || keep == Keep::Everything)?;
+        ensure!(
+            !self.sequence_parallel(layout) || t.is_multiple_of(self.tp_size()),
+            "a sequence-parallel forward of {t} rows over {} ranks (pad the batch)",
+            self.tp_size()
+        );
+        let mut stream = self.embed(backend, tokens, layout)?;
+        let with_lse = with_lse || keep == Keep::Everything;
+        let mut buffers = self.layer_buffers(backend, t, layout, with_lse)?;
         let mut saved = Vec::new();
         for (i, layer) in self.params.layers.iter().enumerate() {
             let kept = self.forward_layer(
@@ -143,14 +183,22 @@ impl<B: Backend> Qwen2Model<B> {
                 layer,
                 &mut stream,
                 positions,
+                layout,
                 &mut buffers,
                 keep,
                 attention,
             )?;
             saved.extend(kept);
         }
-        let mut hidden = backend.zeros(&[t, self.config.hidden_size])?;
-        self.enter_norm(backend, &mut stream, &self.params.norm, &mut hidden)?;
+        let d = self.config.hidden_size;
+        let mut hidden = backend.zeros(&[t, d])?;
+        match &mut buffers.sequence {
+            Some((normed_local, _)) => {
+                self.enter_norm(backend, &mut stream, &self.params.norm, normed_local)?;
+                self.gather_rows(backend, layout, normed_local, &mut hidden)?;
+            }
+            None => self.enter_norm(backend, &mut stream, &self.params.norm, &mut hidden)?,
+        }
         Ok((hidden, stream.residual, saved))
     }
 
@@ -171,6 +219,50 @@ impl<B: Backend> Qwen2Model<B> {
         }
     }
 
+    /// `normed = rmsnorm(residual (+= delta, if pending))` for every row: this rank's rows
+    /// gathered under sequence parallelism.
+    fn norm_all_rows(
+        &self,
+        backend: &B,
+        stream: &mut ResidualStream<B::Tensor>,
+        weight: &B::Tensor,
+        layout: Layout,
+        sequence: &mut Option<(B::Tensor, B::Tensor)>,
+        normed: &mut B::Tensor,
+    ) -> Result<()> {
+        match sequence {
+            Some((normed_local, _)) => {
+                self.enter_norm(backend, stream, weight, normed_local)?;
+                self.gather_rows(backend, layout, normed_local, normed)?;
+                Ok(())
+            }
+            None => self.enter_norm(backend, stream, weight, normed),
+        }
+    }
+
+    /// `delta = input W^T` for a row-parallel `W`: this rank's partial sums reduced over the
+    /// ranks (all-reduced, or reduce-scattered to this rank's rows).
+    fn row_parallel(
+        &self,
+        backend: &B,
+        input: &B::Tensor,
+        weight: &B::Tensor,
+        layout: Layout,
+        sequence: &mut Option<(B::Tensor, B::Tensor)>,
+        delta: &mut B::Tensor,
+    ) -> Result<()> {
+        match sequence {
+            Some((_, partial)) => {
+                backend.linear(input, weight, None, partial)?;
+                self.reduce_partial(backend, layout, partial, Some(delta))
+            }
+            None => {
+                backend.linear(input, weight, None, delta)?;
+                self.reduce_partial(backend, layout, delta, None)
+            }
+        }
+    }
+
     /// Layer `index` (see the module doc): advances `stream` by one layer and returns what
     /// `keep` asks for. With [`Keep::Everything`] the buffers move into the result and fresh
     /// ones replace them.
@@ -182,19 +274,21 @@ impl<B: Backend> Qwen2Model<B> {
         layer: &LayerParams<B::Tensor>,
         stream: &mut ResidualStream<B::Tensor>,
         positions: &[u32],
+        layout: Layout,
         buffers: &mut LayerBuffers<B::Tensor>,
         keep: Keep,
         attention: &mut impl AttentionFn<B::Tensor>,
     ) -> Result<Option<SavedLayer<B::Tensor>>> {
         let t = positions.len();
-        let eps = self.config.rms_norm_eps as f32;
+        let rows = self.residual_rows(t, layout);
         let b = &mut *buffers;
 
         // Attention block.
-        self.enter_norm(backend, stream, &layer.input_layernorm, &mut b.normed_attn)?;
+        let ln = &layer.input_layernorm;
+        self.norm_all_rows(backend, stream, ln, layout, &mut b.sequence, &mut b.normed_attn)?;
         let x_in = match keep {
             Keep::Nothing => None,
-            Keep::Input | Keep::Everything => Some(backend.slice_rows(&stream.residual, 0..t)?),
+            Keep::Input | Keep::Everything => Some(backend.slice_rows(&stream.residual, 0..rows)?),
         };
         let n = &b.normed_attn;
         backend.linear(n, &layer.q_proj_weight, Some(&layer.q_proj_bias), &mut b.q)?;
@@ -202,30 +296,28 @@ impl<B: Backend> Qwen2Model<B> {
         backend.linear(n, &layer.v_proj_weight, Some(&layer.v_proj_bias), &mut b.v)?;
         backend.rope(&mut b.q, &mut b.k, positions, &self.rotary)?;
         attention(index, &b.q, &b.k, &b.v, &mut b.attn, b.lse.as_mut())?;
-        backend.linear(&b.attn, &layer.o_proj_weight, None, &mut stream.delta)?;
+        let o = &layer.o_proj_weight;
+        self.row_parallel(backend, &b.attn, o, layout, &mut b.sequence, &mut stream.delta)?;
 
         // MLP block.
-        backend.add_rmsnorm(
-            &mut stream.residual,
-            &stream.delta,
-            &layer.post_attention_layernorm,
-            eps,
-            &mut b.normed_mlp,
-        )?;
+        stream.pending = true;
+        let ln = &layer.post_attention_layernorm;
+        self.norm_all_rows(backend, stream, ln, layout, &mut b.sequence, &mut b.normed_mlp)?;
         let x_mid = match keep {
-            Keep::Everything => Some(backend.slice_rows(&stream.residual, 0..t)?),
+            Keep::Everything => Some(backend.slice_rows(&stream.residual, 0..rows)?),
             Keep::Nothing | Keep::Input => None,
         };
         backend.linear(&b.normed_mlp, &layer.gate_proj_weight, None, &mut b.gate)?;
         backend.linear(&b.normed_mlp, &layer.up_proj_weight, None, &mut b.up)?;
         backend.swiglu(&b.gate, &b.up, &mut b.act)?;
-        backend.linear(&b.act, &layer.down_proj_weight, None, &mut stream.delta)?;
+        let down = &layer.down_proj_weight;
+        self.row_parallel(backend, &b.act, down, layout, &mut b.sequence, &mut stream.delta)?;
         stream.pending = true;
 
         Ok(match (keep, x_in, x_mid) {
             (Keep::Input, Some(x_in), _) => Some(SavedLayer::Input(x_in)),
             (Keep::Everything, Some(x_in), Some(x_mid)) => {
-                let fresh = self.layer_buffers(backend, t, true)?;
+                let fresh = self.layer_buffers(backend, t, layout, true)?;
                 let used = std::mem::replace(buffers, fresh);
                 Some(SavedLayer::Full(LayerActivations {
                     x_in,
@@ -256,15 +348,17 @@ impl<B: Backend> Qwen2Model<B> {
         index: usize,
         x_in: B::Tensor,
         positions: &[u32],
+        layout: Layout,
         attention: &mut impl AttentionFn<B::Tensor>,
     ) -> Result<LayerActivations<B::Tensor>> {
         let t = positions.len();
+        let rows = self.residual_rows(t, layout);
         let mut stream = ResidualStream {
             residual: x_in,
-            delta: backend.zeros(&[t, self.config.hidden_size])?,
+            delta: backend.zeros(&[rows, self.config.hidden_size])?,
             pending: false,
         };
-        let mut buffers = self.layer_buffers(backend, t, true)?;
+        let mut buffers = self.layer_buffers(backend, t, layout, true)?;
         let layer = &self.params.layers[index];
         match self.forward_layer(
             backend,
@@ -272,6 +366,7 @@ impl<B: Backend> Qwen2Model<B> {
             layer,
             &mut stream,
             positions,
+            layout,
             &mut buffers,
             Keep::Everything,
             attention,

@@ -4,6 +4,7 @@ pub mod backward;
 mod decode_step;
 pub mod layer;
 pub mod model_arg;
+pub mod parallel;
 pub mod params;
 pub mod qwen2;
 pub mod synthetic;

@@ -44,85 +44,108 @@ pub enum ParamKind {
     RowParallel,
 }
 
+/// Where one rank's tensor sits in the whole one (Megatron layout, `config::shard`).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ParamShard {
+    pub kind: ParamKind,
+    /// The whole tensor's shape, as in an HF checkpoint.
+    pub full_shape: Vec<usize>,
+    /// The dimension this rank's slice runs along and its range there; `None`: the whole tensor
+    /// (norms, and everything at TP 1).
+    pub split: Option<(usize, std::ops::Range<usize>)>,
+    /// Other ranks hold the same values (norms at TP > 1; KV heads when there are fewer than
+    /// ranks): their gradients are partial sums, or copies, to be combined across ranks.
+    pub replicated: bool,
+}
+
+impl ParamShard {
+    /// The slice of the whole tensor with `range` along `dim` (`None` for the whole).
+    fn new(kind: ParamKind, full_shape: &[usize], split: Option<(usize, std::ops::Range<usize>)>, replicated: bool) -> Self {
+        let split = split.filter(|(dim, range)| *range != (0..full_shape[*dim]));
+        Self {
+            kind,
+            full_shape: full_shape.to_vec(),
+            split,
+            replicated,
+        }
+    }
+
+    /// This rank's shape.
+    pub fn local_shape(&self) -> Vec<usize> {
+        let mut shape = self.full_shape.clone();
+        if let Some((dim, range)) = &self.split {
+            shape[*dim] = range.len();
+        }
+        shape
+    }
+}
+
 impl<T> Qwen2Params<T> {
     /// Tensors of one decoder layer (the fields of [`LayerParams`]).
     pub const TENSORS_PER_LAYER: usize = 12;
 
-    /// Builds every parameter in checkpoint order by calling `make(hf_name, local_shape, kind)`.
+    /// Builds every parameter in checkpoint order by calling `make(hf_name, local_shape, shard)`
+    /// for this rank's part (`local`) of each tensor.
     pub fn try_build(
         config: &ModelConfig,
         local: &LocalSizes,
-        mut make: impl FnMut(&str, &[usize], ParamKind) -> Result<T>,
+        mut make: impl FnMut(&str, &[usize], &ParamShard) -> Result<T>,
     ) -> Result<Self> {
         use ParamKind::*;
         let d = config.hidden_size;
         let hd = config.head_dim;
-        let q = local.heads_local * hd;
-        let kv = local.kv_heads_local * hd;
-        let inter = local.intermediate_local;
-        let embed_tokens = make(
+        let tp = local.tp_size > 1;
+        let heads = (local.head_start * hd)..(local.head_start + local.heads_local) * hd;
+        let kv = (local.kv_head_start * hd)..(local.kv_head_start + local.kv_heads_local) * hd;
+        let (q_all, kv_all) = (
+            config.num_attention_heads * hd,
+            config.num_key_value_heads * hd,
+        );
+        let inter = local.intermediate_start..local.intermediate_start + local.intermediate_local;
+        let inter_all = config.intermediate_size;
+        let vocab = local.vocab_range();
+        let mut param = |name: &str, kind, full: &[usize], split: Option<(usize, std::ops::Range<usize>)>, replicated| {
+            let shard = ParamShard::new(kind, full, split, replicated);
+            make(name, &shard.local_shape(), &shard)
+        };
+        let embed_tokens = param(
             "model.embed_tokens.weight",
-            &[local.vocab_local, d],
             ColumnParallel,
+            &[config.vocab_size, d],
+            Some((0, vocab.clone())),
+            false,
         )?;
+        let kv_replicated = local.kv_replicated;
         let mut layers = Vec::with_capacity(config.num_hidden_layers);
         for i in 0..config.num_hidden_layers {
             let p = format!("model.layers.{i}");
+            let rows = |r: &std::ops::Range<usize>| Some((0, r.clone()));
+            let cols = |r: &std::ops::Range<usize>| Some((1, r.clone()));
             layers.push(LayerParams {
-                input_layernorm: make(&format!("{p}.input_layernorm.weight"), &[d], Norm)?,
-                q_proj_weight: make(
-                    &format!("{p}.self_attn.q_proj.weight"),
-                    &[q, d],
-                    ColumnParallel,
-                )?,
-                q_proj_bias: make(&format!("{p}.self_attn.q_proj.bias"), &[q], ColumnParallel)?,
-                k_proj_weight: make(
-                    &format!("{p}.self_attn.k_proj.weight"),
-                    &[kv, d],
-                    ColumnParallel,
-                )?,
-                k_proj_bias: make(&format!("{p}.self_attn.k_proj.bias"), &[kv], ColumnParallel)?,
-                v_proj_weight: make(
-                    &format!("{p}.self_attn.v_proj.weight"),
-                    &[kv, d],
-                    ColumnParallel,
-                )?,
-                v_proj_bias: make(&format!("{p}.self_attn.v_proj.bias"), &[kv], ColumnParallel)?,
-                o_proj_weight: make(
-                    &format!("{p}.self_attn.o_proj.weight"),
-                    &[d, q],
-                    RowParallel,
-                )?,
-                post_attention_layernorm: make(
-                    &format!("{p}.post_attention_layernorm.weight"),
-                    &[d],
-                    Norm,
-                )?,
-                gate_proj_weight: make(
-                    &format!("{p}.mlp.gate_proj.weight"),
-                    &[inter, d],
-                    ColumnParallel,
-                )?,
-                up_proj_weight: make(
-                    &format!("{p}.mlp.up_proj.weight"),
-                    &[inter, d],
-                    ColumnParallel,
-                )?,
-                down_proj_weight: make(
-                    &format!("{p}.mlp.down_proj.weight"),
-                    &[d, inter],
-                    RowParallel,
-                )?,
+                input_layernorm: param(&format!("{p}.input_layernorm.weight"), Norm, &[d], None, tp)?,
+                q_proj_weight: param(&format!("{p}.self_attn.q_proj.weight"), ColumnParallel, &[q_all, d], rows(&heads), false)?,
+                q_proj_bias: param(&format!("{p}.self_attn.q_proj.bias"), ColumnParallel, &[q_all], rows(&heads), false)?,
+                k_proj_weight: param(&format!("{p}.self_attn.k_proj.weight"), ColumnParallel, &[kv_all, d], rows(&kv), kv_replicated)?,
+                k_proj_bias: param(&format!("{p}.self_attn.k_proj.bias"), ColumnParallel, &[kv_all], rows(&kv), kv_replicated)?,
+                v_proj_weight: param(&format!("{p}.self_attn.v_proj.weight"), ColumnParallel, &[kv_all, d], rows(&kv), kv_replicated)?,
+                v_proj_bias: param(&format!("{p}.self_attn.v_proj.bias"), ColumnParallel, &[kv_all], rows(&kv), kv_replicated)?,
+                o_proj_weight: param(&format!("{p}.self_attn.o_proj.weight"), RowParallel, &[d, q_all], cols(&heads), false)?,
+                post_attention_layernorm: param(&format!("{p}.post_attention_layernorm.weight"), Norm, &[d], None, tp)?,
+                gate_proj_weight: param(&format!("{p}.mlp.gate_proj.weight"), ColumnParallel, &[inter_all, d], rows(&inter), false)?,
+                up_proj_weight: param(&format!("{p}.mlp.up_proj.weight"), ColumnParallel, &[inter_all, d], rows(&inter), false)?,
+                down_proj_weight: param(&format!("{p}.mlp.down_proj.weight"), RowParallel, &[d, inter_all], cols(&inter), false)?,
             });
         }
-        let norm = make("model.norm.weight", &[d], Norm)?;
+        let norm = param("model.norm.weight", Norm, &[d], None, tp)?;
         let lm_head = if config.tie_word_embeddings {
             None
         } else {
-            Some(make(
+            Some(param(
                 "lm_head.weight",
-                &[local.vocab_local, d],
                 ColumnParallel,
+                &[config.vocab_size, d],
+                Some((0, vocab)),
+                false,
             )?)
         };
         Ok(Self {

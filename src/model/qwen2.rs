@@ -11,22 +11,31 @@
 //!
 //! The layer itself is [`crate::model::layer`]'s, the one forward scoring, the engine and the
 //! trainer share. The residual add is fused into the next norm (`add_rmsnorm`). After the last
-//! layer: the final norm, then the LM head (tied to the embedding or not). Tensor parallelism (DESIGN.md 11) will
-//! all-reduce after o_proj and down_proj; with TP = 1 there is nothing to reduce.
+//! layer: the final norm, then the LM head (tied to the embedding or not).
+//!
+//! A model is one tensor-parallel rank's part ([`LocalSizes`], DESIGN.md 11) with the
+//! [`Communicator`] of its group; [`crate::model::parallel`] has the collectives the layer calls
+//! between its column- and row-parallel halves. With TP = 1 ([`Solo`]) nothing is communicated
+//! and every op is what it was before tensor parallelism.
 
 use crate::backend::{Backend, PagedLayout, Rotary};
 use crate::config::{LocalSizes, ModelConfig};
+use crate::dist::{Communicator, Solo};
 use crate::model::params::Qwen2Params;
 use crate::model::weights::Checkpoint;
 use crate::tensor::HostTensor;
 use anyhow::{anyhow, bail, Result};
 use std::path::Path;
+use std::sync::Arc;
 
 pub struct Qwen2Model<B: Backend> {
     pub config: ModelConfig,
+    /// This rank's part of the model (all of it at TP = 1).
     pub local: LocalSizes,
     pub params: Qwen2Params<B::Tensor>,
     pub rotary: Rotary,
+    /// The tensor-parallel group this rank computes with ([`Solo`] at TP = 1).
+    pub comm: Arc<dyn Communicator<B>>,
 }
 
 /// The paged KV cache's device memory: per layer, the K and V block pools (DESIGN.md 7).
@@ -82,6 +91,18 @@ impl PackedBatch {
     }
 }
 
+/// How a forward lays out the residual stream's rows over the tensor-parallel ranks (see the
+/// module doc). Identical at TP = 1.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Layout {
+    /// Every rank holds every row; row-parallel outputs are all-reduced. Inference.
+    AllRows,
+    /// Sequence parallelism: rank `r` holds rows `r T / tp .. (r + 1) T / tp` between the
+    /// blocks (`T` a multiple of `tp`: `PackedBatch::padded_to`). Training: the activations
+    /// kept per layer shrink by `tp`.
+    Sequence,
+}
+
 /// What a layer's forward keeps for the backward.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Keep {
@@ -101,14 +122,39 @@ impl<T, F: FnMut(usize, &T, &T, &T, &mut T, Option<&mut T>) -> Result<()>> Atten
 impl<B: Backend> Qwen2Model<B> {
     /// Loads `DIR/config.json` and the safetensors checkpoint beside it (TP = 1).
     pub fn load(backend: &B, dir: &Path) -> Result<Self> {
-        let config = ModelConfig::from_dir(dir)?;
-        let local = config.local_sizes(1)?;
-        let checkpoint = Checkpoint::open(dir)?;
-        let host = checkpoint.qwen2_params(&config, &local)?;
-        Self::from_host_params(backend, config, local, &host)
+        Self::load_shard(backend, dir, Arc::new(Solo))
     }
 
-    /// Uploads host parameters (from a checkpoint or built in memory) to the backend.
+    /// Loads this rank's part of `DIR`'s model for the tensor-parallel group `comm`: only its
+    /// slices of each tensor are read from the mapped files and uploaded.
+    pub fn load_shard(backend: &B, dir: &Path, comm: Arc<dyn Communicator<B>>) -> Result<Self> {
+        let config = ModelConfig::from_dir(dir)?;
+        let local = config
+            .shard(comm.size(), comm.rank())
+            .map_err(|e| anyhow!("{}: {e}", dir.join("config.json").display()))?;
+        let checkpoint = Checkpoint::open(dir)?;
+        let host = checkpoint.qwen2_params(&config, &local)?;
+        Self::from_host_params(backend, config, local, &host)?.with_comm(comm)
+    }
+
+    /// The same model computing with the tensor-parallel group `comm`, whose size and this
+    /// rank's index must be `self.local`'s.
+    pub fn with_comm(mut self, comm: Arc<dyn Communicator<B>>) -> Result<Self> {
+        if (comm.size(), comm.rank()) != (self.local.tp_size, self.local.tp_rank) {
+            bail!(
+                "a model shard for rank {} of {} given the communicator of rank {} of {}",
+                self.local.tp_rank,
+                self.local.tp_size,
+                comm.rank(),
+                comm.size()
+            );
+        }
+        self.comm = comm;
+        Ok(self)
+    }
+
+    /// Uploads host parameters (from a checkpoint or built in memory) to the backend; the model
+    /// computes alone ([`Solo`]) until [`Self::with_comm`] gives it its group.
     pub fn from_host_params(
         backend: &B,
         config: ModelConfig,
@@ -137,6 +183,7 @@ impl<B: Backend> Qwen2Model<B> {
             local,
             params,
             rotary,
+            comm: Arc::new(Solo),
         })
     }
 
@@ -197,6 +244,7 @@ impl<B: Backend> Qwen2Model<B> {
             backend,
             tokens,
             positions,
+            Layout::AllRows,
             false,
             Keep::Nothing,
             &mut attention,
@@ -231,17 +279,30 @@ impl<B: Backend> Qwen2Model<B> {
         })
     }
 
-    /// Logits `[T, vocab_local]` for every token of the batch.
+    /// Logits `[T, vocab_size]` for every token of the batch.
     pub fn forward_logits(&self, backend: &B, batch: &PackedBatch) -> Result<B::Tensor> {
         let hidden = self.forward_hidden(backend, batch)?;
         self.lm_head(backend, &hidden)
     }
 
-    /// `hidden [T, d] -> logits [T, vocab_local]`.
+    /// `hidden [T, d] -> logits [T, vocab_size]` (f32), on every rank: each rank's vocabulary
+    /// shard of the LM head, then the shards' columns gathered.
     pub fn lm_head(&self, backend: &B, hidden: &B::Tensor) -> Result<B::Tensor> {
         let t = backend.shape(hidden)[0];
         let mut logits = backend.zeros_f32(&[t, self.local.vocab_local])?;
         backend.linear(hidden, self.params.lm_head_weight(), None, &mut logits)?;
-        Ok(logits)
+        if self.local.tp_size == 1 {
+            return Ok(logits);
+        }
+        let widths: Vec<usize> = self
+            .config
+            .shards(self.local.tp_size)?
+            .iter()
+            .map(|s| s.vocab_local)
+            .collect();
+        let mut all = backend.zeros_f32(&[t, self.config.vocab_size])?;
+        self.comm
+            .all_gather_columns(backend, &logits, &widths, &mut all)?;
+        Ok(all)
     }
 }

@@ -84,8 +84,8 @@ pub fn random_params(
     seed: u64,
 ) -> Result<Qwen2Params<HostTensor<'static>>> {
     let mut rng = SplitMix64::new(seed);
-    Qwen2Params::try_build(config, local, |_, shape, kind| {
-        Ok(random_tensor(&mut rng, shape, kind))
+    Qwen2Params::try_build(config, local, |_, shape, shard| {
+        Ok(random_tensor(&mut rng, shape, shard.kind))
     })
 }
 
@@ -109,8 +109,8 @@ pub fn write_model_dir(config: &ModelConfig, seed: u64, dir: &Path) -> Result<()
     let local = config.local_sizes(1)?;
     let mut rng = SplitMix64::new(seed);
     let mut tensors = Vec::new();
-    Qwen2Params::<()>::try_build(config, &local, |name, shape, kind| {
-        tensors.push((name.to_string(), random_tensor(&mut rng, shape, kind)));
+    Qwen2Params::<()>::try_build(config, &local, |name, shape, shard| {
+        tensors.push((name.to_string(), random_tensor(&mut rng, shape, shard.kind)));
         Ok(())
     })?;
     write_hf_config(config, dir)?;
@@ -196,9 +196,9 @@ pub fn write_bigram_model(dir: &Path, successors: &[(u32, u32)], vocab_size: usi
     let weight = 40.0 / (d as f32).sqrt();
     let local = config.local_sizes(1)?;
     let mut tensors = Vec::new();
-    Qwen2Params::<()>::try_build(&config, &local, |name, shape, kind| {
+    Qwen2Params::<()>::try_build(&config, &local, |name, shape, shard| {
         let mut values = vec![0.0f32; shape.iter().product()];
-        match (name, kind) {
+        match (name, shard.kind) {
             (_, ParamKind::Norm) => values.fill(1.0),
             ("model.embed_tokens.weight", _) => {
                 for (column, &token) in sources.iter().enumerate() {

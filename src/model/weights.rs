@@ -174,18 +174,14 @@ impl Checkpoint {
         Ok(tensor)
     }
 
-    /// Every parameter of a Qwen2 model on one rank, shape-checked, with no tensor left over.
+    /// Every parameter of a Qwen2 model on one rank (`local`: its slices of each tensor, read
+    /// from the mapped files; rows stay borrowed), shape-checked against the whole tensors, with
+    /// no tensor left over.
     pub fn qwen2_params(
         &self,
         config: &ModelConfig,
         local: &LocalSizes,
     ) -> Result<Qwen2Params<HostTensor<'_>>> {
-        if local.tp_size != 1 {
-            bail!(
-                "loading a tensor-parallel shard is not supported yet (tp_size {})",
-                local.tp_size
-            );
-        }
         // A config with absurd sizes must fail before a per-layer list is allocated: every
         // tensor's shape is checked against the file below, but not the number of layers. Each
         // layer has several tensors, so a count past the checkpoint's is hopeless; below it, the
@@ -205,9 +201,13 @@ impl Checkpoint {
             );
         }
         let mut used = std::collections::HashSet::new();
-        let params = Qwen2Params::try_build(config, local, |name, shape, _| {
+        let params = Qwen2Params::try_build(config, local, |name, _, shard| {
             used.insert(name.to_string());
-            self.tensor(name, shape)
+            let whole = self.tensor(name, &shard.full_shape)?;
+            match &shard.split {
+                None => Ok(whole),
+                Some((dim, range)) => whole.slice(*dim, range.clone()),
+            }
         })?;
         if let Some(extra) = self.tensors.keys().find(|name| !used.contains(*name)) {
             let why = if extra == "lm_head.weight" && config.tie_word_embeddings {

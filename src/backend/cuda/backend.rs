@@ -13,7 +13,7 @@ use super::graph_inputs::DecodeGraphs;
 use super::paged_attn::DevicePagedLayout;
 use super::tensor::{Arena, BufferPool, CudaTensor, DeviceDType, DeviceUpload};
 use super::CudaDevice;
-use crate::backend::{Backend, DecodeModel, PagedLayout, Rotary, RowDraw};
+use crate::backend::{Backend, DecodeModel, PagedLayout, Rotary, RowDraw, OTHER_SHARD};
 use crate::tensor::{DType, HostTensor};
 use anyhow::{bail, ensure, Context, Result};
 use cudarc::driver::result as driver;
@@ -412,7 +412,8 @@ impl Backend for CudaBackend {
 
     fn embedding(&self, table: &CudaTensor, ids: &[u32], out: &mut CudaTensor) -> Result<()> {
         let vocab = *table.shape().first().unwrap_or(&0);
-        if let Some((t, &id)) = ids.iter().enumerate().find(|(_, &id)| id as usize >= vocab) {
+        let outside = |&(_, &id): &(usize, &u32)| id as usize >= vocab && id != OTHER_SHARD;
+        if let Some((t, &id)) = ids.iter().enumerate().find(outside) {
             bail!("embedding: token id {id} at position {t} is outside the vocabulary of {vocab}");
         }
         self.with_step_array(ids, |ids| self.device.embedding_fwd(table, ids, out))

@@ -21,7 +21,7 @@ use super::pointwise::SUM_SQUARES_BLOCKS;
 use super::tensor::{CudaTensor, DeviceDType};
 use crate::backend::adamw::AdamWStep;
 use crate::backend::grad::BackendGrad;
-use crate::backend::loss::{LossOutput, LossRows, Objective};
+use crate::backend::loss::RowStats;
 use crate::backend::Rotary;
 use anyhow::{bail, ensure, Context, Result};
 use cudarc::driver::result as driver;
@@ -145,35 +145,35 @@ impl BackendGrad for CudaBackend {
         )
     }
 
-    fn lm_head_loss(
-        &self,
-        hidden: &CudaTensor,
-        weight: &CudaTensor,
-        rows: &LossRows<'_>,
-        objective: &Objective,
-        num_action_tokens: f64,
-        d_hidden: &mut CudaTensor,
-        d_weight: &mut CudaTensor,
-    ) -> Result<LossOutput> {
-        self.fused_lm_head_loss(
-            hidden,
-            weight,
-            rows,
-            objective,
-            num_action_tokens,
-            d_hidden,
-            d_weight,
-            LossTiles::DEFAULT,
-        )
-    }
-
-    fn lm_head_logprobs(
+    fn lm_head_stats(
         &self,
         hidden: &CudaTensor,
         weight: &CudaTensor,
         targets: &[u32],
-    ) -> Result<(Vec<f32>, Vec<f32>)> {
-        self.fused_lm_head_logprobs(hidden, weight, targets, LossTiles::DEFAULT)
+    ) -> Result<Vec<RowStats>> {
+        self.lm_head_stats_tiled(hidden, weight, targets, LossTiles::DEFAULT)
+    }
+
+    fn lm_head_loss_grad(
+        &self,
+        hidden: &CudaTensor,
+        weight: &CudaTensor,
+        targets: &[u32],
+        lse: &[f64],
+        coef: &[f64],
+        d_hidden: &mut CudaTensor,
+        d_weight: &mut CudaTensor,
+    ) -> Result<()> {
+        self.lm_head_loss_grad_tiled(
+            hidden,
+            weight,
+            targets,
+            lse,
+            coef,
+            d_hidden,
+            d_weight,
+            LossTiles::DEFAULT,
+        )
     }
 
     fn sum_of_squares(&self, x: &CudaTensor) -> Result<f64> {

@@ -29,7 +29,7 @@ use super::backend::{pod_vec, CudaBackend};
 use super::gemm::RowMajorGemm;
 use super::tensor::{CudaTensor, DeviceDType};
 use super::{as_i32, grid_stride_config, CudaDevice};
-use crate::backend::loss::{check_rows, token_term, LossOutput, LossRows, Objective};
+use crate::backend::loss::{check_rows, finish_rows, LossOutput, LossRows, Objective, RowStats};
 use anyhow::{ensure, Result};
 use cudarc::driver::sys::CUdeviceptr;
 use cudarc::driver::{LaunchConfig, PushKernelArg};
@@ -67,40 +67,6 @@ impl LossTiles {
     }
 }
 
-/// Between the passes, on the host: from each row's `(m, s, u, z_target)` statistics, the loss
-/// report (logprob, entropy, the objective's terms with [`token_term`], clip counts) and each
-/// row's `(lse, coef)` for pass 2, `coef = d loss / d logp` (0 outside the loss).
-pub fn finalize_rows(
-    stats: &[f32],
-    rows: &LossRows<'_>,
-    objective: &Objective,
-    num_action_tokens: f64,
-) -> (LossOutput, Vec<f32>, Vec<f32>) {
-    let t = stats.len() / 4;
-    let mut out = LossOutput {
-        logprobs: vec![0.0; t],
-        entropy: vec![0.0; t],
-        ..Default::default()
-    };
-    let mut lse = vec![0.0f32; t];
-    let mut coef = vec![0.0f32; t];
-    for r in 0..t {
-        let [m, s, u, z_target] = [0, 1, 2, 3].map(|i| stats[r * 4 + i] as f64);
-        let log_s = s.ln();
-        let row_lse = m + log_s;
-        let logp = z_target - row_lse;
-        out.logprobs[r] = logp as f32;
-        out.entropy[r] = (log_s - u / s) as f32;
-        lse[r] = row_lse as f32;
-        if !rows.action_mask[r] {
-            continue;
-        }
-        let term = token_term(objective, rows, r, logp);
-        coef[r] = out.add_action_row(&term, num_action_tokens) as f32;
-    }
-    (out, lse, coef)
-}
-
 /// Checks the loss's bf16 `hidden [T, d]` against the LM head `[V, d]`; returns `(T, V, d)`.
 fn check_lm_head(hidden: &CudaTensor, weight: &CudaTensor) -> Result<(usize, usize, usize)> {
     for (what, t) in [("hidden", hidden), ("LM head", weight)] {
@@ -123,6 +89,14 @@ fn check_lm_head(hidden: &CudaTensor, weight: &CudaTensor) -> Result<(usize, usi
         weight.shape()
     );
     Ok((hidden.len() / d, vocab, d))
+}
+
+fn check_tiles(tiles: LossTiles) -> Result<()> {
+    ensure!(
+        tiles.rows > 0 && tiles.rows <= 65535 && tiles.vocab > 0,
+        "loss: tiles {tiles:?}"
+    );
+    Ok(())
 }
 
 /// Byte offset of element `i` of a tensor of `dtype`.
@@ -260,46 +234,44 @@ impl CudaBackend {
         Ok(pod_vec(&self.read_bytes(&stats)?))
     }
 
-    /// The loss's forward alone (pass 1): every row's logprob of its target and entropy, the
-    /// numbers [`Self::fused_lm_head_loss`] reports for the same rows, with no gradient.
-    pub fn fused_lm_head_logprobs(
+    /// Pass 1 with explicit tiles (the trait's `lm_head_stats` uses [`LossTiles::DEFAULT`]):
+    /// every row's [`RowStats`], read back to the host (16 bytes a row).
+    pub fn lm_head_stats_tiled(
         &self,
         hidden: &CudaTensor,
         weight: &CudaTensor,
         targets: &[u32],
         tiles: LossTiles,
-    ) -> Result<(Vec<f32>, Vec<f32>)> {
-        let (t, vocab, _) = check_lm_head(hidden, weight)?;
-        let action_mask = vec![false; t];
-        let rows = LossRows {
-            targets,
-            action_mask: &action_mask,
-            ..Default::default()
-        };
-        check_rows(&rows, &Objective::MaskedCe, t, vocab)?;
-        ensure!(
-            tiles.rows > 0 && tiles.rows <= 65535 && tiles.vocab > 0,
-            "loss: tiles {tiles:?}"
-        );
+    ) -> Result<Vec<RowStats>> {
+        let (t, _, _) = check_lm_head(hidden, weight)?;
+        ensure!(targets.len() == t, "loss: {} targets for {t} rows", targets.len());
+        check_tiles(tiles)?;
         let stats = self.loss_row_stats(hidden, weight, targets, tiles)?;
-        let (out, _, _) = finalize_rows(&stats, &rows, &Objective::MaskedCe, 1.0);
-        Ok((out.logprobs, out.entropy))
+        Ok(stats
+            .chunks_exact(4)
+            .map(|s| RowStats {
+                max: s[0] as f64,
+                sum_exp: s[1] as f64,
+                sum_exp_centered: s[2] as f64,
+                target_logit: s[3] as f64,
+            })
+            .collect())
     }
 
-    /// The fused loss with explicit tiles (the trait's `lm_head_loss` uses
-    /// [`LossTiles::DEFAULT`]; tests use small tiles to exercise the merging).
+    /// Pass 2 with explicit tiles: recompute each tile, its gradient (from the rows' `lse` and
+    /// `coef`, rounded to f32 for the device), and both gradient GEMMs.
     #[allow(clippy::too_many_arguments)]
-    pub fn fused_lm_head_loss(
+    pub fn lm_head_loss_grad_tiled(
         &self,
         hidden: &CudaTensor,
         weight: &CudaTensor,
-        rows: &LossRows<'_>,
-        objective: &Objective,
-        num_action_tokens: f64,
+        targets: &[u32],
+        lse: &[f64],
+        coef: &[f64],
         d_hidden: &mut CudaTensor,
         d_weight: &mut CudaTensor,
         tiles: LossTiles,
-    ) -> Result<LossOutput> {
+    ) -> Result<()> {
         for (what, t, dtype) in [
             ("d_hidden", &*d_hidden, DeviceDType::Bf16),
             ("d_weight", &*d_weight, DeviceDType::F32),
@@ -318,29 +290,23 @@ impl CudaBackend {
             d_hidden.shape(),
             d_weight.shape()
         );
-        check_rows(rows, objective, t, vocab)?;
         ensure!(
-            num_action_tokens > 0.0,
-            "loss: the global action-token count is {num_action_tokens}"
+            targets.len() == t && lse.len() == t && coef.len() == t,
+            "loss: {} targets, {} lse and {} coefficients for {t} rows",
+            targets.len(),
+            lse.len(),
+            coef.len()
         );
-        ensure!(
-            tiles.rows > 0 && tiles.rows <= 65535 && tiles.vocab > 0,
-            "loss: tiles {tiles:?}"
-        );
-        // Pass 1: per-row softmax statistics, tile by tile.
-        let stats_host = self.loss_row_stats(hidden, weight, rows.targets, tiles)?;
+        check_tiles(tiles)?;
+        if coef.iter().all(|&c| c == 0.0) {
+            return Ok(());
+        }
+        let lse: Vec<f32> = lse.iter().map(|&x| x as f32).collect();
+        let coef: Vec<f32> = coef.iter().map(|&x| x as f32).collect();
         let (tile_rows, tile_vocab) = (tiles.rows.min(t), tiles.vocab.min(vocab));
         let chunks =
             |n: usize, step: usize| (0..n).step_by(step).map(move |s| (s, step.min(n - s)));
-
-        // The loss terms on the host, with the reference's own `token_term`.
-        let (out, lse, coef) = finalize_rows(&stats_host, rows, objective, num_action_tokens);
-        if coef.iter().all(|&c| c == 0.0) {
-            return Ok(out);
-        }
-
-        // Pass 2: recompute each tile, its gradient, and both gradient GEMMs.
-        let targets = self.upload_pod(rows.targets, &[t], DeviceDType::U32)?;
+        let targets = self.upload_pod(targets, &[t], DeviceDType::U32)?;
         let logits = self.alloc(&[tile_rows, tile_vocab], DeviceDType::F32)?;
         let lse_dev = self.upload_pod(&lse, &[t], DeviceDType::F32)?;
         let coef_dev = self.upload_pod(&coef, &[t], DeviceDType::F32)?;
@@ -362,47 +328,115 @@ impl CudaBackend {
                     nv,
                     v0,
                 )?;
-                // SAFETY (both): the offsets and sizes lie inside the checked tensors.
-                unsafe {
-                    // dh_acc[nr, d] (+)= g[nr, nv] W[v0.., nv x d]
-                    self.gemm.row_major(RowMajorGemm {
-                        m: nr,
-                        n: d,
-                        k: nv,
-                        a: g.ptr(),
-                        lda: nv,
-                        trans_a: false,
-                        b: at(weight, v0 * d),
-                        ldb: d,
-                        trans_b: false,
-                        out: dh_acc.ptr(),
-                        ldo: d,
-                        out_f32: true,
-                        alpha: 1.0,
-                        beta: if v0 == 0 { 0.0 } else { 1.0 },
-                    })?;
-                    // d_weight[v0.., nv x d] += g^T[nv, nr] h[r0.., nr x d]
-                    self.gemm.row_major(RowMajorGemm {
-                        m: nv,
-                        n: d,
-                        k: nr,
-                        a: g.ptr(),
-                        lda: nv,
-                        trans_a: true,
-                        b: at(hidden, r0 * d),
-                        ldb: d,
-                        trans_b: false,
-                        out: at(d_weight, v0 * d),
-                        ldo: d,
-                        out_f32: true,
-                        alpha: 1.0,
-                        beta: 1.0,
-                    })?;
-                }
+                self.loss_grad_gemms(&g, hidden, weight, d_weight, &dh_acc, r0, nr, v0, nv, d)?;
             }
             self.device
                 .add_f32_into_bf16_at(at(d_hidden, r0 * d), dh_acc.ptr(), nr * d)?;
         }
+        Ok(())
+    }
+
+    /// Both gradient GEMMs of one tile: `dh_acc (+)= g W[v0..]` and `d_weight[v0..] += g^T h`.
+    #[allow(clippy::too_many_arguments)]
+    fn loss_grad_gemms(
+        &self,
+        g: &CudaTensor,
+        hidden: &CudaTensor,
+        weight: &CudaTensor,
+        d_weight: &CudaTensor,
+        dh_acc: &CudaTensor,
+        r0: usize,
+        nr: usize,
+        v0: usize,
+        nv: usize,
+        d: usize,
+    ) -> Result<()> {
+        // SAFETY (both): the offsets and sizes lie inside the checked tensors.
+        unsafe {
+            // dh_acc[nr, d] (+)= g[nr, nv] W[v0.., nv x d]
+            self.gemm.row_major(RowMajorGemm {
+                m: nr,
+                n: d,
+                k: nv,
+                a: g.ptr(),
+                lda: nv,
+                trans_a: false,
+                b: at(weight, v0 * d),
+                ldb: d,
+                trans_b: false,
+                out: dh_acc.ptr(),
+                ldo: d,
+                out_f32: true,
+                alpha: 1.0,
+                beta: if v0 == 0 { 0.0 } else { 1.0 },
+            })?;
+            // d_weight[v0.., nv x d] += g^T[nv, nr] h[r0.., nr x d]
+            self.gemm.row_major(RowMajorGemm {
+                m: nv,
+                n: d,
+                k: nr,
+                a: g.ptr(),
+                lda: nv,
+                trans_a: true,
+                b: at(hidden, r0 * d),
+                ldb: d,
+                trans_b: false,
+                out: at(d_weight, v0 * d),
+                ldo: d,
+                out_f32: true,
+                alpha: 1.0,
+                beta: 1.0,
+            })
+        }
+    }
+
+    /// The loss's forward alone (pass 1 and the host half): every row's logprob of its target
+    /// and entropy, the numbers [`Self::fused_lm_head_loss`] reports for the same rows.
+    pub fn fused_lm_head_logprobs(
+        &self,
+        hidden: &CudaTensor,
+        weight: &CudaTensor,
+        targets: &[u32],
+        tiles: LossTiles,
+    ) -> Result<(Vec<f32>, Vec<f32>)> {
+        let (t, vocab, _) = check_lm_head(hidden, weight)?;
+        let action_mask = vec![false; t];
+        let rows = LossRows {
+            targets,
+            action_mask: &action_mask,
+            ..Default::default()
+        };
+        check_rows(&rows, &Objective::MaskedCe, t, vocab)?;
+        let stats = self.lm_head_stats_tiled(hidden, weight, targets, tiles)?;
+        let (out, _, _) = finish_rows(&stats, &rows, &Objective::MaskedCe, 1.0);
+        Ok((out.logprobs, out.entropy))
+    }
+
+    /// The fused loss with explicit tiles (pass 1, the host half, pass 2: what the trait's
+    /// provided `lm_head_loss` composes with [`LossTiles::DEFAULT`]; tests use small tiles to
+    /// exercise the merging).
+    #[allow(clippy::too_many_arguments)]
+    pub fn fused_lm_head_loss(
+        &self,
+        hidden: &CudaTensor,
+        weight: &CudaTensor,
+        rows: &LossRows<'_>,
+        objective: &Objective,
+        num_action_tokens: f64,
+        d_hidden: &mut CudaTensor,
+        d_weight: &mut CudaTensor,
+        tiles: LossTiles,
+    ) -> Result<LossOutput> {
+        let (t, vocab, _) = check_lm_head(hidden, weight)?;
+        check_rows(rows, objective, t, vocab)?;
+        ensure!(
+            num_action_tokens > 0.0,
+            "loss: the global action-token count is {num_action_tokens}"
+        );
+        let stats = self.lm_head_stats_tiled(hidden, weight, rows.targets, tiles)?;
+        let (out, lse, coef) = finish_rows(&stats, rows, objective, num_action_tokens);
+        let targets = rows.targets;
+        self.lm_head_loss_grad_tiled(hidden, weight, targets, &lse, &coef, d_hidden, d_weight, tiles)?;
         Ok(out)
     }
 
@@ -444,8 +478,8 @@ impl CudaBackend {
 
 #[cfg(test)]
 mod tests {
-    use super::{finalize_rows, LossTiles};
-    use crate::backend::loss::{lm_head_loss_cpu, LossRows, Objective};
+    use super::LossTiles;
+    use crate::backend::loss::{finish_rows, lm_head_loss_cpu, LossRows, Objective, RowStats};
 
     /// The kernel's merge of two tiles' `(m, s, u)` (dapo_loss.cu), mirrored for the host test.
     fn merge(a: [f64; 3], b: [f64; 3]) -> [f64; 3] {
@@ -479,7 +513,7 @@ mod tests {
             old_logprobs: &old,
             rollout_logprobs: &old,
         };
-        let mut stats = vec![0.0f32; t * 4];
+        let mut stats = Vec::with_capacity(t);
         for r in 0..t {
             let z: Vec<f64> = (0..vocab)
                 .map(|j| {
@@ -496,12 +530,13 @@ mod tests {
                 acc = Some(acc.map_or([m, s, u], |a| merge(a, [m, s, u])));
             }
             let [m, s, u] = acc.unwrap();
-            stats[r * 4..r * 4 + 4].copy_from_slice(&[
-                m as f32,
-                s as f32,
-                u as f32,
-                z[targets[r] as usize] as f32,
-            ]);
+            // As the device reports them: f32, widened on the host.
+            stats.push(RowStats {
+                max: m as f32 as f64,
+                sum_exp: s as f32 as f64,
+                sum_exp_centered: u as f32 as f64,
+                target_logit: z[targets[r] as usize] as f32 as f64,
+            });
         }
         for objective in [
             Objective::MaskedCe,
@@ -516,7 +551,7 @@ mod tests {
                 &hidden, &weight, d, &rows, &objective, 10.0, &mut dh, &mut dw,
             )
             .unwrap();
-            let (got, lse, coef) = finalize_rows(&stats, &rows, &objective, 10.0);
+            let (got, lse, coef) = finish_rows(&stats, &rows, &objective, 10.0);
             assert!(
                 (got.loss - want.loss).abs() < 1e-5,
                 "{objective:?}: {} vs {}",

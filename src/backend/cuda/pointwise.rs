@@ -8,6 +8,7 @@
 
 use super::tensor::{CudaTensor, DeviceDType};
 use super::{as_i32, grid_stride_config, CudaDevice};
+use crate::backend::OTHER_SHARD;
 use anyhow::{bail, ensure, Result};
 use cudarc::driver::{LaunchConfig, PushKernelArg};
 
@@ -276,10 +277,19 @@ impl CudaDevice {
         if ids.is_empty() {
             return Ok(());
         }
-        if let Some((t, &id)) = ids.iter().enumerate().find(|(_, &id)| id as usize >= vocab) {
+        let outside = |&(_, &id): &(usize, &u32)| id as usize >= vocab && id != OTHER_SHARD;
+        if let Some((t, &id)) = ids.iter().enumerate().find(outside) {
             bail!("embedding_backward: token id {id} at position {t} is outside the table of {vocab} rows");
         }
-        let (order, seg_start, unique_ids) = group_ids(ids);
+        let (order, mut seg_start, mut unique_ids) = group_ids(ids);
+        // Another shard's tokens sort last (the largest id): their segment is dropped.
+        if unique_ids.last() == Some(&OTHER_SHARD) {
+            unique_ids.pop();
+            seg_start.pop();
+        }
+        if unique_ids.is_empty() {
+            return Ok(());
+        }
         let segments = unique_ids.len();
         let (order, seg_start, unique_ids) =
             (upload(&order)?, upload(&seg_start)?, upload(&unique_ids)?);
