@@ -70,6 +70,49 @@ impl ParamShard {
         }
     }
 
+    /// Writes this rank's `local` values (row-major, [`Self::local_shape`]) into their place in
+    /// `whole` (row-major, `full_shape`): how checkpoints gather the ranks' pieces.
+    pub fn place<T: Copy>(&self, local: &[T], whole: &mut [T]) {
+        match &self.split {
+            None => whole.copy_from_slice(local),
+            Some((dim, range)) => {
+                let (outer, extent, inner) = self.geometry(*dim);
+                let run = range.len() * inner;
+                for o in 0..outer {
+                    let at = (o * extent + range.start) * inner;
+                    whole[at..at + run].copy_from_slice(&local[o * run..(o + 1) * run]);
+                }
+            }
+        }
+    }
+
+    /// This rank's slice of `whole` (row-major, `full_shape`), row-major in its local shape.
+    pub fn take<T: Copy>(&self, whole: &[T]) -> Vec<T> {
+        match &self.split {
+            None => whole.to_vec(),
+            Some((dim, range)) => {
+                let (outer, extent, inner) = self.geometry(*dim);
+                let run = range.len() * inner;
+                let mut out = Vec::with_capacity(outer * run);
+                for o in 0..outer {
+                    let at = (o * extent + range.start) * inner;
+                    out.extend_from_slice(&whole[at..at + run]);
+                }
+                out
+            }
+        }
+    }
+
+    /// (elements before `dim`, its extent, elements after it) of the whole tensor.
+    fn geometry(&self, dim: usize) -> (usize, usize, usize) {
+        let shape = &self.full_shape;
+        (
+            shape[..dim].iter().product(),
+            shape[dim],
+            shape[dim + 1..].iter().product(),
+        )
+    }
+
     /// This rank's shape.
     pub fn local_shape(&self) -> Vec<usize> {
         let mut shape = self.full_shape.clone();
@@ -210,6 +253,17 @@ impl<T> Qwen2Params<T> {
     /// The LM head weight `[vocab_local, hidden]`: `lm_head` or, when tied, the embedding.
     pub fn lm_head_weight(&self) -> &T {
         self.lm_head.as_ref().unwrap_or(&self.embed_tokens)
+    }
+
+    /// HF names and this rank's [`ParamShard`] of every tensor, in checkpoint order.
+    pub fn shards(config: &ModelConfig, local: &LocalSizes) -> Vec<(String, ParamShard)> {
+        let mut out = Vec::new();
+        Qwen2Params::<()>::try_build(config, local, |name, _, shard| {
+            out.push((name.to_string(), shard.clone()));
+            Ok(())
+        })
+        .expect("listing names cannot fail");
+        out
     }
 
     /// HF names and local shapes of every tensor a checkpoint of `config` holds, in order.
