@@ -72,6 +72,36 @@ impl LocalGroup {
     }
 }
 
+/// One rank's place in an in-process grid of `dp` replicas of `tp` tensor-parallel ranks: its
+/// tensor-parallel group (the replica's ranks) and data-parallel group (the same rank in every
+/// replica).
+pub struct GridRank {
+    pub replica: usize,
+    pub tp: LocalComm,
+    pub dp: LocalComm,
+}
+
+impl LocalGroup {
+    /// Every rank of a `dp x tp` grid, replica-major (rank `replica * tp + tp_rank`).
+    pub fn grid(dp: usize, tp: usize) -> Vec<GridRank> {
+        let mut tp_groups: Vec<std::vec::IntoIter<LocalComm>> =
+            (0..dp).map(|_| LocalGroup::new(tp).into_iter()).collect();
+        let mut dp_groups: Vec<std::vec::IntoIter<LocalComm>> =
+            (0..tp).map(|_| LocalGroup::new(dp).into_iter()).collect();
+        let mut ranks = Vec::with_capacity(dp * tp);
+        for replica in 0..dp {
+            for tp_rank in 0..tp {
+                ranks.push(GridRank {
+                    replica,
+                    tp: tp_groups[replica].next().expect("one handle per rank"),
+                    dp: dp_groups[tp_rank].next().expect("one handle per replica"),
+                });
+            }
+        }
+        ranks
+    }
+}
+
 impl Collectives for LocalComm {
     fn rank(&self) -> usize {
         self.rank

@@ -165,6 +165,11 @@ fn concat_equal(parts: &[Vec<u8>], each: usize) -> Result<Vec<u8>> {
     Ok(parts.concat())
 }
 
+/// Little-endian f32s from bytes (what the byte collectives carry).
+pub fn f32s_from_bytes(bytes: &[u8]) -> Vec<f32> {
+    bytes_to_values(bytes, f32::from_le_bytes)
+}
+
 fn bytes_to_values<const N: usize, T>(bytes: &[u8], from: fn([u8; N]) -> T) -> Vec<T> {
     bytes
         .chunks_exact(N)

@@ -92,6 +92,16 @@ impl Checkpoint {
         Ok(checkpoint)
     }
 
+    /// Maps one safetensors file of any name (an optimizer state, say).
+    pub fn open_file(path: &Path) -> Result<Self> {
+        let mut checkpoint = Checkpoint {
+            files: Vec::new(),
+            tensors: BTreeMap::new(),
+        };
+        checkpoint.add_file(path)?;
+        Ok(checkpoint)
+    }
+
     fn add_file(&mut self, path: &Path) -> Result<()> {
         let file = File::open(path).with_context(|| format!("cannot open {}", path.display()))?;
         // SAFETY: the file is opened read-only; a checkpoint changed by another process while
@@ -307,4 +317,90 @@ pub fn write_safetensors(path: &Path, tensors: &[(String, HostTensor<'_>)]) -> R
         tensors.iter().map(|(n, t)| (n.as_str(), t)).collect();
     safetensors::serialize_to_file(views, None, path)
         .with_context(|| format!("cannot write {}", path.display()))
+}
+
+/// A safetensors file written one tensor at a time, in a fixed order announced up front: the
+/// header (every name, dtype, shape and offset) first, then each tensor's bytes as it comes, so a
+/// checkpoint of any size passes through memory one tensor at a time (a tensor-parallel save
+/// gathers each from the ranks just before writing it).
+pub struct SafetensorsWriter {
+    path: PathBuf,
+    file: std::io::BufWriter<File>,
+    /// (name, bytes) of every tensor, in file order; `next` is the one to write now.
+    entries: Vec<(String, usize)>,
+    next: usize,
+}
+
+impl SafetensorsWriter {
+    /// Creates `path` with the header for `tensors` (name, dtype, shape), in that order.
+    pub fn create(path: &Path, tensors: &[(String, DType, Vec<usize>)]) -> Result<Self> {
+        use std::io::Write;
+        let mut header = serde_json::Map::new();
+        let mut offset = 0usize;
+        let mut entries = Vec::with_capacity(tensors.len());
+        for (name, dtype, shape) in tensors {
+            let bytes = shape.iter().product::<usize>() * dtype.size_bytes();
+            header.insert(
+                name.clone(),
+                serde_json::json!({"dtype": dtype.name(), "shape": shape,
+                                   "data_offsets": [offset, offset + bytes]}),
+            );
+            entries.push((name.clone(), bytes));
+            offset += bytes;
+        }
+        let mut text = serde_json::to_string(&serde_json::Value::Object(header))?;
+        // The data starts 8-byte aligned, as the format's writers pad it.
+        while (8 + text.len()) % 8 != 0 {
+            text.push(' ');
+        }
+        let file = File::create(path).with_context(|| format!("cannot create {}", path.display()))?;
+        let mut file = std::io::BufWriter::with_capacity(1 << 20, file);
+        file.write_all(&(text.len() as u64).to_le_bytes())
+            .and_then(|()| file.write_all(text.as_bytes()))
+            .with_context(|| format!("cannot write {}", path.display()))?;
+        Ok(Self {
+            path: path.to_path_buf(),
+            file,
+            entries,
+            next: 0,
+        })
+    }
+
+    /// Writes the next tensor's bytes (its name must be the next announced one).
+    pub fn write(&mut self, name: &str, bytes: &[u8]) -> Result<()> {
+        use std::io::Write;
+        let Some((want, len)) = self.entries.get(self.next) else {
+            bail!("{}: tensor {name} written after the last one", self.path.display());
+        };
+        if want != name || *len != bytes.len() {
+            bail!(
+                "{}: tensor {name} of {} bytes written where {want} of {len} bytes comes next",
+                self.path.display(),
+                bytes.len()
+            );
+        }
+        self.file
+            .write_all(bytes)
+            .with_context(|| format!("cannot write {}", self.path.display()))?;
+        self.next += 1;
+        Ok(())
+    }
+
+    /// Checks every tensor was written and flushes the file to disk.
+    pub fn finish(self) -> Result<()> {
+        if self.next != self.entries.len() {
+            bail!(
+                "{}: {} of {} tensors written",
+                self.path.display(),
+                self.next,
+                self.entries.len()
+            );
+        }
+        let file = self
+            .file
+            .into_inner()
+            .map_err(|e| anyhow!("cannot write {}: {}", self.path.display(), e.error()))?;
+        file.sync_all()
+            .with_context(|| format!("cannot write {}", self.path.display()))
+    }
 }

@@ -14,13 +14,15 @@
 //! ```
 //!
 //! A checkpoint is written into `OUT/.NAME.partial/` and renamed into place, so a crash never
-//! leaves a half-written checkpoint under a real name.
+//! leaves a half-written checkpoint under a real name. Tensors are whole whatever the
+//! tensor-parallel degree of the run: its ranks' pieces are gathered one tensor at a time as it
+//! is written, and a resume at any degree reads each rank's slices of the mapped file.
 
-use crate::model::weights::write_safetensors;
-use crate::tensor::HostTensor;
+use crate::model::params::ParamShard;
+use crate::model::weights::{Checkpoint, SafetensorsWriter};
+use crate::tensor::DType;
 use anyhow::{bail, Context, Result};
 use half::bf16;
-use safetensors::SafeTensors;
 use serde_json::Value;
 use std::path::{Path, PathBuf};
 
@@ -37,57 +39,114 @@ pub const TOKENIZER_FILES: [&str; 9] = [
     "generation_config.json",
 ];
 
-/// One parameter on the host: HF name, shape, f32 master values.
-pub struct NamedTensor {
-    pub name: String,
-    pub shape: Vec<usize>,
-    pub values: Vec<f32>,
+/// A checkpoint folder written tensor by tensor (one tensor in memory at a time, whatever the
+/// model's size): [`CheckpointWriter::begin`] copies the model's files and writes both
+/// safetensors headers into `OUT/.NAME.partial/`, [`CheckpointWriter::put`] adds each parameter's
+/// master (also as the bf16 model weight) and moments in parameter order, and
+/// [`CheckpointWriter::finish`] writes `trainer_state.json` and renames the folder into place.
+pub struct CheckpointWriter {
+    dir: PathBuf,
+    partial: PathBuf,
+    model: SafetensorsWriter,
+    optimizer: SafetensorsWriter,
 }
 
-/// The optimizer's state on the host, tensor by tensor in parameter order.
-pub struct OptimizerState {
-    pub masters: Vec<NamedTensor>,
-    pub exp_avg: Vec<Vec<f32>>,
-    pub exp_avg_sq: Vec<Vec<f32>>,
+impl CheckpointWriter {
+    /// Starts `dir` (replacing an older one of the same name when finished) for the parameters
+    /// `tensors` (HF name, whole shape), copying `source_model_dir`'s config and tokenizer files.
+    pub fn begin(dir: &Path, source_model_dir: &Path, tensors: &[(String, Vec<usize>)]) -> Result<Self> {
+        let name = dir
+            .file_name()
+            .and_then(|n| n.to_str())
+            .with_context(|| format!("bad checkpoint folder {}", dir.display()))?;
+        let partial = dir.with_file_name(format!(".{name}.partial"));
+        if partial.exists() {
+            std::fs::remove_dir_all(&partial)
+                .with_context(|| format!("cannot remove {}", partial.display()))?;
+        }
+        std::fs::create_dir_all(&partial)
+            .with_context(|| format!("cannot create {}", partial.display()))?;
+        let started = (|| {
+            copy_model_files(&partial, source_model_dir)?;
+            let model_header: Vec<_> = tensors
+                .iter()
+                .map(|(n, shape)| (n.clone(), DType::BF16, shape.clone()))
+                .collect();
+            let optimizer_header: Vec<_> = tensors
+                .iter()
+                .flat_map(|(n, shape)| {
+                    OPTIMIZER_PARTS.map(|part| (format!("{part}.{n}"), DType::F32, shape.clone()))
+                })
+                .collect();
+            Ok((
+                SafetensorsWriter::create(&partial.join("model.safetensors"), &model_header)?,
+                SafetensorsWriter::create(&partial.join("optimizer.safetensors"), &optimizer_header)?,
+            ))
+        })();
+        match started {
+            Ok((model, optimizer)) => Ok(Self {
+                dir: dir.to_path_buf(),
+                partial,
+                model,
+                optimizer,
+            }),
+            Err(e) => {
+                let _ = std::fs::remove_dir_all(&partial);
+                Err(e)
+            }
+        }
+    }
+
+    /// The next parameter (in the order given to [`Self::begin`]): its f32 master, written
+    /// rounded to bf16 into the model and whole into the optimizer state, and its moments. A
+    /// master holding NaN or Inf is refused.
+    pub fn put(&mut self, name: &str, master: &[f32], exp_avg: &[f32], exp_avg_sq: &[f32]) -> Result<()> {
+        if master.iter().any(|v| !v.is_finite()) {
+            bail!("refusing to checkpoint {name}: it holds NaN or Inf");
+        }
+        let weight: Vec<bf16> = master.iter().map(|&v| bf16::from_f32(v)).collect();
+        self.model.write(name, bytemuck::cast_slice(&weight))?;
+        for (part, values) in OPTIMIZER_PARTS.iter().zip([master, exp_avg, exp_avg_sq]) {
+            self.optimizer
+                .write(&format!("{part}.{name}"), bytemuck::cast_slice(values))?;
+        }
+        Ok(())
+    }
+
+    /// Completes the folder: `trainer_state.json`, then the rename into place.
+    pub fn finish(self, trainer_state: &Value) -> Result<()> {
+        let (dir, partial) = (self.dir.clone(), self.partial.clone());
+        let written = (|| {
+            self.model.finish()?;
+            self.optimizer.finish()?;
+            let path = partial.join("trainer_state.json");
+            std::fs::write(&path, serde_json::to_string_pretty(trainer_state)? + "\n")
+                .with_context(|| format!("cannot write {}", path.display()))
+        })();
+        if let Err(e) = written {
+            let _ = std::fs::remove_dir_all(&partial);
+            return Err(e);
+        }
+        if dir.exists() {
+            std::fs::remove_dir_all(&dir)
+                .with_context(|| format!("cannot replace {}", dir.display()))?;
+        }
+        std::fs::rename(&partial, &dir)
+            .with_context(|| format!("cannot move {} to {}", partial.display(), dir.display()))
+    }
+
+    /// Gives up: removes the half-written folder.
+    pub fn abandon(self) {
+        let _ = std::fs::remove_dir_all(&self.partial);
+    }
 }
 
-/// Writes a checkpoint folder `dir` atomically (replacing an older one of the same name).
-pub fn save(
-    dir: &Path,
-    source_model_dir: &Path,
-    state: &OptimizerState,
-    trainer_state: &Value,
-) -> Result<()> {
-    let name = dir
-        .file_name()
-        .and_then(|n| n.to_str())
-        .with_context(|| format!("bad checkpoint folder {}", dir.display()))?;
-    let partial = dir.with_file_name(format!(".{name}.partial"));
-    if partial.exists() {
-        std::fs::remove_dir_all(&partial)
-            .with_context(|| format!("cannot remove {}", partial.display()))?;
-    }
-    std::fs::create_dir_all(&partial)
-        .with_context(|| format!("cannot create {}", partial.display()))?;
-    let result = write_contents(&partial, source_model_dir, state, trainer_state);
-    if let Err(e) = result {
-        let _ = std::fs::remove_dir_all(&partial);
-        return Err(e);
-    }
-    if dir.exists() {
-        std::fs::remove_dir_all(dir)
-            .with_context(|| format!("cannot replace {}", dir.display()))?;
-    }
-    std::fs::rename(&partial, dir)
-        .with_context(|| format!("cannot move {} to {}", partial.display(), dir.display()))
-}
+/// The optimizer state's parts, in the order the file holds each parameter's.
+const OPTIMIZER_PARTS: [&str; 3] = ["master", "exp_avg", "exp_avg_sq"];
 
-fn write_contents(
-    dir: &Path,
-    source_model_dir: &Path,
-    state: &OptimizerState,
-    trainer_state: &Value,
-) -> Result<()> {
+/// `config.json` and the tokenizer files of the model trained from (the embedded Qwen2.5
+/// tokenizer's when it has none: what it ran with).
+fn copy_model_files(dir: &Path, source_model_dir: &Path) -> Result<()> {
     let copy = |file: &str| -> Result<()> {
         let from = source_model_dir.join(file);
         std::fs::copy(&from, dir.join(file))
@@ -101,42 +160,13 @@ fn write_contents(
         }
     }
     if !source_model_dir.join("tokenizer.json").is_file() {
-        // The model runs with the embedded tokenizer: the checkpoint says so in files.
         for (file, bytes) in crate::tokenizer::embedded_qwen25_files() {
             let path = dir.join(file);
             std::fs::write(&path, bytes)
                 .with_context(|| format!("cannot write {}", path.display()))?;
         }
     }
-    let weights: Vec<(String, HostTensor<'static>)> = state
-        .masters
-        .iter()
-        .map(|t| {
-            let values: Vec<bf16> = t.values.iter().map(|&v| bf16::from_f32(v)).collect();
-            (
-                t.name.clone(),
-                HostTensor::from_bf16(t.shape.clone(), &values),
-            )
-        })
-        .collect();
-    write_safetensors(&dir.join("model.safetensors"), &weights)?;
-    let mut optimizer = Vec::with_capacity(3 * state.masters.len());
-    for (i, t) in state.masters.iter().enumerate() {
-        for (prefix, values) in [
-            ("master", &t.values),
-            ("exp_avg", &state.exp_avg[i]),
-            ("exp_avg_sq", &state.exp_avg_sq[i]),
-        ] {
-            optimizer.push((
-                format!("{prefix}.{}", t.name),
-                HostTensor::from_f32(t.shape.clone(), values),
-            ));
-        }
-    }
-    write_safetensors(&dir.join("optimizer.safetensors"), &optimizer)?;
-    let path = dir.join("trainer_state.json");
-    std::fs::write(&path, serde_json::to_string_pretty(trainer_state)? + "\n")
-        .with_context(|| format!("cannot write {}", path.display()))
+    Ok(())
 }
 
 /// The checkpoint `--resume` continues from: the folder under `out` named `step-N` with the
@@ -200,51 +230,38 @@ pub fn latest_with_final(out: &Path) -> Result<Option<(PathBuf, Value)>> {
     Ok(best.map(|(_, dir, state)| (dir, state)))
 }
 
-/// Reads a checkpoint's trainer state and optimizer tensors, checking every expected parameter
-/// (`names_and_shapes`, in order) is there with its shape.
-pub fn load(
-    dir: &Path,
-    names_and_shapes: &[(String, Vec<usize>)],
-) -> Result<(Value, OptimizerState)> {
-    let trainer_state = read_state(dir)?;
-    let opt_path = dir.join("optimizer.safetensors");
-    let bytes =
-        std::fs::read(&opt_path).with_context(|| format!("cannot read {}", opt_path.display()))?;
-    let st = SafeTensors::deserialize(&bytes)
-        .with_context(|| format!("{}: not a safetensors file", opt_path.display()))?;
-    let read = |key: &str, shape: &[usize]| -> Result<Vec<f32>> {
-        let view = st
-            .tensor(key)
-            .with_context(|| format!("{}: no tensor {key}", opt_path.display()))?;
-        if view.shape() != shape || view.dtype() != safetensors::Dtype::F32 {
-            bail!(
-                "{}: {key} is {:?} {:?}, expected F32 {shape:?}",
-                opt_path.display(),
-                view.dtype(),
-                view.shape()
-            );
-        }
-        Ok(view
-            .data()
-            .chunks_exact(4)
-            .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
-            .collect())
-    };
-    let mut state = OptimizerState {
-        masters: Vec::new(),
-        exp_avg: Vec::new(),
-        exp_avg_sq: Vec::new(),
-    };
-    for (name, shape) in names_and_shapes {
-        state.masters.push(NamedTensor {
-            name: name.clone(),
-            shape: shape.clone(),
-            values: read(&format!("master.{name}"), shape)?,
-        });
-        state.exp_avg.push(read(&format!("exp_avg.{name}"), shape)?);
-        state
-            .exp_avg_sq
-            .push(read(&format!("exp_avg_sq.{name}"), shape)?);
+/// A checkpoint's optimizer state, mapped: each rank reads the slices of its part of the model.
+pub struct OptimizerFile {
+    path: PathBuf,
+    file: Checkpoint,
+}
+
+impl OptimizerFile {
+    pub fn open(dir: &Path) -> Result<Self> {
+        let path = dir.join("optimizer.safetensors");
+        Ok(Self {
+            file: Checkpoint::open_file(&path)?,
+            path,
+        })
     }
-    Ok((trainer_state, state))
+
+    /// `(master, exp_avg, exp_avg_sq)` of parameter `name`, this rank's slice (`shard`) of each.
+    pub fn read(&self, name: &str, shard: &ParamShard) -> Result<[Vec<f32>; 3]> {
+        let read = |part: &str| -> Result<Vec<f32>> {
+            let key = format!("{part}.{name}");
+            let whole = self
+                .file
+                .tensor(&key, &shard.full_shape)
+                .with_context(|| format!("{}: optimizer state", self.path.display()))?;
+            if whole.dtype != DType::F32 {
+                bail!("{}: {key} is {}, expected F32", self.path.display(), whole.dtype.name());
+            }
+            let mine = match &shard.split {
+                None => whole,
+                Some((dim, range)) => whole.slice(*dim, range.clone())?,
+            };
+            Ok(mine.to_f32_vec())
+        };
+        Ok(OPTIMIZER_PARTS.map(read).into_iter().collect::<Result<Vec<_>>>()?.try_into().expect("three parts"))
+    }
 }

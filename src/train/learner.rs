@@ -3,31 +3,76 @@
 //! loop steps it over each iteration's rollouts and hands its weights to the engine.
 //!
 //! ```text
-//!   step(batch):  N_act = the batch's action tokens (before any split)
-//!                 for each micro-batch (packed up to micro_batch_tokens):
+//!   step(batch):  N_act = the batch's action tokens (all-reduced over data-parallel replicas)
+//!                 for each micro-batch of this replica (packed up to micro_batch_tokens, dealt
+//!                 round-robin over the replicas):
 //!                     forward (checkpointed) ─ fused loss / N_act ─ backward (gradients add up)
-//!                 AdamW on the masters (clipped; skipped on NaN/Inf) ─ refresh compute weights
+//!                 replicated parameters' gradients summed over the tensor-parallel ranks;
+//!                 gradients summed over the replicas
+//!                 AdamW on the masters this replica owns (clipped by the global norm; skipped on
+//!                 NaN/Inf) ─ refresh their compute weights ─ broadcast them to the replicas
 //! ```
+//!
+//! Parallelism (SPMD: every rank runs the same calls): a learner is one tensor-parallel rank's
+//! shard of the model ([`Groups::tp`]) in one data-parallel replica ([`Groups::dp`], the ranks
+//! holding the same shard in the other replicas). ZeRO-1: each parameter tensor's master and
+//! moments live on one replica only (tensors dealt to replicas by size), which updates it and
+//! broadcasts the new compute weights. The global gradient norm counts a tensor several ranks
+//! hold (norms; KV heads shared by ranks) once.
 
 use crate::backend::grad::BackendGrad;
+use crate::dist::{Communicator, ReduceOp, Solo};
+use crate::model::params::ParamShard;
 use crate::model::{PackedBatch, Qwen2Model, Qwen2Params};
 use crate::tensor::HostTensor;
-use crate::train::checkpoint::{self, NamedTensor, OptimizerState};
+use crate::train::checkpoint::{CheckpointWriter, OptimizerFile};
 use crate::train::data::{self, TrainSequence};
 use crate::train::loss::{LossRows, Objective};
 use crate::train::optimizer::{AdamW, AdamWConfig};
 use anyhow::{bail, Context, Result};
 use serde_json::{json, Value};
 use std::path::Path;
+use std::sync::Arc;
 use std::time::Instant;
+
+/// The groups a learner computes with: its tensor-parallel group (the model's shards) and its
+/// data-parallel group (this shard in every replica).
+pub struct Groups<B: BackendGrad> {
+    pub tp: Arc<dyn Communicator<B>>,
+    pub dp: Arc<dyn Communicator<B>>,
+}
+
+impl<B: BackendGrad> Groups<B> {
+    /// One rank, one replica.
+    pub fn solo() -> Self {
+        Self {
+            tp: Arc::new(Solo),
+            dp: Arc::new(Solo),
+        }
+    }
+
+    /// The rank that writes files: tensor-parallel rank 0 of replica 0.
+    pub fn is_writer(&self) -> bool {
+        self.tp.rank() == 0 && self.dp.rank() == 0
+    }
+}
 
 pub struct Learner<'b, B: BackendGrad> {
     pub backend: &'b B,
     pub model: Qwen2Model<B>,
-    masters: Qwen2Params<B::Tensor>,
+    dp: Arc<dyn Communicator<B>>,
+    /// Every parameter's HF name and this rank's slice of it, in checkpoint order.
+    shards: Vec<(String, ParamShard)>,
+    /// The replica that keeps each parameter's master and moments (ZeRO-1).
+    owner: Vec<usize>,
+    /// This replica's masters: `Some` for the parameters it owns.
+    masters: Vec<Option<B::Tensor>>,
+    /// Moments of the owned parameters, in parameter order.
     adamw: AdamW<B::Tensor>,
     grads: Qwen2Params<B::Tensor>,
-    names_and_shapes: Vec<(String, Vec<usize>)>,
+    /// Whether this rank adds a parameter's squares to the global norm (a tensor several ranks
+    /// hold counts once).
+    counts_in_norm: Vec<bool>,
     /// Recompute each layer's activations in the backward instead of keeping them.
     pub checkpoint_layers: bool,
     pub micro_batch_tokens: usize,
@@ -51,24 +96,53 @@ impl<'b, B: BackendGrad> Learner<'b, B> {
         micro_batch_tokens: usize,
         checkpoint_layers: bool,
     ) -> Result<Self> {
+        let groups = Groups::solo();
+        Self::new_in(backend, model_dir, config, micro_batch_tokens, checkpoint_layers, &groups)
+    }
+
+    /// [`Self::new`] for one rank of `groups`: loads this rank's shard of `model_dir`, and the
+    /// masters and moments of the parameters this replica owns.
+    pub fn new_in(
+        backend: &'b B,
+        model_dir: &Path,
+        config: AdamWConfig,
+        micro_batch_tokens: usize,
+        checkpoint_layers: bool,
+        groups: &Groups<B>,
+    ) -> Result<Self> {
         if micro_batch_tokens == 0 {
             bail!("--micro-batch-tokens must be positive");
         }
-        let model = Qwen2Model::load(backend, model_dir)?;
-        let mut masters = model.zero_grads(backend)?;
-        for (master, param) in masters.iter_mut().zip(model.params.iter()) {
-            backend.copy_weights(param, master)?;
-        }
-        let adamw = AdamW::new(backend, config, &masters.iter().collect::<Vec<_>>())?;
+        let model = Qwen2Model::load_shard(backend, model_dir, groups.tp.clone())?;
+        let shards = Qwen2Params::<()>::shards(&model.config, &model.local);
+        let owner = zero_owners(&shards, groups.dp.size());
         let grads = model.zero_grads(backend)?;
-        let names_and_shapes = Qwen2Params::<()>::expected_tensors(&model.config, &model.local);
+        let mut masters = Vec::with_capacity(shards.len());
+        for (i, param) in model.params.iter().enumerate() {
+            masters.push(if owner[i] == groups.dp.rank() {
+                let mut master = backend.zeros_f32(backend.shape(param))?;
+                backend.copy_weights(param, &mut master)?;
+                Some(master)
+            } else {
+                None
+            });
+        }
+        let owned: Vec<&B::Tensor> = masters.iter().flatten().collect();
+        let adamw = AdamW::new(backend, config, &owned)?;
+        let counts_in_norm = shards
+            .iter()
+            .map(|(_, shard)| counts_in_norm(shard, &model.config, &model.local))
+            .collect();
         Ok(Self {
             backend,
             model,
+            dp: groups.dp.clone(),
+            shards,
+            owner,
             masters,
             adamw,
             grads,
-            names_and_shapes,
+            counts_in_norm,
             checkpoint_layers,
             micro_batch_tokens,
         })
@@ -80,29 +154,44 @@ impl<'b, B: BackendGrad> Learner<'b, B> {
     }
 
     /// Restores masters, moments and the update count from a checkpoint written by
-    /// [`Learner::save`]; returns its `trainer_state.json`.
+    /// [`Learner::save`] (at any tensor-parallel degree: each rank reads its slices); returns its
+    /// `trainer_state.json`.
     pub fn restore(&mut self, dir: &Path) -> Result<Value> {
         let backend = self.backend;
-        let (state, saved) = checkpoint::load(dir, &self.names_and_shapes)?;
+        let state = crate::train::checkpoint::read_state(dir)?;
         self.adamw.steps_taken = state["updates"]
             .as_u64()
             .context("trainer_state.json: no updates")?;
-        let tensors = self.masters.iter_mut().zip(
-            self.adamw
-                .exp_avg
-                .iter_mut()
-                .zip(self.adamw.exp_avg_sq.iter_mut()),
-        );
-        for (i, (master, (m, v))) in tensors.enumerate() {
-            let shape = backend.shape(master).to_vec();
-            *master = backend.upload_f32(&shape, &saved.masters[i].values)?;
-            *m = backend.upload_f32(&shape, &saved.exp_avg[i])?;
-            *v = backend.upload_f32(&shape, &saved.exp_avg_sq[i])?;
+        let file = OptimizerFile::open(dir)?;
+        let mut moments = 0;
+        for (i, (name, shard)) in self.shards.iter().enumerate() {
+            let Some(master) = self.masters[i].as_mut() else {
+                continue;
+            };
+            let shape = shard.local_shape();
+            let [m, exp_avg, exp_avg_sq] = file.read(name, shard)?;
+            *master = backend.upload_f32(&shape, &m)?;
+            self.adamw.exp_avg[moments] = backend.upload_f32(&shape, &exp_avg)?;
+            self.adamw.exp_avg_sq[moments] = backend.upload_f32(&shape, &exp_avg_sq)?;
+            moments += 1;
         }
-        for (master, param) in self.masters.iter().zip(self.model.params.iter_mut()) {
-            backend.copy_weights(master, param)?;
-        }
+        self.refresh_compute_weights()?;
         Ok(state)
+    }
+
+    /// Copies each owned master into its compute weight, then every compute weight from its
+    /// owner to the other replicas.
+    fn refresh_compute_weights(&mut self) -> Result<()> {
+        let backend = self.backend;
+        for (i, param) in self.model.params.iter_mut().enumerate() {
+            if let Some(master) = &self.masters[i] {
+                backend.copy_weights(master, param)?;
+            }
+            if self.dp.size() > 1 {
+                self.dp.broadcast(backend, param, self.owner[i])?;
+            }
+        }
+        Ok(())
     }
 
     /// Row-form logprobs (`[lp1, lp2, ..., 0]`) of every sequence under the current weights,
@@ -110,21 +199,39 @@ impl<'b, B: BackendGrad> Learner<'b, B> {
     /// and the fused loss's forward, micro-batches packed the same way): at the first update of
     /// these weights the DAPO ratio is exactly 1 where the backend's rows do not depend on their
     /// neighbours in a pack (the CPU reference), and within the GEMMs' shape-dependent rounding
-    /// elsewhere.
+    /// elsewhere. Data-parallel replicas score every `dp`-th micro-batch and share the rows.
     pub fn logprobs(&self, sequences: &[&TrainSequence]) -> Result<Vec<Vec<f32>>> {
         let lengths: Vec<usize> = sequences.iter().map(|s| s.tokens.len()).collect();
-        let mut out = Vec::with_capacity(sequences.len());
-        for micro in data::pack_micro_batches(&lengths, self.micro_batch_tokens) {
-            let members = &sequences[micro];
+        let micro_batches = data::pack_micro_batches(&lengths, self.micro_batch_tokens);
+        let (replica, replicas) = (self.dp.rank(), self.dp.size());
+        let mut mine: Vec<f32> = Vec::new();
+        for micro in micro_batches.iter().skip(replica).step_by(replicas) {
+            let members = &sequences[micro.clone()];
             let tokens: Vec<&[u32]> = members.iter().map(|s| s.tokens.as_slice()).collect();
             let batch = PackedBatch::from_sequences(&tokens);
             let targets: Vec<u32> = members
                 .iter()
                 .flat_map(|s| s.targets.iter().copied())
                 .collect();
-            let logprobs = self.model.train_logprobs(self.backend, &batch, &targets)?;
-            for i in 0..members.len() {
-                let mut rows = logprobs[batch.sequence_range(i)].to_vec();
+            mine.extend(self.model.train_logprobs(self.backend, &batch, &targets)?);
+        }
+        // Every replica's rows, then the sequences in order (micro-batch m is replica m % dp's).
+        let parts: Vec<Vec<f32>> = if replicas == 1 {
+            vec![mine]
+        } else {
+            self.dp
+                .all_gather_bytes(bytemuck::cast_slice(&mine))?
+                .iter()
+                .map(|b| crate::dist::f32s_from_bytes(b))
+                .collect()
+        };
+        let mut next = vec![0usize; replicas];
+        let mut out = Vec::with_capacity(sequences.len());
+        for (m, micro) in micro_batches.iter().enumerate() {
+            let (part, at) = (&parts[m % replicas], &mut next[m % replicas]);
+            for i in micro.clone() {
+                let mut rows = part[*at..*at + lengths[i]].to_vec();
+                *at += lengths[i];
                 // The last row has no next token (its target is a placeholder).
                 if let Some(last) = rows.last_mut() {
                     *last = 0.0;
@@ -135,7 +242,8 @@ impl<'b, B: BackendGrad> Learner<'b, B> {
         Ok(out)
     }
 
-    /// One optimizer step over `batch` (its `old_logprobs` in row form, empty for RFT).
+    /// One optimizer step over `batch` (its `old_logprobs` in row form, empty for RFT). Every
+    /// rank of every replica calls it with the same batch and gets the same report.
     pub fn step(
         &mut self,
         batch: &[&TrainSequence],
@@ -148,11 +256,21 @@ impl<'b, B: BackendGrad> Learner<'b, B> {
         for g in self.grads.iter_mut() {
             backend.fill_zero(g)?;
         }
-        let num_action_tokens: usize = batch.iter().map(|s| s.num_action_tokens()).sum();
+        let lengths: Vec<usize> = batch.iter().map(|s| s.tokens.len()).collect();
+        let micro_batches = data::pack_micro_batches(&lengths, self.micro_batch_tokens);
+        let (replica, replicas) = (self.dp.rank(), self.dp.size());
+        let mine: Vec<_> = micro_batches.iter().skip(replica).step_by(replicas).cloned().collect();
+        // RL-SPEC: N_act is the optimizer batch's, counted over every replica's share first.
+        let mut count = [mine
+            .iter()
+            .flat_map(|m| &batch[m.clone()])
+            .map(|s| s.num_action_tokens() as f64)
+            .sum::<f64>()];
+        self.dp.all_reduce_f64(&mut count, ReduceOp::Sum)?;
+        let num_action_tokens = count[0] as usize;
         let mut sums = StepSums::default();
         if num_action_tokens > 0 {
-            let lengths: Vec<usize> = batch.iter().map(|s| s.tokens.len()).collect();
-            for micro in data::pack_micro_batches(&lengths, self.micro_batch_tokens) {
+            for micro in mine {
                 run_micro_batch(
                     backend,
                     &self.model,
@@ -166,21 +284,9 @@ impl<'b, B: BackendGrad> Learner<'b, B> {
                 )?;
             }
         }
-        let loss_ok = sums.loss.is_finite() && num_action_tokens > 0;
-        let report = if loss_ok {
-            let grad_refs: Vec<&B::Tensor> = self.grads.iter().collect();
-            let report = self.adamw.step(
-                backend,
-                &mut self.masters.iter_mut().collect::<Vec<_>>(),
-                &grad_refs,
-                lr,
-            )?;
-            if !report.skipped {
-                for (master, param) in self.masters.iter().zip(self.model.params.iter_mut()) {
-                    backend.copy_weights(master, param)?;
-                }
-            }
-            Some(report)
+        sums.reduce_over(&*self.dp)?;
+        let report = if sums.loss.is_finite() && num_action_tokens > 0 {
+            Some(self.update(lr)?)
         } else {
             None
         };
@@ -193,14 +299,14 @@ impl<'b, B: BackendGrad> Learner<'b, B> {
             "lr": lr,
             "trajectories": batch.len(),
             "action_tokens": num_action_tokens,
-            "tokens": sums.tokens,
-            "clip_frac_low": sums.clipped_low as f64 / n_act,
-            "clip_frac_high": sums.clipped_high as f64 / n_act,
+            "tokens": sums.tokens as u64,
+            "clip_frac_low": sums.clipped_low / n_act,
+            "clip_frac_high": sums.clipped_high / n_act,
             "ratio_deviation_mean": sums.ratio_deviation / n_act,
             "entropy": sums.entropy / n_act,
             "logprob_gap_max": sums.gap_max,
-            "logprob_gap_mean": sums.gap_sum / sums.gap_count.max(1) as f64,
-            "tokens_per_s": sums.tokens as f64 / seconds.max(1e-9),
+            "logprob_gap_mean": sums.gap_sum / sums.gap_count.max(1.0),
+            "tokens_per_s": sums.tokens / seconds.max(1e-9),
             "skipped": skipped,
         });
         Ok(StepReport {
@@ -210,8 +316,44 @@ impl<'b, B: BackendGrad> Learner<'b, B> {
         })
     }
 
+    /// Completes the gradients (replicated parameters over the tensor-parallel ranks, then the
+    /// replicas), takes the global norm and updates the owned masters and every compute weight.
+    fn update(&mut self, lr: f64) -> Result<crate::train::optimizer::StepReport> {
+        let backend = self.backend;
+        self.model.reduce_replicated_grads(backend, &mut self.grads)?;
+        if self.dp.size() > 1 {
+            for g in self.grads.iter_mut() {
+                self.dp.all_reduce_sum(backend, g)?;
+            }
+        }
+        let mut squares = [0.0f64];
+        for (g, &counts) in self.grads.iter().zip(&self.counts_in_norm) {
+            if counts {
+                squares[0] += backend.sum_of_squares(g)?;
+            }
+        }
+        self.model.comm.all_reduce_f64(&mut squares, ReduceOp::Sum)?;
+        let grad_norm = squares[0].sqrt();
+        let grads: Vec<&B::Tensor> = self.grads.iter().collect();
+        let owned_grads: Vec<&B::Tensor> = grads
+            .iter()
+            .zip(&self.masters)
+            .filter(|(_, m)| m.is_some())
+            .map(|(g, _)| *g)
+            .collect();
+        let mut owned_masters: Vec<&mut B::Tensor> = self.masters.iter_mut().flatten().collect();
+        let report = self
+            .adamw
+            .apply(backend, &mut owned_masters, &owned_grads, grad_norm, lr)?;
+        if !report.skipped {
+            self.refresh_compute_weights()?;
+        }
+        Ok(report)
+    }
+
     /// The compute weights as host tensors, in the checkpoint's order and names: what the
-    /// engine loads for the next rollouts (bit for bit what the trainer computes with).
+    /// engine loads for the next rollouts (bit for bit what the trainer computes with). This
+    /// rank's slices.
     pub fn compute_weights(&self) -> Result<Qwen2Params<HostTensor<'static>>> {
         let backend = self.backend;
         let mut values = self.model.params.iter().map(|p| backend.to_host(p));
@@ -234,31 +376,107 @@ impl<'b, B: BackendGrad> Learner<'b, B> {
         Ok(Some(spans))
     }
 
-    /// Writes masters and moments (resumable) and an HF-layout bf16 model to `dir`.
+    /// Writes masters and moments (resumable) and an HF-layout bf16 model to `dir`: whole
+    /// tensors, gathered one at a time from their owning replica and every tensor-parallel rank;
+    /// only the writer ([`Groups::is_writer`]) touches the disk. Every rank calls it.
     pub fn save(&self, model_dir: &Path, dir: &Path, state: &Value) -> Result<()> {
-        let backend = self.backend;
-        let mut host = OptimizerState {
-            masters: Vec::new(),
-            exp_avg: Vec::new(),
-            exp_avg_sq: Vec::new(),
+        let writer_rank = self.model.comm.rank() == 0 && self.dp.rank() == 0;
+        let mut writer = if writer_rank {
+            let whole: Vec<(String, Vec<usize>)> = self
+                .shards
+                .iter()
+                .map(|(n, s)| (n.clone(), s.full_shape.clone()))
+                .collect();
+            Some(CheckpointWriter::begin(dir, model_dir, &whole))
+        } else {
+            None
         };
-        for (i, (master, (name, shape))) in
-            self.masters.iter().zip(&self.names_and_shapes).enumerate()
-        {
-            let values = backend.to_host(master)?;
-            if values.iter().any(|v| !v.is_finite()) {
-                bail!("refusing to checkpoint {name}: it holds NaN or Inf");
+        let result = self.write_tensors(writer.as_mut().and_then(|w| w.as_mut().ok()));
+        match (writer, result) {
+            (None, result) => result,
+            (Some(Err(e)), _) => Err(e),
+            (Some(Ok(w)), Ok(())) => w.finish(state),
+            (Some(Ok(w)), Err(e)) => {
+                w.abandon();
+                Err(e)
             }
-            host.masters.push(NamedTensor {
-                name: name.clone(),
-                shape: shape.clone(),
-                values,
-            });
-            host.exp_avg.push(backend.to_host(&self.adamw.exp_avg[i])?);
-            host.exp_avg_sq
-                .push(backend.to_host(&self.adamw.exp_avg_sq[i])?);
         }
-        checkpoint::save(dir, model_dir, &host, state)
+    }
+
+    /// Gathers each parameter's master and moments whole (see [`Self::save`]) and hands them to
+    /// `writer` (the writer rank's; `None` elsewhere).
+    fn write_tensors(&self, mut writer: Option<&mut CheckpointWriter>) -> Result<()> {
+        let backend = self.backend;
+        let tp = &self.model.comm;
+        let all_shards: Vec<Vec<(String, ParamShard)>> = self
+            .model
+            .config
+            .shards(tp.size())?
+            .iter()
+            .map(|local| Qwen2Params::<()>::shards(&self.model.config, local))
+            .collect();
+        let mut moment = 0;
+        for (i, (name, shard)) in self.shards.iter().enumerate() {
+            // This shard's three parts on the owning replica, sent to replica 0.
+            let mut parts = match &self.masters[i] {
+                Some(master) => {
+                    let values = [master, &self.adamw.exp_avg[moment], &self.adamw.exp_avg_sq[moment]]
+                        .map(|t| backend.to_host(t))
+                        .into_iter()
+                        .collect::<Result<Vec<_>>>()?;
+                    moment += 1;
+                    bytemuck::cast_slice(&values.concat()).to_vec()
+                }
+                None => Vec::new(),
+            };
+            if self.dp.size() > 1 {
+                self.dp.broadcast_bytes(&mut parts, self.owner[i])?;
+            }
+            let pieces = tp.all_gather_bytes(&parts)?;
+            let Some(writer) = writer.as_deref_mut() else {
+                continue;
+            };
+            let numel: usize = shard.full_shape.iter().product();
+            let mut whole = vec![vec![0.0f32; numel]; 3];
+            for (rank, piece) in pieces.iter().enumerate() {
+                let values: Vec<f32> = crate::dist::f32s_from_bytes(piece);
+                let rank_shard = &all_shards[rank][i].1;
+                let n = values.len() / 3;
+                for (part, w) in whole.iter_mut().enumerate() {
+                    rank_shard.place(&values[part * n..(part + 1) * n], w);
+                }
+            }
+            writer.put(name, &whole[0], &whole[1], &whole[2])?;
+        }
+        Ok(())
+    }
+}
+
+/// The replica that keeps each parameter's optimizer state (ZeRO-1): tensors dealt in order to
+/// the replica with the fewest elements so far, the same on every rank.
+fn zero_owners(shards: &[(String, ParamShard)], replicas: usize) -> Vec<usize> {
+    let mut load = vec![0usize; replicas];
+    shards
+        .iter()
+        .map(|(_, shard)| {
+            let owner = (0..replicas).min_by_key(|&r| (load[r], r)).expect("a replica");
+            load[owner] += shard.local_shape().iter().product::<usize>();
+            owner
+        })
+        .collect()
+}
+
+/// Whether this rank adds a tensor's squares to the global gradient norm: the whole tensor is
+/// counted once over the tensor-parallel ranks (a replicated norm by rank 0; a KV head several
+/// ranks hold by the first of them, whose query heads start its group).
+fn counts_in_norm(shard: &ParamShard, config: &crate::config::ModelConfig, local: &crate::config::LocalSizes) -> bool {
+    match (shard.replicated, &shard.split) {
+        (false, _) => true,
+        (true, None) => local.tp_rank == 0,
+        (true, Some(_)) => {
+            let group = config.num_attention_heads / config.num_key_value_heads;
+            local.head_start == local.kv_head_start * group
+        }
     }
 }
 
@@ -270,19 +488,55 @@ pub fn finite_or_null(x: f64) -> Value {
     }
 }
 
-/// Per-step sums over micro-batches.
+/// Per-step sums over micro-batches (counts as f64, so replicas sum them in one all-reduce).
 #[derive(Default)]
 struct StepSums {
     loss: f64,
-    action_tokens: usize,
-    tokens: usize,
+    action_tokens: f64,
+    tokens: f64,
     entropy: f64,
-    clipped_low: usize,
-    clipped_high: usize,
+    clipped_low: f64,
+    clipped_high: f64,
     ratio_deviation: f64,
     gap_max: f64,
     gap_sum: f64,
-    gap_count: usize,
+    gap_count: f64,
+}
+
+impl StepSums {
+    /// The sums over every replica's micro-batches (the max for the gap's max).
+    fn reduce_over<C: crate::dist::Collectives + ?Sized>(&mut self, dp: &C) -> Result<()> {
+        if dp.size() == 1 {
+            return Ok(());
+        }
+        let mut sums = [
+            self.loss,
+            self.action_tokens,
+            self.tokens,
+            self.entropy,
+            self.clipped_low,
+            self.clipped_high,
+            self.ratio_deviation,
+            self.gap_sum,
+            self.gap_count,
+        ];
+        dp.all_reduce_f64(&mut sums, ReduceOp::Sum)?;
+        let mut max = [self.gap_max];
+        dp.all_reduce_f64(&mut max, ReduceOp::Max)?;
+        [
+            self.loss,
+            self.action_tokens,
+            self.tokens,
+            self.entropy,
+            self.clipped_low,
+            self.clipped_high,
+            self.ratio_deviation,
+            self.gap_sum,
+            self.gap_count,
+        ] = sums;
+        self.gap_max = max[0];
+        Ok(())
+    }
 }
 
 /// One micro-batch: pack, forward, loss, backward (gradients accumulate), sums for metrics.
@@ -341,10 +595,10 @@ fn run_micro_batch<B: BackendGrad>(
         grads,
     )?;
     sums.loss += out.loss;
-    sums.action_tokens += out.action_tokens;
-    sums.tokens += batch.num_tokens();
-    sums.clipped_low += out.clipped_low;
-    sums.clipped_high += out.clipped_high;
+    sums.action_tokens += out.action_tokens as f64;
+    sums.tokens += batch.num_tokens() as f64;
+    sums.clipped_low += out.clipped_low as f64;
+    sums.clipped_high += out.clipped_high as f64;
     sums.ratio_deviation += out.ratio_deviation_sum;
     let mut row = 0;
     for s in members {
@@ -355,7 +609,7 @@ fn run_micro_batch<B: BackendGrad>(
                     let gap = (old[row + r] - s.rollout_logprobs[r]).abs() as f64;
                     sums.gap_max = sums.gap_max.max(gap);
                     sums.gap_sum += gap;
-                    sums.gap_count += 1;
+                    sums.gap_count += 1.0;
                 }
             }
         }

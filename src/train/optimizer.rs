@@ -133,6 +133,26 @@ impl<T> AdamW<T> {
             self.exp_avg.len()
         );
         let grad_norm = Self::global_norm(backend, grads)?;
+        self.apply(backend, masters, grads, grad_norm, lr)
+    }
+
+    /// [`Self::step`] with the global gradient norm given (tensor and data parallelism compute
+    /// it over every rank's part): `masters` and `grads` are those whose moments this holds.
+    pub fn apply<B: BackendGrad<Tensor = T>>(
+        &mut self,
+        backend: &B,
+        masters: &mut [&mut T],
+        grads: &[&T],
+        grad_norm: f64,
+        lr: f64,
+    ) -> Result<StepReport> {
+        ensure!(
+            masters.len() == grads.len() && masters.len() == self.exp_avg.len(),
+            "adamw: {} masters, {} gradients, {} moment tensors",
+            masters.len(),
+            grads.len(),
+            self.exp_avg.len()
+        );
         if !grad_norm.is_finite() {
             return Ok(StepReport {
                 grad_norm,
