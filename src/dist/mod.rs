@@ -30,6 +30,7 @@ pub mod launch;
 pub mod local;
 pub mod rendezvous;
 mod slurm_lists;
+pub mod tcp;
 mod wire;
 
 use crate::backend::Backend;
