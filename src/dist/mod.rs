@@ -16,10 +16,22 @@
 //! Implementations: [`local`] (ranks as threads of one process, shared memory), [`tcp`] (ranks
 //! as processes, through rank 0 over TCP, after [`rendezvous`]), [`nccl`] (GPUs).
 //!
+//! Launch model: one process per node drives its GPUs with a thread per GPU. Tensor parallelism
+//! stays inside a process (threads, [`local`] or NCCL communicators); processes meet only for
+//! data parallelism (the gradient all-reduce, ZeRO-1) and to exchange NCCL unique ids. [`launch`]
+//! reads the group of processes from torchrun's or Slurm's variables ([`launch::ProcessGroupEnv`]:
+//! its world size counts nodes), [`rendezvous`] brings them together over TCP at `MASTER_ADDR:
+//! MASTER_PORT`, and [`tcp::TcpComm`] runs the host collectives between them.
+//!
 //! A rank that fails leaves its group: the others' pending and later collectives return an
 //! error naming it instead of waiting forever.
 
+pub mod launch;
 pub mod local;
+pub mod rendezvous;
+mod slurm_lists;
+pub mod tcp;
+mod wire;
 
 use crate::backend::Backend;
 use anyhow::{bail, ensure, Result};
