@@ -4,9 +4,10 @@
 //! reduction-order noise; a checkpoint saved at TP 4 holds whole tensors that load at TP 1 with
 //! the same logits, and resumes at TP 2 to continue exactly as the TP 4 run.
 //!
-//! Bound (measured on these models, printed by the comparisons): losses and norms within 2e-6
-//! relative, weights within 1e-6 of their largest magnitude after three updates at lr 1e-2; the
-//! tests allow 1e-4.
+//! Bound (measured on these models, printed by the comparisons): losses within 2e-16 and gradient
+//! norms within 8e-8 relative; the final weights within 7e-5 of each tensor's largest magnitude
+//! after three updates at lr 1e-3 (AdamW's normalised update turns the gradients' reduction-order
+//! noise into weight differences where a gradient is near 0); the tests allow 1e-4.
 
 mod common;
 
@@ -55,8 +56,8 @@ fn sequences(vocab: usize) -> Vec<TrainSequence> {
         .collect()
 }
 
-/// Three steps of DAPO (old logprobs recomputed before the first, as `dapo` does) on one rank
-/// of a `dp x tp` grid; returns the writer rank's report.
+/// Three steps of DAPO (old logprobs recomputed before each) on every rank of a `dp x tp` grid;
+/// returns the writer rank's report.
 fn train(dir: &Path, dp: usize, tp: usize, save: Option<&Path>) -> Run {
     let config = ModelConfig::from_dir(dir).unwrap();
     let set = sequences(config.vocab_size);
@@ -80,8 +81,6 @@ fn train(dir: &Path, dp: usize, tp: usize, save: Option<&Path>) -> Run {
                     let mut learner =
                         Learner::new_in(&backend, dir, adamw, 40, true, &groups).unwrap();
                     let members: Vec<&TrainSequence> = set.iter().collect();
-                    let old = learner.logprobs(&members).unwrap();
-                    let old: Vec<&[f32]> = old.iter().map(|o| o.as_slice()).collect();
                     let objective = Objective::Dapo {
                         eps_low: 0.2,
                         eps_high: 0.28,
@@ -89,7 +88,11 @@ fn train(dir: &Path, dp: usize, tp: usize, save: Option<&Path>) -> Run {
                     };
                     let steps: Vec<(f64, f64)> = (0..3)
                         .map(|_| {
-                            let report = learner.step(&members, &old, &objective, 1e-2).unwrap();
+                            // Old logprobs from the current weights (an RL iteration of one
+                            // step each): every step has its full gradient, none clipped away.
+                            let old = learner.logprobs(&members).unwrap();
+                            let old: Vec<&[f32]> = old.iter().map(|o| o.as_slice()).collect();
+                            let report = learner.step(&members, &old, &objective, 1e-3).unwrap();
                             assert!(!report.skipped);
                             (report.loss, report.metrics["grad_norm"].as_f64().unwrap())
                         })
@@ -140,6 +143,14 @@ fn compare(name: &str, got: &Run, want: &Run, tp: usize, dir: &Path) {
     let shards = swerve::model::Qwen2Params::<()>::shards(&config, &config.shard(tp, 0).unwrap());
     let mut worst = 0.0f64;
     for ((param, (pname, shard)), whole) in got.weights.iter().zip(&shards).zip(&want.weights) {
+        // A key bias shifts every score of a query by the same amount, which softmax ignores:
+        // its true gradient is 0 and what the backward computes is rounding noise, which
+        // AdamW's normalised update turns into steps of up to lr. It differs between any two
+        // summation orders (TP degrees, CPU and GPU alike), so only its shape is compared.
+        if pname.ends_with("k_proj.bias") {
+            assert_eq!(param.len(), shard.take(whole).len());
+            continue;
+        }
         let error = relative_error(param, &shard.take(whole));
         assert!(error <= MAX_RELATIVE_ERROR, "{name}: {pname} relative error {error:.2e}");
         worst = worst.max(error);
@@ -156,7 +167,8 @@ fn model() -> PathBuf {
 fn three_adamw_steps_at_tp_2_3_4_equal_tp1() {
     let dir = model();
     let want = train(&dir, 1, 1, None);
-    assert!(want.steps[0].0 != want.steps[2].0, "the steps change the weights");
+    assert!(want.steps[0].1 != want.steps[2].1, "the steps change the weights");
+    assert!(want.steps.iter().all(|&(_, norm)| norm > 0.0), "every step has a gradient");
     for tp in [2, 3, 4] {
         compare(&format!("tp {tp}"), &train(&dir, 1, tp, None), &want, tp, &dir);
     }
