@@ -79,10 +79,16 @@ impl<'a> HostTensor<'a> {
     /// (`dim` 0) stay borrowed; any other dimension is copied out.
     pub fn slice(self, dim: usize, range: std::ops::Range<usize>) -> Result<HostTensor<'a>> {
         let Some(&extent) = self.shape.get(dim) else {
-            bail!("slice along dimension {dim} of a tensor of shape {:?}", self.shape);
+            bail!(
+                "slice along dimension {dim} of a tensor of shape {:?}",
+                self.shape
+            );
         };
         if range.start > range.end || range.end > extent {
-            bail!("slice {range:?} along dimension {dim} of a tensor of shape {:?}", self.shape);
+            bail!(
+                "slice {range:?} along dimension {dim} of a tensor of shape {:?}",
+                self.shape
+            );
         }
         let elem = self.dtype.size_bytes();
         // Bytes of one index along `dim` (everything after it), and runs of it before.
@@ -99,7 +105,9 @@ impl<'a> HostTensor<'a> {
             let mut out = Vec::with_capacity(outer * range.len() * inner);
             for o in 0..outer {
                 let base = o * extent * inner;
-                out.extend_from_slice(&self.bytes[base + range.start * inner..base + range.end * inner]);
+                out.extend_from_slice(
+                    &self.bytes[base + range.start * inner..base + range.end * inner],
+                );
             }
             Cow::Owned(out)
         };

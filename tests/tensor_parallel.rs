@@ -96,7 +96,10 @@ fn batch(vocab: usize) -> PackedBatch {
 /// max |a - b| / max |b|, asserting finite values.
 fn relative_error(a: &[f32], b: &[f32]) -> f64 {
     assert_eq!(a.len(), b.len());
-    let scale = b.iter().fold(0.0f64, |m, &x| m.max(x.abs() as f64)).max(1e-30);
+    let scale = b
+        .iter()
+        .fold(0.0f64, |m, &x| m.max(x.abs() as f64))
+        .max(1e-30);
     let diff = a
         .iter()
         .zip(b)
@@ -111,7 +114,10 @@ fn relative_error(a: &[f32], b: &[f32]) -> f64 {
 fn assert_close(what: &str, got: &[f32], want: &[f32]) {
     let error = relative_error(got, want);
     eprintln!("{what}: relative error {error:.2e}");
-    assert!(error <= MAX_RELATIVE_ERROR, "{what}: relative error {error:.2e}");
+    assert!(
+        error <= MAX_RELATIVE_ERROR,
+        "{what}: relative error {error:.2e}"
+    );
 }
 
 #[test]
@@ -123,7 +129,10 @@ fn logits_and_scores_equal_tp1() {
         let run = |tp| {
             on_ranks(&dir, tp, |backend, model| {
                 let logits = model.forward_logits(backend, &batch).unwrap();
-                assert_eq!(backend.shape(&logits), [batch.num_tokens(), config.vocab_size]);
+                assert_eq!(
+                    backend.shape(&logits),
+                    [batch.num_tokens(), config.vocab_size]
+                );
                 let scores = model.train_logprobs(backend, &batch, &targets).unwrap();
                 (backend.to_host(&logits).unwrap(), scores)
             })
@@ -132,7 +141,12 @@ fn logits_and_scores_equal_tp1() {
         for tp in degrees {
             let ranks = run(tp);
             for (rank, got) in ranks.iter().enumerate() {
-                assert_eq!(got, &ranks[0], "{}: tp {tp} rank {rank} differs from rank 0", dir.display());
+                assert_eq!(
+                    got,
+                    &ranks[0],
+                    "{}: tp {tp} rank {rank} differs from rank 0",
+                    dir.display()
+                );
             }
             let name = format!("{} tp {tp}", dir.file_name().unwrap().to_string_lossy());
             assert_close(&format!("{name} logits"), &ranks[0].0, &reference.0);
@@ -174,7 +188,15 @@ fn dapo_step(
     };
     let mut grads = model.zero_grads(backend).unwrap();
     let out = model
-        .loss_and_backward(backend, batch, &rows, &objective, 17.0, checkpoint_layers, &mut grads)
+        .loss_and_backward(
+            backend,
+            batch,
+            &rows,
+            &objective,
+            17.0,
+            checkpoint_layers,
+            &mut grads,
+        )
         .unwrap();
     model.reduce_replicated_grads(backend, &mut grads).unwrap();
     let shards = Qwen2Params::<()>::shards(&model.config, &model.local);
@@ -198,11 +220,17 @@ fn put_together(what: &str, pieces: &[&(ParamShard, Vec<f32>)]) -> Vec<f32> {
             if m.is_nan() {
                 continue;
             }
-            assert!(w.is_nan() || w == m, "{what}: rank {rank} holds {m} at {i}, another rank {w}");
+            assert!(
+                w.is_nan() || w == m,
+                "{what}: rank {rank} holds {m} at {i}, another rank {w}"
+            );
             *w = *m;
         }
     }
-    assert!(whole.iter().all(|v| !v.is_nan()), "{what}: the pieces leave a hole");
+    assert!(
+        whole.iter().all(|v| !v.is_nan()),
+        "{what}: the pieces leave a hole"
+    );
     whole
 }
 
@@ -211,24 +239,44 @@ fn a_dapo_step_gives_tp1_loss_and_gradients() {
     for (dir, degrees) in models() {
         let config = ModelConfig::from_dir(&dir).unwrap();
         let batch = batch(config.vocab_size);
-        let names: Vec<String> = Qwen2Params::<()>::expected_tensors(&config, &config.shard(1, 0).unwrap())
-            .into_iter()
-            .map(|(n, _)| n)
-            .collect();
+        let names: Vec<String> =
+            Qwen2Params::<()>::expected_tensors(&config, &config.shard(1, 0).unwrap())
+                .into_iter()
+                .map(|(n, _)| n)
+                .collect();
         for checkpoint_layers in [true, false] {
-            let (want, want_grads) = on_ranks(&dir, 1, |b, m| dapo_step(b, m, &batch, checkpoint_layers))
-                .pop()
-                .unwrap();
-            assert!(want.clipped_low + want.clipped_high > 0 && want.action_tokens > want.clipped_low + want.clipped_high);
+            let (want, want_grads) =
+                on_ranks(&dir, 1, |b, m| dapo_step(b, m, &batch, checkpoint_layers))
+                    .pop()
+                    .unwrap();
+            assert!(
+                want.clipped_low + want.clipped_high > 0
+                    && want.action_tokens > want.clipped_low + want.clipped_high
+            );
             for &tp in &degrees {
                 let ranks = on_ranks(&dir, tp, |b, m| dapo_step(b, m, &batch, checkpoint_layers));
-                let name = format!("{} tp {tp} checkpointing {checkpoint_layers}", dir.file_name().unwrap().to_string_lossy());
+                let name = format!(
+                    "{} tp {tp} checkpointing {checkpoint_layers}",
+                    dir.file_name().unwrap().to_string_lossy()
+                );
                 let first = &ranks[0].0;
                 for (rank, (out, _)) in ranks.iter().enumerate() {
-                    assert_eq!(out, first, "{name}: rank {rank}'s report differs from rank 0's");
+                    assert_eq!(
+                        out, first,
+                        "{name}: rank {rank}'s report differs from rank 0's"
+                    );
                 }
-                assert!((first.loss - want.loss).abs() <= MAX_RELATIVE_ERROR * want.loss.abs(), "{name}: loss {} vs {}", first.loss, want.loss);
-                assert_eq!((first.action_tokens, first.clipped_low, first.clipped_high), (want.action_tokens, want.clipped_low, want.clipped_high), "{name}");
+                assert!(
+                    (first.loss - want.loss).abs() <= MAX_RELATIVE_ERROR * want.loss.abs(),
+                    "{name}: loss {} vs {}",
+                    first.loss,
+                    want.loss
+                );
+                assert_eq!(
+                    (first.action_tokens, first.clipped_low, first.clipped_high),
+                    (want.action_tokens, want.clipped_low, want.clipped_high),
+                    "{name}"
+                );
                 assert_close(&format!("{name} logprobs"), &first.logprobs, &want.logprobs);
                 for (i, param) in names.iter().enumerate() {
                     let what = format!("{name} {param}");

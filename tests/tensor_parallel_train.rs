@@ -98,7 +98,13 @@ fn train(dir: &Path, dp: usize, tp: usize, save: Option<&Path>) -> Run {
                         })
                         .collect();
                     if let Some(out) = save {
-                        learner.save(dir, out, &serde_json::json!({"step": 3, "updates": learner.updates()})).unwrap();
+                        learner
+                            .save(
+                                dir,
+                                out,
+                                &serde_json::json!({"step": 3, "updates": learner.updates()}),
+                            )
+                            .unwrap();
                     }
                     groups.is_writer().then(|| Run {
                         steps,
@@ -124,7 +130,10 @@ fn whole_weights(learner: &Learner<'_, CpuBackend>) -> Vec<Vec<f32>> {
 }
 
 fn relative_error(a: &[f32], b: &[f32]) -> f64 {
-    let scale = b.iter().fold(0.0f64, |m, &x| m.max(x.abs() as f64)).max(1e-30);
+    let scale = b
+        .iter()
+        .fold(0.0f64, |m, &x| m.max(x.abs() as f64))
+        .max(1e-30);
     a.iter()
         .zip(b)
         .map(|(&x, &y)| (x as f64 - y as f64).abs())
@@ -133,10 +142,22 @@ fn relative_error(a: &[f32], b: &[f32]) -> f64 {
 }
 
 fn compare(name: &str, got: &Run, want: &Run, tp: usize, dir: &Path) {
-    for (step, ((loss, norm), (want_loss, want_norm))) in got.steps.iter().zip(&want.steps).enumerate() {
-        let (e_loss, e_norm) = ((loss - want_loss).abs() / want_loss.abs(), (norm - want_norm).abs() / want_norm);
-        eprintln!("{name} step {}: loss {e_loss:.1e}, norm {e_norm:.1e}", step + 1);
-        assert!(e_loss <= MAX_RELATIVE_ERROR && e_norm <= MAX_RELATIVE_ERROR, "{name} step {}: loss {loss} vs {want_loss}, norm {norm} vs {want_norm}", step + 1);
+    for (step, ((loss, norm), (want_loss, want_norm))) in
+        got.steps.iter().zip(&want.steps).enumerate()
+    {
+        let (e_loss, e_norm) = (
+            (loss - want_loss).abs() / want_loss.abs(),
+            (norm - want_norm).abs() / want_norm,
+        );
+        eprintln!(
+            "{name} step {}: loss {e_loss:.1e}, norm {e_norm:.1e}",
+            step + 1
+        );
+        assert!(
+            e_loss <= MAX_RELATIVE_ERROR && e_norm <= MAX_RELATIVE_ERROR,
+            "{name} step {}: loss {loss} vs {want_loss}, norm {norm} vs {want_norm}",
+            step + 1
+        );
     }
     // Rank 0's slices of the final weights against the same slices of TP 1's.
     let config = ModelConfig::from_dir(dir).unwrap();
@@ -152,7 +173,10 @@ fn compare(name: &str, got: &Run, want: &Run, tp: usize, dir: &Path) {
             continue;
         }
         let error = relative_error(param, &shard.take(whole));
-        assert!(error <= MAX_RELATIVE_ERROR, "{name}: {pname} relative error {error:.2e}");
+        assert!(
+            error <= MAX_RELATIVE_ERROR,
+            "{name}: {pname} relative error {error:.2e}"
+        );
         worst = worst.max(error);
     }
     eprintln!("{name}: final weights within {worst:.1e}");
@@ -167,10 +191,22 @@ fn model() -> PathBuf {
 fn three_adamw_steps_at_tp_2_3_4_equal_tp1() {
     let dir = model();
     let want = train(&dir, 1, 1, None);
-    assert!(want.steps[0].1 != want.steps[2].1, "the steps change the weights");
-    assert!(want.steps.iter().all(|&(_, norm)| norm > 0.0), "every step has a gradient");
+    assert!(
+        want.steps[0].1 != want.steps[2].1,
+        "the steps change the weights"
+    );
+    assert!(
+        want.steps.iter().all(|&(_, norm)| norm > 0.0),
+        "every step has a gradient"
+    );
     for tp in [2, 3, 4] {
-        compare(&format!("tp {tp}"), &train(&dir, 1, tp, None), &want, tp, &dir);
+        compare(
+            &format!("tp {tp}"),
+            &train(&dir, 1, tp, None),
+            &want,
+            tp,
+            &dir,
+        );
     }
 }
 
@@ -197,11 +233,18 @@ fn a_tp4_checkpoint_is_whole_and_loads_at_tp1() {
     let a = Qwen2Model::load(&backend, &saved_tp4).unwrap();
     let b = Qwen2Model::load(&backend, &saved_tp1).unwrap();
     let batch = PackedBatch::from_sequences(&[vec![1u32, 5, 9, 200, 3, 77, 310, 2]]);
-    let logits_a = backend.to_host(&a.forward_logits(&backend, &batch).unwrap()).unwrap();
-    let logits_b = backend.to_host(&b.forward_logits(&backend, &batch).unwrap()).unwrap();
+    let logits_a = backend
+        .to_host(&a.forward_logits(&backend, &batch).unwrap())
+        .unwrap();
+    let logits_b = backend
+        .to_host(&b.forward_logits(&backend, &batch).unwrap())
+        .unwrap();
     let error = relative_error(&logits_a, &logits_b);
     eprintln!("TP 4 vs TP 1 checkpoint logits: {error:.1e}");
-    assert!(error <= 1e-2, "bf16 checkpoints of the same training differ by {error:.2e}");
+    assert!(
+        error <= 1e-2,
+        "bf16 checkpoints of the same training differ by {error:.2e}"
+    );
     // Loaded at TP 1 and at TP 2 from the TP 4 checkpoint: the same logits.
     let tp2 = on_two_ranks_logits(&saved_tp4, &batch);
     assert!(relative_error(&tp2, &logits_a) <= MAX_RELATIVE_ERROR);
@@ -217,10 +260,16 @@ fn on_two_ranks_logits(dir: &Path, batch: &PackedBatch) -> Vec<f32> {
                 s.spawn(move || {
                     let backend = CpuBackend::with_threads(1);
                     let model = Qwen2Model::load_shard(&backend, dir, Arc::new(comm)).unwrap();
-                    backend.to_host(&model.forward_logits(&backend, batch).unwrap()).unwrap()
+                    backend
+                        .to_host(&model.forward_logits(&backend, batch).unwrap())
+                        .unwrap()
                 })
             })
             .collect();
-        handles.into_iter().map(|h| h.join().unwrap()).next().unwrap()
+        handles
+            .into_iter()
+            .map(|h| h.join().unwrap())
+            .next()
+            .unwrap()
     })
 }

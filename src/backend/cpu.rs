@@ -96,6 +96,11 @@ impl CpuBackend {
         }
     }
 
+    /// Threads its parallel loops use.
+    pub fn threads(&self) -> usize {
+        self.threads
+    }
+
     pub fn with_threads(threads: usize) -> Self {
         Self {
             threads: threads.max(1),

@@ -159,7 +159,15 @@ pub trait BackendGrad: Backend {
         let stats = self.lm_head_stats(hidden, weight, rows.targets)?;
         let (out, lse, coef) = finish_rows(&stats, rows, objective, num_action_tokens);
         if coef.iter().any(|&c| c != 0.0) {
-            self.lm_head_loss_grad(hidden, weight, rows.targets, &lse, &coef, d_hidden, d_weight)?;
+            self.lm_head_loss_grad(
+                hidden,
+                weight,
+                rows.targets,
+                &lse,
+                &coef,
+                d_hidden,
+                d_weight,
+            )?;
         }
         Ok(out)
     }

@@ -234,7 +234,10 @@ impl RowStats {
     /// `s = sum s_k exp(m_k - M)` and `u = sum exp(m_k - M) (u_k + (m_k - M) s_k)` (the kernel's
     /// tile merge). One shard is returned unchanged, bit for bit.
     pub fn merge_shards(shards: &[RowStats], target_rank: usize) -> RowStats {
-        let max = shards.iter().map(|s| s.max).fold(f64::NEG_INFINITY, f64::max);
+        let max = shards
+            .iter()
+            .map(|s| s.max)
+            .fold(f64::NEG_INFINITY, f64::max);
         let (mut sum_exp, mut sum_exp_centered) = (0.0, 0.0);
         for s in shards {
             let (shift, scale) = (s.max - max, (s.max - max).exp());

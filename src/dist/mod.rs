@@ -26,12 +26,15 @@
 //! A rank that fails leaves its group: the others' pending and later collectives return an
 //! error naming it instead of waiting forever.
 
+pub mod grid;
 pub mod launch;
 pub mod local;
 pub mod rendezvous;
 mod slurm_lists;
 pub mod tcp;
 mod wire;
+
+pub use grid::Groups;
 
 use crate::backend::Backend;
 use anyhow::{bail, ensure, Result};

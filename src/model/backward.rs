@@ -242,9 +242,28 @@ impl<B: BackendGrad> Qwen2Model<B> {
         let mut d_all = backend.zeros(&[t, d])?;
         let mut d_normed = backend.zeros(&[t, d])?;
         let mut d_mine = backend.zeros(backend.shape(d_x))?;
-        self.mlp_backward(backend, layer, acts, d_x, grads, &mut d_all, &mut d_normed, &mut d_mine)?;
+        self.mlp_backward(
+            backend,
+            layer,
+            acts,
+            d_x,
+            grads,
+            &mut d_all,
+            &mut d_normed,
+            &mut d_mine,
+        )?;
         backend.fill_zero(&mut d_normed)?;
-        self.attention_backward(backend, layer, batch, acts, d_x, grads, &mut d_all, &mut d_normed, &mut d_mine)
+        self.attention_backward(
+            backend,
+            layer,
+            batch,
+            acts,
+            d_x,
+            grads,
+            &mut d_all,
+            &mut d_normed,
+            &mut d_mine,
+        )
     }
 
     /// The MLP block's backward: `x_out = x_mid + down(silu(gate(n)) * up(n))`,

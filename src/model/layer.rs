@@ -129,7 +129,11 @@ impl<B: Backend> Qwen2Model<B> {
         let d = self.config.hidden_size;
         let rows = self.residual_rows(tokens.len(), layout);
         let mut embedded = backend.zeros(&[tokens.len(), d])?;
-        backend.embedding(&self.params.embed_tokens, &self.shard_ids(tokens), &mut embedded)?;
+        backend.embedding(
+            &self.params.embed_tokens,
+            &self.shard_ids(tokens),
+            &mut embedded,
+        )?;
         let residual = if self.sequence_parallel(layout) {
             let mut mine = backend.zeros(&[rows, d])?;
             self.reduce_partial(backend, layout, &mut embedded, Some(&mut mine))?;
@@ -285,7 +289,14 @@ impl<B: Backend> Qwen2Model<B> {
 
         // Attention block.
         let ln = &layer.input_layernorm;
-        self.norm_all_rows(backend, stream, ln, layout, &mut b.sequence, &mut b.normed_attn)?;
+        self.norm_all_rows(
+            backend,
+            stream,
+            ln,
+            layout,
+            &mut b.sequence,
+            &mut b.normed_attn,
+        )?;
         let x_in = match keep {
             Keep::Nothing => None,
             Keep::Input | Keep::Everything => Some(backend.slice_rows(&stream.residual, 0..rows)?),
@@ -297,12 +308,26 @@ impl<B: Backend> Qwen2Model<B> {
         backend.rope(&mut b.q, &mut b.k, positions, &self.rotary)?;
         attention(index, &b.q, &b.k, &b.v, &mut b.attn, b.lse.as_mut())?;
         let o = &layer.o_proj_weight;
-        self.row_parallel(backend, &b.attn, o, layout, &mut b.sequence, &mut stream.delta)?;
+        self.row_parallel(
+            backend,
+            &b.attn,
+            o,
+            layout,
+            &mut b.sequence,
+            &mut stream.delta,
+        )?;
 
         // MLP block.
         stream.pending = true;
         let ln = &layer.post_attention_layernorm;
-        self.norm_all_rows(backend, stream, ln, layout, &mut b.sequence, &mut b.normed_mlp)?;
+        self.norm_all_rows(
+            backend,
+            stream,
+            ln,
+            layout,
+            &mut b.sequence,
+            &mut b.normed_mlp,
+        )?;
         let x_mid = match keep {
             Keep::Everything => Some(backend.slice_rows(&stream.residual, 0..rows)?),
             Keep::Nothing | Keep::Input => None,
@@ -311,7 +336,14 @@ impl<B: Backend> Qwen2Model<B> {
         backend.linear(&b.normed_mlp, &layer.up_proj_weight, None, &mut b.up)?;
         backend.swiglu(&b.gate, &b.up, &mut b.act)?;
         let down = &layer.down_proj_weight;
-        self.row_parallel(backend, &b.act, down, layout, &mut b.sequence, &mut stream.delta)?;
+        self.row_parallel(
+            backend,
+            &b.act,
+            down,
+            layout,
+            &mut b.sequence,
+            &mut stream.delta,
+        )?;
         stream.pending = true;
 
         Ok(match (keep, x_in, x_mid) {

@@ -205,7 +205,8 @@ impl<B: Backend> Qwen2Model<B> {
     ) -> Result<()> {
         let hd = self.config.head_dim;
         let kv_all = self.config.num_key_value_heads * hd;
-        let rows = self.local.kv_head_start * hd..(self.local.kv_head_start + self.local.kv_heads_local) * hd;
+        let rows = self.local.kv_head_start * hd
+            ..(self.local.kv_head_start + self.local.kv_heads_local) * hd;
         let tensors: Vec<&mut B::Tensor> = grads
             .layers
             .iter_mut()
@@ -223,7 +224,11 @@ impl<B: Backend> Qwen2Model<B> {
         for g in &tensors {
             let local = backend.to_host(g)?;
             let width = local.len() / rows.len();
-            ensure!(width * rows.len() == local.len(), "KV gradient of {} values", local.len());
+            ensure!(
+                width * rows.len() == local.len(),
+                "KV gradient of {} values",
+                local.len()
+            );
             let mut full = vec![0.0f32; kv_all * width];
             full[rows.start * width..rows.end * width].copy_from_slice(&local);
             whole.extend(full);

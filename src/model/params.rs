@@ -60,7 +60,12 @@ pub struct ParamShard {
 
 impl ParamShard {
     /// The slice of the whole tensor with `range` along `dim` (`None` for the whole).
-    fn new(kind: ParamKind, full_shape: &[usize], split: Option<(usize, std::ops::Range<usize>)>, replicated: bool) -> Self {
+    fn new(
+        kind: ParamKind,
+        full_shape: &[usize],
+        split: Option<(usize, std::ops::Range<usize>)>,
+        replicated: bool,
+    ) -> Self {
         let split = split.filter(|(dim, range)| *range != (0..full_shape[*dim]));
         Self {
             kind,
@@ -147,7 +152,11 @@ impl<T> Qwen2Params<T> {
         let inter = local.intermediate_start..local.intermediate_start + local.intermediate_local;
         let inter_all = config.intermediate_size;
         let vocab = local.vocab_range();
-        let mut param = |name: &str, kind, full: &[usize], split: Option<(usize, std::ops::Range<usize>)>, replicated| {
+        let mut param = |name: &str,
+                         kind,
+                         full: &[usize],
+                         split: Option<(usize, std::ops::Range<usize>)>,
+                         replicated| {
             let shard = ParamShard::new(kind, full, split, replicated);
             make(name, &shard.local_shape(), &shard)
         };
@@ -165,18 +174,90 @@ impl<T> Qwen2Params<T> {
             let rows = |r: &std::ops::Range<usize>| Some((0, r.clone()));
             let cols = |r: &std::ops::Range<usize>| Some((1, r.clone()));
             layers.push(LayerParams {
-                input_layernorm: param(&format!("{p}.input_layernorm.weight"), Norm, &[d], None, tp)?,
-                q_proj_weight: param(&format!("{p}.self_attn.q_proj.weight"), ColumnParallel, &[q_all, d], rows(&heads), false)?,
-                q_proj_bias: param(&format!("{p}.self_attn.q_proj.bias"), ColumnParallel, &[q_all], rows(&heads), false)?,
-                k_proj_weight: param(&format!("{p}.self_attn.k_proj.weight"), ColumnParallel, &[kv_all, d], rows(&kv), kv_replicated)?,
-                k_proj_bias: param(&format!("{p}.self_attn.k_proj.bias"), ColumnParallel, &[kv_all], rows(&kv), kv_replicated)?,
-                v_proj_weight: param(&format!("{p}.self_attn.v_proj.weight"), ColumnParallel, &[kv_all, d], rows(&kv), kv_replicated)?,
-                v_proj_bias: param(&format!("{p}.self_attn.v_proj.bias"), ColumnParallel, &[kv_all], rows(&kv), kv_replicated)?,
-                o_proj_weight: param(&format!("{p}.self_attn.o_proj.weight"), RowParallel, &[d, q_all], cols(&heads), false)?,
-                post_attention_layernorm: param(&format!("{p}.post_attention_layernorm.weight"), Norm, &[d], None, tp)?,
-                gate_proj_weight: param(&format!("{p}.mlp.gate_proj.weight"), ColumnParallel, &[inter_all, d], rows(&inter), false)?,
-                up_proj_weight: param(&format!("{p}.mlp.up_proj.weight"), ColumnParallel, &[inter_all, d], rows(&inter), false)?,
-                down_proj_weight: param(&format!("{p}.mlp.down_proj.weight"), RowParallel, &[d, inter_all], cols(&inter), false)?,
+                input_layernorm: param(
+                    &format!("{p}.input_layernorm.weight"),
+                    Norm,
+                    &[d],
+                    None,
+                    tp,
+                )?,
+                q_proj_weight: param(
+                    &format!("{p}.self_attn.q_proj.weight"),
+                    ColumnParallel,
+                    &[q_all, d],
+                    rows(&heads),
+                    false,
+                )?,
+                q_proj_bias: param(
+                    &format!("{p}.self_attn.q_proj.bias"),
+                    ColumnParallel,
+                    &[q_all],
+                    rows(&heads),
+                    false,
+                )?,
+                k_proj_weight: param(
+                    &format!("{p}.self_attn.k_proj.weight"),
+                    ColumnParallel,
+                    &[kv_all, d],
+                    rows(&kv),
+                    kv_replicated,
+                )?,
+                k_proj_bias: param(
+                    &format!("{p}.self_attn.k_proj.bias"),
+                    ColumnParallel,
+                    &[kv_all],
+                    rows(&kv),
+                    kv_replicated,
+                )?,
+                v_proj_weight: param(
+                    &format!("{p}.self_attn.v_proj.weight"),
+                    ColumnParallel,
+                    &[kv_all, d],
+                    rows(&kv),
+                    kv_replicated,
+                )?,
+                v_proj_bias: param(
+                    &format!("{p}.self_attn.v_proj.bias"),
+                    ColumnParallel,
+                    &[kv_all],
+                    rows(&kv),
+                    kv_replicated,
+                )?,
+                o_proj_weight: param(
+                    &format!("{p}.self_attn.o_proj.weight"),
+                    RowParallel,
+                    &[d, q_all],
+                    cols(&heads),
+                    false,
+                )?,
+                post_attention_layernorm: param(
+                    &format!("{p}.post_attention_layernorm.weight"),
+                    Norm,
+                    &[d],
+                    None,
+                    tp,
+                )?,
+                gate_proj_weight: param(
+                    &format!("{p}.mlp.gate_proj.weight"),
+                    ColumnParallel,
+                    &[inter_all, d],
+                    rows(&inter),
+                    false,
+                )?,
+                up_proj_weight: param(
+                    &format!("{p}.mlp.up_proj.weight"),
+                    ColumnParallel,
+                    &[inter_all, d],
+                    rows(&inter),
+                    false,
+                )?,
+                down_proj_weight: param(
+                    &format!("{p}.mlp.down_proj.weight"),
+                    RowParallel,
+                    &[d, inter_all],
+                    cols(&inter),
+                    false,
+                )?,
             });
         }
         let norm = param("model.norm.weight", Norm, &[d], None, tp)?;

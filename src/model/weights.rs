@@ -353,7 +353,8 @@ impl SafetensorsWriter {
         while (8 + text.len()) % 8 != 0 {
             text.push(' ');
         }
-        let file = File::create(path).with_context(|| format!("cannot create {}", path.display()))?;
+        let file =
+            File::create(path).with_context(|| format!("cannot create {}", path.display()))?;
         let mut file = std::io::BufWriter::with_capacity(1 << 20, file);
         file.write_all(&(text.len() as u64).to_le_bytes())
             .and_then(|()| file.write_all(text.as_bytes()))
@@ -370,7 +371,10 @@ impl SafetensorsWriter {
     pub fn write(&mut self, name: &str, bytes: &[u8]) -> Result<()> {
         use std::io::Write;
         let Some((want, len)) = self.entries.get(self.next) else {
-            bail!("{}: tensor {name} written after the last one", self.path.display());
+            bail!(
+                "{}: tensor {name} written after the last one",
+                self.path.display()
+            );
         };
         if want != name || *len != bytes.len() {
             bail!(

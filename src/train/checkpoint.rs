@@ -54,7 +54,11 @@ pub struct CheckpointWriter {
 impl CheckpointWriter {
     /// Starts `dir` (replacing an older one of the same name when finished) for the parameters
     /// `tensors` (HF name, whole shape), copying `source_model_dir`'s config and tokenizer files.
-    pub fn begin(dir: &Path, source_model_dir: &Path, tensors: &[(String, Vec<usize>)]) -> Result<Self> {
+    pub fn begin(
+        dir: &Path,
+        source_model_dir: &Path,
+        tensors: &[(String, Vec<usize>)],
+    ) -> Result<Self> {
         let name = dir
             .file_name()
             .and_then(|n| n.to_str())
@@ -80,7 +84,10 @@ impl CheckpointWriter {
                 .collect();
             Ok((
                 SafetensorsWriter::create(&partial.join("model.safetensors"), &model_header)?,
-                SafetensorsWriter::create(&partial.join("optimizer.safetensors"), &optimizer_header)?,
+                SafetensorsWriter::create(
+                    &partial.join("optimizer.safetensors"),
+                    &optimizer_header,
+                )?,
             ))
         })();
         match started {
@@ -100,7 +107,13 @@ impl CheckpointWriter {
     /// The next parameter (in the order given to [`Self::begin`]): its f32 master, written
     /// rounded to bf16 into the model and whole into the optimizer state, and its moments. A
     /// master holding NaN or Inf is refused.
-    pub fn put(&mut self, name: &str, master: &[f32], exp_avg: &[f32], exp_avg_sq: &[f32]) -> Result<()> {
+    pub fn put(
+        &mut self,
+        name: &str,
+        master: &[f32],
+        exp_avg: &[f32],
+        exp_avg_sq: &[f32],
+    ) -> Result<()> {
         if master.iter().any(|v| !v.is_finite()) {
             bail!("refusing to checkpoint {name}: it holds NaN or Inf");
         }
@@ -254,7 +267,11 @@ impl OptimizerFile {
                 .tensor(&key, &shard.full_shape)
                 .with_context(|| format!("{}: optimizer state", self.path.display()))?;
             if whole.dtype != DType::F32 {
-                bail!("{}: {key} is {}, expected F32", self.path.display(), whole.dtype.name());
+                bail!(
+                    "{}: {key} is {}, expected F32",
+                    self.path.display(),
+                    whole.dtype.name()
+                );
             }
             let mine = match &shard.split {
                 None => whole,
@@ -262,6 +279,11 @@ impl OptimizerFile {
             };
             Ok(mine.to_f32_vec())
         };
-        Ok(OPTIMIZER_PARTS.map(read).into_iter().collect::<Result<Vec<_>>>()?.try_into().expect("three parts"))
+        Ok(OPTIMIZER_PARTS
+            .map(read)
+            .into_iter()
+            .collect::<Result<Vec<_>>>()?
+            .try_into()
+            .expect("three parts"))
     }
 }

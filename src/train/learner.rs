@@ -21,7 +21,9 @@
 //! hold (norms; KV heads shared by ranks) once.
 
 use crate::backend::grad::BackendGrad;
-use crate::dist::{Communicator, ReduceOp, Solo};
+pub use crate::dist::Groups;
+
+use crate::dist::{Communicator, ReduceOp};
 use crate::model::params::ParamShard;
 use crate::model::{PackedBatch, Qwen2Model, Qwen2Params};
 use crate::tensor::HostTensor;
@@ -34,28 +36,6 @@ use serde_json::{json, Value};
 use std::path::Path;
 use std::sync::Arc;
 use std::time::Instant;
-
-/// The groups a learner computes with: its tensor-parallel group (the model's shards) and its
-/// data-parallel group (this shard in every replica).
-pub struct Groups<B: BackendGrad> {
-    pub tp: Arc<dyn Communicator<B>>,
-    pub dp: Arc<dyn Communicator<B>>,
-}
-
-impl<B: BackendGrad> Groups<B> {
-    /// One rank, one replica.
-    pub fn solo() -> Self {
-        Self {
-            tp: Arc::new(Solo),
-            dp: Arc::new(Solo),
-        }
-    }
-
-    /// The rank that writes files: tensor-parallel rank 0 of replica 0.
-    pub fn is_writer(&self) -> bool {
-        self.tp.rank() == 0 && self.dp.rank() == 0
-    }
-}
 
 pub struct Learner<'b, B: BackendGrad> {
     pub backend: &'b B,
@@ -97,7 +77,14 @@ impl<'b, B: BackendGrad> Learner<'b, B> {
         checkpoint_layers: bool,
     ) -> Result<Self> {
         let groups = Groups::solo();
-        Self::new_in(backend, model_dir, config, micro_batch_tokens, checkpoint_layers, &groups)
+        Self::new_in(
+            backend,
+            model_dir,
+            config,
+            micro_batch_tokens,
+            checkpoint_layers,
+            &groups,
+        )
     }
 
     /// [`Self::new`] for one rank of `groups`: loads this rank's shard of `model_dir`, and the
@@ -259,7 +246,12 @@ impl<'b, B: BackendGrad> Learner<'b, B> {
         let lengths: Vec<usize> = batch.iter().map(|s| s.tokens.len()).collect();
         let micro_batches = data::pack_micro_batches(&lengths, self.micro_batch_tokens);
         let (replica, replicas) = (self.dp.rank(), self.dp.size());
-        let mine: Vec<_> = micro_batches.iter().skip(replica).step_by(replicas).cloned().collect();
+        let mine: Vec<_> = micro_batches
+            .iter()
+            .skip(replica)
+            .step_by(replicas)
+            .cloned()
+            .collect();
         // RL-SPEC: N_act is the optimizer batch's, counted over every replica's share first.
         let mut count = [mine
             .iter()
@@ -320,7 +312,8 @@ impl<'b, B: BackendGrad> Learner<'b, B> {
     /// replicas), takes the global norm and updates the owned masters and every compute weight.
     fn update(&mut self, lr: f64) -> Result<crate::train::optimizer::StepReport> {
         let backend = self.backend;
-        self.model.reduce_replicated_grads(backend, &mut self.grads)?;
+        self.model
+            .reduce_replicated_grads(backend, &mut self.grads)?;
         if self.dp.size() > 1 {
             for g in self.grads.iter_mut() {
                 self.dp.all_reduce_sum(backend, g)?;
@@ -332,7 +325,9 @@ impl<'b, B: BackendGrad> Learner<'b, B> {
                 squares[0] += backend.sum_of_squares(g)?;
             }
         }
-        self.model.comm.all_reduce_f64(&mut squares, ReduceOp::Sum)?;
+        self.model
+            .comm
+            .all_reduce_f64(&mut squares, ReduceOp::Sum)?;
         let grad_norm = squares[0].sqrt();
         let grads: Vec<&B::Tensor> = self.grads.iter().collect();
         let owned_grads: Vec<&B::Tensor> = grads
@@ -420,10 +415,14 @@ impl<'b, B: BackendGrad> Learner<'b, B> {
             // This shard's three parts on the owning replica, sent to replica 0.
             let mut parts = match &self.masters[i] {
                 Some(master) => {
-                    let values = [master, &self.adamw.exp_avg[moment], &self.adamw.exp_avg_sq[moment]]
-                        .map(|t| backend.to_host(t))
-                        .into_iter()
-                        .collect::<Result<Vec<_>>>()?;
+                    let values = [
+                        master,
+                        &self.adamw.exp_avg[moment],
+                        &self.adamw.exp_avg_sq[moment],
+                    ]
+                    .map(|t| backend.to_host(t))
+                    .into_iter()
+                    .collect::<Result<Vec<_>>>()?;
                     moment += 1;
                     bytemuck::cast_slice(&values.concat()).to_vec()
                 }
@@ -459,7 +458,9 @@ fn zero_owners(shards: &[(String, ParamShard)], replicas: usize) -> Vec<usize> {
     shards
         .iter()
         .map(|(_, shard)| {
-            let owner = (0..replicas).min_by_key(|&r| (load[r], r)).expect("a replica");
+            let owner = (0..replicas)
+                .min_by_key(|&r| (load[r], r))
+                .expect("a replica");
             load[owner] += shard.local_shape().iter().product::<usize>();
             owner
         })
@@ -469,7 +470,11 @@ fn zero_owners(shards: &[(String, ParamShard)], replicas: usize) -> Vec<usize> {
 /// Whether this rank adds a tensor's squares to the global gradient norm: the whole tensor is
 /// counted once over the tensor-parallel ranks (a replicated norm by rank 0; a KV head several
 /// ranks hold by the first of them, whose query heads start its group).
-fn counts_in_norm(shard: &ParamShard, config: &crate::config::ModelConfig, local: &crate::config::LocalSizes) -> bool {
+fn counts_in_norm(
+    shard: &ParamShard,
+    config: &crate::config::ModelConfig,
+    local: &crate::config::LocalSizes,
+) -> bool {
     match (shard.replicated, &shard.split) {
         (false, _) => true,
         (true, None) => local.tp_rank == 0,

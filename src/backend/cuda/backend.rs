@@ -68,6 +68,18 @@ impl CudaBackend {
         })
     }
 
+    /// Device `ordinal` (after [`super::probe`] found the driver and device 0).
+    pub fn open(ordinal: usize) -> Result<Self> {
+        Self::new(CudaDevice::open(ordinal)?)
+    }
+
+    /// Devices the driver reports.
+    pub fn device_count(&self) -> Result<usize> {
+        let n = cudarc::driver::CudaContext::device_count()
+            .map_err(|e| anyhow::anyhow!("the CUDA driver cannot count devices: {e}"))?;
+        Ok(n.max(0) as usize)
+    }
+
     /// Device 0, or why not (as [`super::probe`]).
     pub fn open_default() -> std::result::Result<Self, String> {
         let device = super::probe()?;

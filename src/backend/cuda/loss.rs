@@ -244,7 +244,11 @@ impl CudaBackend {
         tiles: LossTiles,
     ) -> Result<Vec<RowStats>> {
         let (t, _, _) = check_lm_head(hidden, weight)?;
-        ensure!(targets.len() == t, "loss: {} targets for {t} rows", targets.len());
+        ensure!(
+            targets.len() == t,
+            "loss: {} targets for {t} rows",
+            targets.len()
+        );
         check_tiles(tiles)?;
         let stats = self.loss_row_stats(hidden, weight, targets, tiles)?;
         Ok(stats
@@ -436,7 +440,9 @@ impl CudaBackend {
         let stats = self.lm_head_stats_tiled(hidden, weight, rows.targets, tiles)?;
         let (out, lse, coef) = finish_rows(&stats, rows, objective, num_action_tokens);
         let targets = rows.targets;
-        self.lm_head_loss_grad_tiled(hidden, weight, targets, &lse, &coef, d_hidden, d_weight, tiles)?;
+        self.lm_head_loss_grad_tiled(
+            hidden, weight, targets, &lse, &coef, d_hidden, d_weight, tiles,
+        )?;
         Ok(out)
     }
 
