@@ -163,7 +163,7 @@ impl<B: BackendGrad> Qwen2Model<B> {
     }
 
     /// One layer's backward: `d_x` enters as the gradient of the layer's output and leaves as
-    /// that of its input.
+    /// that of its input. The forward's two blocks in reverse: the MLP block, then attention.
     fn layer_backward(
         &self,
         backend: &B,
@@ -173,16 +173,24 @@ impl<B: BackendGrad> Qwen2Model<B> {
         d_x: &mut B::Tensor,
         grads: &mut LayerParams<B::Tensor>,
     ) -> Result<()> {
-        let t = batch.num_tokens();
-        let (d, hd) = (self.config.hidden_size, self.config.head_dim);
-        let (heads, kv_heads, inter) = (
-            self.local.heads_local,
-            self.local.kv_heads_local,
-            self.local.intermediate_local,
-        );
-        let eps = self.config.rms_norm_eps as f32;
+        self.mlp_block_backward(backend, layer, batch, acts, d_x, grads)?;
+        self.attention_block_backward(backend, layer, batch, acts, d_x, grads)
+    }
 
-        // MLP block: x_out = x_mid + down(silu(gate(n)) * up(n)), n = rmsnorm(x_mid).
+    /// The MLP block's backward: x_out = x_mid + down(silu(gate(n)) * up(n)), n = rmsnorm(x_mid).
+    /// `d_x` enters as d x_out and leaves as d x_mid.
+    fn mlp_block_backward(
+        &self,
+        backend: &B,
+        layer: &LayerParams<B::Tensor>,
+        batch: &PackedBatch,
+        acts: &LayerActivations<B::Tensor>,
+        d_x: &mut B::Tensor,
+        grads: &mut LayerParams<B::Tensor>,
+    ) -> Result<()> {
+        let t = batch.num_tokens();
+        let (d, inter) = (self.config.hidden_size, self.local.intermediate_local);
+        let eps = self.config.rms_norm_eps as f32;
         let mut d_act = backend.zeros(&[t, inter])?;
         backend.linear_backward(
             &acts.act,
@@ -219,10 +227,24 @@ impl<B: BackendGrad> Qwen2Model<B> {
             &d_normed,
             d_x,
             &mut grads.post_attention_layernorm,
-        )?;
+        )
+    }
 
-        // Attention block: x_mid = x_in + o(attention(rope(q(n)), rope(k(n)), v(n))),
-        // n = rmsnorm(x_in).
+    /// The attention block's backward: x_mid = x_in + o(attention(rope(q(n)), rope(k(n)), v(n))),
+    /// n = rmsnorm(x_in). `d_x` enters as d x_mid and leaves as d x_in.
+    fn attention_block_backward(
+        &self,
+        backend: &B,
+        layer: &LayerParams<B::Tensor>,
+        batch: &PackedBatch,
+        acts: &LayerActivations<B::Tensor>,
+        d_x: &mut B::Tensor,
+        grads: &mut LayerParams<B::Tensor>,
+    ) -> Result<()> {
+        let t = batch.num_tokens();
+        let (d, hd) = (self.config.hidden_size, self.config.head_dim);
+        let (heads, kv_heads) = (self.local.heads_local, self.local.kv_heads_local);
+        let eps = self.config.rms_norm_eps as f32;
         let mut d_attn = backend.zeros(&[t, heads, hd])?;
         backend.linear_backward(
             &acts.attn,
@@ -249,7 +271,7 @@ impl<B: BackendGrad> Qwen2Model<B> {
             &mut d_v,
         )?;
         backend.rope_backward(&mut d_q, &mut d_k, &batch.positions, &self.rotary)?;
-        backend.fill_zero(&mut d_normed)?;
+        let mut d_normed = backend.zeros(&[t, d])?;
         backend.linear_backward(
             &acts.normed_attn,
             &layer.q_proj_weight,
