@@ -101,6 +101,35 @@ pub fn finalize_rows(
     (out, lse, coef)
 }
 
+/// The gradient buffers' dtypes (`d_hidden` bf16, `d_weight` f32) and sizes against hidden
+/// and the LM head (checked by [`check_lm_head`]); returns `(T, V, d)`.
+fn check_loss_buffers(
+    hidden: &CudaTensor,
+    weight: &CudaTensor,
+    d_hidden: &CudaTensor,
+    d_weight: &CudaTensor,
+) -> Result<(usize, usize, usize)> {
+    for (what, t, dtype) in [
+        ("d_hidden", d_hidden, DeviceDType::Bf16),
+        ("d_weight", d_weight, DeviceDType::F32),
+    ] {
+        ensure!(
+            t.dtype() == dtype,
+            "loss: {what} is {:?}, expected {dtype:?}",
+            t.dtype()
+        );
+    }
+    let (t, vocab, d) = check_lm_head(hidden, weight)?;
+    ensure!(
+        d_hidden.len() == hidden.len() && d_weight.len() == weight.len(),
+        "loss: gradient buffers {:?} / {:?} do not match hidden [{t}, {d}] and LM head \
+         [{vocab}, {d}]",
+        d_hidden.shape(),
+        d_weight.shape()
+    );
+    Ok((t, vocab, d))
+}
+
 /// Checks the loss's bf16 `hidden [T, d]` against the LM head `[V, d]`; returns `(T, V, d)`.
 fn check_lm_head(hidden: &CudaTensor, weight: &CudaTensor) -> Result<(usize, usize, usize)> {
     for (what, t) in [("hidden", hidden), ("LM head", weight)] {
@@ -300,24 +329,7 @@ impl CudaBackend {
         d_weight: &mut CudaTensor,
         tiles: LossTiles,
     ) -> Result<LossOutput> {
-        for (what, t, dtype) in [
-            ("d_hidden", &*d_hidden, DeviceDType::Bf16),
-            ("d_weight", &*d_weight, DeviceDType::F32),
-        ] {
-            ensure!(
-                t.dtype() == dtype,
-                "loss: {what} is {:?}, expected {dtype:?}",
-                t.dtype()
-            );
-        }
-        let (t, vocab, d) = check_lm_head(hidden, weight)?;
-        ensure!(
-            d_hidden.len() == hidden.len() && d_weight.len() == weight.len(),
-            "loss: gradient buffers {:?} / {:?} do not match hidden [{t}, {d}] and LM head \
-             [{vocab}, {d}]",
-            d_hidden.shape(),
-            d_weight.shape()
-        );
+        let (t, vocab, _) = check_loss_buffers(hidden, weight, d_hidden, d_weight)?;
         check_rows(rows, objective, t, vocab)?;
         ensure!(
             num_action_tokens > 0.0,
@@ -329,21 +341,53 @@ impl CudaBackend {
         );
         // Pass 1: per-row softmax statistics, tile by tile.
         let stats_host = self.loss_row_stats(hidden, weight, rows.targets, tiles)?;
-        let (tile_rows, tile_vocab) = (tiles.rows.min(t), tiles.vocab.min(vocab));
-        let chunks =
-            |n: usize, step: usize| (0..n).step_by(step).map(move |s| (s, step.min(n - s)));
-
         // The loss terms on the host, with the reference's own `token_term`.
         let (out, lse, coef) = finalize_rows(&stats_host, rows, objective, num_action_tokens);
         if coef.iter().all(|&c| c == 0.0) {
             return Ok(out);
         }
-
         // Pass 2: recompute each tile, its gradient, and both gradient GEMMs.
-        let targets = self.upload_pod(rows.targets, &[t], DeviceDType::U32)?;
+        let tiles = LossTiles {
+            rows: tiles.rows.min(t),
+            vocab: tiles.vocab.min(vocab),
+        };
+        self.loss_gradients(
+            hidden,
+            weight,
+            rows.targets,
+            &lse,
+            &coef,
+            tiles,
+            d_hidden,
+            d_weight,
+        )?;
+        Ok(out)
+    }
+
+    /// Pass 2 of the fused loss: per tile of `tiles` (already clamped to `[T, V]`), the logits
+    /// again, their gradient `g`, then `d_hidden += g W` (through an fp32 accumulator per row
+    /// tile) and `d_weight += g^T h`. Row tiles whose rows all have coefficient 0 are skipped.
+    #[allow(clippy::too_many_arguments)]
+    fn loss_gradients(
+        &self,
+        hidden: &CudaTensor,
+        weight: &CudaTensor,
+        targets: &[u32],
+        lse: &[f32],
+        coef: &[f32],
+        tiles: LossTiles,
+        d_hidden: &mut CudaTensor,
+        d_weight: &mut CudaTensor,
+    ) -> Result<()> {
+        let (vocab, d) = (weight.shape()[0], weight.shape()[1]);
+        let t = hidden.len() / d;
+        let (tile_rows, tile_vocab) = (tiles.rows, tiles.vocab);
+        let chunks =
+            |n: usize, step: usize| (0..n).step_by(step).map(move |s| (s, step.min(n - s)));
+        let targets = self.upload_pod(targets, &[t], DeviceDType::U32)?;
         let logits = self.alloc(&[tile_rows, tile_vocab], DeviceDType::F32)?;
-        let lse_dev = self.upload_pod(&lse, &[t], DeviceDType::F32)?;
-        let coef_dev = self.upload_pod(&coef, &[t], DeviceDType::F32)?;
+        let lse_dev = self.upload_pod(lse, &[t], DeviceDType::F32)?;
+        let coef_dev = self.upload_pod(coef, &[t], DeviceDType::F32)?;
         let g = self.alloc(&[tile_rows, tile_vocab], DeviceDType::Bf16)?;
         let dh_acc = self.alloc(&[tile_rows, d], DeviceDType::F32)?;
         for (r0, nr) in chunks(t, tile_rows) {
@@ -362,48 +406,74 @@ impl CudaBackend {
                     nv,
                     v0,
                 )?;
-                // SAFETY (both): the offsets and sizes lie inside the checked tensors.
-                unsafe {
-                    // dh_acc[nr, d] (+)= g[nr, nv] W[v0.., nv x d]
-                    self.gemm.row_major(RowMajorGemm {
-                        m: nr,
-                        n: d,
-                        k: nv,
-                        a: g.ptr(),
-                        lda: nv,
-                        trans_a: false,
-                        b: at(weight, v0 * d),
-                        ldb: d,
-                        trans_b: false,
-                        out: dh_acc.ptr(),
-                        ldo: d,
-                        out_f32: true,
-                        alpha: 1.0,
-                        beta: if v0 == 0 { 0.0 } else { 1.0 },
-                    })?;
-                    // d_weight[v0.., nv x d] += g^T[nv, nr] h[r0.., nr x d]
-                    self.gemm.row_major(RowMajorGemm {
-                        m: nv,
-                        n: d,
-                        k: nr,
-                        a: g.ptr(),
-                        lda: nv,
-                        trans_a: true,
-                        b: at(hidden, r0 * d),
-                        ldb: d,
-                        trans_b: false,
-                        out: at(d_weight, v0 * d),
-                        ldo: d,
-                        out_f32: true,
-                        alpha: 1.0,
-                        beta: 1.0,
-                    })?;
-                }
+                self.tile_gradient_gemms(
+                    &g,
+                    hidden,
+                    weight,
+                    &dh_acc,
+                    d_weight,
+                    (r0, nr),
+                    (v0, nv),
+                )?;
             }
             self.device
                 .add_f32_into_bf16_at(at(d_hidden, r0 * d), dh_acc.ptr(), nr * d)?;
         }
-        Ok(out)
+        Ok(())
+    }
+
+    /// The two GEMMs of one tile's gradient `g [nr, nv]`: `dh_acc (+)= g W[v0..]` (overwritten at
+    /// the first vocab tile) and `d_weight[v0..] += g^T hidden[r0..]`.
+    #[allow(clippy::too_many_arguments)]
+    fn tile_gradient_gemms(
+        &self,
+        g: &CudaTensor,
+        hidden: &CudaTensor,
+        weight: &CudaTensor,
+        dh_acc: &CudaTensor,
+        d_weight: &CudaTensor,
+        (r0, nr): (usize, usize),
+        (v0, nv): (usize, usize),
+    ) -> Result<()> {
+        let d = weight.shape()[1];
+        // SAFETY (both): the offsets and sizes lie inside the checked tensors.
+        unsafe {
+            // dh_acc[nr, d] (+)= g[nr, nv] W[v0.., nv x d]
+            self.gemm.row_major(RowMajorGemm {
+                m: nr,
+                n: d,
+                k: nv,
+                a: g.ptr(),
+                lda: nv,
+                trans_a: false,
+                b: at(weight, v0 * d),
+                ldb: d,
+                trans_b: false,
+                out: dh_acc.ptr(),
+                ldo: d,
+                out_f32: true,
+                alpha: 1.0,
+                beta: if v0 == 0 { 0.0 } else { 1.0 },
+            })?;
+            // d_weight[v0.., nv x d] += g^T[nv, nr] h[r0.., nr x d]
+            self.gemm.row_major(RowMajorGemm {
+                m: nv,
+                n: d,
+                k: nr,
+                a: g.ptr(),
+                lda: nv,
+                trans_a: true,
+                b: at(hidden, r0 * d),
+                ldb: d,
+                trans_b: false,
+                out: at(d_weight, v0 * d),
+                ldo: d,
+                out_f32: true,
+                alpha: 1.0,
+                beta: 1.0,
+            })?;
+        }
+        Ok(())
     }
 
     /// `logits[nr, nv] = hidden[r0.., nr x d] weight[v0.., nv x d]^T` in fp32.
