@@ -1,7 +1,7 @@
 //! `SWERVE_EMU=1` builds (a module of `build.rs`): every `kernels/*.cu` compiled for the host with
-//! g++ against `emu/include/emu_cuda.h`, linked with the runtime (`emu/runtime.cpp`) and the
-//! stand-in driver (`emu/driver.cpp`) into `$OUT_DIR/emu/libcuda.so`, and `emu/cublaslt.cpp` into
-//! `$OUT_DIR/emu/libcublasLt.so`. The kernel "fatbins" the library embeds are then markers
+//! g++ against `emu/include/emu_cuda.h`, linked with the runtime ([`RUNTIME_SOURCES`]) and the
+//! stand-in driver ([`DRIVER_SOURCES`]) into `$OUT_DIR/emu/libcuda.so`, and `emu/cublaslt.cpp`
+//! into `$OUT_DIR/emu/libcublasLt.so`. The kernel "fatbins" the library embeds are then markers
 //! (`SWERVE-EMU:<family>`) that the stand-in `cuModuleLoadData` resolves to the host-compiled
 //! family.
 //!
@@ -17,6 +17,13 @@ use std::fmt::Write as _;
 use std::fs;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output, Stdio};
+
+/// The runtime's files in `emu/`: launches, blocks and fibers; warp collectives; shared memory
+/// and `cp.async` (their shared internals: `emu/runtime_internal.h`).
+pub const RUNTIME_SOURCES: [&str; 3] = ["runtime.cpp", "runtime_warp.cpp", "runtime_memory.cpp"];
+/// The stand-in driver's files in `emu/`: the Driver API; device memory and copies (shared
+/// internals: `emu/driver_internal.h`).
+pub const DRIVER_SOURCES: [&str; 2] = ["driver.cpp", "driver_memory.cpp"];
 
 pub struct EmuBuild {
     /// (family, marker bytes) in place of fatbins.
@@ -110,15 +117,16 @@ pub fn build(manifest_dir: &Path, out_dir: &Path, sources: &[PathBuf]) -> Result
     registry.push_str("    {nullptr, nullptr},\n};\n");
     let registry_cpp = build_dir.join("registry.cpp");
     fs::write(&registry_cpp, registry).map_err(|e| format!("writing registry.cpp: {e}"))?;
-    for (name, src) in [
-        ("emu/runtime.cpp", emu_dir.join("runtime.cpp")),
-        ("emu/driver.cpp", emu_dir.join("driver.cpp")),
-        ("registry.cpp", registry_cpp),
-    ] {
+    let libcuda_sources = RUNTIME_SOURCES
+        .iter()
+        .chain(&DRIVER_SOURCES)
+        .map(|file| (format!("emu/{file}"), emu_dir.join(file)))
+        .chain([("registry.cpp".to_string(), registry_cpp)]);
+    for (name, src) in libcuda_sources {
         let object = build_dir.join(format!("{}.o", src.file_stem().unwrap().to_string_lossy()));
         let mut cmd = Command::new(&cxx);
         cmd.args(flags(&["-c"])).arg(&src).arg("-o").arg(&object);
-        jobs.push((name.to_string(), object, cmd));
+        jobs.push((name, object, cmd));
     }
     let objects = run_parallel(jobs, &cxx)?;
 

@@ -250,6 +250,22 @@ fn bash_ls_chain(tokenizer: &Tokenizer) -> Vec<(u32, u32)> {
     ids.windows(2).map(|w| (w[0], w[1])).collect()
 }
 
+/// Rollout flags both models of [`model_rollouts_carry_logprobs_that_score_recomputes_and_rft_trains_on`] share.
+const ROLLOUT_FLAGS: [&str; 12] = [
+    "--tasks",
+    "builtin:python-bugs",
+    "--limit-tasks",
+    "2",
+    "--group",
+    "2",
+    "--max-turns",
+    "3",
+    "--device",
+    "cpu",
+    "--concurrency",
+    "4",
+];
+
 #[test]
 fn model_rollouts_carry_logprobs_that_score_recomputes_and_rft_trains_on() {
     let dir = tempfile::tempdir().unwrap();
@@ -258,20 +274,6 @@ fn model_rollouts_carry_logprobs_that_score_recomputes_and_rft_trains_on() {
 
     // A random model: every turn is a format error, but its sampled tokens keep their logprobs.
     let random_out = dir.path().join("random");
-    let common = [
-        "--tasks",
-        "builtin:python-bugs",
-        "--limit-tasks",
-        "2",
-        "--group",
-        "2",
-        "--max-turns",
-        "3",
-        "--device",
-        "cpu",
-        "--concurrency",
-        "4",
-    ];
     let mut args = vec![
         "rollout",
         "--model",
@@ -279,7 +281,7 @@ fn model_rollouts_carry_logprobs_that_score_recomputes_and_rft_trains_on() {
         "--max-turn-tokens",
         "24",
     ];
-    args.extend(common);
+    args.extend(ROLLOUT_FLAGS);
     args.extend(["--out", random_out.to_str().unwrap()]);
     train(&args);
     let random = json_lines(&random_out.join("trajectories.jsonl"));
@@ -291,12 +293,27 @@ fn model_rollouts_carry_logprobs_that_score_recomputes_and_rft_trains_on() {
         .unwrap();
     let ls_out = dir.path().join("ls");
     let mut args = vec!["rollout", "--model", bigram_dir.to_str().unwrap()];
-    args.extend(common);
+    args.extend(ROLLOUT_FLAGS);
     args.extend(["--out", ls_out.to_str().unwrap()]);
     train(&args);
     let ls = json_lines(&ls_out.join("trajectories.jsonl"));
     assert_eq!(ls.len(), 4);
-    for line in &ls {
+    check_ls_rollouts(&ls, &tokenizer, &template);
+
+    // `score` recomputes every sampled token's logprob from the token ids alone.
+    for (lines, model) in [
+        (&random, random_out.join("base-model")),
+        (&ls, bigram_dir.clone()),
+    ] {
+        score_recomputes_the_rollout_logprobs(dir.path(), lines, &model);
+    }
+    rft_trains_on_the_rollout_file(dir.path(), &bigram_dir, &ls_out);
+}
+
+/// The `ls` model's rollouts: every turn valid, 15 action tokens each, the tool's output the
+/// task's package, and the chat form equal to the tokens.
+fn check_ls_rollouts(ls: &[Value], tokenizer: &Tokenizer, template: &ChatTemplate) {
+    for line in ls {
         assert_eq!(line["finish"], json!("max_turns"), "{line}");
         assert_eq!(line["format_errors"], json!(0));
         let mask: Vec<u8> = serde_json::from_value(line["action_mask"].clone()).unwrap();
@@ -311,50 +328,49 @@ fn model_rollouts_carry_logprobs_that_score_recomputes_and_rft_trains_on() {
             "calc"
         };
         assert_eq!(tool.trim(), package, "{line}");
-        assert_chat_form_matches_tokens(line, &tokenizer, &template);
+        assert_chat_form_matches_tokens(line, tokenizer, template);
     }
+}
 
-    // `score` recomputes every sampled token's logprob from the token ids alone.
-    for (lines, model) in [
-        (&random, random_out.join("base-model")),
-        (&ls, bigram_dir.clone()),
-    ] {
-        let input = dir.path().join("score-in.jsonl");
-        let output = dir.path().join("score-out.jsonl");
-        let text: String = lines
-            .iter()
-            .map(|l| format!("{}\n", json!({"tokens": l["tokens"]})))
-            .collect();
-        std::fs::write(&input, text).unwrap();
-        train(&[
-            "score",
-            "--model",
-            model.to_str().unwrap(),
-            "--input",
-            input.to_str().unwrap(),
-            "--output",
-            output.to_str().unwrap(),
-            "--device",
-            "cpu",
-        ]);
-        let mut compared = 0;
-        for (line, scored) in lines.iter().zip(json_lines(&output)) {
-            let rollout = line["logprobs"].as_array().unwrap();
-            let recomputed = scored["logprobs"].as_array().unwrap();
-            assert_eq!(rollout.len(), recomputed.len());
-            for (t, (a, b)) in rollout.iter().zip(recomputed).enumerate() {
-                if let Some(a) = a.as_f64() {
-                    let b = b.as_f64().unwrap();
-                    assert!((a - b).abs() <= 1e-4, "token {t}: rollout {a} vs score {b}");
-                    compared += 1;
-                }
+/// `score` over the rollouts' token ids gives every sampled token's rollout logprob.
+fn score_recomputes_the_rollout_logprobs(dir: &Path, lines: &[Value], model: &Path) {
+    let input = dir.join("score-in.jsonl");
+    let output = dir.join("score-out.jsonl");
+    let text: String = lines
+        .iter()
+        .map(|l| format!("{}\n", json!({"tokens": l["tokens"]})))
+        .collect();
+    std::fs::write(&input, text).unwrap();
+    train(&[
+        "score",
+        "--model",
+        model.to_str().unwrap(),
+        "--input",
+        input.to_str().unwrap(),
+        "--output",
+        output.to_str().unwrap(),
+        "--device",
+        "cpu",
+    ]);
+    let mut compared = 0;
+    for (line, scored) in lines.iter().zip(json_lines(&output)) {
+        let rollout = line["logprobs"].as_array().unwrap();
+        let recomputed = scored["logprobs"].as_array().unwrap();
+        assert_eq!(rollout.len(), recomputed.len());
+        for (t, (a, b)) in rollout.iter().zip(recomputed).enumerate() {
+            if let Some(a) = a.as_f64() {
+                let b = b.as_f64().unwrap();
+                assert!((a - b).abs() <= 1e-4, "token {t}: rollout {a} vs score {b}");
+                compared += 1;
             }
         }
-        assert!(compared >= 4 * 3 * 15, "{compared}");
     }
+    assert!(compared >= 4 * 3 * 15, "{compared}");
+}
 
-    // RFT trains on the rollout file as it is (token form; format errors masked).
-    let rft_out = dir.path().join("rft");
+/// RFT trains on the rollout file as it is (token form; format errors masked).
+fn rft_trains_on_the_rollout_file(dir: &Path, bigram_dir: &Path, ls_out: &Path) {
+    let rft_out = dir.join("rft");
     train(&[
         "rft",
         "--model",

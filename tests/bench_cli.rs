@@ -4,6 +4,7 @@
 mod common;
 
 use common::bin_path;
+use serde_json::Value;
 use std::process::Command;
 
 #[test]
@@ -106,49 +107,61 @@ fn agent_through_http_reports_host_time_next_to_the_in_process_run() {
         "{stdout}{}",
         String::from_utf8_lossy(&out.stderr)
     );
-    let per_token = |prefix: &str| -> f64 {
-        let line = stdout
-            .lines()
-            .find(|l| l.starts_with(prefix) && l.contains("host time per generated token"))
-            .unwrap_or_else(|| panic!("no {prefix:?} host-time line in {stdout}"));
-        line.rsplit("token ")
-            .next()
-            .and_then(|s| s.trim_end_matches(" us").split_whitespace().next())
-            .and_then(|s| s.parse().ok())
-            .unwrap_or_else(|| panic!("cannot read {line:?}"))
-    };
-    // Host time per token is wall time minus model time, over the tokens: above 0 (the
-    // engine's scheduling is never free; 0 is what the clamp gives when model time exceeds the
-    // wall time it is part of) and at most the wall time per token, which the report's
-    // tokens/s gives independently (printed to the unit, hence the half token/s; the host time
-    // to 0.1 us).
-    let wall_us_per_token = |prefix: &str| -> f64 {
-        let line = stdout
-            .lines()
-            .find(|l| l.starts_with(prefix) && l.ends_with(" tokens/s"))
-            .unwrap_or_else(|| panic!("no {prefix:?} tokens/s line in {stdout}"));
-        let tokens_per_s: f64 = line
-            .trim_end_matches(" tokens/s")
-            .rsplit(' ')
-            .next()
-            .and_then(|s| s.parse().ok())
-            .unwrap_or_else(|| panic!("cannot read {line:?}"));
-        1e6 / (tokens_per_s - 0.5)
-    };
+    host_time_is_above_zero_and_within_the_wall_time(&stdout);
+    the_record_gives_the_host_time_again(&stdout, &common::json_lines(&jsonl)[0]);
+    both_runs_do_the_same_turns(&stdout);
+}
+
+/// The printed host time per generated token (us) of the report line starting with `prefix`.
+fn host_us_per_token(stdout: &str, prefix: &str) -> f64 {
+    let line = stdout
+        .lines()
+        .find(|l| l.starts_with(prefix) && l.contains("host time per generated token"))
+        .unwrap_or_else(|| panic!("no {prefix:?} host-time line in {stdout}"));
+    line.rsplit("token ")
+        .next()
+        .and_then(|s| s.trim_end_matches(" us").split_whitespace().next())
+        .and_then(|s| s.parse().ok())
+        .unwrap_or_else(|| panic!("cannot read {line:?}"))
+}
+
+/// The wall time per generated token (us) from the tokens/s line starting with `prefix`
+/// (printed to the unit, hence the half token/s).
+fn wall_us_per_token(stdout: &str, prefix: &str) -> f64 {
+    let line = stdout
+        .lines()
+        .find(|l| l.starts_with(prefix) && l.ends_with(" tokens/s"))
+        .unwrap_or_else(|| panic!("no {prefix:?} tokens/s line in {stdout}"));
+    let tokens_per_s: f64 = line
+        .trim_end_matches(" tokens/s")
+        .rsplit(' ')
+        .next()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or_else(|| panic!("cannot read {line:?}"));
+    1e6 / (tokens_per_s - 0.5)
+}
+
+/// Host time per token is wall time minus model time, over the tokens: above 0 (the engine's
+/// scheduling is never free; 0 is what the clamp gives when model time exceeds the wall time it
+/// is part of) and at most the wall time per token, which the report's tokens/s gives
+/// independently (printed to the unit, hence the half token/s; the host time to 0.1 us).
+fn host_time_is_above_zero_and_within_the_wall_time(stdout: &str) {
     for (host, wall) in [
         ("host time", "rollouts 2"),
         ("through HTTP", "through HTTP: rollouts"),
     ] {
-        let host_us = per_token(host);
-        let wall_us = wall_us_per_token(wall);
+        let host_us = host_us_per_token(stdout, host);
+        let wall_us = wall_us_per_token(stdout, wall);
         assert!(
             host_us > 0.0 && host_us <= wall_us + 0.05,
             "{host}: host time per token {host_us} us against wall time per token {wall_us} us"
         );
     }
-    // In process, the record's other fields give the host time again: wall time = generated /
-    // tokens/s, model time = steps x mean step x (1 - host overhead share of the steps).
-    let record = &common::json_lines(&jsonl)[0];
+}
+
+/// In process, the record's other fields give the host time again: wall time = generated /
+/// tokens/s, model time = steps x mean step x (1 - host overhead share of the steps).
+fn the_record_gives_the_host_time_again(stdout: &str, record: &Value) {
     assert_eq!(record["table"], "agent");
     let field = |key: &str| {
         record[key]
@@ -172,11 +185,14 @@ fn agent_through_http_reports_host_time_next_to_the_in_process_run() {
         "host time per token {got_us} us, but the record's other fields give {want_us} us"
     );
     assert!(
-        (got_us - per_token("host time")).abs() <= 0.051,
+        (got_us - host_us_per_token(stdout, "host time")).abs() <= 0.051,
         "printed {} us, recorded {got_us} us",
-        per_token("host time")
+        host_us_per_token(stdout, "host time")
     );
-    // Same workload both ways: the same turns, and the HTTP run hits the prefix cache too.
+}
+
+/// Same workload both ways: the same turns, and the HTTP run hits the prefix cache too.
+fn both_runs_do_the_same_turns(stdout: &str) {
     assert!(stdout.contains("rollouts 2, turns"), "{stdout}");
     let http = stdout
         .lines()

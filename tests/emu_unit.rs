@@ -1,9 +1,11 @@
-//! Unit tests of the emulated CUDA device (`emu/`): compiles the runtime (`emu/runtime.cpp`) with
-//! the C++ test programs into `CARGO_TARGET_TMPDIR` with g++ and runs them.
+//! Unit tests of the emulated CUDA device (`emu/`): compiles the runtime (`emu/runtime.cpp`,
+//! `runtime_warp.cpp`, `runtime_memory.cpp`) with the C++ test programs into
+//! `CARGO_TARGET_TMPDIR` with g++ and runs them.
 //!
 //! - `emu/tests/unit.cpp`: ldmatrix / mma.sync fragment layouts against the PTX ISA and a scalar
-//!   matmul, shuffles, votes, atomics, cp.async groups, every diagnostic on a bad kernel (and none
-//!   on the good ones), the `SWERVE_EMU_SCHEDULE` modes, launches on several OS threads.
+//!   matmul, shuffles, votes, atomics, cp.async groups, shared memory.
+//! - `emu/tests/unit_diagnostics.cpp`: every diagnostic on a bad kernel (and none on the good
+//!   ones), the `SWERVE_EMU_SCHEDULE` modes, launches on several OS threads, guard pages.
 //! - `emu/tests/unit_kernels.cpp`: the real `kernels/rmsnorm.cu` and `kernels/flash_attn.cu`
 //!   (forward and backward) against float64 references, and two broken copies of the flash
 //!   forward written here (`cp_async_wait<1>` made `<2>`: the emulator must report copies never
@@ -28,19 +30,26 @@ fn build_dir() -> &'static PathBuf {
         let dir = PathBuf::from(env!("CARGO_TARGET_TMPDIR"))
             .join(format!("emu_unit-{}", std::process::id()));
         fs::create_dir_all(&dir).expect("creating the build directory");
-        let object = dir.join("runtime.o");
-        let runtime = root().join("emu/runtime.cpp");
-        compile(
-            &[
-                runtime.to_str().unwrap(),
-                "-c",
-                "-o",
-                object.to_str().unwrap(),
-            ],
-            &[],
-        );
+        for file in build_emu::RUNTIME_SOURCES {
+            let object = runtime_object(&dir, file);
+            let source = root().join("emu").join(file);
+            compile(
+                &[
+                    source.to_str().unwrap(),
+                    "-c",
+                    "-o",
+                    object.to_str().unwrap(),
+                ],
+                &[],
+            );
+        }
         dir
     })
+}
+
+/// The object a runtime source compiles to in `dir`.
+fn runtime_object(dir: &Path, file: &str) -> PathBuf {
+    dir.join(file.replace(".cpp", ".o"))
 }
 
 fn cxx() -> String {
@@ -93,17 +102,14 @@ fn compile(args: &[&str], include_dirs: &[&Path]) {
 fn compile_and_run(name: &str, source: &Path, include_dirs: &[&Path]) {
     let dir = build_dir();
     let exe = dir.join(name);
-    let object = dir.join("runtime.o");
-    compile(
-        &[
-            source.to_str().unwrap(),
-            object.to_str().unwrap(),
-            "-o",
-            exe.to_str().unwrap(),
-            "-lpthread",
-        ],
-        include_dirs,
-    );
+    let objects: Vec<PathBuf> = build_emu::RUNTIME_SOURCES
+        .iter()
+        .map(|file| runtime_object(dir, file))
+        .collect();
+    let mut args = vec![source.to_str().unwrap()];
+    args.extend(objects.iter().map(|o| o.to_str().unwrap()));
+    args.extend(["-o", exe.to_str().unwrap(), "-lpthread"]);
+    compile(&args, include_dirs);
     let out = Command::new(&exe)
         .output()
         .expect("running the test program");
@@ -155,6 +161,15 @@ fn mutate_forward(src: &str, from: &str, to: &str) -> String {
 #[test]
 fn emulator_unit_tests() {
     compile_and_run("unit", &root().join("emu/tests/unit.cpp"), &[]);
+}
+
+#[test]
+fn emulator_diagnostics_schedules_threads_and_guard_pages() {
+    compile_and_run(
+        "unit_diagnostics",
+        &root().join("emu/tests/unit_diagnostics.cpp"),
+        &[],
+    );
 }
 
 #[test]

@@ -206,7 +206,6 @@ fn run_gpu(
 fn attention_backward_matches_cpu_reference() {
     let (gpu, cpu) = (gpu(), CpuBackend::new());
     for (i, &(lens, heads, kv_heads, hd)) in CASES.iter().enumerate() {
-        let what = format!("lens {lens:?} heads {heads}/{kv_heads} hd {hd}");
         let cu = cu_seqlens(lens);
         let t = *cu.last().unwrap() as usize;
         let seed = 3000 + 10 * i as u64;
@@ -218,49 +217,94 @@ fn attention_backward_matches_cpu_reference() {
         let (_, pre_q) = random(&gpu, &[t, heads, hd], seed + 4, 0.25);
         let (_, pre_k) = random(&gpu, &[t, kv_heads, hd], seed + 5, 0.25);
         let (_, pre_v) = random(&gpu, &[t, kv_heads, hd], seed + 6, 0.25);
-        let prefill = [&pre_q.data[..], &pre_k.data[..], &pre_v.data[..]];
-        let got = run_gpu(&gpu, &q, &k, &v, &d_out, &cu, prefill);
+        let case = HostCase {
+            what: format!("lens {lens:?} heads {heads}/{kv_heads} hd {hd}"),
+            cu,
+            heads: (heads, kv_heads, hd),
+            q: q_cpu,
+            k: k_cpu,
+            v: v_cpu,
+            d_out: d_out_cpu,
+            prefill: [pre_q, pre_k, pre_v],
+        };
+        let got = run_gpu(&gpu, &q, &k, &v, &d_out, &case.cu, case.prefill());
+        let (out_ref, lse_ref, refs) = case.cpu_reference(&cpu);
+        case.check_forward(&got, &out_ref, &lse_ref);
+        case.check_backward(&got, &refs);
+    }
+}
 
-        // Reference: the CPU backend (f32, logsumexp in f64), same pre-fill.
+/// One case's host inputs (bf16 values as f32): q, k, v, the output's gradient and the
+/// gradients' pre-fill, over the packed sequences `cu`.
+struct HostCase {
+    what: String,
+    cu: Vec<u32>,
+    /// (heads, kv heads, head dim).
+    heads: (usize, usize, usize),
+    q: CpuTensor,
+    k: CpuTensor,
+    v: CpuTensor,
+    d_out: CpuTensor,
+    prefill: [CpuTensor; 3],
+}
+
+impl HostCase {
+    fn prefill(&self) -> [&[f32]; 3] {
+        let [q, k, v] = &self.prefill;
+        [&q.data[..], &k.data[..], &v.data[..]]
+    }
+
+    fn rows(&self) -> (Rows, Rows) {
+        let (heads, kv_heads, hd) = self.heads;
+        (Rows::heads(heads, hd), Rows::heads(kv_heads, hd))
+    }
+
+    /// Reference: the CPU backend (f32, logsumexp in f64), same pre-fill: out, lse, and d_q,
+    /// d_k, d_v.
+    fn cpu_reference(&self, cpu: &CpuBackend) -> (CpuTensor, CpuTensor, [CpuTensor; 3]) {
+        let (heads, _, hd) = self.heads;
+        let (t, cu) = (*self.cu.last().unwrap() as usize, &self.cu);
         let scale = 1.0 / (hd as f32).sqrt();
         let mut out_ref = cpu.zeros(&[t, heads, hd]).unwrap();
         let mut lse_ref = CpuTensor::new(vec![t, heads], vec![0.0; t * heads]);
         cpu.attention_with_lse(
-            &q_cpu,
-            &k_cpu,
-            &v_cpu,
-            &cu,
+            &self.q,
+            &self.k,
+            &self.v,
+            cu,
             scale,
             &mut out_ref,
             &mut lse_ref,
         )
         .unwrap();
-        let mut refs = [pre_q.clone(), pre_k.clone(), pre_v.clone()];
+        let mut refs = self.prefill.clone();
         let [rq, rk, rv] = &mut refs;
         cpu.attention_backward(
-            &q_cpu, &k_cpu, &v_cpu, &out_ref, &lse_ref, &d_out_cpu, &cu, scale, rq, rk, rv,
+            &self.q,
+            &self.k,
+            &self.v,
+            &out_ref,
+            &lse_ref,
+            &self.d_out,
+            cu,
+            scale,
+            rq,
+            rk,
+            rv,
         )
         .unwrap();
+        (out_ref, lse_ref, refs)
+    }
 
-        let naive_out = naive_attention(
-            &q_cpu.data,
-            &k_cpu.data,
-            &v_cpu.data,
-            &cu,
-            heads,
-            kv_heads,
-            hd,
-        );
-        let exact_out = attention_f64(
-            &q_cpu.data,
-            &k_cpu.data,
-            &v_cpu.data,
-            &cu,
-            heads,
-            kv_heads,
-            hd,
-        );
-        let (q_rows, kv_rows) = (Rows::heads(heads, hd), Rows::heads(kv_heads, hd));
+    /// The forward: the CPU's and the kernel's out within twice the naive bf16 error against
+    /// f64 attention, and the kernel's lse against the CPU's.
+    fn check_forward(&self, got: &Run, out_ref: &CpuTensor, lse_ref: &CpuTensor) {
+        let (what, cu) = (&self.what, &self.cu);
+        let (heads, kv_heads, hd) = self.heads;
+        let (qd, kd, vd) = (&self.q.data, &self.k.data, &self.v.data);
+        let naive_out = naive_attention(qd, kd, vd, cu, heads, kv_heads, hd);
+        let exact_out = attention_f64(qd, kd, vd, cu, heads, kv_heads, hd);
+        let (q_rows, _) = self.rows();
         check_against_naive(
             &format!("cpu out {what}"),
             &out_ref.data,
@@ -286,21 +330,27 @@ fn attention_backward_matches_cpu_reference() {
             );
         println!("lse {what}: worst relative error {lse_err:.3e}");
         assert!(lse_err < 1e-4, "lse {what}: off by {lse_err} (relative)");
+    }
 
+    /// The backward: each gradient within twice the naive error against the CPU reference's.
+    fn check_backward(&self, got: &Run, refs: &[CpuTensor; 3]) {
+        let what = &self.what;
+        let (heads, kv_heads, hd) = self.heads;
         // The backward's own inputs: the forward's output and lse as the kernel received them.
         let naive = naive_backward(
             &got.out,
             &got.lse,
-            &q_cpu.data,
-            &k_cpu.data,
-            &v_cpu.data,
-            &d_out_cpu.data,
-            &cu,
+            &self.q.data,
+            &self.k.data,
+            &self.v.data,
+            &self.d_out.data,
+            &self.cu,
             heads,
             kv_heads,
             hd,
-            prefill,
+            self.prefill(),
         );
+        let (q_rows, kv_rows) = self.rows();
         for (n, name) in ["d_q", "d_k", "d_v"].iter().enumerate() {
             check_against_naive(
                 &format!("{name} {what}"),

@@ -16,7 +16,7 @@ use common::gpu::{check_within_naive, gpu, round_bf16, values, Rows};
 use common::tokens;
 use half::bf16;
 use swerve::backend::cuda::loss::LossTiles;
-use swerve::backend::cuda::DeviceDType;
+use swerve::backend::cuda::{CudaBackend, DeviceDType};
 use swerve::backend::grad::BackendGrad;
 use swerve::backend::Backend;
 use swerve::train::loss::{lm_head_loss_cpu, token_term, LossOutput, LossRows, Objective};
@@ -193,90 +193,110 @@ fn fused_loss_matches_the_unfused_reference() {
         let case = LossCase::new(t, vocab, d, 500 + 10 * case_i as u64);
         for objective in &objectives {
             for tile in &tiles {
-                let what = format!("loss T {t} V {vocab} d {d} {objective:?} {tile:?}");
-                let dh0 = values(t * d, 7, 0.01);
-                let dw0 = values(vocab * d, 8, 0.01);
-                let (mut dh_c, mut dw_c) = (dh0.clone(), dw0.clone());
-                let want = case.cpu(objective, &mut dh_c, &mut dw_c);
-                let (mut dh_n, mut dw_n) = (dh0.clone(), dw0.clone());
-                let (naive_lp, naive_ent) = case.naive(objective, &mut dh_n, &mut dw_n);
-
-                let bf = |v: &[f32], shape: &[usize]| {
-                    let b: Vec<bf16> = v.iter().map(|&x| bf16::from_f32(x)).collect();
-                    gpu.upload_pod(&b, shape, DeviceDType::Bf16).unwrap()
-                };
-                let hidden = bf(&case.hidden, &[t, d]);
-                let weight = bf(&case.weight, &[vocab, d]);
-                let mut dh = bf(&dh0, &[t, d]);
-                let mut dw = gpu.upload_f32(&[vocab, d], &dw0).unwrap();
-                let got = gpu
-                    .fused_lm_head_loss(
-                        &hidden,
-                        &weight,
-                        &case.rows(),
-                        objective,
-                        case.n_act(),
-                        &mut dh,
-                        &mut dw,
-                        *tile,
-                    )
-                    .unwrap();
-                let scale = (0..t)
-                    .filter(|&r| case.mask[r])
-                    .map(|r| {
-                        token_term(objective, &case.rows(), r, want.logprobs[r] as f64)
-                            .term
-                            .abs()
-                    })
-                    .sum::<f64>()
-                    / case.n_act();
-                let loss_err = (got.loss - want.loss).abs() / scale;
-                println!(
-                    "{what}: loss {:.6} vs {:.6} (error {loss_err:.1e} of the terms' scale)",
-                    got.loss, want.loss
-                );
-                assert!(
-                    loss_err <= 1e-4,
-                    "{what}: loss {} vs {}",
-                    got.loss,
-                    want.loss
-                );
-                assert_eq!(got.action_tokens, want.action_tokens, "{what}");
-                assert_eq!(got.clipped_low, want.clipped_low, "{what}");
-                assert_eq!(got.clipped_high, want.clipped_high, "{what}");
-                check_within_naive(
-                    &format!("{what} logprobs"),
-                    &got.logprobs,
-                    &want.logprobs,
-                    &naive_lp,
-                    // One value per token, each over the whole vocabulary: one row.
-                    Rows::f32(t),
-                );
-                check_within_naive(
-                    &format!("{what} entropy"),
-                    &got.entropy,
-                    &want.entropy,
-                    &naive_ent,
-                    Rows::f32(t),
-                );
-                check_within_naive(
-                    &format!("{what} d_hidden"),
-                    &gpu.to_host(&dh).unwrap(),
-                    &dh_c,
-                    &dh_n,
-                    Rows::bf16(d),
-                );
-                check_within_naive(
-                    &format!("{what} d_weight"),
-                    &gpu.to_host(&dw).unwrap(),
-                    &dw_c,
-                    &dw_n,
-                    Rows::f32(d),
-                );
+                check_fused_loss(&gpu, &case, objective, *tile);
             }
         }
     }
-    // Bad inputs are errors that say what is wrong.
+    bad_loss_inputs_are_errors_that_say_what_is_wrong(&gpu);
+}
+
+/// One case, objective and tiling: the fused loss's loss, counts, logprobs, entropy and both
+/// gradients (accumulated onto small random values) against the CPU reference, within twice the
+/// unfused bf16 computation's error.
+fn check_fused_loss(gpu: &CudaBackend, case: &LossCase, objective: &Objective, tile: LossTiles) {
+    let (t, vocab, d) = (case.t, case.vocab, case.d);
+    let what = format!("loss T {t} V {vocab} d {d} {objective:?} {tile:?}");
+    let dh0 = values(t * d, 7, 0.01);
+    let dw0 = values(vocab * d, 8, 0.01);
+    let (mut dh_c, mut dw_c) = (dh0.clone(), dw0.clone());
+    let want = case.cpu(objective, &mut dh_c, &mut dw_c);
+    let (mut dh_n, mut dw_n) = (dh0.clone(), dw0.clone());
+    let (naive_lp, naive_ent) = case.naive(objective, &mut dh_n, &mut dw_n);
+    let (got, dh, dw) = run_fused_loss(gpu, case, objective, tile, &dh0, &dw0);
+    let scale = (0..t)
+        .filter(|&r| case.mask[r])
+        .map(|r| {
+            token_term(objective, &case.rows(), r, want.logprobs[r] as f64)
+                .term
+                .abs()
+        })
+        .sum::<f64>()
+        / case.n_act();
+    let loss_err = (got.loss - want.loss).abs() / scale;
+    println!(
+        "{what}: loss {:.6} vs {:.6} (error {loss_err:.1e} of the terms' scale)",
+        got.loss, want.loss
+    );
+    assert!(
+        loss_err <= 1e-4,
+        "{what}: loss {} vs {}",
+        got.loss,
+        want.loss
+    );
+    assert_eq!(got.action_tokens, want.action_tokens, "{what}");
+    assert_eq!(got.clipped_low, want.clipped_low, "{what}");
+    assert_eq!(got.clipped_high, want.clipped_high, "{what}");
+    check_within_naive(
+        &format!("{what} logprobs"),
+        &got.logprobs,
+        &want.logprobs,
+        &naive_lp,
+        // One value per token, each over the whole vocabulary: one row.
+        Rows::f32(t),
+    );
+    check_within_naive(
+        &format!("{what} entropy"),
+        &got.entropy,
+        &want.entropy,
+        &naive_ent,
+        Rows::f32(t),
+    );
+    check_within_naive(
+        &format!("{what} d_hidden"),
+        &dh,
+        &dh_c,
+        &dh_n,
+        Rows::bf16(d),
+    );
+    check_within_naive(&format!("{what} d_weight"), &dw, &dw_c, &dw_n, Rows::f32(d));
+}
+
+/// The fused loss on the GPU (gradients accumulated onto `dh0`, `dw0`): its output and both
+/// gradients, on the host.
+fn run_fused_loss(
+    gpu: &CudaBackend,
+    case: &LossCase,
+    objective: &Objective,
+    tile: LossTiles,
+    dh0: &[f32],
+    dw0: &[f32],
+) -> (LossOutput, Vec<f32>, Vec<f32>) {
+    let (t, vocab, d) = (case.t, case.vocab, case.d);
+    let bf = |v: &[f32], shape: &[usize]| {
+        let b: Vec<bf16> = v.iter().map(|&x| bf16::from_f32(x)).collect();
+        gpu.upload_pod(&b, shape, DeviceDType::Bf16).unwrap()
+    };
+    let hidden = bf(&case.hidden, &[t, d]);
+    let weight = bf(&case.weight, &[vocab, d]);
+    let mut dh = bf(dh0, &[t, d]);
+    let mut dw = gpu.upload_f32(&[vocab, d], dw0).unwrap();
+    let got = gpu
+        .fused_lm_head_loss(
+            &hidden,
+            &weight,
+            &case.rows(),
+            objective,
+            case.n_act(),
+            &mut dh,
+            &mut dw,
+            tile,
+        )
+        .unwrap();
+    (got, gpu.to_host(&dh).unwrap(), gpu.to_host(&dw).unwrap())
+}
+
+/// Bad inputs are errors that say what is wrong.
+fn bad_loss_inputs_are_errors_that_say_what_is_wrong(gpu: &CudaBackend) {
     let hidden = gpu.zeros(&[2, 8]).unwrap();
     let weight = gpu.zeros(&[5, 8]).unwrap();
     let (mut dh, mut dw) = (gpu.zeros(&[2, 8]).unwrap(), gpu.zeros_f32(&[5, 8]).unwrap());

@@ -13,10 +13,22 @@ fn api_key_pause_resume_reload_and_metrics() {
     let second = tempfile::tempdir().unwrap();
     write_scripted_model(second.path(), 0xBEEF);
     let server = Server::start(&scripted_model(), &["--api-key", "sekrit"]);
-    let auth = [("Authorization", "Bearer sekrit")];
-    let post = |path: &str, body: Value| server.post_raw(path, &auth, body.to_string().as_bytes());
+    the_api_key_is_required_but_not_for_health_and_metrics(&server);
+    let prompt: Vec<u32> = (0..40).map(|i| 1000 + i).collect();
+    let first = pause_holds_a_request_until_resume(&server, &prompt);
+    the_same_prompt_again_hits_the_prefix_cache(&server, &prompt, &first);
+    reloads_bump_the_version_and_reset_the_prefix_cache(&server, second.path(), &prompt, &first);
+    metrics_have_the_figures(&server);
+}
 
-    // 401 without the key or with the wrong one; /health and /metrics stay open.
+/// POST with the test's API key.
+fn post(server: &Server, path: &str, body: Value) -> Response {
+    let auth = [("Authorization", "Bearer sekrit")];
+    server.post_raw(path, &auth, body.to_string().as_bytes())
+}
+
+/// 401 without the key or with the wrong one; /health and /metrics stay open.
+fn the_api_key_is_required_but_not_for_health_and_metrics(server: &Server) {
     server
         .post("/v1/completions", &json!({"prompt": "x"}))
         .assert_error(401, None);
@@ -30,10 +42,11 @@ fn api_key_pause_resume_reload_and_metrics() {
     assert_eq!(server.get("/v1/models").status, 401);
     assert_eq!(server.get("/health").status, 200);
     assert_eq!(server.get("/metrics").status, 200);
+}
 
-    // Pause: a request waits (no tokens), then finishes after resume.
-    let prompt: Vec<u32> = (0..40).map(|i| 1000 + i).collect();
-    assert_eq!(post("/v1/pause", json!({})).json()["paused"], true);
+/// Pause: a request waits (no tokens), then finishes after resume. Returns its body.
+fn pause_holds_a_request_until_resume(server: &Server, prompt: &[u32]) -> Value {
+    assert_eq!(post(server, "/v1/pause", json!({})).json()["paused"], true);
     assert_eq!(server.get("/health").json()["paused"], true);
     let addr = server.addr;
     let body = json!({"prompt": prompt, "max_tokens": 4, "temperature": 0, "ignore_eos": true});
@@ -57,7 +70,10 @@ fn api_key_pause_resume_reload_and_metrics() {
         before,
         "steps ran while paused"
     );
-    assert_eq!(post("/v1/resume", json!({})).json()["paused"], false);
+    assert_eq!(
+        post(server, "/v1/resume", json!({})).json()["paused"],
+        false
+    );
     let first = waiter.join().unwrap().json();
     assert_eq!(
         first["choices"][0]["token_ids"].as_array().unwrap().len(),
@@ -65,8 +81,13 @@ fn api_key_pause_resume_reload_and_metrics() {
     );
     assert_eq!(first["weight_version"], 0);
 
-    // The same prompt again hits the prefix cache.
+    first
+}
+
+/// The same prompt again hits the prefix cache.
+fn the_same_prompt_again_hits_the_prefix_cache(server: &Server, prompt: &[u32], first: &Value) {
     let again = post(
+        server,
         "/v1/completions",
         json!({"prompt": prompt, "max_tokens": 4, "temperature": 0, "ignore_eos": true}),
     )
@@ -76,12 +97,21 @@ fn api_key_pause_resume_reload_and_metrics() {
         again["choices"][0]["token_ids"],
         first["choices"][0]["token_ids"]
     );
+}
 
-    // Reload: version 1 everywhere, prefix cache forgotten, new weights in use.
-    let r = post("/v1/weights/reload", json!({"path": second.path()}));
+/// Reload: version 1 everywhere, prefix cache forgotten, new weights in use; then back to the
+/// first weights: version 2, the first output again.
+fn reloads_bump_the_version_and_reset_the_prefix_cache(
+    server: &Server,
+    second: &std::path::Path,
+    prompt: &[u32],
+    first: &Value,
+) {
+    let r = post(server, "/v1/weights/reload", json!({"path": second}));
     assert_eq!(r.status, 200, "{}", r.text());
     assert_eq!(r.json()["weight_version"], 1);
     let after = post(
+        server,
         "/v1/completions",
         json!({"prompt": prompt, "max_tokens": 4, "temperature": 0, "ignore_eos": true}),
     );
@@ -95,8 +125,13 @@ fn api_key_pause_resume_reload_and_metrics() {
     );
     assert_eq!(server.get("/health").json()["weight_version"], 1);
     // Back to the first weights: version 2, the first output again.
-    post("/v1/weights/reload", json!({"path": scripted_model()}));
+    post(
+        server,
+        "/v1/weights/reload",
+        json!({"path": scripted_model()}),
+    );
     let back = post(
+        server,
         "/v1/completions",
         json!({"prompt": prompt, "max_tokens": 4, "temperature": 0, "ignore_eos": true}),
     )
@@ -106,8 +141,10 @@ fn api_key_pause_resume_reload_and_metrics() {
         back["choices"][0]["token_ids"],
         first["choices"][0]["token_ids"]
     );
+}
 
-    // Metrics: Prometheus text with the figures the issue names.
+/// Metrics: Prometheus text with the figures the issue names.
+fn metrics_have_the_figures(server: &Server) {
     let text = server.get("/metrics").text();
     for name in [
         "swerve_requests_total{route=\"/v1/completions\",status=\"200\"} 4",

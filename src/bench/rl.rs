@@ -39,11 +39,39 @@ pub fn run<B: BackendGrad>(backend: &B, options: &RlBenchOptions, work: &Path) -
     let model_arg = std::path::PathBuf::from(format!("preset:{}", options.preset));
     let model_dir = crate::model::model_arg::resolve_model_arg(&model_arg, work)?;
     let config = crate::config::ModelConfig::from_dir(&model_dir)?;
+    let handoff = measure_handoff(backend, options, &model_dir, config.num_parameters())?;
+    let out = work.join("rl-iteration");
+    let _ = std::fs::remove_dir_all(&out);
+    let rl = iteration_options(options, &model_dir, config.max_context(), &out);
+    let (wall, time_s) = run_iteration(backend, options, &rl)?;
+    Ok(json!({
+        "bench": "rl",
+        "preset": options.preset,
+        "handoff_s": handoff.median_s,
+        "handoff_gb_per_s": handoff.engine_bytes as f64 / 1e9 / handoff.median_s,
+        "weights_gb": handoff.engine_bytes as f64 / 1e9,
+        "iteration_wall_s": wall,
+        "iteration_time_s": time_s,
+    }))
+}
 
-    // Handoff.
-    let learner = Learner::new(backend, &model_dir, AdamWConfig::default(), 8192, true)?;
+/// The weight handoff's median time and the bytes the engine holds.
+struct Handoff {
+    median_s: f64,
+    engine_bytes: usize,
+}
+
+/// Times `reps` handoffs of the learner's weights to a fresh engine (device to device where the
+/// learner has device spans, through the host otherwise) and prints the median.
+fn measure_handoff<B: BackendGrad>(
+    backend: &B,
+    options: &RlBenchOptions,
+    model_dir: &Path,
+    params: usize,
+) -> Result<Handoff> {
+    let learner = Learner::new(backend, model_dir, AdamWConfig::default(), 8192, true)?;
     let engine = launch_engine(&EngineLaunch {
-        model: model_dir.clone(),
+        model: model_dir.to_path_buf(),
         device: options.device,
         max_model_len: 256,
         kv_cache_fraction: 0.5,
@@ -52,7 +80,6 @@ pub fn run<B: BackendGrad>(backend: &B, options: &RlBenchOptions, work: &Path) -
         max_num_batched_tokens: 2048,
         seed: 0,
     })?;
-    let params = config.num_parameters();
     let mut seconds = Vec::new();
     for _ in 0..options.reps.max(1) {
         let started = Instant::now();
@@ -82,15 +109,24 @@ pub fn run<B: BackendGrad>(backend: &B, options: &RlBenchOptions, work: &Path) -
         seconds.len(),
         engine_bytes as f64 / 1e9 / median
     );
+    Ok(Handoff {
+        median_s: median,
+        engine_bytes,
+    })
+}
 
-    // One iteration.
-    let out = work.join("rl-iteration");
-    let _ = std::fs::remove_dir_all(&out);
-    let rl = RlOptions {
+/// `swerve-train rl` for one iteration on the built-in Python tasks, writing into `out`.
+fn iteration_options(
+    options: &RlBenchOptions,
+    model_dir: &Path,
+    model_max_context: usize,
+    out: &Path,
+) -> RlOptions {
+    RlOptions {
         agent: AgentRunOptions {
-            model: Some(model_dir.clone()),
+            model: Some(model_dir.to_path_buf()),
             tasks: "builtin:python-bugs".into(),
-            out: out.clone(),
+            out: out.to_path_buf(),
             group: options.group,
             episode: EpisodeConfig {
                 max_turns: options.max_turns,
@@ -99,7 +135,7 @@ pub fn run<B: BackendGrad>(backend: &B, options: &RlBenchOptions, work: &Path) -
                 max_turn_tokens: options.max_turn_tokens,
                 observation_bytes: 16 * 1024,
             },
-            max_context: Some(options.max_context.min(config.max_context())),
+            max_context: Some(options.max_context.min(model_max_context)),
             env: EnvKind::Local,
             limits: Limits::default(),
             sandbox_binds: Vec::new(),
@@ -129,9 +165,19 @@ pub fn run<B: BackendGrad>(backend: &B, options: &RlBenchOptions, work: &Path) -
         rft_first: None,
         rft_lr: 5e-6,
         rft_epochs: 1,
-    };
+    }
+}
+
+/// Runs the iteration and prints its time split, read back from `iterations.jsonl`: the wall
+/// time and the iteration's `time_s` object.
+fn run_iteration<B: BackendGrad>(
+    backend: &B,
+    options: &RlBenchOptions,
+    rl: &RlOptions,
+) -> Result<(f64, Value)> {
+    let out = &rl.agent.out;
     let started = Instant::now();
-    crate::rl::run(backend, &rl)?;
+    crate::rl::run(backend, rl)?;
     let wall = started.elapsed().as_secs_f64();
     let text = std::fs::read_to_string(out.join("iterations.jsonl"))
         .with_context(|| format!("reading {}", out.display()))?;
@@ -150,13 +196,5 @@ pub fn run<B: BackendGrad>(backend: &B, options: &RlBenchOptions, work: &Path) -
         t["training"].as_f64().unwrap_or(0.0),
         t["handoff"].as_f64().unwrap_or(0.0),
     );
-    Ok(json!({
-        "bench": "rl",
-        "preset": options.preset,
-        "handoff_s": median,
-        "handoff_gb_per_s": engine_bytes as f64 / 1e9 / median,
-        "weights_gb": engine_bytes as f64 / 1e9,
-        "iteration_wall_s": wall,
-        "iteration_time_s": t,
-    }))
+    Ok((wall, t.clone()))
 }

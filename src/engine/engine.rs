@@ -475,15 +475,42 @@ impl<B: Backend> Engine<B> {
             self.model
                 .forward_paged(&self.backend, tokens, positions, layout, &mut self.kv)?;
         self.scheduler.complete(plan);
-        let scored = score_rows(&self.backend, &self.model, &hidden, prompt_rows)?;
+        self.record_prompt_logprobs(&hidden, prompt_rows)?;
+        let (sample_rows, sample_ids) = self.rows_that_sample(plan, layout);
+        if sample_rows.is_empty() {
+            // Nothing sampled: wait for the device so the step's time split stays honest.
+            self.backend
+                .to_host(&self.backend.slice_rows(&hidden, 0..1)?)?;
+            return Ok((sample_ids, Vec::new()));
+        }
+        let samples = self.sample_rows(&hidden, &sample_rows, &sample_ids)?;
+        Ok((sample_ids, samples))
+    }
+
+    /// Scores the step's prompt rows (see [`Self::prompt_rows`]) into their requests' prompt
+    /// logprobs.
+    fn record_prompt_logprobs(
+        &mut self,
+        hidden: &B::Tensor,
+        prompt_rows: &[PromptRow],
+    ) -> Result<()> {
+        let scored = score_rows(&self.backend, &self.model, hidden, prompt_rows)?;
         for (row, scored) in prompt_rows.iter().zip(scored) {
             let request = self.scheduler.get_mut(row.id).expect("scheduled request");
             let state = request.prompt_logprobs.as_mut().expect("asked for");
             state.values.logprobs.push(Some(scored.logprob));
             state.values.top_logprobs.push(scored.top_logprobs);
         }
+        Ok(())
+    }
 
-        // Requests that caught up sample from their last row.
+    /// Requests that caught up sample from their last row: those rows and requests, in step
+    /// order.
+    fn rows_that_sample(
+        &mut self,
+        plan: &StepPlan,
+        layout: &PagedLayout,
+    ) -> (Vec<u32>, Vec<RequestId>) {
         let mut sample_rows = Vec::new();
         let mut sample_ids = Vec::new();
         for (s, scheduled) in plan.scheduled.iter().enumerate() {
@@ -496,14 +523,18 @@ impl<B: Backend> Engine<B> {
                 sample_ids.push(scheduled.id);
             }
         }
-        if sample_rows.is_empty() {
-            // Nothing sampled: wait for the device so the step's time split stays honest.
-            self.backend
-                .to_host(&self.backend.slice_rows(&hidden, 0..1)?)?;
-            return Ok((sample_ids, Vec::new()));
-        }
-        // Rows the device samples (no filters, no top logprobs: the RL setting) go first, the
-        // rest after them, so the host copies only the logits it needs.
+        (sample_rows, sample_ids)
+    }
+
+    /// The LM head over the sampling rows and a token for each. Rows the device samples (no
+    /// filters, no top logprobs: the RL setting) go first, the rest after them, so the host
+    /// copies only the logits it needs. Samples in that order: device rows, then host rows.
+    fn sample_rows(
+        &mut self,
+        hidden: &B::Tensor,
+        sample_rows: &[u32],
+        sample_ids: &[RequestId],
+    ) -> Result<Vec<(RequestId, Sample)>> {
         let vocab = self.model.local.vocab_local;
         let (device_ids, host_ids): (Vec<RequestId>, Vec<RequestId>) =
             sample_ids.iter().partition(|&&id| {
@@ -520,55 +551,63 @@ impl<B: Backend> Engine<B> {
             .chain(&host_ids)
             .map(|id| row_of[id])
             .collect();
-        let rows = self.backend.gather_rows(&hidden, &ordered_rows)?;
+        let rows = self.backend.gather_rows(hidden, &ordered_rows)?;
         let logits = self.model.lm_head(&self.backend, &rows)?;
-        let n_device = device_ids.len();
         let mut samples: Vec<(RequestId, Sample)> = Vec::with_capacity(sample_ids.len());
-        if n_device > 0 {
-            let draws: Vec<RowDraw> = device_ids
-                .iter()
-                .map(|id| {
-                    let request = self.scheduler.get_mut(*id).expect("scheduled request");
-                    draw_for(&request.params, &mut request.rng)
-                })
-                .collect();
-            let sampled = if host_ids.is_empty() {
-                self.backend.sample_rows(&logits, &draws)?
+        if !device_ids.is_empty() {
+            let device_logits = if host_ids.is_empty() {
+                None
             } else {
-                let device_logits = self.backend.slice_rows(&logits, 0..n_device)?;
-                self.backend.sample_rows(&device_logits, &draws)?
+                Some(self.backend.slice_rows(&logits, 0..device_ids.len())?)
             };
-            samples.extend(
-                device_ids
-                    .iter()
-                    .zip(sampled)
-                    .map(|(&id, (token, logprob))| {
-                        let top_logprobs = Vec::new();
-                        let sample = Sample {
-                            token,
-                            logprob,
-                            top_logprobs,
-                        };
-                        (id, sample)
-                    }),
-            );
+            let logits = device_logits.as_ref().unwrap_or(&logits);
+            samples.extend(self.sample_on_device(logits, &device_ids)?);
         }
         if !host_ids.is_empty() {
-            let host_logits = if n_device == 0 {
+            let host_logits = if device_ids.is_empty() {
                 self.backend.to_host(&logits)?
             } else {
                 let rows = self
                     .backend
-                    .slice_rows(&logits, n_device..ordered_rows.len())?;
+                    .slice_rows(&logits, device_ids.len()..ordered_rows.len())?;
                 self.backend.to_host(&rows)?
             };
-            let vocab = self.model.local.vocab_local;
             for (id, row) in host_ids.iter().zip(host_logits.chunks_exact(vocab)) {
                 let request = self.scheduler.get_mut(*id).expect("scheduled request");
                 samples.push((*id, sample(row, &request.params, &mut request.rng)));
             }
         }
-        Ok((sample_ids, samples))
+        Ok(samples)
+    }
+
+    /// Samples `logits` (one row per request of `ids`) on the device, each row with a draw from
+    /// its request's generator.
+    fn sample_on_device(
+        &mut self,
+        logits: &B::Tensor,
+        ids: &[RequestId],
+    ) -> Result<Vec<(RequestId, Sample)>> {
+        let draws: Vec<RowDraw> = ids
+            .iter()
+            .map(|id| {
+                let request = self.scheduler.get_mut(*id).expect("scheduled request");
+                draw_for(&request.params, &mut request.rng)
+            })
+            .collect();
+        let sampled = self.backend.sample_rows(logits, &draws)?;
+        Ok(ids
+            .iter()
+            .zip(sampled)
+            .map(|(&id, (token, logprob))| {
+                let top_logprobs = Vec::new();
+                let sample = Sample {
+                    token,
+                    logprob,
+                    top_logprobs,
+                };
+                (id, sample)
+            })
+            .collect())
     }
 
     /// The rows of a planned step that score prompt tokens whose logprobs are asked for and

@@ -209,85 +209,129 @@ impl Drop for EngineHandle {
     }
 }
 
-fn run<B: Backend>(mut engine: Engine<B>, inbox: Receiver<Command>) {
-    let mut listeners: HashMap<RequestId, EventSink> = HashMap::new();
-    let mut paused = false;
+/// The engine thread: takes commands, steps while requests are unfinished and not paused, and
+/// hands each step's events to the requests' sinks. Ends at [`Command::Shutdown`] or when every
+/// handle is gone.
+fn run<B: Backend>(engine: Engine<B>, inbox: Receiver<Command>) {
+    let mut thread = EngineThread {
+        engine,
+        listeners: HashMap::new(),
+        paused: false,
+    };
     loop {
-        // Block for work when idle or paused; otherwise take what has arrived and step.
+        let Some(commands) = thread.next_commands(&inbox) else {
+            return;
+        };
+        for command in commands {
+            if !thread.handle(command) {
+                return;
+            }
+        }
+        if !thread.engine.has_unfinished() || thread.paused {
+            continue;
+        }
+        if let Some(events) = thread.step() {
+            thread.deliver(events);
+        }
+    }
+}
+
+/// What the engine thread owns: the engine, each request's event sink, and the pause flag.
+struct EngineThread<B: Backend> {
+    engine: Engine<B>,
+    listeners: HashMap<RequestId, EventSink>,
+    paused: bool,
+}
+
+impl<B: Backend> EngineThread<B> {
+    /// Blocks for work when idle or paused; otherwise takes what has arrived. `None` when every
+    /// handle is gone.
+    fn next_commands(&self, inbox: &Receiver<Command>) -> Option<Vec<Command>> {
         let mut commands = Vec::new();
-        if !engine.has_unfinished() || paused {
+        if !self.engine.has_unfinished() || self.paused {
             match inbox.recv() {
                 Ok(c) => commands.push(c),
-                Err(_) => return,
+                Err(_) => return None,
             }
         }
         commands.extend(inbox.try_iter());
-        for command in commands {
-            match command {
-                Command::Submit(request, events, reply) => match engine.add_request(request) {
-                    Ok(id) => {
-                        listeners.insert(id, events);
-                        reply(Ok(id));
+        Some(commands)
+    }
+
+    /// Runs one command; `false` at shutdown (every request in flight aborted and told).
+    fn handle(&mut self, command: Command) -> bool {
+        let engine = &mut self.engine;
+        match command {
+            Command::Submit(request, events, reply) => match engine.add_request(request) {
+                Ok(id) => {
+                    self.listeners.insert(id, events);
+                    reply(Ok(id));
+                }
+                Err(e) => reply(Err(e)),
+            },
+            Command::Abort(id) => {
+                if let Some(record) = engine.abort(id) {
+                    if let Some(mut tx) = self.listeners.remove(&id) {
+                        tx(RequestEvent::Finished(record));
                     }
-                    Err(e) => reply(Err(e)),
-                },
-                Command::Abort(id) => {
-                    if let Some(record) = engine.abort(id) {
-                        if let Some(mut tx) = listeners.remove(&id) {
-                            tx(RequestEvent::Finished(record));
-                        }
-                    }
-                }
-                Command::Pause => paused = true,
-                Command::Resume => paused = false,
-                Command::UpdateWeights(dir, reply) => {
-                    let _ = reply.send(engine.update_weights(&dir));
-                }
-                Command::UpdateWeightsFrom(host, reply) => {
-                    let _ = reply.send(engine.update_weights_from_host(&host));
-                }
-                Command::UpdateWeightsFromDevice(spans, reply) => {
-                    // SAFETY: the caller of `update_weights_from_device` keeps the spans live
-                    // and unwritten until it has the reply.
-                    let _ = reply.send(unsafe { engine.update_weights_from_device(&spans) });
-                }
-                Command::ReleaseKv(reply) => {
-                    let _ = reply.send(engine.release_kv_cache());
-                }
-                Command::RestoreKv(reply) => {
-                    let _ = reply.send(engine.restore_kv_cache());
-                }
-                Command::Stats(reply) => {
-                    let _ = reply.send(engine.stats());
-                }
-                Command::Shutdown => {
-                    for (id, mut tx) in listeners.drain() {
-                        if let Some(record) = engine.abort(id) {
-                            tx(RequestEvent::Finished(record));
-                        }
-                    }
-                    return;
                 }
             }
+            Command::Pause => self.paused = true,
+            Command::Resume => self.paused = false,
+            Command::UpdateWeights(dir, reply) => {
+                let _ = reply.send(engine.update_weights(&dir));
+            }
+            Command::UpdateWeightsFrom(host, reply) => {
+                let _ = reply.send(engine.update_weights_from_host(&host));
+            }
+            Command::UpdateWeightsFromDevice(spans, reply) => {
+                // SAFETY: the caller of `update_weights_from_device` keeps the spans live
+                // and unwritten until it has the reply.
+                let _ = reply.send(unsafe { engine.update_weights_from_device(&spans) });
+            }
+            Command::ReleaseKv(reply) => {
+                let _ = reply.send(engine.release_kv_cache());
+            }
+            Command::RestoreKv(reply) => {
+                let _ = reply.send(engine.restore_kv_cache());
+            }
+            Command::Stats(reply) => {
+                let _ = reply.send(engine.stats());
+            }
+            Command::Shutdown => {
+                for (id, mut tx) in self.listeners.drain() {
+                    if let Some(record) = engine.abort(id) {
+                        tx(RequestEvent::Finished(record));
+                    }
+                }
+                return false;
+            }
         }
-        if !engine.has_unfinished() || paused {
-            continue;
-        }
-        let events = match engine.step() {
-            Ok(events) => events,
+        true
+    }
+
+    /// One engine step. A failed step (out of device memory, a kernel error) ends every request
+    /// in flight with the error rather than retrying forever: then `None`.
+    fn step(&mut self) -> Option<Vec<EngineEvent>> {
+        match self.engine.step() {
+            Ok(events) => Some(events),
             Err(e) => {
-                // A failed step (out of device memory, a kernel error) ends every request in
-                // flight with the error rather than retrying forever.
                 let reason = format!("{e:#}");
-                for (id, mut tx) in listeners.drain() {
-                    if let Some(mut record) = engine.abort(id) {
+                for (id, mut tx) in self.listeners.drain() {
+                    if let Some(mut record) = self.engine.abort(id) {
                         record.finish_reason = crate::engine::FinishReason::Error(reason.clone());
                         tx(RequestEvent::Finished(record));
                     }
                 }
-                continue;
+                None
             }
-        };
+        }
+    }
+
+    /// Hands a step's events to their requests' sinks; a sink that says its receiver is gone
+    /// aborts its request.
+    fn deliver(&mut self, events: Vec<EngineEvent>) {
+        let listeners = &mut self.listeners;
         for event in events {
             match event {
                 EngineEvent::PromptLogprobs { id, logprobs } => {
@@ -296,7 +340,7 @@ fn run<B: Backend>(mut engine: Engine<B>, inbox: Receiver<Command>) {
                         .is_some_and(|tx| !tx(RequestEvent::PromptLogprobs(logprobs)));
                     if gone {
                         listeners.remove(&id);
-                        engine.abort(id);
+                        self.engine.abort(id);
                     }
                 }
                 EngineEvent::Token(token) => {
@@ -306,7 +350,7 @@ fn run<B: Backend>(mut engine: Engine<B>, inbox: Receiver<Command>) {
                         .is_some_and(|tx| !tx(RequestEvent::Token(token)));
                     if gone {
                         listeners.remove(&id);
-                        engine.abort(id);
+                        self.engine.abort(id);
                     }
                 }
                 EngineEvent::Finished(record) => {

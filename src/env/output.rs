@@ -12,10 +12,12 @@
 use super::{CommandOutput, Limits};
 use anyhow::{Context, Result};
 use std::collections::VecDeque;
-use std::io::{Read, Write};
-use std::process::{Child, Command, Stdio};
+use std::io::{PipeReader, Read, Write};
+use std::process::{Child, Command, ExitStatus, Stdio};
 use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::mpsc::Receiver;
 use std::sync::{Arc, Mutex};
+use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 /// Head, tail and count of a stream too long to keep whole.
@@ -62,7 +64,7 @@ impl Capture {
 /// Spawns `command` (stdout and stderr joined), feeds `stdin`, and waits at most `timeout`.
 /// `kill` ends the child and everything it started (the caller knows how for its sandbox).
 pub fn run_captured(
-    mut command: Command,
+    command: Command,
     stdin: Option<&[u8]>,
     timeout: Duration,
     output_bytes: usize,
@@ -70,88 +72,28 @@ pub fn run_captured(
     kill: &dyn Fn(&mut Child),
 ) -> Result<CommandOutput> {
     let started = Instant::now();
-    let (mut reader, writer) = std::io::pipe().context("creating an output pipe")?;
-    command
-        .stdout(writer.try_clone().context("duplicating the output pipe")?)
-        .stderr(writer)
-        .stdin(if stdin.is_some() {
-            Stdio::piped()
-        } else {
-            Stdio::null()
-        });
-    let mut child = command
-        .spawn()
-        .with_context(|| format!("cannot start {:?}", command.get_program()))?;
-    // The command holds the pipe's write ends: drop them, or the reader never sees EOF.
-    drop(command);
-
-    let feeder = match (stdin, child.stdin.take()) {
-        (Some(bytes), Some(mut pipe)) => {
-            let bytes = bytes.to_vec();
-            // A command that does not read its input ends with the pipe unread: not an error.
-            Some(std::thread::spawn(move || {
-                let _ = pipe.write_all(&bytes);
-            }))
-        }
-        _ => None,
-    };
-
-    let capture = Arc::new(Mutex::new(Capture::default()));
-    let overflow = Arc::new(AtomicBool::new(false));
-    let (done_tx, done_rx) = std::sync::mpsc::channel::<()>();
-    {
-        let capture = capture.clone();
-        let overflow = overflow.clone();
-        let keep = output_bytes;
-        let kill_bytes = limits.output_kill_bytes.max(output_bytes as u64);
-        std::thread::spawn(move || {
-            let mut buf = vec![0u8; 64 * 1024];
-            loop {
-                match reader.read(&mut buf) {
-                    Ok(0) | Err(_) => break,
-                    Ok(n) => {
-                        let mut c = capture.lock().unwrap_or_else(|e| e.into_inner());
-                        c.push(&buf[..n], keep);
-                        if c.total > kill_bytes {
-                            overflow.store(true, Ordering::SeqCst);
-                            break;
-                        }
-                    }
-                }
-            }
-            let _ = done_tx.send(());
-        });
-    }
-
-    let mut timed_out = false;
-    let mut killed_for_output = false;
-    let mut poll = Duration::from_millis(1);
-    let status = loop {
-        if let Some(status) = child.try_wait().context("waiting for a sandbox command")? {
-            break status;
-        }
-        if overflow.load(Ordering::SeqCst) && !killed_for_output {
-            killed_for_output = true;
-            kill(&mut child);
-        } else if started.elapsed() >= timeout && !timed_out && !killed_for_output {
-            timed_out = true;
-            kill(&mut child);
-        }
-        std::thread::sleep(poll);
-        poll = (poll * 2).min(Duration::from_millis(20));
-    };
+    let (mut child, reader) = spawn_joined(command, stdin.is_some())?;
+    let feeder = feed_stdin(&mut child, stdin);
+    let kill_bytes = limits.output_kill_bytes.max(output_bytes as u64);
+    let output = OutputReader::start(reader, output_bytes, kill_bytes);
+    let (status, timed_out, mut killed_for_output) =
+        wait_or_kill(&mut child, started, timeout, &output.overflow, kill)?;
     // Every writer is gone with the sandbox's processes; a short wait covers the last read.
-    let _ = done_rx.recv_timeout(Duration::from_secs(5));
+    let _ = output.done.recv_timeout(Duration::from_secs(5));
     // The reader may have stopped first and the command died of the closed pipe (SIGPIPE).
-    if overflow.load(Ordering::SeqCst) && !timed_out {
+    if output.overflow.load(Ordering::SeqCst) && !timed_out {
         killed_for_output = true;
     }
     if let Some(feeder) = feeder {
         let _ = feeder.join();
     }
-    let (output, omitted_bytes) = capture.lock().unwrap_or_else(|e| e.into_inner()).text();
+    let (text, omitted_bytes) = output
+        .capture
+        .lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .text();
     Ok(CommandOutput {
-        output,
+        output: text,
         exit_code: if timed_out || killed_for_output {
             None
         } else {
@@ -163,6 +105,113 @@ pub fn run_captured(
         elapsed: started.elapsed(),
         ends_episode: false,
     })
+}
+
+/// Spawns `command` with stdout and stderr on one pipe (stdin piped when `piped_stdin`, else
+/// null); returns the child and the pipe's read end.
+fn spawn_joined(mut command: Command, piped_stdin: bool) -> Result<(Child, PipeReader)> {
+    let (reader, writer) = std::io::pipe().context("creating an output pipe")?;
+    command
+        .stdout(writer.try_clone().context("duplicating the output pipe")?)
+        .stderr(writer)
+        .stdin(if piped_stdin {
+            Stdio::piped()
+        } else {
+            Stdio::null()
+        });
+    let child = command
+        .spawn()
+        .with_context(|| format!("cannot start {:?}", command.get_program()))?;
+    // The command holds the pipe's write ends: drop them, or the reader never sees EOF.
+    drop(command);
+    Ok((child, reader))
+}
+
+/// Writes `stdin` into the child's input on a thread of its own.
+fn feed_stdin(child: &mut Child, stdin: Option<&[u8]>) -> Option<JoinHandle<()>> {
+    match (stdin, child.stdin.take()) {
+        (Some(bytes), Some(mut pipe)) => {
+            let bytes = bytes.to_vec();
+            // A command that does not read its input ends with the pipe unread: not an error.
+            Some(std::thread::spawn(move || {
+                let _ = pipe.write_all(&bytes);
+            }))
+        }
+        _ => None,
+    }
+}
+
+/// The reader thread's results: what it kept, whether the output passed the kill limit (then it
+/// stopped reading), and a message when it has stopped.
+struct OutputReader {
+    capture: Arc<Mutex<Capture>>,
+    overflow: Arc<AtomicBool>,
+    done: Receiver<()>,
+}
+
+impl OutputReader {
+    /// Drains `reader` on a thread, keeping `keep` bytes (head and tail), until EOF or past
+    /// `kill_bytes` in all.
+    fn start(mut reader: PipeReader, keep: usize, kill_bytes: u64) -> Self {
+        let capture = Arc::new(Mutex::new(Capture::default()));
+        let overflow = Arc::new(AtomicBool::new(false));
+        let (done_tx, done) = std::sync::mpsc::channel::<()>();
+        {
+            let capture = capture.clone();
+            let overflow = overflow.clone();
+            std::thread::spawn(move || {
+                let mut buf = vec![0u8; 64 * 1024];
+                loop {
+                    match reader.read(&mut buf) {
+                        Ok(0) | Err(_) => break,
+                        Ok(n) => {
+                            let mut c = capture.lock().unwrap_or_else(|e| e.into_inner());
+                            c.push(&buf[..n], keep);
+                            if c.total > kill_bytes {
+                                overflow.store(true, Ordering::SeqCst);
+                                break;
+                            }
+                        }
+                    }
+                }
+                let _ = done_tx.send(());
+            });
+        }
+        Self {
+            capture,
+            overflow,
+            done,
+        }
+    }
+}
+
+/// Polls the child until it exits, killing it once when its output overflows or its time is
+/// up. Returns its status, whether it timed out, and whether it was killed for its output.
+fn wait_or_kill(
+    child: &mut Child,
+    started: Instant,
+    timeout: Duration,
+    overflow: &AtomicBool,
+    kill: &dyn Fn(&mut Child),
+) -> Result<(ExitStatus, bool, bool)> {
+    let mut timed_out = false;
+    let mut killed_for_output = false;
+    let mut poll = Duration::from_millis(1);
+    let status = loop {
+        if let Some(status) = child.try_wait().context("waiting for a sandbox command")? {
+            break status;
+        }
+        if overflow.load(Ordering::SeqCst) && !killed_for_output {
+            killed_for_output = true;
+            kill(child);
+        } else if started.elapsed() >= timeout && !timed_out && !killed_for_output {
+            timed_out = true;
+            kill(child);
+        }
+        std::thread::sleep(poll);
+        poll = (poll * 2).min(Duration::from_millis(20));
+    };
+    Ok((status, timed_out, killed_for_output))
 }
 
 #[cfg(test)]

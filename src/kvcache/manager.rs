@@ -46,6 +46,36 @@ struct RequestBlocks {
     cacheable: bool,
 }
 
+impl RequestBlocks {
+    /// Registers the request's blocks that are full (the first `num_full_blocks`) and not yet
+    /// cached, in order; on a hash collision stops caching this request's blocks for good.
+    fn cache_full_blocks(&mut self, pool: &mut BlockPool, tokens: &[u32], num_full_blocks: usize) {
+        let block_size = pool.block_size();
+        let hashes = self.hasher.update(&tokens[..num_full_blocks * block_size]);
+        while self.num_cached_blocks < num_full_blocks {
+            let i = self.num_cached_blocks;
+            let parent = i.checked_sub(1).map(|p| hashes[p]);
+            let block_tokens = &tokens[i * block_size..(i + 1) * block_size];
+            match pool.cache_block(self.blocks[i], hashes[i], parent, block_tokens, None) {
+                CacheInsert::Inserted | CacheInsert::Duplicate => self.num_cached_blocks += 1,
+                CacheInsert::Collision => {
+                    // Blocks after this one would chain on a hash that names other content.
+                    self.cacheable = false;
+                    break;
+                }
+            }
+        }
+    }
+}
+
+/// [`KvCacheError::BadArguments`] for request `req`.
+fn bad_arguments(req: RequestId, message: String) -> KvCacheError {
+    KvCacheError::BadArguments {
+        request: req,
+        message,
+    }
+}
+
 /// The paged KV cache's bookkeeping for all requests (see the module doc).
 #[derive(Clone, Debug)]
 pub struct KvCacheManager {
@@ -205,88 +235,19 @@ impl KvCacheManager {
         num_new_tokens: usize,
         new_computed_blocks: &[BlockId],
     ) -> Result<Option<Vec<BlockId>>, KvCacheError> {
-        let block_size = self.block_size();
-        let bad = |message: String| KvCacheError::BadArguments {
-            request: req,
-            message,
-        };
-        let num_total = num_computed_tokens
-            .checked_add(num_new_tokens)
-            .ok_or_else(|| {
-                bad(format!(
-                    "num_computed_tokens {num_computed_tokens} + num_new_tokens overflows"
-                ))
-            })?;
-        if num_total > tokens.len() {
-            return Err(bad(format!(
-                "num_computed_tokens {num_computed_tokens} + num_new_tokens {num_new_tokens} = \
-                 {num_total} is more than the {} tokens given",
-                tokens.len()
-            )));
-        }
-        self.check_fits(req, num_total)?;
-        let num_full_blocks = num_total / block_size;
-
-        let mut new_state = None;
-        let num_owned = match self.requests.get(&req) {
+        let num_total = self.check_allocation(req, tokens, num_computed_tokens, num_new_tokens)?;
+        let num_full_blocks = num_total / self.block_size();
+        // A request new to the cache gets its state (hits checked) only once the blocks are free.
+        let (num_owned, new_state) = match self.requests.get(&req) {
             Some(state) => {
-                if !new_computed_blocks.is_empty() {
-                    return Err(bad(format!(
-                        "prefix-cache hits are taken on a request's first allocation only; it \
-                         owns {} blocks already",
-                        state.blocks.len()
-                    )));
-                }
-                let held = state.blocks.len() * block_size;
-                if num_computed_tokens > held {
-                    return Err(bad(format!(
-                        "num_computed_tokens {num_computed_tokens}, but its {} blocks hold {held}",
-                        state.blocks.len()
-                    )));
-                }
-                state.blocks.len()
+                self.check_known_request(req, state, num_computed_tokens, new_computed_blocks)?;
+                (state.blocks.len(), None)
             }
             None => {
-                let num_hit_tokens = new_computed_blocks.len() * block_size;
-                if num_computed_tokens != num_hit_tokens {
-                    return Err(bad(format!(
-                        "a request new to the cache has computed exactly its prefix hits ({} \
-                         blocks = {num_hit_tokens} tokens), not num_computed_tokens {}",
-                        new_computed_blocks.len(),
-                        num_computed_tokens
-                    )));
-                }
-                if !new_computed_blocks.is_empty() && !self.enable_prefix_caching {
-                    return Err(bad(
-                        "prefix-cache hits given, but prefix caching is off".into()
-                    ));
-                }
-                // The hash chain, needed to register blocks anyway, proves the hits are the
-                // cached blocks for these very tokens.
-                let mut hasher = BlockHasher::new(block_size, None);
-                if self.enable_prefix_caching {
-                    hasher.update(&tokens[..num_full_blocks * block_size]);
-                }
-                for (i, &id) in new_computed_blocks.iter().enumerate() {
-                    if !self.pool.is_valid_block(id) {
-                        return Err(bad(format!(
-                            "prefix hit {i}: {id} is not a usable block id"
-                        )));
-                    }
-                    if self.pool.cached_hash(id) != Some(hasher.hashes()[i]) {
-                        return Err(bad(format!(
-                            "prefix hit {i}: block {id} is not the cached block for these tokens \
-                             (evicted or reset since get_computed_blocks?)"
-                        )));
-                    }
-                }
-                new_state = Some(RequestBlocks {
-                    blocks: Vec::new(),
-                    hasher,
-                    num_cached_blocks: new_computed_blocks.len(),
-                    cacheable: self.enable_prefix_caching,
-                });
-                new_computed_blocks.len()
+                let tokens = &tokens[..num_full_blocks * self.block_size()];
+                let state =
+                    self.first_allocation(req, tokens, num_computed_tokens, new_computed_blocks)?;
+                (new_computed_blocks.len(), Some(state))
             }
         };
 
@@ -310,27 +271,132 @@ impl KvCacheManager {
         };
         state.blocks.extend_from_slice(new_computed_blocks);
         state.blocks.extend_from_slice(&new_blocks);
-
         if state.cacheable {
-            let hashes = state.hasher.update(&tokens[..num_full_blocks * block_size]);
-            while state.num_cached_blocks < num_full_blocks {
-                let i = state.num_cached_blocks;
-                let parent = i.checked_sub(1).map(|p| hashes[p]);
-                let block_tokens = &tokens[i * block_size..(i + 1) * block_size];
-                match self
-                    .pool
-                    .cache_block(state.blocks[i], hashes[i], parent, block_tokens, None)
-                {
-                    CacheInsert::Inserted | CacheInsert::Duplicate => state.num_cached_blocks += 1,
-                    CacheInsert::Collision => {
-                        // Blocks after this one would chain on a hash that names other content.
-                        state.cacheable = false;
-                        break;
-                    }
-                }
-            }
+            state.cache_full_blocks(&mut self.pool, tokens, num_full_blocks);
         }
         Ok(Some(new_blocks))
+    }
+
+    /// [`Self::allocate_slots`]'s token counts: the scheduled tokens are given and fit the pool.
+    /// Returns `num_computed_tokens + num_new_tokens`.
+    fn check_allocation(
+        &self,
+        req: RequestId,
+        tokens: &[u32],
+        num_computed_tokens: usize,
+        num_new_tokens: usize,
+    ) -> Result<usize, KvCacheError> {
+        let num_total = num_computed_tokens
+            .checked_add(num_new_tokens)
+            .ok_or_else(|| {
+                bad_arguments(
+                    req,
+                    format!("num_computed_tokens {num_computed_tokens} + num_new_tokens overflows"),
+                )
+            })?;
+        if num_total > tokens.len() {
+            return Err(bad_arguments(
+                req,
+                format!(
+                    "num_computed_tokens {num_computed_tokens} + num_new_tokens {num_new_tokens} = \
+                     {num_total} is more than the {} tokens given",
+                    tokens.len()
+                ),
+            ));
+        }
+        self.check_fits(req, num_total)?;
+        Ok(num_total)
+    }
+
+    /// A request the cache knows takes no more hits and has computed at most what its blocks hold.
+    fn check_known_request(
+        &self,
+        req: RequestId,
+        state: &RequestBlocks,
+        num_computed_tokens: usize,
+        new_computed_blocks: &[BlockId],
+    ) -> Result<(), KvCacheError> {
+        if !new_computed_blocks.is_empty() {
+            return Err(bad_arguments(
+                req,
+                format!(
+                    "prefix-cache hits are taken on a request's first allocation only; it \
+                     owns {} blocks already",
+                    state.blocks.len()
+                ),
+            ));
+        }
+        let held = state.blocks.len() * self.block_size();
+        if num_computed_tokens > held {
+            return Err(bad_arguments(
+                req,
+                format!(
+                    "num_computed_tokens {num_computed_tokens}, but its {} blocks hold {held}",
+                    state.blocks.len()
+                ),
+            ));
+        }
+        Ok(())
+    }
+
+    /// The state of a request new to the cache, after checking its hits: it has computed exactly
+    /// them, and each is the cached block for its tokens. `full_tokens`: the tokens of the
+    /// blocks full after this allocation (hashed now, to prove the hits and register blocks).
+    fn first_allocation(
+        &self,
+        req: RequestId,
+        full_tokens: &[u32],
+        num_computed_tokens: usize,
+        new_computed_blocks: &[BlockId],
+    ) -> Result<RequestBlocks, KvCacheError> {
+        let block_size = self.block_size();
+        let num_hit_tokens = new_computed_blocks.len() * block_size;
+        if num_computed_tokens != num_hit_tokens {
+            return Err(bad_arguments(
+                req,
+                format!(
+                    "a request new to the cache has computed exactly its prefix hits ({} \
+                     blocks = {num_hit_tokens} tokens), not num_computed_tokens {}",
+                    new_computed_blocks.len(),
+                    num_computed_tokens
+                ),
+            ));
+        }
+        if !new_computed_blocks.is_empty() && !self.enable_prefix_caching {
+            return Err(bad_arguments(
+                req,
+                "prefix-cache hits given, but prefix caching is off".into(),
+            ));
+        }
+        // The hash chain, needed to register blocks anyway, proves the hits are the cached
+        // blocks for these very tokens.
+        let mut hasher = BlockHasher::new(block_size, None);
+        if self.enable_prefix_caching {
+            hasher.update(full_tokens);
+        }
+        for (i, &id) in new_computed_blocks.iter().enumerate() {
+            if !self.pool.is_valid_block(id) {
+                return Err(bad_arguments(
+                    req,
+                    format!("prefix hit {i}: {id} is not a usable block id"),
+                ));
+            }
+            if self.pool.cached_hash(id) != Some(hasher.hashes()[i]) {
+                return Err(bad_arguments(
+                    req,
+                    format!(
+                        "prefix hit {i}: block {id} is not the cached block for these tokens \
+                         (evicted or reset since get_computed_blocks?)"
+                    ),
+                ));
+            }
+        }
+        Ok(RequestBlocks {
+            blocks: Vec::new(),
+            hasher,
+            num_cached_blocks: new_computed_blocks.len(),
+            cacheable: self.enable_prefix_caching,
+        })
     }
 
     /// Releases the request's blocks (tail first; cached ones stay cached until reused) and

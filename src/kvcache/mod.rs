@@ -400,182 +400,253 @@ mod tests {
         later_turns: usize,
     }
 
+    const BLOCK_SIZE: usize = 4;
+    const MAX_TOKENS: usize = 80;
+
+    /// The randomized stress test's world: the manager, what each slot holds, the requests by
+    /// state, and the counts of what happened.
+    struct Stress {
+        rng: SplitMix64,
+        m: KvCacheManager,
+        kv: KvModel,
+        /// Shared system prompts.
+        systems: Vec<Vec<u32>>,
+        running: Vec<Seq>,
+        waiting: Vec<Seq>,
+        /// Finished conversations a later turn may extend.
+        done: Vec<Vec<u32>>,
+        next_id: u64,
+        /// Bumped by each weight update.
+        epoch: u64,
+        c: Counts,
+    }
+
     #[test]
     fn randomized_stress_keeps_invariants_and_never_serves_wrong_kv() {
-        const BLOCK_SIZE: usize = 4;
-        const MAX_TOKENS: usize = 80;
-        let mut rng = SplitMix64::new(0x5eed);
-        let mut m = KvCacheManager::new(40, BLOCK_SIZE, true).unwrap(); // 39 blocks: tight
-        let (slots, block_size) = (vec![0; 40 * BLOCK_SIZE], BLOCK_SIZE);
-        let mut kv = KvModel { slots, block_size };
-        let systems: Vec<Vec<u32>> = [13, 22, 31]
-            .iter()
-            .map(|&n| (0..n).map(|_| rng.below(1000) as u32).collect())
-            .collect();
-        let (mut running, mut waiting, mut done) =
-            (Vec::<Seq>::new(), Vec::<Seq>::new(), Vec::<Vec<u32>>::new());
-        let (mut next_id, mut epoch, mut c) = (0u64, 0u64, Counts::default());
-
+        let mut s = Stress::new();
         for op in 0..5000 {
-            match rng.below(100) {
-                // A new request: a shared system prompt and a user turn, or the next turn of a
-                // finished conversation.
-                0..=19 => {
-                    let tokens = if !done.is_empty() && rng.below(3) == 0 {
-                        c.later_turns += 1;
-                        let mut t = done.swap_remove(rng.below(done.len()));
-                        t.extend((0..1 + rng.below(8)).map(|_| rng.below(1000) as u32));
-                        t
-                    } else {
-                        let mut t = systems[rng.below(3)].clone();
-                        t.extend((0..1 + rng.below(10)).map(|_| rng.below(1000) as u32));
-                        t
-                    };
-                    next_id += 1;
-                    let (id, num_computed) = (next_id, 0);
-                    waiting.push(Seq {
-                        id,
-                        tokens,
-                        num_computed,
-                    });
-                }
-                // Schedule a chunk for a running or waiting request, preempting one on refusal.
-                20..=69 => {
-                    let from_waiting =
-                        running.is_empty() || (!waiting.is_empty() && rng.below(3) == 0);
-                    if from_waiting && waiting.is_empty() {
-                        continue;
-                    }
-                    let mut seq = if from_waiting {
-                        waiting.swap_remove(rng.below(waiting.len()))
-                    } else {
-                        running.swap_remove(rng.below(running.len()))
-                    };
-                    if seq.num_computed == seq.tokens.len() {
-                        // Decode; a small alphabet makes samples share more.
-                        seq.tokens.push(rng.below(4) as u32);
-                    }
-                    let budget = 1 + rng.below(12);
-                    let mut scheduled = false;
-                    for attempt in 0..2 {
-                        let (hits, n) = if m.contains(seq.id) {
-                            (Vec::new(), seq.num_computed)
-                        } else {
-                            let (hits, n) = m.get_computed_blocks(&seq.tokens);
-                            c.queried += seq.tokens.len();
-                            c.looked_up += n;
-                            (hits, n)
-                        };
-                        let num_new = budget.min(seq.tokens.len() - n);
-                        let revived = hits.iter().filter(|&&b| m.pool().ref_count(b) == 0).count();
-                        match m
-                            .allocate_slots(seq.id, &seq.tokens, n, num_new, &hits)
-                            .unwrap()
-                        {
-                            Some(_) => {
-                                kv.check_hits(&hits, &seq.tokens, epoch);
-                                seq.num_computed = n;
-                                kv.compute(&m, &seq, num_new, epoch);
-                                seq.num_computed += num_new;
-                                c.allocations += 1;
-                                c.hit_tokens += hits.len() * BLOCK_SIZE;
-                                c.revived_blocks += revived;
-                                scheduled = true;
-                                break;
-                            }
-                            None => {
-                                c.refused += 1;
-                                if attempt == 1 || running.is_empty() {
-                                    break;
-                                }
-                                let mut victim = running.swap_remove(rng.below(running.len()));
-                                assert!(m.free(victim.id));
-                                victim.num_computed = 0;
-                                waiting.push(victim);
-                                c.preemptions += 1;
-                            }
-                        }
-                        m.check_invariants().unwrap();
-                    }
-                    if scheduled {
-                        running.push(seq);
-                    } else {
-                        if seq.num_computed < seq.tokens.len() && m.contains(seq.id) {
-                            // Refused even after a preemption: it preempts itself.
-                            assert!(m.free(seq.id));
-                            c.preemptions += 1;
-                        }
-                        seq.num_computed = 0;
-                        waiting.push(seq);
-                    }
-                }
-                // A request finishes (also when it reaches its length limit).
-                70..=79 => {
-                    if let Some(i) = (!running.is_empty()).then(|| rng.below(running.len())) {
-                        let seq = running.swap_remove(i);
-                        assert!(m.free(seq.id));
-                        c.finished += 1;
-                        if seq.tokens.len() < MAX_TOKENS - 20 {
-                            done.push(seq.tokens);
-                        }
-                    }
-                }
-                // New weights.
-                80..=81 => {
-                    m.reset_prefix_cache();
-                    assert_eq!(m.pool().num_cached_blocks(), 0);
-                    epoch += 1;
-                    c.resets += 1;
-                }
-                // Caller errors change nothing.
-                82..=85 => {
-                    let (used, cached) = (m.num_used_blocks(), m.pool().num_cached_blocks());
-                    let huge = vec![1; 40 * BLOCK_SIZE];
-                    let err = m.allocate_slots(next_id + 1, &huge, 0, huge.len(), &[]);
-                    assert!(matches!(err, Err(KvCacheError::NeverFits { .. })));
-                    if let Some(seq) = running.first() {
-                        let (id, past_end) = (seq.id, seq.tokens.len() + 1);
-                        let err =
-                            m.allocate_slots(id, &seq.tokens, seq.num_computed, past_end, &[]);
-                        assert!(matches!(err, Err(KvCacheError::BadArguments { .. })));
-                    }
-                    assert!(!m.free(u64::MAX));
-                    let after = (m.num_used_blocks(), m.pool().num_cached_blocks());
-                    assert_eq!(after, (used, cached));
-                }
+            match s.rng.below(100) {
+                0..=19 => s.new_request(),
+                // Nothing to schedule (nothing changed): on to the next operation. A chunk that
+                // was scheduled falls through to the checks below.
+                20..=69 if !s.schedule_chunk() => continue,
+                70..=79 => s.finish_one(),
+                80..=81 => s.new_weights(),
+                82..=85 => s.caller_errors_change_nothing(),
                 _ => {}
             }
+            s.check_after(op);
+        }
+        s.free_all_and_check_counts();
+    }
+
+    impl Stress {
+        fn new() -> Self {
+            let mut rng = SplitMix64::new(0x5eed);
+            let m = KvCacheManager::new(40, BLOCK_SIZE, true).unwrap(); // 39 blocks: tight
+            let (slots, block_size) = (vec![0; 40 * BLOCK_SIZE], BLOCK_SIZE);
+            let kv = KvModel { slots, block_size };
+            let systems: Vec<Vec<u32>> = [13, 22, 31]
+                .iter()
+                .map(|&n| (0..n).map(|_| rng.below(1000) as u32).collect())
+                .collect();
+            Self {
+                rng,
+                m,
+                kv,
+                systems,
+                running: Vec::new(),
+                waiting: Vec::new(),
+                done: Vec::new(),
+                next_id: 0,
+                epoch: 0,
+                c: Counts::default(),
+            }
+        }
+
+        /// A new request: a shared system prompt and a user turn, or the next turn of a
+        /// finished conversation.
+        fn new_request(&mut self) {
+            let rng = &mut self.rng;
+            let tokens = if !self.done.is_empty() && rng.below(3) == 0 {
+                self.c.later_turns += 1;
+                let mut t = self.done.swap_remove(rng.below(self.done.len()));
+                t.extend((0..1 + rng.below(8)).map(|_| rng.below(1000) as u32));
+                t
+            } else {
+                let mut t = self.systems[rng.below(3)].clone();
+                t.extend((0..1 + rng.below(10)).map(|_| rng.below(1000) as u32));
+                t
+            };
+            self.next_id += 1;
+            let (id, num_computed) = (self.next_id, 0);
+            self.waiting.push(Seq {
+                id,
+                tokens,
+                num_computed,
+            });
+        }
+
+        /// Schedules a chunk for a running or waiting request, preempting one on refusal.
+        /// `false` when there was nothing to schedule (nothing changed).
+        fn schedule_chunk(&mut self) -> bool {
+            let rng = &mut self.rng;
+            let from_waiting =
+                self.running.is_empty() || (!self.waiting.is_empty() && rng.below(3) == 0);
+            if from_waiting && self.waiting.is_empty() {
+                return false;
+            }
+            let mut seq = if from_waiting {
+                self.waiting.swap_remove(rng.below(self.waiting.len()))
+            } else {
+                self.running.swap_remove(rng.below(self.running.len()))
+            };
+            if seq.num_computed == seq.tokens.len() {
+                // Decode; a small alphabet makes samples share more.
+                seq.tokens.push(rng.below(4) as u32);
+            }
+            let budget = 1 + rng.below(12);
+            if self.allocate_chunk(&mut seq, budget) {
+                self.running.push(seq);
+            } else {
+                if seq.num_computed < seq.tokens.len() && self.m.contains(seq.id) {
+                    // Refused even after a preemption: it preempts itself.
+                    assert!(self.m.free(seq.id));
+                    self.c.preemptions += 1;
+                }
+                seq.num_computed = 0;
+                self.waiting.push(seq);
+            }
+            true
+        }
+
+        /// Up to two attempts to allocate `seq`'s next `budget` tokens (its prefix hits first, if
+        /// the cache does not know it), computing them on success; a refusal preempts a running
+        /// request before the second attempt. Whether it was scheduled.
+        fn allocate_chunk(&mut self, seq: &mut Seq, budget: usize) -> bool {
+            let (m, c) = (&mut self.m, &mut self.c);
+            for attempt in 0..2 {
+                let (hits, n) = if m.contains(seq.id) {
+                    (Vec::new(), seq.num_computed)
+                } else {
+                    let (hits, n) = m.get_computed_blocks(&seq.tokens);
+                    c.queried += seq.tokens.len();
+                    c.looked_up += n;
+                    (hits, n)
+                };
+                let num_new = budget.min(seq.tokens.len() - n);
+                let revived = hits.iter().filter(|&&b| m.pool().ref_count(b) == 0).count();
+                match m
+                    .allocate_slots(seq.id, &seq.tokens, n, num_new, &hits)
+                    .unwrap()
+                {
+                    Some(_) => {
+                        self.kv.check_hits(&hits, &seq.tokens, self.epoch);
+                        seq.num_computed = n;
+                        self.kv.compute(m, seq, num_new, self.epoch);
+                        seq.num_computed += num_new;
+                        c.allocations += 1;
+                        c.hit_tokens += hits.len() * BLOCK_SIZE;
+                        c.revived_blocks += revived;
+                        return true;
+                    }
+                    None => {
+                        c.refused += 1;
+                        if attempt == 1 || self.running.is_empty() {
+                            return false;
+                        }
+                        let i = self.rng.below(self.running.len());
+                        let mut victim = self.running.swap_remove(i);
+                        assert!(m.free(victim.id));
+                        victim.num_computed = 0;
+                        self.waiting.push(victim);
+                        c.preemptions += 1;
+                    }
+                }
+                m.check_invariants().unwrap();
+            }
+            false
+        }
+
+        /// A request finishes (also when it reaches its length limit).
+        fn finish_one(&mut self) {
+            let rng = &mut self.rng;
+            if let Some(i) = (!self.running.is_empty()).then(|| rng.below(self.running.len())) {
+                let seq = self.running.swap_remove(i);
+                assert!(self.m.free(seq.id));
+                self.c.finished += 1;
+                if seq.tokens.len() < MAX_TOKENS - 20 {
+                    self.done.push(seq.tokens);
+                }
+            }
+        }
+
+        /// New weights.
+        fn new_weights(&mut self) {
+            self.m.reset_prefix_cache();
+            assert_eq!(self.m.pool().num_cached_blocks(), 0);
+            self.epoch += 1;
+            self.c.resets += 1;
+        }
+
+        /// Caller errors change nothing.
+        fn caller_errors_change_nothing(&mut self) {
+            let m = &mut self.m;
+            let (used, cached) = (m.num_used_blocks(), m.pool().num_cached_blocks());
+            let huge = vec![1; 40 * BLOCK_SIZE];
+            let err = m.allocate_slots(self.next_id + 1, &huge, 0, huge.len(), &[]);
+            assert!(matches!(err, Err(KvCacheError::NeverFits { .. })));
+            if let Some(seq) = self.running.first() {
+                let (id, past_end) = (seq.id, seq.tokens.len() + 1);
+                let err = m.allocate_slots(id, &seq.tokens, seq.num_computed, past_end, &[]);
+                assert!(matches!(err, Err(KvCacheError::BadArguments { .. })));
+            }
+            assert!(!m.free(u64::MAX));
+            let after = (m.num_used_blocks(), m.pool().num_cached_blocks());
+            assert_eq!(after, (used, cached));
+        }
+
+        /// After each operation: requests at their length limit finish, the invariants hold, and
+        /// every running request owns exactly the blocks its computed tokens need.
+        fn check_after(&mut self, op: usize) {
+            let m = &mut self.m;
             // Requests at their length limit finish.
-            running.retain(|seq| seq.tokens.len() < MAX_TOKENS || !m.free(seq.id));
+            self.running
+                .retain(|seq| seq.tokens.len() < MAX_TOKENS || !m.free(seq.id));
             if let Err(e) = m.check_invariants() {
                 panic!("after operation {op}: {e}");
             }
-            for seq in &running {
+            for seq in &self.running {
                 let blocks_needed = seq.num_computed.div_ceil(BLOCK_SIZE);
                 assert_eq!(m.num_blocks_of(seq.id), blocks_needed);
             }
-            assert!(waiting.iter().all(|seq| !m.contains(seq.id)));
-            assert_eq!(m.num_requests(), running.len());
+            assert!(self.waiting.iter().all(|seq| !m.contains(seq.id)));
+            assert_eq!(m.num_requests(), self.running.len());
         }
 
-        for seq in running.drain(..) {
-            assert!(m.free(seq.id));
+        /// Frees every running request: no block leaked; the stats count what was looked up,
+        /// and the run exercised every path.
+        fn free_all_and_check_counts(mut self) {
+            let (m, c) = (&mut self.m, &self.c);
+            for seq in self.running.drain(..) {
+                assert!(m.free(seq.id));
+            }
+            m.check_invariants().unwrap();
+            let (used, free, live) = (m.num_used_blocks(), m.num_free_blocks(), m.num_requests());
+            assert_eq!((used, free, live), (0, 39, 0), "leaked blocks");
+            // The stats count what was looked up, and the run exercised every path.
+            let stats = m.prefix_cache_stats();
+            let (queries, hits) = (stats.queries as usize, stats.hits as usize);
+            assert_eq!((queries, hits), (c.queried, c.looked_up));
+            assert!(
+                c.allocations > 1000 && c.refused > 20 && c.preemptions > 20,
+                "{c:?}"
+            );
+            assert!(
+                c.hit_tokens > 1000 && c.revived_blocks > 50 && c.resets > 20,
+                "{c:?}"
+            );
+            assert!(c.finished > 100 && c.later_turns > 20, "{c:?}");
         }
-        m.check_invariants().unwrap();
-        let (used, free, live) = (m.num_used_blocks(), m.num_free_blocks(), m.num_requests());
-        assert_eq!((used, free, live), (0, 39, 0), "leaked blocks");
-        // The stats count what was looked up, and the run exercised every path.
-        let stats = m.prefix_cache_stats();
-        let (queries, hits) = (stats.queries as usize, stats.hits as usize);
-        assert_eq!((queries, hits), (c.queried, c.looked_up));
-        assert!(
-            c.allocations > 1000 && c.refused > 20 && c.preemptions > 20,
-            "{c:?}"
-        );
-        assert!(
-            c.hit_tokens > 1000 && c.revived_blocks > 50 && c.resets > 20,
-            "{c:?}"
-        );
-        assert!(c.finished > 100 && c.later_turns > 20, "{c:?}");
     }
 }

@@ -10,11 +10,12 @@
 //! | `POST /v1/pause`, `/v1/resume` | stop and restart engine steps (requests keep their state) |
 //! | `GET /health`, `GET /metrics` | liveness; Prometheus text (no API key needed) |
 
+use super::chat_request::{parse_chat, parse_tokenize};
 use super::error::ApiError;
 use super::fields::Fields;
 use super::generate::{collect, start, Run};
 use super::metrics::ServerGauges;
-use super::openai::{parse_chat, parse_completion, parse_detokenize, parse_tokenize, Endpoint};
+use super::openai::{parse_completion, parse_detokenize, Endpoint};
 use super::response::{full_response, Envelope};
 use super::state::AppState;
 use super::stream::SseBody;

@@ -2,13 +2,15 @@
 //!
 //! ```text
 //!  HTTP (axum, tokio) ──► http.rs: auth, body ──► openai.rs: fields ─► Job (token ids, params)
+//!                                                 (chat_request.rs: messages, tools)
 //!        ▲                                                              │ generate.rs: admit (429),
 //!        │  response.rs: JSON / stream.rs: SSE chunks                   ▼ submit per choice
 //!        └──────────── Run { ChoiceState } ◄── events ◄── EngineHandle (engine thread: steps)
 //! ```
 //!
-//! - [`openai`]: request bodies read field by field into a [`openai::Job`]; [`fields`]: the
-//!   typed field reader; [`error`]: OpenAI-shaped errors naming the field at fault.
+//! - [`openai`]: request bodies read field by field into a [`openai::Job`] ([`chat_request`]:
+//!   the chat bodies, messages and tools through the chat template); [`fields`]: the typed field
+//!   reader; [`error`]: OpenAI-shaped errors naming the field at fault.
 //! - [`generate`]: admission, submission, each choice's text, stop strings and finish;
 //!   [`detok`]: token bytes and incremental UTF-8 text; [`response`]: bodies and stream chunks;
 //!   [`stream`]: the SSE body (dropping it aborts its requests).
@@ -19,6 +21,7 @@
 //! send `prompt_token_ids` instead of text or messages, and `usage` has `cached_tokens`; every
 //! response carries the `weight_version` that produced it.
 
+pub mod chat_request;
 pub mod detok;
 pub mod error;
 pub mod fields;

@@ -1,6 +1,8 @@
 //! The OpenAI request bodies this server accepts, read into a [`Job`]: the prompts as token ids
 //! and one engine request per choice. Every field is type-checked and range-checked here, with an
-//! error naming it; the engine re-validates what it receives.
+//! error naming it; the engine re-validates what it receives. `/v1/completions` and the fields
+//! both generation endpoints share are read here; the chat bodies (messages and tools through
+//! the chat template) in [`super::chat_request`].
 //!
 //! Beyond OpenAI's fields (the token-in, token-out extensions vLLM also has):
 //! `prompt_token_ids` (instead of `prompt` or `messages`), `top_k`, `min_p`, `stop_token_ids`,
@@ -9,7 +11,7 @@
 
 use super::error::ApiError;
 use super::fields::{type_name, wrong_type, Fields};
-use crate::chat::{ChatTemplate, Conversation};
+use crate::chat::ChatTemplate;
 use crate::engine::sampler::{SamplingError, MAX_TOP_LOGPROBS};
 use crate::engine::{GenerationRequest, SamplingParams};
 use crate::tokenizer::Tokenizer;
@@ -164,7 +166,7 @@ pub fn token_ids(value: &Value, name: &str, ctx: &Context<'_>) -> Result<Vec<u32
         .collect()
 }
 
-fn tokenize(text: &str, name: &str, ctx: &Context<'_>) -> Result<Vec<u32>, ApiError> {
+pub(super) fn tokenize(text: &str, name: &str, ctx: &Context<'_>) -> Result<Vec<u32>, ApiError> {
     let ids = ctx
         .tokenizer
         .encode(text)
@@ -248,11 +250,11 @@ fn prompt_token_ids(value: &Value, ctx: &Context<'_>) -> Result<Vec<Vec<u32>>, A
 }
 
 /// Fields both endpoints read the same way.
-struct Common {
+pub(super) struct Common {
     n: usize,
-    max_tokens: Option<usize>,
+    pub(super) max_tokens: Option<usize>,
     /// The field `max_tokens` came from (`max_completion_tokens` in chat).
-    max_tokens_field: &'static str,
+    pub(super) max_tokens_field: &'static str,
     params: SamplingParams,
     stop_strings: Vec<String>,
     stop_ids: Vec<u32>,
@@ -276,7 +278,7 @@ fn sampling_field(e: SamplingError) -> ApiError {
 /// Reads the fields both endpoints share, stage by stage (the order in which a body's errors are
 /// found): choices and lengths, sampling, stops, streaming, then the fields accepted only at
 /// their neutral values.
-fn read_common(
+pub(super) fn read_common(
     fields: &mut Fields,
     ctx: &Context<'_>,
     max_tokens_names: &[&'static str],
@@ -489,7 +491,7 @@ fn accept_neutral_fields(fields: &mut Fields) -> Result<(), ApiError> {
 
 /// Every prompt must leave room to generate, and `max_tokens` must fit the context: the counts are
 /// in the message. Resolves each prompt's `max_tokens` (`default` when not given, at most what fits).
-fn resolve_lengths(
+pub(super) fn resolve_lengths(
     prompts: &[Vec<u32>],
     max_tokens: Option<usize>,
     default: Option<usize>,
@@ -589,121 +591,8 @@ pub fn parse_completion(mut fields: Fields, ctx: &Context<'_>) -> Result<Job, Ap
     )
 }
 
-/// `POST /v1/chat/completions`.
-pub fn parse_chat(mut fields: Fields, ctx: &Context<'_>) -> Result<Job, ApiError> {
-    check_model(&mut fields, ctx)?;
-    let tools = match fields.take("tools") {
-        None => None,
-        Some(Value::Array(tools)) => {
-            for (i, tool) in tools.iter().enumerate() {
-                let name = tool.get("function").and_then(|f| f.get("name"));
-                if !matches!(name, Some(Value::String(s)) if !s.is_empty()) {
-                    return Err(ApiError::field(
-                        format!("tools[{i}]"),
-                        "a tool must be {\"type\": \"function\", \"function\": {\"name\": ..., ...}} with a non-empty name",
-                    ));
-                }
-            }
-            Some(tools)
-        }
-        Some(other) => return Err(wrong_type("tools", "an array", &other)),
-    };
-    let tool_choice_none = match fields.take("tool_choice") {
-        None => false,
-        Some(Value::String(s)) if s == "auto" => false,
-        Some(Value::String(s)) if s == "none" => true,
-        Some(other) => {
-            return Err(ApiError::field(
-                "tool_choice",
-                format!("`tool_choice` {other} is not supported: use \"auto\" or \"none\""),
-            ))
-        }
-    };
-    fields.ignore(&["parallel_tool_calls"]);
-    let add_generation_prompt = fields.boolean("add_generation_prompt")?.unwrap_or(true);
-    let mut messages = fields.take("messages");
-    if fields.has("prompt_token_ids")
-        && messages
-            .as_ref()
-            .is_some_and(|m| m == &Value::Array(Vec::new()))
-    {
-        // Clients whose `messages` is required (the openai package) send [] with token ids.
-        messages = None;
-    }
-    let (prompt, prompt_field) = match (messages, fields.take("prompt_token_ids")) {
-        (Some(_), Some(_)) => {
-            return Err(ApiError::field(
-                "prompt_token_ids",
-                "give `messages` or `prompt_token_ids`, not both",
-            ))
-        }
-        (None, Some(ids)) => (
-            token_ids(&ids, "prompt_token_ids", ctx)?,
-            "prompt_token_ids",
-        ),
-        (Some(Value::Array(messages)), None) => {
-            if messages.is_empty() {
-                return Err(ApiError::field(
-                    "messages",
-                    "`messages` is empty: a chat needs at least one message",
-                ));
-            }
-            let conversation =
-                Conversation::new(&messages, tools.as_deref()).map_err(path_error("messages"))?;
-            let text = ctx
-                .template
-                .render(&conversation, add_generation_prompt)
-                .map_err(path_error("messages"))?;
-            (tokenize(&text, "messages", ctx)?, "messages")
-        }
-        (Some(other), None) => return Err(wrong_type("messages", "an array of messages", &other)),
-        (None, None) => return Err(ApiError::field("messages", "`messages` is required")),
-    };
-    let common = read_common(&mut fields, ctx, &["max_tokens", "max_completion_tokens"])?;
-    let want_logprobs = fields.boolean("logprobs")?.unwrap_or(false);
-    let top = fields.count("top_logprobs")?;
-    let logprobs = match (want_logprobs, top) {
-        (false, Some(k)) if k > 0 => {
-            return Err(ApiError::field(
-                "top_logprobs",
-                "`top_logprobs` needs `logprobs: true`",
-            ))
-        }
-        (false, _) => None,
-        (true, None) => Some(0),
-        (true, Some(k)) if k as usize <= MAX_TOP_LOGPROBS => Some(k as usize),
-        (true, Some(k)) => {
-            return Err(ApiError::field(
-                "top_logprobs",
-                format!("`top_logprobs` = {k}: must be between 0 and {MAX_TOP_LOGPROBS}"),
-            ))
-        }
-    };
-    fields.finish()?;
-    let prompts = vec![prompt];
-    let max_tokens = resolve_lengths(
-        &prompts,
-        common.max_tokens,
-        None,
-        prompt_field,
-        common.max_tokens_field,
-        ctx,
-    )?;
-    let parse_tools = tools.is_some_and(|t| !t.is_empty()) && !tool_choice_none;
-    finish_job(
-        Endpoint::Chat,
-        prompts,
-        vec![None],
-        max_tokens,
-        common,
-        logprobs,
-        false,
-        parse_tools,
-    )
-}
-
 #[allow(clippy::too_many_arguments)]
-fn finish_job(
+pub(super) fn finish_job(
     endpoint: Endpoint,
     prompts: Vec<Vec<u32>>,
     prompt_texts: Vec<Option<String>>,
@@ -742,73 +631,6 @@ fn finish_job(
         skip_special_tokens: common.skip_special_tokens,
         parse_tool_calls,
     })
-}
-
-/// Maps `"messages[2]: no `role`"`-style errors to a 400 naming `messages[2]`.
-fn path_error(default: &'static str) -> impl Fn(anyhow::Error) -> ApiError {
-    move |e| {
-        let message = format!("{e:#}");
-        let path: String = message
-            .chars()
-            .take_while(|c| c.is_ascii_alphanumeric() || matches!(c, '_' | '[' | ']' | '.'))
-            .collect();
-        let param = if !path.is_empty() && message[path.len()..].starts_with(':') {
-            path
-        } else {
-            default.to_string()
-        };
-        ApiError::field(param, message)
-    }
-}
-
-/// `POST /v1/tokenize`: `{"prompt": text}` or `{"messages": [...], "tools"?, "add_generation_prompt"?}`.
-pub fn parse_tokenize(mut fields: Fields, ctx: &Context<'_>) -> Result<Vec<u32>, ApiError> {
-    check_model(&mut fields, ctx)?;
-    let tools = match fields.take("tools") {
-        None => None,
-        Some(Value::Array(t)) => Some(t),
-        Some(other) => return Err(wrong_type("tools", "an array", &other)),
-    };
-    let add_generation_prompt = fields.boolean("add_generation_prompt")?;
-    let ids = match (fields.take("prompt"), fields.take("messages")) {
-        (Some(Value::String(text)), None) => {
-            if tools.is_some() || add_generation_prompt.is_some() {
-                return Err(ApiError::field(
-                    "prompt",
-                    "`tools` and `add_generation_prompt` go with `messages`, not `prompt`",
-                ));
-            }
-            tokenize(&text, "prompt", ctx)?
-        }
-        (Some(other), None) => return Err(wrong_type("prompt", "a string", &other)),
-        (None, Some(Value::Array(messages))) => {
-            if messages.is_empty() {
-                return Err(ApiError::field("messages", "`messages` is empty"));
-            }
-            let conversation =
-                Conversation::new(&messages, tools.as_deref()).map_err(path_error("messages"))?;
-            let text = ctx
-                .template
-                .render(&conversation, add_generation_prompt.unwrap_or(true))
-                .map_err(path_error("messages"))?;
-            tokenize(&text, "messages", ctx)?
-        }
-        (None, Some(other)) => return Err(wrong_type("messages", "an array of messages", &other)),
-        (Some(_), Some(_)) => {
-            return Err(ApiError::field(
-                "messages",
-                "give `prompt` or `messages`, not both",
-            ))
-        }
-        (None, None) => {
-            return Err(ApiError::field(
-                "prompt",
-                "`prompt` (text) or `messages` is required",
-            ))
-        }
-    };
-    fields.finish()?;
-    Ok(ids)
 }
 
 /// `POST /v1/detokenize`: `{"tokens": [ids]}`.

@@ -251,11 +251,54 @@ fn chunk(run: &Run, envelope: &Envelope, choice: Value) -> Value {
 /// The chunks choice `index` has ready: its start (role, echo, prompt ids), new text and tokens,
 /// and its finish. Advances the choice's sent counters.
 pub fn choice_chunks(run: &mut Run, envelope: &Envelope, index: usize, out: &mut Vec<Value>) {
+    let Some(piece) = pending_piece(run, index) else {
+        return;
+    };
+    let c = &run.choices[index];
+    let mut choice = match run.job.endpoint {
+        Endpoint::Completions => completion_delta(run, index, &piece),
+        Endpoint::Chat => chat_delta(run, envelope, index, &piece),
+    };
+    choice["token_ids"] = json!(&c.tokens[piece.token_range.clone()]);
+    if piece.start {
+        choice["prompt_token_ids"] = json!(run.job.prompts[c.prompt_index]);
+    }
+    out.push(piece_chunk(run, envelope, index, &piece, choice));
+    let end_text = if piece.finishing {
+        c.text().len()
+    } else {
+        piece.text_end
+    };
+    let c = &mut run.choices[index];
+    c.sent_start = true;
+    c.sent_text = end_text;
+    c.sent_tokens = c.tokens.len();
+    c.sent_finish = piece.finishing;
+}
+
+/// What one choice sends in its next chunk.
+struct Piece {
+    /// The new text (the echoed prompt first, in a completion's first chunk).
+    text: String,
+    /// Where the choice's text sent so far will end (tool calls are not streamed as text).
+    text_end: usize,
+    /// The new tokens.
+    token_range: std::ops::Range<usize>,
+    /// The choice's first chunk.
+    start: bool,
+    /// The choice's last chunk.
+    finishing: bool,
+    /// Parsed tool calls of a finishing chat choice, and where its content ends.
+    calls: Option<(usize, Vec<ToolCall>)>,
+}
+
+/// What choice `index` has to send now; `None` when nothing (finished and sent, its first chunk
+/// waiting for the echoed prompt's logprobs, or no new text or tokens).
+fn pending_piece(run: &Run, index: usize) -> Option<Piece> {
     let job = &run.job;
-    let table = &run.state.table;
     let c = &run.choices[index];
     if c.sent_finish {
-        return;
+        return None;
     }
     let finishing = c.finish.is_some();
     let calls = if finishing {
@@ -272,89 +315,104 @@ pub fn choice_chunks(run: &mut Run, envelope: &Envelope, index: usize, out: &mut
     let start = !c.sent_start;
     if start && !finishing && run.awaits_prompt_logprobs(index) {
         // The first chunk carries the echoed prompt's logprobs: not before they are here.
-        return;
+        return None;
     }
     if start && job.endpoint == Endpoint::Completions && job.echo {
         let (echo_text, _) = echo_parts(run, c);
         text.insert_str(0, &echo_text);
     }
     if !start && !finishing && text.is_empty() && token_range.is_empty() {
-        return;
+        return None;
     }
-    let tokens = &c.tokens[token_range.clone()];
-    let mut choice = match job.endpoint {
-        Endpoint::Completions => {
-            let logprobs = job.logprobs.map(|_| {
-                let (mut ids, mut lps, mut tops) = (Vec::new(), Vec::new(), Vec::new());
-                if start && job.echo {
-                    if let Some(p) = echo_parts(run, c).1 {
-                        ids.extend_from_slice(&job.prompts[c.prompt_index]);
-                        lps.extend(p.logprobs.iter().copied());
-                        tops.extend(p.top_logprobs.iter().cloned());
-                    }
-                }
-                ids.extend_from_slice(tokens);
-                lps.extend(c.logprobs[token_range.clone()].iter().map(|&x| Some(x)));
-                for i in token_range.clone() {
-                    tops.push(c.top_logprobs.get(i).cloned().unwrap_or_default());
-                }
-                completion_logprobs(table, &ids, &lps, &tops, c.sent_text)
-            });
-            json!({"index": index, "text": text, "logprobs": logprobs, "finish_reason": Value::Null})
+    Some(Piece {
+        text,
+        text_end,
+        token_range,
+        start,
+        finishing,
+        calls,
+    })
+}
+
+/// A completion choice's chunk: its text and, if asked, logprobs (the echoed prompt's first).
+fn completion_delta(run: &Run, index: usize, piece: &Piece) -> Value {
+    let (job, table) = (&run.job, &run.state.table);
+    let c = &run.choices[index];
+    let token_range = piece.token_range.clone();
+    let logprobs = job.logprobs.map(|_| {
+        let (mut ids, mut lps, mut tops) = (Vec::new(), Vec::new(), Vec::new());
+        if piece.start && job.echo {
+            if let Some(p) = echo_parts(run, c).1 {
+                ids.extend_from_slice(&job.prompts[c.prompt_index]);
+                lps.extend(p.logprobs.iter().copied());
+                tops.extend(p.top_logprobs.iter().cloned());
+            }
         }
-        Endpoint::Chat => {
-            let mut delta = Map::new();
-            if start {
-                delta.insert("role".into(), json!("assistant"));
-            }
-            if start || !text.is_empty() {
-                delta.insert("content".into(), json!(text));
-            }
-            if let Some((_, calls)) = &calls {
-                let calls: Vec<Value> = calls
-                    .iter()
-                    .enumerate()
-                    .map(|(k, call)| {
-                        tool_call_json(call, &tool_call_id(envelope, index, k), Some(k))
-                    })
-                    .collect();
-                delta.insert("tool_calls".into(), Value::Array(calls));
-            }
-            let logprobs = job.logprobs.map(|_| {
-                let top = if c.top_logprobs.is_empty() {
-                    &[][..]
-                } else {
-                    &c.top_logprobs[token_range.clone()]
-                };
-                chat_logprobs(table, tokens, &c.logprobs[token_range.clone()], top)
-            });
-            json!({"index": index, "delta": Value::Object(delta), "logprobs": logprobs, "finish_reason": Value::Null})
+        ids.extend_from_slice(&c.tokens[token_range.clone()]);
+        lps.extend(c.logprobs[token_range.clone()].iter().map(|&x| Some(x)));
+        for i in token_range.clone() {
+            tops.push(c.top_logprobs.get(i).cloned().unwrap_or_default());
         }
-    };
-    choice["token_ids"] = json!(tokens);
-    if start {
-        choice["prompt_token_ids"] = json!(job.prompts[c.prompt_index]);
+        completion_logprobs(table, &ids, &lps, &tops, c.sent_text)
+    });
+    json!({"index": index, "text": piece.text, "logprobs": logprobs, "finish_reason": Value::Null})
+}
+
+/// A chat choice's chunk: a delta with the role (first chunk), content, and tool calls (last
+/// chunk), and logprobs if asked.
+fn chat_delta(run: &Run, envelope: &Envelope, index: usize, piece: &Piece) -> Value {
+    let (job, table) = (&run.job, &run.state.table);
+    let c = &run.choices[index];
+    let token_range = piece.token_range.clone();
+    let mut delta = Map::new();
+    if piece.start {
+        delta.insert("role".into(), json!("assistant"));
     }
-    let value = if finishing {
-        choice["finish_reason"] = finish_reason(c, calls.is_some());
-        let mut v = chunk(run, envelope, choice);
-        let f = c.finish.as_ref().expect("finishing");
-        v["weight_version"] = json!(f.weight_version);
-        if let Some(e) = &f.error {
-            v["error"] =
-                json!({"message": e, "type": "server_error", "param": Value::Null, "code": 500});
-        }
-        v
-    } else {
-        chunk(run, envelope, choice)
-    };
-    out.push(value);
-    let end_text = if finishing { c.text().len() } else { text_end };
-    let c = &mut run.choices[index];
-    c.sent_start = true;
-    c.sent_text = end_text;
-    c.sent_tokens = c.tokens.len();
-    c.sent_finish = finishing;
+    if piece.start || !piece.text.is_empty() {
+        delta.insert("content".into(), json!(piece.text));
+    }
+    if let Some((_, calls)) = &piece.calls {
+        let calls: Vec<Value> = calls
+            .iter()
+            .enumerate()
+            .map(|(k, call)| tool_call_json(call, &tool_call_id(envelope, index, k), Some(k)))
+            .collect();
+        delta.insert("tool_calls".into(), Value::Array(calls));
+    }
+    let logprobs = job.logprobs.map(|_| {
+        let top = if c.top_logprobs.is_empty() {
+            &[][..]
+        } else {
+            &c.top_logprobs[token_range.clone()]
+        };
+        let tokens = &c.tokens[token_range.clone()];
+        chat_logprobs(table, tokens, &c.logprobs[token_range.clone()], top)
+    });
+    json!({"index": index, "delta": Value::Object(delta), "logprobs": logprobs, "finish_reason": Value::Null})
+}
+
+/// The chunk around `choice`; the last one of a choice also has its finish reason, the weight
+/// version that finished it, and its error, if any.
+fn piece_chunk(
+    run: &Run,
+    envelope: &Envelope,
+    index: usize,
+    piece: &Piece,
+    mut choice: Value,
+) -> Value {
+    if !piece.finishing {
+        return chunk(run, envelope, choice);
+    }
+    let c = &run.choices[index];
+    choice["finish_reason"] = finish_reason(c, piece.calls.is_some());
+    let mut v = chunk(run, envelope, choice);
+    let f = c.finish.as_ref().expect("finishing");
+    v["weight_version"] = json!(f.weight_version);
+    if let Some(e) = &f.error {
+        v["error"] =
+            json!({"message": e, "type": "server_error", "param": Value::Null, "code": 500});
+    }
+    v
 }
 
 /// The last chunk with `stream_options.include_usage`: no choices, the usage.

@@ -154,28 +154,7 @@ pub fn within_naive(
     naive: &[f32],
     rows: Rows,
 ) -> Result<String, String> {
-    if got.len() != reference.len() || naive.len() != reference.len() {
-        return Err(format!(
-            "{what}: {} outputs, {} reference values, {} naive values",
-            got.len(),
-            reference.len(),
-            naive.len()
-        ));
-    }
-    if rows.len == 0 || !reference.len().is_multiple_of(rows.len) {
-        return Err(format!(
-            "{what}: {} values are not rows of {}",
-            reference.len(),
-            rows.len
-        ));
-    }
-    let err = |a: f32, b: f32| {
-        if a.is_nan() || b.is_nan() {
-            f32::INFINITY
-        } else {
-            (a - b).abs()
-        }
-    };
+    check_row_sizes(what, got, reference, naive, rows)?;
     let mut failures: Vec<(f32, String)> = Vec::new();
     let (mut worst_ratio, mut worst_row) = (0.0f32, 0);
     let (mut kernel_max, mut naive_max) = (0.0f32, 0.0f32);
@@ -185,35 +164,12 @@ pub fn within_naive(
         .zip(naive.chunks_exact(rows.len))
         .enumerate()
     {
-        let kernel_err = g.iter().zip(r).fold(0.0f32, |m, (&a, &b)| m.max(err(a, b)));
-        let naive_err = n.iter().zip(r).fold(0.0f32, |m, (&a, &b)| m.max(err(a, b)));
+        let kernel_err = max_err(g, r);
+        let naive_err = max_err(n, r);
         kernel_max = kernel_max.max(kernel_err);
         naive_max = naive_max.max(naive_err);
         if naive_err == 0.0 {
-            // Exact naive row: element by element, exact or within the allowed noise.
-            // (An f32 result may differ in its last bit: another order of the same additions.)
-            let bad = g.iter().zip(r).position(|(&a, &b)| {
-                let step = bf16_step(b);
-                let allowed = if rows.exact_noise > 0.0 && step / 2.0 <= rows.exact_noise {
-                    step.max(rows.exact_noise)
-                } else if rows.output == Output::F32 {
-                    2.0 * half_ulp(b, Output::F32)
-                } else {
-                    0.0
-                };
-                err(a, b) > allowed
-            });
-            if let Some(e) = bad {
-                failures.push((
-                    f32::INFINITY,
-                    format!(
-                        "{}: element {e} is {}, exactly {} (the naive row is exact)",
-                        rows.name(i),
-                        g[e],
-                        r[e]
-                    ),
-                ));
-            }
+            failures.extend(exact_row_failure(rows, i, g, r).map(|m| (f32::INFINITY, m)));
             continue;
         }
         let scale = r.iter().fold(0.0f32, |m, &x| m.max(x.abs()));
@@ -248,6 +204,71 @@ pub fn within_naive(
         failures.len(),
         reference.len() / rows.len,
         shown.join("\n  ")
+    ))
+}
+
+/// The three tensors have one length, a whole number of rows.
+fn check_row_sizes(
+    what: &str,
+    got: &[f32],
+    reference: &[f32],
+    naive: &[f32],
+    rows: Rows,
+) -> Result<(), String> {
+    if got.len() != reference.len() || naive.len() != reference.len() {
+        return Err(format!(
+            "{what}: {} outputs, {} reference values, {} naive values",
+            got.len(),
+            reference.len(),
+            naive.len()
+        ));
+    }
+    if rows.len == 0 || !reference.len().is_multiple_of(rows.len) {
+        return Err(format!(
+            "{what}: {} values are not rows of {}",
+            reference.len(),
+            rows.len
+        ));
+    }
+    Ok(())
+}
+
+/// `|a - b|`, infinite where either is NaN.
+fn abs_err(a: f32, b: f32) -> f32 {
+    if a.is_nan() || b.is_nan() {
+        f32::INFINITY
+    } else {
+        (a - b).abs()
+    }
+}
+
+/// The largest [`abs_err`] of a row against its reference row.
+fn max_err(row: &[f32], reference: &[f32]) -> f32 {
+    row.iter()
+        .zip(reference)
+        .fold(0.0f32, |m, (&a, &b)| m.max(abs_err(a, b)))
+}
+
+/// Row `i` of `got` against its reference `r` where the naive row is exact: element by element,
+/// exact or within the allowed noise (an f32 result may differ in its last bit: another order of
+/// the same additions). The first element outside, in words.
+fn exact_row_failure(rows: Rows, i: usize, g: &[f32], r: &[f32]) -> Option<String> {
+    let bad = g.iter().zip(r).position(|(&a, &b)| {
+        let step = bf16_step(b);
+        let allowed = if rows.exact_noise > 0.0 && step / 2.0 <= rows.exact_noise {
+            step.max(rows.exact_noise)
+        } else if rows.output == Output::F32 {
+            2.0 * half_ulp(b, Output::F32)
+        } else {
+            0.0
+        };
+        abs_err(a, b) > allowed
+    })?;
+    Some(format!(
+        "{}: element {bad} is {}, exactly {} (the naive row is exact)",
+        rows.name(i),
+        g[bad],
+        r[bad]
     ))
 }
 

@@ -2,6 +2,7 @@
 #![allow(dead_code)]
 
 pub mod gpu;
+pub mod paged;
 pub mod serve;
 
 use safetensors::{Dtype, SafeTensors};

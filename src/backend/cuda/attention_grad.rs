@@ -232,67 +232,19 @@ impl CudaBackend {
             (&*d_k).into(),
             (&*d_v).into(),
         )?;
-        let (name, smem) = backward_variant(g.head_dim)?;
         let layout = self.varlen_layout(cu_seqlens, &g)?;
-        let (t, heads, kv_heads, hd) = (g.tokens, g.heads, g.kv_heads, g.head_dim);
-        let (t_i, heads_i, kv_i, hd_i) = (
-            as_i32("tokens", t)?,
-            as_i32("heads", heads)?,
-            as_i32("kv_heads", kv_heads)?,
-            as_i32("head_dim", hd)?,
-        );
-        let lse_log2 = self.alloc(&[heads, t], DeviceDType::F32)?;
-        let delta = self.alloc(&[heads, t], DeviceDType::F32)?;
-        let dq_accum = self.alloc(&[t, heads, hd], DeviceDType::F32)?;
-        let chunks = t * heads * hd / 8;
+        let sizes = BackwardSizes::new(&g)?;
+        let scratch = BackwardScratch::alloc(self, &g)?;
+        check_backward_alignment([q, k, v, out, d_out, d_q, d_k, d_v, lse], &scratch)?;
         let device = &self.device;
-        // 16-byte vectors: cp.async of q, k, v, d_out tiles, bf16x8 loads of out, d_out, d_q, and
-        // float4 of dq_accum (zeroed and read as float4; its reductions are 8-byte
-        // red.global.add.v2.f32); d_k and d_v take bf16 pairs; lse, delta scalars.
-        check_alignment(
-            "attention backward",
-            &[
-                ("q", q.ptr(), 16),
-                ("k", k.ptr(), 16),
-                ("v", v.ptr(), 16),
-                ("out", out.ptr(), 16),
-                ("d_out", d_out.ptr(), 16),
-                ("d_q", d_q.ptr(), 16),
-                ("d_k", d_k.ptr(), 4),
-                ("d_v", d_v.ptr(), 4),
-                ("lse", lse.ptr(), 4),
-                ("dq_accum", dq_accum.ptr(), 16),
-                ("delta", delta.ptr(), 4),
-                ("lse_log2", lse_log2.ptr(), 4),
-            ],
-        )?;
+        let (name, smem) = backward_variant(g.head_dim)?; // a head dim check_backward accepted
         check_shared_memory(device, name, smem)?;
 
         // 1. delta = rowsum(d_out * out), lse * log2(e), dq_accum = 0.
-        let f = device.function("flash_attn", "flash_attn_bwd_preprocess")?;
-        let (op, dop, lp, l2p, dp, qap) = (
-            out.ptr(),
-            d_out.ptr(),
-            lse.ptr(),
-            lse_log2.ptr(),
-            delta.ptr(),
-            dq_accum.ptr(),
-        );
-        let mut launch = device.stream.launch_builder(&f);
-        launch
-            .arg(&op)
-            .arg(&dop)
-            .arg(&lp)
-            .arg(&l2p)
-            .arg(&dp)
-            .arg(&qap)
-            .arg(&t_i)
-            .arg(&heads_i)
-            .arg(&hd_i);
-        // SAFETY: argument order and types match the kernel; every size was checked above.
-        unsafe { launch.launch(grid_stride_config(device, chunks, 256)) }?;
+        self.backward_preprocess(out, d_out, lse, &scratch, &sizes)?;
 
-        // 2. dK, dV (+= in place) and the fp32 dQ accumulator.
+        // 2. dK, dV (+= in place) and the fp32 dQ accumulator: one block per (key tile, kv head,
+        // sequence).
         let f = device.function("flash_attn", name)?;
         f.set_attribute(
             CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
@@ -301,19 +253,25 @@ impl CudaBackend {
         let cfg = LaunchConfig {
             grid_dim: (
                 layout.max_seqlen().div_ceil(BWD_BLOCK_N).max(1) as u32,
-                kv_heads as u32,
+                g.kv_heads as u32,
                 layout.num_seqs() as u32,
             ),
             block_dim: (BWD_THREADS, 1, 1),
             shared_mem_bytes: smem,
         };
-        let (qp, kp, vp, dkp, dvp, cp) = (
+        let (qp, kp, vp, dop, dkp, dvp, cp) = (
             q.ptr(),
             k.ptr(),
             v.ptr(),
+            d_out.ptr(),
             d_k.ptr(),
             d_v.ptr(),
             layout.cu_seqlens().ptr(),
+        );
+        let (l2p, dp, qap) = (
+            scratch.lse_log2.ptr(),
+            scratch.delta.ptr(),
+            scratch.dq_accum.ptr(),
         );
         let mut launch = device.stream.launch_builder(&f);
         launch
@@ -327,22 +285,141 @@ impl CudaBackend {
             .arg(&dkp)
             .arg(&dvp)
             .arg(&cp)
-            .arg(&t_i)
-            .arg(&heads_i)
-            .arg(&kv_i)
+            .arg(&sizes.tokens)
+            .arg(&sizes.heads)
+            .arg(&sizes.kv_heads)
             .arg(&softmax_scale);
         // SAFETY: as above; the grid covers every (sequence, key tile, kv head).
         unsafe { launch.launch(cfg) }?;
 
         // 3. d_q += scale * dq_accum.
+        self.backward_dq_add(&scratch, d_q, &sizes, softmax_scale)?;
+        // The scratch goes back to the pool here; the stream orders any reuse after the kernels.
+        Ok(())
+    }
+
+    /// 1. delta = rowsum(d_out * out), lse * log2(e), dq_accum = 0.
+    fn backward_preprocess(
+        &self,
+        out: &CudaTensor,
+        d_out: &CudaTensor,
+        lse: &CudaTensor,
+        scratch: &BackwardScratch,
+        sizes: &BackwardSizes,
+    ) -> Result<()> {
+        let device = &self.device;
+        let f = device.function("flash_attn", "flash_attn_bwd_preprocess")?;
+        let (op, dop, lp, l2p, dp, qap) = (
+            out.ptr(),
+            d_out.ptr(),
+            lse.ptr(),
+            scratch.lse_log2.ptr(),
+            scratch.delta.ptr(),
+            scratch.dq_accum.ptr(),
+        );
+        let mut launch = device.stream.launch_builder(&f);
+        launch
+            .arg(&op)
+            .arg(&dop)
+            .arg(&lp)
+            .arg(&l2p)
+            .arg(&dp)
+            .arg(&qap)
+            .arg(&sizes.tokens)
+            .arg(&sizes.heads)
+            .arg(&sizes.head_dim);
+        // SAFETY: argument order and types match the kernel; every size was checked above.
+        unsafe { launch.launch(grid_stride_config(device, sizes.chunks, 256)) }?;
+        Ok(())
+    }
+
+    /// 3. d_q += scale * dq_accum.
+    fn backward_dq_add(
+        &self,
+        scratch: &BackwardScratch,
+        d_q: &mut CudaTensor,
+        sizes: &BackwardSizes,
+        softmax_scale: f32,
+    ) -> Result<()> {
+        let device = &self.device;
         let f = device.function("flash_attn", "flash_attn_bwd_dq_add")?;
-        let (dqp, n8) = (d_q.ptr(), chunks as u64);
+        let (qap, dqp, n8) = (scratch.dq_accum.ptr(), d_q.ptr(), sizes.chunks as u64);
         let mut launch = device.stream.launch_builder(&f);
         launch.arg(&qap).arg(&dqp).arg(&n8).arg(&softmax_scale);
         // SAFETY: as above; dq_accum and d_q hold `8 * n8` elements each.
-        unsafe { launch.launch(grid_stride_config(device, chunks, 256)) }?;
-        // The scratch goes back to the pool here; the stream orders any reuse after the kernels.
+        unsafe { launch.launch(grid_stride_config(device, sizes.chunks, 256)) }?;
         Ok(())
+    }
+}
+
+/// The backward's f32 scratch, from the pool for one call (fields in the reverse of their
+/// allocation order: they return to the pool as locals would).
+struct BackwardScratch {
+    /// `[T, heads, hd]`: dQ before its scale.
+    dq_accum: CudaTensor,
+    /// `[heads, T]`: rowsum(d_out * out).
+    delta: CudaTensor,
+    /// `[heads, T]`: lse * log2(e).
+    lse_log2: CudaTensor,
+}
+
+impl BackwardScratch {
+    fn alloc(backend: &CudaBackend, g: &Geometry) -> Result<Self> {
+        let (t, heads, hd) = (g.tokens, g.heads, g.head_dim);
+        Ok(Self {
+            lse_log2: backend.alloc(&[heads, t], DeviceDType::F32)?,
+            delta: backend.alloc(&[heads, t], DeviceDType::F32)?,
+            dq_accum: backend.alloc(&[t, heads, hd], DeviceDType::F32)?,
+        })
+    }
+}
+
+/// 16-byte vectors: cp.async of q, k, v, d_out tiles, bf16x8 loads of out, d_out, d_q, and
+/// float4 of dq_accum (zeroed and read as float4; its reductions are 8-byte
+/// red.global.add.v2.f32); d_k and d_v take bf16 pairs; lse, delta scalars.
+fn check_backward_alignment(
+    [q, k, v, out, d_out, d_q, d_k, d_v, lse]: [&CudaTensor; 9],
+    scratch: &BackwardScratch,
+) -> Result<()> {
+    check_alignment(
+        "attention backward",
+        &[
+            ("q", q.ptr(), 16),
+            ("k", k.ptr(), 16),
+            ("v", v.ptr(), 16),
+            ("out", out.ptr(), 16),
+            ("d_out", d_out.ptr(), 16),
+            ("d_q", d_q.ptr(), 16),
+            ("d_k", d_k.ptr(), 4),
+            ("d_v", d_v.ptr(), 4),
+            ("lse", lse.ptr(), 4),
+            ("dq_accum", scratch.dq_accum.ptr(), 16),
+            ("delta", scratch.delta.ptr(), 4),
+            ("lse_log2", scratch.lse_log2.ptr(), 4),
+        ],
+    )
+}
+
+/// The sizes the backward's kernels take, checked to fit `int`.
+struct BackwardSizes {
+    tokens: i32,
+    heads: i32,
+    kv_heads: i32,
+    head_dim: i32,
+    /// `T * heads * hd / 8`: 16-byte chunks of a `[T, heads, hd]` tensor.
+    chunks: usize,
+}
+
+impl BackwardSizes {
+    fn new(g: &Geometry) -> Result<Self> {
+        let (t, heads, hd) = (g.tokens, g.heads, g.head_dim);
+        Ok(Self {
+            tokens: as_i32("tokens", t)?,
+            heads: as_i32("heads", heads)?,
+            kv_heads: as_i32("kv_heads", g.kv_heads)?,
+            head_dim: as_i32("head_dim", hd)?,
+            chunks: t * heads * hd / 8,
+        })
     }
 }
 

@@ -126,55 +126,7 @@ impl CudaDevice {
         out: &mut CudaTensor,
         lse: &mut CudaTensor,
     ) -> Result<()> {
-        for (what, t) in [("q", q), ("k", k), ("v", v), ("out", &*out)] {
-            ensure!(
-                t.dtype() == DeviceDType::Bf16,
-                "attention: {what} is {:?}, expected bf16",
-                t.dtype()
-            );
-        }
-        ensure!(
-            lse.dtype() == DeviceDType::F32,
-            "attention: lse must be f32"
-        );
-        let t = layout.total_tokens;
-        ensure!(
-            heads > 0 && kv_heads > 0 && heads.is_multiple_of(kv_heads),
-            "attention: {heads} heads over {kv_heads} kv heads"
-        );
-        ensure!(
-            t > 0 && q.len().is_multiple_of(t * heads),
-            "attention: q {:?} for {t} tokens x {heads} heads",
-            q.shape()
-        );
-        let head_dim = q.len() / (t * heads);
-        ensure!(
-            k.len() == t * kv_heads * head_dim
-                && v.len() == k.len()
-                && out.len() == q.len()
-                && lse.len() == heads * t,
-            "attention: q {:?}, k {:?}, v {:?}, out {:?}, lse {:?} for {t} tokens, {heads}/{kv_heads} heads of {head_dim}",
-            q.shape(),
-            k.shape(),
-            v.shape(),
-            out.shape(),
-            lse.shape()
-        );
-        ensure!(
-            layout.num_seqs <= 65_535 && heads <= 65_535,
-            "attention: {} sequences x {heads} heads exceed the grid",
-            layout.num_seqs
-        );
-        check_alignment(
-            "attention",
-            &[
-                ("q", q.ptr(), 16),
-                ("k", k.ptr(), 16),
-                ("v", v.ptr(), 16),
-                ("out", out.ptr(), 16),
-                ("lse", lse.ptr(), 4),
-            ],
-        )?;
+        let head_dim = check_forward_operands(q, k, v, layout, heads, kv_heads, out, lse)?;
         let (name, block_m, threads, smem) = forward_variant(head_dim)?;
         check_shared_memory(self, name, smem)?;
         let f = self.function("flash_attn", name)?;
@@ -182,7 +134,7 @@ impl CudaDevice {
             CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
             smem as i32,
         )?;
-        as_i32("tokens", t)?;
+        as_i32("tokens", layout.total_tokens)?;
         let (heads_i, kv_i) = (as_i32("heads", heads)?, as_i32("kv_heads", kv_heads)?);
         let cfg = LaunchConfig {
             grid_dim: (
@@ -217,6 +169,71 @@ impl CudaDevice {
         unsafe { launch.launch(cfg) }?;
         Ok(())
     }
+}
+
+/// Checks the forward's dtypes, shapes (against the layout's tokens and the GQA ratio), grid
+/// limits and alignment; returns the head dim.
+#[allow(clippy::too_many_arguments)]
+fn check_forward_operands(
+    q: &CudaTensor,
+    k: &CudaTensor,
+    v: &CudaTensor,
+    layout: &VarlenLayout,
+    heads: usize,
+    kv_heads: usize,
+    out: &CudaTensor,
+    lse: &CudaTensor,
+) -> Result<usize> {
+    for (what, t) in [("q", q), ("k", k), ("v", v), ("out", out)] {
+        ensure!(
+            t.dtype() == DeviceDType::Bf16,
+            "attention: {what} is {:?}, expected bf16",
+            t.dtype()
+        );
+    }
+    ensure!(
+        lse.dtype() == DeviceDType::F32,
+        "attention: lse must be f32"
+    );
+    let t = layout.total_tokens;
+    ensure!(
+        heads > 0 && kv_heads > 0 && heads.is_multiple_of(kv_heads),
+        "attention: {heads} heads over {kv_heads} kv heads"
+    );
+    ensure!(
+        t > 0 && q.len().is_multiple_of(t * heads),
+        "attention: q {:?} for {t} tokens x {heads} heads",
+        q.shape()
+    );
+    let head_dim = q.len() / (t * heads);
+    ensure!(
+        k.len() == t * kv_heads * head_dim
+            && v.len() == k.len()
+            && out.len() == q.len()
+            && lse.len() == heads * t,
+        "attention: q {:?}, k {:?}, v {:?}, out {:?}, lse {:?} for {t} tokens, {heads}/{kv_heads} heads of {head_dim}",
+        q.shape(),
+        k.shape(),
+        v.shape(),
+        out.shape(),
+        lse.shape()
+    );
+    ensure!(
+        layout.num_seqs <= 65_535 && heads <= 65_535,
+        "attention: {} sequences x {heads} heads exceed the grid",
+        layout.num_seqs
+    );
+    check_alignment(
+        "attention",
+        &[
+            ("q", q.ptr(), 16),
+            ("k", k.ptr(), 16),
+            ("v", v.ptr(), 16),
+            ("out", out.ptr(), 16),
+            ("lse", lse.ptr(), 4),
+        ],
+    )?;
+    Ok(head_dim)
 }
 
 #[cfg(test)]

@@ -131,6 +131,83 @@ impl Drop for Plan {
     }
 }
 
+impl Plan {
+    /// The matmul descriptor (fp32 compute and scale) and the bf16 A, B and (bf16 or f32) D
+    /// layouts of `key`; the algorithm is left for the heuristic.
+    fn layouts(key: &GemmKey) -> Result<Plan> {
+        let (a_rows, a_cols) = if key.trans_a {
+            (key.k, key.m)
+        } else {
+            (key.m, key.k)
+        };
+        let (b_rows, b_cols) = if key.trans_b {
+            (key.n, key.k)
+        } else {
+            (key.k, key.n)
+        };
+        let bf16 = sys::cudaDataType_t::CUDA_R_16BF;
+        let desc = cublas(
+            "create matmul descriptor",
+            lt::create_matmul_desc(
+                sys::cublasComputeType_t::CUBLAS_COMPUTE_32F,
+                sys::cudaDataType_t::CUDA_R_32F,
+            ),
+        )?;
+        let mut plan = Plan {
+            desc,
+            a: cublas(
+                "layout A",
+                lt::create_matrix_layout(bf16, a_rows, a_cols, key.lda),
+            )?,
+            b: std::ptr::null_mut(),
+            d: std::ptr::null_mut(),
+            // SAFETY: plain data, overwritten by the heuristic's choice.
+            algo: unsafe { std::mem::zeroed() },
+        };
+        plan.b = cublas(
+            "layout B",
+            lt::create_matrix_layout(bf16, b_rows, b_cols, key.ldb),
+        )?;
+        plan.d = cublas(
+            "layout D",
+            lt::create_matrix_layout(data_type(key.out_f32), key.m, key.n, key.ldd),
+        )?;
+        Ok(plan)
+    }
+
+    /// The descriptor's transposes and epilogue (bias or none).
+    fn set_attributes(&self, key: &GemmKey) -> Result<()> {
+        let set = |attr: sys::cublasLtMatmulDescAttributes_t, value: *const c_void, size: usize| {
+            // SAFETY: `value` points to `size` readable bytes of the attribute's type.
+            cublas("set descriptor attribute", unsafe {
+                lt::set_matmul_desc_attribute(self.desc, attr, value, size)
+            })
+        };
+        let (ta, tb) = (key.trans_a as i32, key.trans_b as i32);
+        set(
+            sys::cublasLtMatmulDescAttributes_t::CUBLASLT_MATMUL_DESC_TRANSA,
+            &ta as *const i32 as *const c_void,
+            size_of::<i32>(),
+        )?;
+        set(
+            sys::cublasLtMatmulDescAttributes_t::CUBLASLT_MATMUL_DESC_TRANSB,
+            &tb as *const i32 as *const c_void,
+            size_of::<i32>(),
+        )?;
+        let epilogue = if key.bias {
+            sys::cublasLtEpilogue_t::CUBLASLT_EPILOGUE_BIAS
+        } else {
+            sys::cublasLtEpilogue_t::CUBLASLT_EPILOGUE_DEFAULT
+        };
+        set(
+            sys::cublasLtMatmulDescAttributes_t::CUBLASLT_MATMUL_DESC_EPILOGUE,
+            &epilogue as *const sys::cublasLtEpilogue_t as *const c_void,
+            size_of::<sys::cublasLtEpilogue_t>(),
+        )?;
+        Ok(())
+    }
+}
+
 struct Handle(sys::cublasLtHandle_t);
 
 impl Drop for Handle {
@@ -198,72 +275,16 @@ impl Gemm {
         self.plans.lock().map(|p| p.len()).unwrap_or(0)
     }
 
+    /// A plan for `key`: layouts and descriptor, then the heuristic's algorithm.
     fn plan(&self, key: &GemmKey) -> Result<Plan> {
-        let (a_rows, a_cols) = if key.trans_a {
-            (key.k, key.m)
-        } else {
-            (key.m, key.k)
-        };
-        let (b_rows, b_cols) = if key.trans_b {
-            (key.n, key.k)
-        } else {
-            (key.k, key.n)
-        };
-        let bf16 = sys::cudaDataType_t::CUDA_R_16BF;
-        let desc = cublas(
-            "create matmul descriptor",
-            lt::create_matmul_desc(
-                sys::cublasComputeType_t::CUBLAS_COMPUTE_32F,
-                sys::cudaDataType_t::CUDA_R_32F,
-            ),
-        )?;
-        let mut plan = Plan {
-            desc,
-            a: cublas(
-                "layout A",
-                lt::create_matrix_layout(bf16, a_rows, a_cols, key.lda),
-            )?,
-            b: std::ptr::null_mut(),
-            d: std::ptr::null_mut(),
-            // SAFETY: plain data, overwritten by the heuristic's choice below.
-            algo: unsafe { std::mem::zeroed() },
-        };
-        plan.b = cublas(
-            "layout B",
-            lt::create_matrix_layout(bf16, b_rows, b_cols, key.ldb),
-        )?;
-        plan.d = cublas(
-            "layout D",
-            lt::create_matrix_layout(data_type(key.out_f32), key.m, key.n, key.ldd),
-        )?;
-        let set = |attr: sys::cublasLtMatmulDescAttributes_t, value: *const c_void, size: usize| {
-            // SAFETY: `value` points to `size` readable bytes of the attribute's type.
-            cublas("set descriptor attribute", unsafe {
-                lt::set_matmul_desc_attribute(plan.desc, attr, value, size)
-            })
-        };
-        let (ta, tb) = (key.trans_a as i32, key.trans_b as i32);
-        set(
-            sys::cublasLtMatmulDescAttributes_t::CUBLASLT_MATMUL_DESC_TRANSA,
-            &ta as *const i32 as *const c_void,
-            size_of::<i32>(),
-        )?;
-        set(
-            sys::cublasLtMatmulDescAttributes_t::CUBLASLT_MATMUL_DESC_TRANSB,
-            &tb as *const i32 as *const c_void,
-            size_of::<i32>(),
-        )?;
-        let epilogue = if key.bias {
-            sys::cublasLtEpilogue_t::CUBLASLT_EPILOGUE_BIAS
-        } else {
-            sys::cublasLtEpilogue_t::CUBLASLT_EPILOGUE_DEFAULT
-        };
-        set(
-            sys::cublasLtMatmulDescAttributes_t::CUBLASLT_MATMUL_DESC_EPILOGUE,
-            &epilogue as *const sys::cublasLtEpilogue_t as *const c_void,
-            size_of::<sys::cublasLtEpilogue_t>(),
-        )?;
+        let mut plan = Plan::layouts(key)?;
+        plan.set_attributes(key)?;
+        plan.algo = self.algorithm(&plan, key)?;
+        Ok(plan)
+    }
 
+    /// The heuristic's best algorithm for `plan` within the workspace and `key`'s alignment.
+    fn algorithm(&self, plan: &Plan, key: &GemmKey) -> Result<sys::cublasLtMatmulAlgo_t> {
         let pref = cublas("create preference", lt::create_matmul_pref())?;
         let workspace = WORKSPACE_BYTES;
         // SAFETY: valid preference handle; the value is a usize as the attribute requires.
@@ -306,8 +327,7 @@ impl Gemm {
             let _ = lt::destroy_matmul_pref(pref);
             heuristic
         };
-        plan.algo = cublas(&format!("no algorithm for {key:?}"), heuristic)?.algo;
-        Ok(plan)
+        Ok(cublas(&format!("no algorithm for {key:?}"), heuristic)?.algo)
     }
 
     /// Runs one planned problem. `bias` (length m, dtype of D) only with `key.bias`.
@@ -511,42 +531,7 @@ impl Gemm {
         d_weight: &mut CudaTensor,
         d_bias: Option<&mut CudaTensor>,
     ) -> Result<()> {
-        for (what, t, dtype) in [
-            ("x", x, DeviceDType::Bf16),
-            ("weight", weight, DeviceDType::Bf16),
-            ("d_out", d_out, DeviceDType::Bf16),
-            ("d_x", &*d_x, DeviceDType::Bf16),
-            ("d_weight", &*d_weight, DeviceDType::F32),
-        ] {
-            ensure!(
-                t.dtype() == dtype,
-                "linear_backward: {what} is {:?}, expected {dtype:?} (activation gradients are bf16, \
-                 parameter gradients f32)",
-                t.dtype()
-            );
-        }
-        ensure!(
-            weight.shape().len() == 2,
-            "linear_backward: weight {:?}",
-            weight.shape()
-        );
-        let (n, k) = (weight.shape()[0], weight.shape()[1]);
-        ensure!(
-            k > 0 && n > 0 && !x.is_empty() && x.len().is_multiple_of(k),
-            "linear_backward: x {:?} against weight {:?}",
-            x.shape(),
-            weight.shape()
-        );
-        let t = x.len() / k;
-        ensure!(
-            d_out.len() == t * n && d_x.len() == x.len() && d_weight.len() == weight.len(),
-            "linear_backward: d_out {:?}, d_x {:?}, d_weight {:?} for x {:?}, weight {:?}",
-            d_out.shape(),
-            d_x.shape(),
-            d_weight.shape(),
-            x.shape(),
-            weight.shape()
-        );
+        let (t, n, k) = check_linear_backward(x, weight, d_out, d_x, d_weight)?;
         // SAFETY (all three): the sizes were checked against the tensors above.
         unsafe {
             // d_x[T, k] += d_out[T, n] W[n, k]
@@ -585,36 +570,96 @@ impl Gemm {
             })?;
         }
         if let Some(d_bias) = d_bias {
-            ensure!(
-                d_bias.dtype() == DeviceDType::F32 && d_bias.len() == n,
-                "linear_backward: d_bias {:?} {:?} for {n} outputs (f32 expected)",
-                d_bias.shape(),
-                d_bias.dtype()
-            );
-            let ones = self.ones(t)?;
-            // d_bias[1, n] += ones[1, T] d_out[T, n]
-            // SAFETY: `ones` holds at least T values; the other sizes were checked above.
-            unsafe {
-                self.row_major(RowMajorGemm {
-                    m: 1,
-                    n,
-                    k: t,
-                    a: ones,
-                    lda: t,
-                    trans_a: false,
-                    b: d_out.ptr(),
-                    ldb: n,
-                    trans_b: false,
-                    out: d_bias.ptr(),
-                    ldo: n,
-                    out_f32: true,
-                    alpha: 1.0,
-                    beta: 1.0,
-                })?;
-            }
+            self.bias_backward(d_out, t, n, d_bias)?;
         }
         Ok(())
     }
+
+    /// `d_bias[n] += colsum(d_out [T, n])` (f32), as a GEMM with a row of ones.
+    fn bias_backward(
+        &self,
+        d_out: &CudaTensor,
+        t: usize,
+        n: usize,
+        d_bias: &mut CudaTensor,
+    ) -> Result<()> {
+        ensure!(
+            d_bias.dtype() == DeviceDType::F32 && d_bias.len() == n,
+            "linear_backward: d_bias {:?} {:?} for {n} outputs (f32 expected)",
+            d_bias.shape(),
+            d_bias.dtype()
+        );
+        let ones = self.ones(t)?;
+        // d_bias[1, n] += ones[1, T] d_out[T, n]
+        // SAFETY: `ones` holds at least T values; the other sizes were checked by the caller.
+        unsafe {
+            self.row_major(RowMajorGemm {
+                m: 1,
+                n,
+                k: t,
+                a: ones,
+                lda: t,
+                trans_a: false,
+                b: d_out.ptr(),
+                ldb: n,
+                trans_b: false,
+                out: d_bias.ptr(),
+                ldo: n,
+                out_f32: true,
+                alpha: 1.0,
+                beta: 1.0,
+            })?;
+        }
+        Ok(())
+    }
+}
+
+/// Checks [`Gemm::linear_backward`]'s dtypes (activation gradients bf16, parameter gradients
+/// f32) and sizes; returns `(T, n, k)` for x `[T, k]` and W `[n, k]`.
+fn check_linear_backward(
+    x: &CudaTensor,
+    weight: &CudaTensor,
+    d_out: &CudaTensor,
+    d_x: &CudaTensor,
+    d_weight: &CudaTensor,
+) -> Result<(usize, usize, usize)> {
+    for (what, t, dtype) in [
+        ("x", x, DeviceDType::Bf16),
+        ("weight", weight, DeviceDType::Bf16),
+        ("d_out", d_out, DeviceDType::Bf16),
+        ("d_x", d_x, DeviceDType::Bf16),
+        ("d_weight", d_weight, DeviceDType::F32),
+    ] {
+        ensure!(
+            t.dtype() == dtype,
+            "linear_backward: {what} is {:?}, expected {dtype:?} (activation gradients are bf16, \
+             parameter gradients f32)",
+            t.dtype()
+        );
+    }
+    ensure!(
+        weight.shape().len() == 2,
+        "linear_backward: weight {:?}",
+        weight.shape()
+    );
+    let (n, k) = (weight.shape()[0], weight.shape()[1]);
+    ensure!(
+        k > 0 && n > 0 && !x.is_empty() && x.len().is_multiple_of(k),
+        "linear_backward: x {:?} against weight {:?}",
+        x.shape(),
+        weight.shape()
+    );
+    let t = x.len() / k;
+    ensure!(
+        d_out.len() == t * n && d_x.len() == x.len() && d_weight.len() == weight.len(),
+        "linear_backward: d_out {:?}, d_x {:?}, d_weight {:?} for x {:?}, weight {:?}",
+        d_out.shape(),
+        d_x.shape(),
+        d_weight.shape(),
+        x.shape(),
+        weight.shape()
+    );
+    Ok((t, n, k))
 }
 
 #[cfg(test)]

@@ -18,7 +18,7 @@ use super::tensor::{BufferPool, CudaTensor, DeviceDType, DeviceUpload};
 use super::{as_i32, grid_stride_config, CudaDevice};
 use crate::backend::PagedLayout;
 use anyhow::{bail, ensure, Context, Result};
-use cudarc::driver::sys::CUfunction_attribute;
+use cudarc::driver::sys::{CUdeviceptr, CUfunction_attribute};
 use cudarc::driver::{LaunchConfig, PushKernelArg};
 use std::sync::{Arc, Mutex};
 
@@ -482,102 +482,27 @@ impl CudaDevice {
         out: &mut CudaTensor,
         pool: &BufferPool,
     ) -> Result<()> {
-        let op = "paged_attention";
-        let tensors = [
-            ("q", q),
-            ("k_cache", k_cache),
-            ("v_cache", v_cache),
-            ("out", &*out),
-        ];
-        expect_dtypes(op, DeviceDType::Bf16, &tensors)?;
-        let tables = [
-            ("cu_query", &layout.cu_query),
-            ("context_lens", &layout.context_lens),
-            ("block_tables", &layout.block_tables),
-        ];
-        expect_dtypes(op, DeviceDType::I32, &tables)?;
-        let rows = layout.num_query_rows;
-        let head_dim = q.cols();
-        ensure!(
-            rows > 0
-                && q.shape().first() == Some(&rows)
-                && q.len().is_multiple_of(rows * head_dim)
-                && out.shape() == q.shape(),
-            "{op}: q {:?}, out {:?} for {rows} query rows",
-            q.shape(),
-            out.shape()
-        );
-        let heads = q.len() / (rows * head_dim);
-        let cache = k_cache.shape();
-        ensure!(
-            v_cache.shape() == cache && cache.len() == 4 && cache[1] == layout.block_size,
-            "{op}: caches {cache:?} and {:?} for blocks of {}",
-            v_cache.shape(),
-            layout.block_size
-        );
-        let (num_blocks, kv_heads) = (cache[0], cache[2]);
-        ensure!(
-            cache[3] == head_dim && kv_heads > 0 && heads.is_multiple_of(kv_heads),
-            "{op}: {heads} query heads of {head_dim} over a cache {cache:?}"
-        );
-        ensure!(
-            layout.max_block_id < num_blocks,
-            "{op}: block {} in the tables of a cache of {num_blocks} blocks",
-            layout.max_block_id
-        );
-        let group = heads / kv_heads;
-        let smem_limit = match layout.smem_limit {
-            Some(limit) => limit,
-            None => self.max_shared_memory_per_block_optin()?,
-        };
-        // Both variants up front: a head dim without kernels, or a GPU without the shared memory
-        // for them, fails before any work.
-        let variants = [
-            attention_variant(head_dim, false, smem_limit)?,
-            attention_variant(head_dim, true, smem_limit)?,
-        ];
+        let shape = check_paged_attention(q, k_cache, v_cache, layout, out)?;
+        let (rows, heads, head_dim, kv_heads) =
+            (shape.rows, shape.heads, shape.head_dim, shape.kv_heads);
+        let kernels = self.paged_kernels(layout, head_dim)?;
         as_i32("max context", layout.max_context)?;
         as_i32("query rows x heads", rows * heads)?;
-        let device_plan = layout.plan(self, group, kv_heads, pool)?;
+        let device_plan = layout.plan(self, heads / kv_heads, kv_heads, pool)?;
         let plan = &device_plan.plan;
         ensure!(
             plan.rows.len() == rows,
-            "{op}: the layout's plan has {} rows, q {rows}",
+            "paged_attention: the layout's plan has {} rows, q {rows}",
             plan.rows.len()
         );
-        let ints = [
-            as_i32("max_blocks_per_seq", layout.max_blocks_per_seq)?,
-            as_i32("block_size", layout.block_size)?,
-            as_i32("heads", heads)?,
-            as_i32("kv_heads", kv_heads)?,
-            as_i32("partition_keys", plan.partition_keys)?,
-        ];
-        // Scratch: part_o [scratch_rows, heads, hd] then part_lse [scratch_rows, heads], fp32.
-        let scratch = match plan.scratch_rows {
-            0 => None,
-            n => Some(pool.alloc(&[n * heads * (head_dim + 1)], DeviceDType::F32)?),
-        };
-        let part_o = scratch.as_ref().map_or(0, |s| s.ptr());
-        let part_lse = part_o + (plan.scratch_rows * heads * head_dim * 4) as u64;
-        // The plan tensor: decode items, prefill items (int4), rows (int2), split rows (int).
-        let decode_items = device_plan.tensor.ptr();
-        let prefill_items = decode_items + 16 * plan.decode.len() as u64;
-        let row_plan = prefill_items + 16 * plan.prefill.len() as u64;
-        let split_rows = row_plan + 8 * plan.rows.len() as u64;
-        let pointers = [
-            q.ptr(),
-            k_cache.ptr(),
-            v_cache.ptr(),
-            out.ptr(),
-            part_o,
-            part_lse,
-            layout.cu_query.ptr(),
-            layout.context_lens.ptr(),
-            layout.block_tables.ptr(),
-        ];
+        let operands = [q, k_cache, v_cache, &*out];
+        let (args, scratch) = paged_args(operands, layout, &shape, &device_plan, pool)?;
+        // One launch per kernel variant with work: each block attends one plan item's keys for
+        // one kv head, into `out` (rows of one partition) or the scratch (split rows).
+        let (decode_items, prefill_items, row_plan, _) = args.plan_parts(plan);
         for (variant, items, count) in [
-            (&variants[0], decode_items, plan.decode.len()),
-            (&variants[1], prefill_items, plan.prefill.len()),
+            (&kernels.decode, decode_items, plan.decode.len()),
+            (&kernels.prefill, prefill_items, plan.prefill.len()),
         ] {
             if count == 0 {
                 continue;
@@ -598,11 +523,11 @@ impl CudaDevice {
                 shared_mem_bytes: smem,
             };
             let mut launch = self.stream.launch_builder(&f);
-            for p in &pointers {
+            for p in &args.pointers {
                 launch.arg(p);
             }
             launch.arg(&items).arg(&row_plan);
-            for i in &ints {
+            for i in &args.ints {
                 launch.arg(i);
             }
             launch.arg(&softmax_scale);
@@ -610,28 +535,194 @@ impl CudaDevice {
             // above; the plan's items address rows and keys inside the layout.
             unsafe { launch.launch(cfg) }?;
         }
-        if !plan.split_rows.is_empty() {
-            let f = self.function("paged_attn", &format!("paged_attn_merge_hd{head_dim}"))?;
-            let blocks = as_i32("merge blocks", plan.split_rows.len() * heads)? as u32;
-            let cfg = LaunchConfig {
-                grid_dim: (blocks, 1, 1),
-                block_dim: (MERGE_THREADS, 1, 1),
-                shared_mem_bytes: 0,
-            };
-            let mut launch = self.stream.launch_builder(&f);
-            launch
-                .arg(&pointers[3])
-                .arg(&part_o)
-                .arg(&part_lse)
-                .arg(&row_plan)
-                .arg(&split_rows)
-                .arg(&ints[2]);
-            // SAFETY: argument order and types match the kernel; every split row's partitions
-            // were written by the launches above (same stream).
-            unsafe { launch.launch(cfg) }?;
-        }
+        self.launch_paged_merge(&kernels.merge, &args, plan, heads)?;
         // The scratch returns to the pool; its next user runs after these kernels (one stream).
         drop(scratch);
         Ok(())
+    }
+
+    /// The kernels for `head_dim`, all chosen up front: a head dim without kernels, or a GPU
+    /// without the shared memory for them, fails before any work.
+    fn paged_kernels(&self, layout: &DevicePagedLayout, head_dim: usize) -> Result<PagedKernels> {
+        let smem_limit = match layout.smem_limit {
+            Some(limit) => limit,
+            None => self.max_shared_memory_per_block_optin()?,
+        };
+        Ok(PagedKernels {
+            decode: attention_variant(head_dim, false, smem_limit)?,
+            prefill: attention_variant(head_dim, true, smem_limit)?,
+            merge: format!("paged_attn_merge_hd{head_dim}"),
+        })
+    }
+
+    /// Merges the partitions of each split row from the scratch into `out`.
+    fn launch_paged_merge(
+        &self,
+        kernel: &str,
+        args: &PagedArgs,
+        plan: &WorkPlan,
+        heads: usize,
+    ) -> Result<()> {
+        if plan.split_rows.is_empty() {
+            return Ok(());
+        }
+        let (_, _, row_plan, split_rows) = args.plan_parts(plan);
+        let f = self.function("paged_attn", kernel)?;
+        let blocks = as_i32("merge blocks", plan.split_rows.len() * heads)? as u32;
+        let cfg = LaunchConfig {
+            grid_dim: (blocks, 1, 1),
+            block_dim: (MERGE_THREADS, 1, 1),
+            shared_mem_bytes: 0,
+        };
+        let mut launch = self.stream.launch_builder(&f);
+        launch
+            .arg(&args.pointers[3])
+            .arg(&args.pointers[4])
+            .arg(&args.pointers[5])
+            .arg(&row_plan)
+            .arg(&split_rows)
+            .arg(&args.ints[2]);
+        // SAFETY: argument order and types match the kernel; every split row's partitions
+        // were written by the launches above (same stream).
+        unsafe { launch.launch(cfg) }?;
+        Ok(())
+    }
+}
+
+/// The kernels of one paged-attention call: the decode and prefill attention variants and the
+/// merge of split rows.
+struct PagedKernels {
+    decode: AttentionVariant,
+    prefill: AttentionVariant,
+    merge: String,
+}
+
+/// The checked geometry of one paged-attention call.
+struct PagedShape {
+    rows: usize,
+    heads: usize,
+    head_dim: usize,
+    kv_heads: usize,
+}
+
+/// Checks dtypes, `q`/`out` against the layout's rows, the caches against its blocks and the
+/// GQA ratio, and every block id in the tables against the cache.
+fn check_paged_attention(
+    q: &CudaTensor,
+    k_cache: &CudaTensor,
+    v_cache: &CudaTensor,
+    layout: &DevicePagedLayout,
+    out: &CudaTensor,
+) -> Result<PagedShape> {
+    let op = "paged_attention";
+    let tensors = [
+        ("q", q),
+        ("k_cache", k_cache),
+        ("v_cache", v_cache),
+        ("out", out),
+    ];
+    expect_dtypes(op, DeviceDType::Bf16, &tensors)?;
+    let tables = [
+        ("cu_query", &layout.cu_query),
+        ("context_lens", &layout.context_lens),
+        ("block_tables", &layout.block_tables),
+    ];
+    expect_dtypes(op, DeviceDType::I32, &tables)?;
+    let rows = layout.num_query_rows;
+    let head_dim = q.cols();
+    ensure!(
+        rows > 0
+            && q.shape().first() == Some(&rows)
+            && q.len().is_multiple_of(rows * head_dim)
+            && out.shape() == q.shape(),
+        "{op}: q {:?}, out {:?} for {rows} query rows",
+        q.shape(),
+        out.shape()
+    );
+    let heads = q.len() / (rows * head_dim);
+    let cache = k_cache.shape();
+    ensure!(
+        v_cache.shape() == cache && cache.len() == 4 && cache[1] == layout.block_size,
+        "{op}: caches {cache:?} and {:?} for blocks of {}",
+        v_cache.shape(),
+        layout.block_size
+    );
+    let (num_blocks, kv_heads) = (cache[0], cache[2]);
+    ensure!(
+        cache[3] == head_dim && kv_heads > 0 && heads.is_multiple_of(kv_heads),
+        "{op}: {heads} query heads of {head_dim} over a cache {cache:?}"
+    );
+    ensure!(
+        layout.max_block_id < num_blocks,
+        "{op}: block {} in the tables of a cache of {num_blocks} blocks",
+        layout.max_block_id
+    );
+    Ok(PagedShape {
+        rows,
+        heads,
+        head_dim,
+        kv_heads,
+    })
+}
+
+/// The arguments the paged-attention kernels share.
+struct PagedArgs {
+    /// q, k_cache, v_cache, out, part_o, part_lse, cu_query, context_lens, block_tables.
+    pointers: [CUdeviceptr; 9],
+    /// max_blocks_per_seq, block_size, heads, kv_heads, partition_keys.
+    ints: [i32; 5],
+    /// The plan tensor: decode items, prefill items (int4), rows (int2), split rows (int).
+    plan: CUdeviceptr,
+}
+
+/// The kernels' pointer and integer arguments for `[q, k_cache, v_cache, out]`, with the split
+/// rows' scratch from `pool` (returned beside them: it must live until the kernels have run).
+fn paged_args(
+    [q, k_cache, v_cache, out]: [&CudaTensor; 4],
+    layout: &DevicePagedLayout,
+    shape: &PagedShape,
+    device_plan: &DevicePlan,
+    pool: &BufferPool,
+) -> Result<(PagedArgs, Option<CudaTensor>)> {
+    let (heads, head_dim, plan) = (shape.heads, shape.head_dim, &device_plan.plan);
+    let ints = [
+        as_i32("max_blocks_per_seq", layout.max_blocks_per_seq)?,
+        as_i32("block_size", layout.block_size)?,
+        as_i32("heads", heads)?,
+        as_i32("kv_heads", shape.kv_heads)?,
+        as_i32("partition_keys", plan.partition_keys)?,
+    ];
+    // Scratch: part_o [scratch_rows, heads, hd] then part_lse [scratch_rows, heads], fp32.
+    let scratch = match plan.scratch_rows {
+        0 => None,
+        n => Some(pool.alloc(&[n * heads * (head_dim + 1)], DeviceDType::F32)?),
+    };
+    let part_o = scratch.as_ref().map_or(0, |s| s.ptr());
+    let args = PagedArgs {
+        pointers: [
+            q.ptr(),
+            k_cache.ptr(),
+            v_cache.ptr(),
+            out.ptr(),
+            part_o,
+            part_o + (plan.scratch_rows * heads * head_dim * 4) as u64,
+            layout.cu_query.ptr(),
+            layout.context_lens.ptr(),
+            layout.block_tables.ptr(),
+        ],
+        ints,
+        plan: device_plan.tensor.ptr(),
+    };
+    Ok((args, scratch))
+}
+
+impl PagedArgs {
+    /// Where the plan tensor's parts start: decode items, prefill items, rows, split rows.
+    fn plan_parts(&self, plan: &WorkPlan) -> (CUdeviceptr, CUdeviceptr, CUdeviceptr, CUdeviceptr) {
+        let decode_items = self.plan;
+        let prefill_items = decode_items + 16 * plan.decode.len() as u64;
+        let row_plan = prefill_items + 16 * plan.prefill.len() as u64;
+        let split_rows = row_plan + 8 * plan.rows.len() as u64;
+        (decode_items, prefill_items, row_plan, split_rows)
     }
 }

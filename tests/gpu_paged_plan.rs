@@ -1,0 +1,282 @@
+//! How paged attention's work is planned (`WorkPlan`, `src/backend/cuda/paged_attn.rs`): the
+//! host-only work plans (every key covered once, partitions that grow with the batch, kernel
+//! variants that fit each GPU's shared memory; these run everywhere, CI included), the fixed plan
+//! a CUDA-graph decode step replays, and the per-step scope that uploads each layout once. The
+//! kernels' numbers against the references are tested in tests/gpu_paged.rs.
+//!
+//! The GPU tests need a CUDA GPU: run them through scripts/gpu-pack.sh; without one they fail,
+//! never pass (or a SWERVE_EMU=1 build runs them on the emulated device).
+
+mod common;
+
+use common::gpu::{check_within_naive, gpu, poisoned, random, Rows};
+use common::paged::{
+    naive_paged_attention, paged_attention_f64, shuffled_layout, SM80_SMEM, SM89_SMEM, SM90_SMEM,
+};
+use swerve::backend::cuda::graphs::decode_graph_attention_inputs;
+use swerve::backend::cuda::paged_attn::{
+    attention_variant, AttentionVariant, WorkPlan, DECODE_BLOCK_M, MIN_PARTITION_KEYS,
+    PREFILL_BLOCK_M,
+};
+use swerve::backend::cuda::DeviceDType;
+use swerve::backend::{Backend, PagedLayout};
+
+/// What a CUDA-graph decode step's attention computes (`cuda/graphs.rs`): the fixed plan, with
+/// every sequence cut into partitions up to its table's capacity (those past a sequence's context
+/// do nothing, and the merge skips rows of one partition) and padding rows (context 1 over the
+/// null block), written by the graph's own input code (`decode_graph_attention_inputs`: the
+/// `StaticInputs` a replay uses), launched at the device level with NaN-poisoned output and
+/// scratch. Every row, padding included, against f64 attention over the padded layout; plans
+/// sized for this device and for 132 SMs (4 partitions of 512 keys here).
+#[test]
+#[cfg_attr(
+    not(swerve_emu),
+    ignore = "needs a CUDA GPU (or a SWERVE_EMU=1 build: the emulated device)"
+)]
+fn the_fixed_decode_graph_plan_matches_the_reference() {
+    let gpu = gpu();
+    let (batch, table_blocks, bs) = (4, 128, 16);
+    // Three sequences of 1, 2 and 3 partitions of 512 keys, and one padding row.
+    let contexts = [3, 600, 1500];
+    let (layout, num_blocks) = shuffled_layout(bs, &[1; 3], &contexts, 900);
+    for (i, &(heads, kv_heads, hd)) in [(8, 2, 64), (7, 1, 128)].iter().enumerate() {
+        for num_sms in [None, Some(132)] {
+            let (device_layout, padded) = decode_graph_attention_inputs(
+                &gpu,
+                &layout,
+                batch,
+                table_blocks,
+                heads / kv_heads,
+                kv_heads,
+                num_blocks,
+                num_sms,
+            )
+            .unwrap();
+            assert_eq!(padded.num_seqs(), batch);
+            assert_eq!(padded.context_lens, [3, 600, 1500, 1]);
+            assert!(padded.block_table(3).iter().all(|&b| b == 0), "null block");
+            let p = device_layout.partition_keys.unwrap();
+            let partitions = (table_blocks * bs).div_ceil(p);
+            if num_sms.is_some() {
+                assert_eq!((p, partitions), (512, 4), "the plan this case is built for");
+            }
+            let seed = 9000 + 10 * i as u64;
+            let (q, q_cpu) = random(&gpu, &[batch, heads, hd], seed, 2.0);
+            let cache_shape = [num_blocks, bs, kv_heads, hd];
+            let (k_cache, k_cpu) = random(&gpu, &cache_shape, seed + 1, 2.0);
+            let (v_cache, v_cpu) = random(&gpu, &cache_shape, seed + 2, 1.0);
+            // The scratch the call takes from the pool: NaN until a partition writes it.
+            let scratch = poisoned(
+                &gpu,
+                &[batch * partitions * heads * (hd + 1)],
+                DeviceDType::F32,
+            );
+            gpu.device.synchronize().unwrap();
+            drop(scratch);
+            let mut out = poisoned(&gpu, &[batch, heads, hd], DeviceDType::Bf16);
+            let scale = 1.0 / (hd as f32).sqrt();
+            gpu.device
+                .paged_attention(
+                    &q,
+                    &k_cache,
+                    &v_cache,
+                    &device_layout,
+                    scale,
+                    &mut out,
+                    &gpu.pool,
+                )
+                .unwrap();
+            let (qd, kd, vd) = (&q_cpu.data, &k_cpu.data, &v_cpu.data);
+            let exact = paged_attention_f64(qd, kd, vd, &padded, heads, kv_heads, hd);
+            let naive = naive_paged_attention(qd, kd, vd, &padded, heads, kv_heads, hd);
+            check_within_naive(
+                &format!("graph plan heads {heads}/{kv_heads} hd {hd}: {p}-key partitions x {partitions}"),
+                &gpu.to_host(&out).unwrap(),
+                &exact,
+                &naive,
+                Rows::heads(heads, hd),
+            );
+        }
+    }
+}
+
+#[test]
+#[cfg_attr(
+    not(swerve_emu),
+    ignore = "needs a CUDA GPU (or a SWERVE_EMU=1 build: the emulated device)"
+)]
+fn a_step_scope_uploads_each_layout_once_and_keeps_them_apart() {
+    // Inside `begin_step` .. `end_step` the backend keeps device copies of layouts and slot
+    // mappings by address. Two layouts alive at once must each get their own, a repeated call
+    // must give the same bits, and the results must equal unscoped calls.
+    let gpu = gpu();
+    let (heads, kv_heads, hd) = (8, 2, 64);
+    let (a, num_blocks_a) = shuffled_layout(16, &[1, 1, 5], &[30, 900, 77], 501);
+    let (b, num_blocks_b) = shuffled_layout(16, &[1, 3], &[1200, 40], 502);
+    let num_blocks = num_blocks_a.max(num_blocks_b);
+    let cache_shape = [num_blocks, 16, kv_heads, hd];
+    let (k_cache, _) = random(&gpu, &cache_shape, 511, 2.0);
+    let (v_cache, _) = random(&gpu, &cache_shape, 512, 1.0);
+    let scale = 1.0 / (hd as f32).sqrt();
+    let run = |layout: &PagedLayout, seed: u64| -> Vec<f32> {
+        let rows = layout.num_query_rows();
+        let (q, _) = random(&gpu, &[rows, heads, hd], seed, 2.0);
+        let mut out = poisoned(&gpu, &[rows, heads, hd], DeviceDType::Bf16);
+        gpu.paged_attention(&q, &k_cache, &v_cache, layout, scale, &mut out)
+            .unwrap();
+        gpu.to_host(&out).unwrap()
+    };
+    let (plain_a, plain_b) = (run(&a, 7), run(&b, 8));
+    gpu.begin_step();
+    let scoped = [run(&a, 7), run(&b, 8), run(&a, 7), run(&b, 8)];
+    gpu.end_step();
+    for (i, got) in scoped.iter().enumerate() {
+        let expect = if i % 2 == 0 { &plain_a } else { &plain_b };
+        assert!(
+            got.iter()
+                .zip(expect)
+                .all(|(x, y)| x.to_bits() == y.to_bits()),
+            "call {i} inside the step scope differs from the unscoped call"
+        );
+    }
+}
+
+// ---- work plans: host-only, these run everywhere (CI included) ---------------------------------
+
+/// Every (query row, head, key) triple is covered by exactly one block, and the scratch rows
+/// of split rows are dense and disjoint.
+fn check_coverage(cu: &[u32], ctx: &[u32], group: usize, plan: &WorkPlan) {
+    let p = plan.partition_keys;
+    // seen[row * group + g][j]: how many blocks give row `row`, head g of the group, key j.
+    let mut seen: Vec<Vec<u32>> = Vec::new();
+    for (w, &c) in cu.windows(2).zip(ctx) {
+        let n = (w[1] - w[0]) as usize;
+        for local in 0..n * group {
+            seen.push(vec![0; c as usize - n + local / group + 1]);
+        }
+    }
+    for (items, block_m) in [
+        (&plan.decode, DECODE_BLOCK_M),
+        (&plan.prefill, PREFILL_BLOCK_M),
+    ] {
+        for &[s, m0, part, keys] in items.iter() {
+            let (s, m0, part) = (s as usize, m0 as usize, part as usize);
+            let n = (cu[s + 1] - cu[s]) as usize;
+            let first_pos = ctx[s] as usize - n;
+            let m_end = (m0 + block_m).min(n * group);
+            let p_last = first_pos + (m_end - 1) / group;
+            let (n_begin, n_end) = (part * p, (part * p + p).min(p_last + 1));
+            assert_eq!(keys as usize, n_end - n_begin);
+            for flat in m0..m_end {
+                let position = first_pos + flat / group;
+                let row_keys = &mut seen[cu[s] as usize * group + flat];
+                for count in &mut row_keys[n_begin..n_end.min(position + 1)] {
+                    *count += 1;
+                }
+            }
+        }
+    }
+    for (i, keys) in seen.iter().enumerate() {
+        assert!(keys.iter().all(|&c| c == 1), "flat row {i}: {keys:?}");
+    }
+    let mut next = 0;
+    for (row, &[base, parts]) in plan.rows.iter().enumerate() {
+        let position = seen[row * group].len() - 1;
+        assert_eq!(parts as usize, (position + 1).div_ceil(p));
+        if parts > 1 {
+            assert_eq!(base as usize, next);
+            assert!(plan.split_rows.contains(&(row as i32)));
+            next += parts as usize;
+        }
+    }
+    assert_eq!(next, plan.scratch_rows);
+}
+
+#[test]
+fn work_plans_cover_every_key_once_without_a_gpu() {
+    let cases: [(&[u32], &[u32], usize); 4] = [
+        (&[0, 1, 2, 3, 4], &[1, 17, 4099, 40_000], 7),
+        (&[0, 300, 301, 303], &[2300, 512, 1025], 4),
+        (&[0, 1, 1], &[513, 0], 1),
+        (&[0, 5, 6], &[5, 1], 2),
+    ];
+    for (cu, ctx, group) in cases {
+        for forced in [None, Some(64), Some(512), Some(1024)] {
+            let plan = WorkPlan::build(cu, ctx, group, 2, 132, forced).unwrap();
+            check_coverage(cu, ctx, group, &plan);
+        }
+    }
+}
+
+#[test]
+fn work_plan_partitions_grow_with_the_batch_without_a_gpu() {
+    // One 131k decode row on 132 SMs: the minimum partition, 256 blocks per kv head.
+    let one = WorkPlan::build(&[0, 1], &[131_072], 8, 1, 132, None).unwrap();
+    assert_eq!(one.partition_keys, MIN_PARTITION_KEYS);
+    assert_eq!(one.decode.len(), 256);
+    // 256 rows of 32k: partitions grow until about 4 blocks per SM remain.
+    let cu: Vec<u32> = (0..=256).collect();
+    let many = WorkPlan::build(&cu, &[32_768; 256], 8, 1, 132, None).unwrap();
+    assert!(many.partition_keys > MIN_PARTITION_KEYS);
+    assert!(many.decode.len() >= 132 * 2, "{}", many.decode.len());
+    assert!(many.decode.windows(2).all(|w| w[0][3] >= w[1][3]));
+    // A long prefill chunk is parallel enough on its own: no split, no scratch.
+    let chunk = WorkPlan::build(&[0, 8192], &[131_072], 8, 4, 132, None).unwrap();
+    assert_eq!(chunk.scratch_rows, 0);
+    assert!(chunk.decode.is_empty() && chunk.prefill.len() == 8192 * 8 / PREFILL_BLOCK_M);
+    assert!(WorkPlan::build(&[0, 2], &[1], 1, 1, 132, None).is_err());
+    assert!(WorkPlan::build(&[0, 1], &[10], 1, 1, 132, Some(100)).is_err());
+}
+
+#[test]
+fn paged_kernels_fit_two_blocks_per_sm_without_a_gpu() {
+    for hd in [16, 32, 64, 128] {
+        for prefill in [false, true] {
+            let v = attention_variant(hd, prefill, SM90_SMEM).unwrap();
+            assert!(2 * (v.smem + 1024) <= 228 * 1024, "{v:?}");
+        }
+    }
+    assert_eq!(
+        attention_variant(128, false, SM90_SMEM).unwrap().smem,
+        109_312
+    );
+    assert!(attention_variant(80, false, SM90_SMEM).is_err());
+}
+
+/// hd128 decode needs 109,312 B with its 3-stage ring: more than sm_86 / sm_89 let a block have
+/// (99 KiB), where the 2-stage variant runs instead. Every other kernel fits every sm_80+ GPU.
+#[test]
+fn paged_kernel_variants_fit_each_gpus_shared_memory_without_a_gpu() {
+    for (limit, decode128) in [
+        (SM90_SMEM, "paged_attn_decode_hd128"),
+        (SM80_SMEM, "paged_attn_decode_hd128"),
+        (SM89_SMEM, "paged_attn_decode_hd128_2stage"),
+    ] {
+        let v = attention_variant(128, false, limit).unwrap();
+        assert_eq!(v.name, decode128, "limit {limit}");
+        assert!(v.smem as usize <= limit);
+        for hd in [16, 32, 64, 128] {
+            for prefill in [false, true] {
+                let v = attention_variant(hd, prefill, limit).unwrap();
+                assert!(v.smem as usize <= limit, "{v:?} at {limit}");
+                if hd != 128 || prefill {
+                    assert_eq!(v, attention_variant(hd, prefill, SM90_SMEM).unwrap());
+                }
+            }
+        }
+    }
+    assert_eq!(
+        attention_variant(128, false, SM89_SMEM).unwrap(),
+        AttentionVariant {
+            name: "paged_attn_decode_hd128_2stage".into(),
+            smem: 74_496,
+            stages: 2
+        }
+    );
+    let err = attention_variant(128, false, 64 * 1024).unwrap_err();
+    assert!(
+        format!("{err}")
+            .contains("needs 74496 B of shared memory per block; this GPU allows 65536 B"),
+        "{err}"
+    );
+}
