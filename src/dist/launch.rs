@@ -486,8 +486,15 @@ mod tests {
         assert_eq!(g.rendezvous_address(), "[fe80::1]:7");
     }
 
+    fn check_errors(cases: &[(&[(&str, &str)], &str)]) {
+        for (vars, expected) in cases {
+            let message = error(vars);
+            assert!(message.contains(expected), "{vars:?}: {message}");
+        }
+    }
+
     #[test]
-    fn malformed_and_inconsistent_values_name_the_variable() {
+    fn malformed_and_inconsistent_torchrun_values_name_the_variable() {
         let cases: &[(&[(&str, &str)], &str)] = &[
             (
                 &[("RANK", "4"), ("WORLD_SIZE", "4")],
@@ -569,6 +576,13 @@ mod tests {
                 ],
                 "SWERVE_RDZV_TIMEOUT_S=-3 is not a positive number of seconds",
             ),
+        ];
+        check_errors(cases);
+    }
+
+    #[test]
+    fn malformed_and_inconsistent_slurm_values_name_the_variable() {
+        let cases: &[(&[(&str, &str)], &str)] = &[
             (
                 &[("SLURM_PROCID", "2")],
                 "SLURM_PROCID=2 is set but SLURM_NTASKS is not",
@@ -609,10 +623,7 @@ mod tests {
                 "SLURM_TASKS_PER_NODE=1(x2) (SLURM_NODEID=2): no task count for node 2",
             ),
         ];
-        for (vars, expected) in cases {
-            let message = error(vars);
-            assert!(message.contains(expected), "{vars:?}: {message}");
-        }
+        check_errors(cases);
     }
 
     #[test]

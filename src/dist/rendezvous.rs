@@ -29,7 +29,7 @@
 use super::launch::ProcessGroupEnv;
 use super::wire::{
     configure, decode_table, encode_table, read_frame, read_hello, seconds, wait_readable,
-    write_frame, write_hello, Tag, MAGIC, MAX_HELLO_PAYLOAD, VERSION,
+    write_frame, write_hello, Hello, Tag, MAGIC, MAX_HELLO_PAYLOAD, VERSION,
 };
 use anyhow::{anyhow, bail, ensure, Result};
 use std::io;
@@ -174,45 +174,7 @@ fn host(group: &ProcessGroupEnv, payload: &[u8]) -> Result<Rendezvous> {
         let Ok(Some(hello)) = read_hello(&mut stream) else {
             continue;
         };
-        let problem = if hello.magic != MAGIC {
-            Some(format!(
-                "rank 0: a connection from {from} to the rendezvous at {address} is not a swerve \
-                 rank (it began with \"{}\"): does another program use this port? (choose \
-                 another with SWERVE_RDZV_PORT)",
-                String::from_utf8_lossy(&hello.magic).escape_debug()
-            ))
-        } else if hello.version != VERSION {
-            Some(format!(
-                "rank 0: the process at {from} speaks rendezvous protocol version {}, this \
-                 process version {VERSION}: every process must run the same swerve build",
-                hello.version
-            ))
-        } else if hello.world_size as usize != world {
-            Some(format!(
-                "rank {} (at {from}) says the group has {} processes, rank 0 says {world}: \
-                 WORLD_SIZE / SLURM_NTASKS differ between processes",
-                hello.rank, hello.world_size
-            ))
-        } else if hello.rank == 0 || hello.rank as usize >= world {
-            Some(format!(
-                "the process at {from} says it is rank {} of {world}, which {}: check RANK / \
-                 SLURM_PROCID",
-                hello.rank,
-                if hello.rank == 0 {
-                    "this process is"
-                } else {
-                    "does not exist"
-                }
-            ))
-        } else if let Some((_, first)) = &members[hello.rank as usize] {
-            Some(format!(
-                "two processes say they are rank {} of {world} (at {first} and {from}): check \
-                 RANK / SLURM_PROCID",
-                hello.rank
-            ))
-        } else {
-            None
-        };
+        let problem = hello_problem(&hello, from, &address, world, &members);
         if let Some(message) = problem {
             return Err(fail(&mut members, Some(stream), message));
         }
@@ -241,6 +203,55 @@ fn host(group: &ProcessGroupEnv, payload: &[u8]) -> Result<Rendezvous> {
         payloads,
         links: Links::Root(links),
     })
+}
+
+/// What is wrong with a hello rank 0 received from `from`, if anything.
+fn hello_problem(
+    hello: &Hello,
+    from: SocketAddr,
+    address: &str,
+    world: usize,
+    members: &[Option<(TcpStream, SocketAddr)>],
+) -> Option<String> {
+    if hello.magic != MAGIC {
+        Some(format!(
+            "rank 0: a connection from {from} to the rendezvous at {address} is not a swerve \
+             rank (it began with \"{}\"): does another program use this port? (choose \
+             another with SWERVE_RDZV_PORT)",
+            String::from_utf8_lossy(&hello.magic).escape_debug()
+        ))
+    } else if hello.version != VERSION {
+        Some(format!(
+            "rank 0: the process at {from} speaks rendezvous protocol version {}, this \
+             process version {VERSION}: every process must run the same swerve build",
+            hello.version
+        ))
+    } else if hello.world_size as usize != world {
+        Some(format!(
+            "rank {} (at {from}) says the group has {} processes, rank 0 says {world}: \
+             WORLD_SIZE / SLURM_NTASKS differ between processes",
+            hello.rank, hello.world_size
+        ))
+    } else if hello.rank == 0 || hello.rank as usize >= world {
+        Some(format!(
+            "the process at {from} says it is rank {} of {world}, which {}: check RANK / \
+             SLURM_PROCID",
+            hello.rank,
+            if hello.rank == 0 {
+                "this process is"
+            } else {
+                "does not exist"
+            }
+        ))
+    } else if let Some((_, first)) = &members[hello.rank as usize] {
+        Some(format!(
+            "two processes say they are rank {} of {world} (at {first} and {from}): check \
+             RANK / SLURM_PROCID",
+            hello.rank
+        ))
+    } else {
+        None
+    }
 }
 
 /// Rank 0's listener on every interface at the rendezvous port (IPv6 when rank 0's address

@@ -128,6 +128,161 @@ impl ParamShard {
     }
 }
 
+/// A split along a dimension: `(dimension, range)`.
+type Split = Option<(usize, std::ops::Range<usize>)>;
+
+/// One rank's ranges of a layer's tensors (see `config::shard`).
+struct Slices {
+    d: usize,
+    tp: bool,
+    /// Query-head and KV-head rows (`heads x head_dim`), MLP columns, and their whole sizes.
+    heads: std::ops::Range<usize>,
+    kv: std::ops::Range<usize>,
+    inter: std::ops::Range<usize>,
+    q_all: usize,
+    kv_all: usize,
+    inter_all: usize,
+    kv_replicated: bool,
+}
+
+impl Slices {
+    fn new(config: &ModelConfig, local: &LocalSizes) -> Self {
+        let hd = config.head_dim;
+        Self {
+            d: config.hidden_size,
+            tp: local.tp_size > 1,
+            heads: local.head_start * hd..(local.head_start + local.heads_local) * hd,
+            kv: local.kv_head_start * hd..(local.kv_head_start + local.kv_heads_local) * hd,
+            inter: local.intermediate_start..local.intermediate_start + local.intermediate_local,
+            q_all: config.num_attention_heads * hd,
+            kv_all: config.num_key_value_heads * hd,
+            inter_all: config.intermediate_size,
+            kv_replicated: local.kv_replicated,
+        }
+    }
+
+    /// Layer `i`'s tensors, each made by `param(name, kind, whole shape, split, replicated)`, in
+    /// the order of [`LayerParams`]' fields.
+    fn layer<T>(
+        &self,
+        i: usize,
+        param: &mut impl FnMut(&str, ParamKind, &[usize], Split, bool) -> Result<T>,
+    ) -> Result<LayerParams<T>> {
+        let mut tensors =
+            self.layer_tensors()
+                .into_iter()
+                .map(|(name, kind, full, split, replicated)| {
+                    param(
+                        &format!("model.layers.{i}.{name}"),
+                        kind,
+                        &full,
+                        split,
+                        replicated,
+                    )
+                });
+        let mut next = || tensors.next().expect("twelve tensors");
+        Ok(LayerParams {
+            input_layernorm: next()?,
+            q_proj_weight: next()?,
+            q_proj_bias: next()?,
+            k_proj_weight: next()?,
+            k_proj_bias: next()?,
+            v_proj_weight: next()?,
+            v_proj_bias: next()?,
+            o_proj_weight: next()?,
+            post_attention_layernorm: next()?,
+            gate_proj_weight: next()?,
+            up_proj_weight: next()?,
+            down_proj_weight: next()?,
+        })
+    }
+
+    /// A layer's tensors: (name after `model.layers.N.`, kind, whole shape, this rank's split,
+    /// replicated), in the order of [`LayerParams`]' fields.
+    fn layer_tensors(&self) -> [(&'static str, ParamKind, Vec<usize>, Split, bool); 12] {
+        use ParamKind::*;
+        let (d, rep, tp) = (self.d, self.kv_replicated, self.tp);
+        let rows = |r: &std::ops::Range<usize>| Some((0, r.clone()));
+        let cols = |r: &std::ops::Range<usize>| Some((1, r.clone()));
+        let (q, kv, inter) = (&self.heads, &self.kv, &self.inter);
+        let (q_all, kv_all, inter_all) = (self.q_all, self.kv_all, self.inter_all);
+        [
+            ("input_layernorm.weight", Norm, vec![d], None, tp),
+            (
+                "self_attn.q_proj.weight",
+                ColumnParallel,
+                vec![q_all, d],
+                rows(q),
+                false,
+            ),
+            (
+                "self_attn.q_proj.bias",
+                ColumnParallel,
+                vec![q_all],
+                rows(q),
+                false,
+            ),
+            (
+                "self_attn.k_proj.weight",
+                ColumnParallel,
+                vec![kv_all, d],
+                rows(kv),
+                rep,
+            ),
+            (
+                "self_attn.k_proj.bias",
+                ColumnParallel,
+                vec![kv_all],
+                rows(kv),
+                rep,
+            ),
+            (
+                "self_attn.v_proj.weight",
+                ColumnParallel,
+                vec![kv_all, d],
+                rows(kv),
+                rep,
+            ),
+            (
+                "self_attn.v_proj.bias",
+                ColumnParallel,
+                vec![kv_all],
+                rows(kv),
+                rep,
+            ),
+            (
+                "self_attn.o_proj.weight",
+                RowParallel,
+                vec![d, q_all],
+                cols(q),
+                false,
+            ),
+            ("post_attention_layernorm.weight", Norm, vec![d], None, tp),
+            (
+                "mlp.gate_proj.weight",
+                ColumnParallel,
+                vec![inter_all, d],
+                rows(inter),
+                false,
+            ),
+            (
+                "mlp.up_proj.weight",
+                ColumnParallel,
+                vec![inter_all, d],
+                rows(inter),
+                false,
+            ),
+            (
+                "mlp.down_proj.weight",
+                RowParallel,
+                vec![d, inter_all],
+                cols(inter),
+                false,
+            ),
+        ]
+    }
+}
+
 impl<T> Qwen2Params<T> {
     /// Tensors of one decoder layer (the fields of [`LayerParams`]).
     pub const TENSORS_PER_LAYER: usize = 12;
@@ -139,136 +294,33 @@ impl<T> Qwen2Params<T> {
         local: &LocalSizes,
         mut make: impl FnMut(&str, &[usize], &ParamShard) -> Result<T>,
     ) -> Result<Self> {
-        use ParamKind::*;
+        let slices = Slices::new(config, local);
         let d = config.hidden_size;
-        let hd = config.head_dim;
-        let tp = local.tp_size > 1;
-        let heads = (local.head_start * hd)..(local.head_start + local.heads_local) * hd;
-        let kv = (local.kv_head_start * hd)..(local.kv_head_start + local.kv_heads_local) * hd;
-        let (q_all, kv_all) = (
-            config.num_attention_heads * hd,
-            config.num_key_value_heads * hd,
-        );
-        let inter = local.intermediate_start..local.intermediate_start + local.intermediate_local;
-        let inter_all = config.intermediate_size;
-        let vocab = local.vocab_range();
-        let mut param = |name: &str,
-                         kind,
-                         full: &[usize],
-                         split: Option<(usize, std::ops::Range<usize>)>,
-                         replicated| {
+        let mut param = |name: &str, kind, full: &[usize], split, replicated| {
             let shard = ParamShard::new(kind, full, split, replicated);
             make(name, &shard.local_shape(), &shard)
         };
+        let vocab = Some((0, local.vocab_range()));
         let embed_tokens = param(
             "model.embed_tokens.weight",
-            ColumnParallel,
+            ParamKind::ColumnParallel,
             &[config.vocab_size, d],
-            Some((0, vocab.clone())),
+            vocab.clone(),
             false,
         )?;
-        let kv_replicated = local.kv_replicated;
-        let mut layers = Vec::with_capacity(config.num_hidden_layers);
-        for i in 0..config.num_hidden_layers {
-            let p = format!("model.layers.{i}");
-            let rows = |r: &std::ops::Range<usize>| Some((0, r.clone()));
-            let cols = |r: &std::ops::Range<usize>| Some((1, r.clone()));
-            layers.push(LayerParams {
-                input_layernorm: param(
-                    &format!("{p}.input_layernorm.weight"),
-                    Norm,
-                    &[d],
-                    None,
-                    tp,
-                )?,
-                q_proj_weight: param(
-                    &format!("{p}.self_attn.q_proj.weight"),
-                    ColumnParallel,
-                    &[q_all, d],
-                    rows(&heads),
-                    false,
-                )?,
-                q_proj_bias: param(
-                    &format!("{p}.self_attn.q_proj.bias"),
-                    ColumnParallel,
-                    &[q_all],
-                    rows(&heads),
-                    false,
-                )?,
-                k_proj_weight: param(
-                    &format!("{p}.self_attn.k_proj.weight"),
-                    ColumnParallel,
-                    &[kv_all, d],
-                    rows(&kv),
-                    kv_replicated,
-                )?,
-                k_proj_bias: param(
-                    &format!("{p}.self_attn.k_proj.bias"),
-                    ColumnParallel,
-                    &[kv_all],
-                    rows(&kv),
-                    kv_replicated,
-                )?,
-                v_proj_weight: param(
-                    &format!("{p}.self_attn.v_proj.weight"),
-                    ColumnParallel,
-                    &[kv_all, d],
-                    rows(&kv),
-                    kv_replicated,
-                )?,
-                v_proj_bias: param(
-                    &format!("{p}.self_attn.v_proj.bias"),
-                    ColumnParallel,
-                    &[kv_all],
-                    rows(&kv),
-                    kv_replicated,
-                )?,
-                o_proj_weight: param(
-                    &format!("{p}.self_attn.o_proj.weight"),
-                    RowParallel,
-                    &[d, q_all],
-                    cols(&heads),
-                    false,
-                )?,
-                post_attention_layernorm: param(
-                    &format!("{p}.post_attention_layernorm.weight"),
-                    Norm,
-                    &[d],
-                    None,
-                    tp,
-                )?,
-                gate_proj_weight: param(
-                    &format!("{p}.mlp.gate_proj.weight"),
-                    ColumnParallel,
-                    &[inter_all, d],
-                    rows(&inter),
-                    false,
-                )?,
-                up_proj_weight: param(
-                    &format!("{p}.mlp.up_proj.weight"),
-                    ColumnParallel,
-                    &[inter_all, d],
-                    rows(&inter),
-                    false,
-                )?,
-                down_proj_weight: param(
-                    &format!("{p}.mlp.down_proj.weight"),
-                    RowParallel,
-                    &[d, inter_all],
-                    cols(&inter),
-                    false,
-                )?,
-            });
-        }
-        let norm = param("model.norm.weight", Norm, &[d], None, tp)?;
+        let layers = (0..config.num_hidden_layers)
+            .map(|i| slices.layer(i, &mut param))
+            .collect::<Result<Vec<_>>>()?;
+        let norm = param("model.norm.weight", ParamKind::Norm, &[d], None, slices.tp)?;
         let lm_head = if config.tie_word_embeddings {
             None
         } else {
+            let full = [config.vocab_size, d];
             Some(param(
                 "lm_head.weight",
-                ColumnParallel,
-                &[config.vocab_size, d],
-                Some((0, vocab)),
+                ParamKind::ColumnParallel,
+                &full,
+                vocab,
                 false,
             )?)
         };
