@@ -14,12 +14,15 @@
 //! ```
 //!
 //! Implementations: [`local`] (ranks as threads of one process, shared memory), [`tcp`] (ranks
-//! as processes, through rank 0 over TCP, after [`rendezvous`]), [`nccl`] (GPUs).
+//! as processes, through rank 0 over TCP, after [`rendezvous`]), [`nccl`] (one GPU per rank:
+//! `NcclComm` overrides every tensor collective with one NCCL call on the backend's stream; its
+//! id travels to the ranks through any of the others; the emulated device has a stand-in libnccl).
 //!
 //! A rank that fails leaves its group: the others' pending and later collectives return an
 //! error naming it instead of waiting forever.
 
 pub mod local;
+pub mod nccl;
 
 use crate::backend::Backend;
 use anyhow::{bail, ensure, Result};
