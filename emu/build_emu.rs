@@ -140,7 +140,7 @@ pub fn build(manifest_dir: &Path, out_dir: &Path, sources: &[PathBuf]) -> Result
         .arg(&libcuda);
     run(cublaslt, "building the emulated libcublasLt.so", &cxx)?;
 
-    // soname libnccl.so.2, the file name NCCL's packages ship; src/dist/nccl.rs opens it by path.
+    // soname libnccl.so.2, the file name NCCL's packages ship; src/dist/nccl/ opens it by path.
     let libnccl = build_dir.join("libnccl.so");
     let mut nccl = Command::new(&cxx);
     nccl.args(flags(&["-shared", "-Wl,-soname,libnccl.so.2"]))

@@ -1,5 +1,5 @@
 // A stand-in libnccl for the emulated CUDA device: the subset of the NCCL C API that
-// src/dist/nccl.rs calls, for ranks that are threads of one process, all on the emulated device
+// src/dist/nccl/ calls, for ranks that are threads of one process, all on the emulated device
 // (whose memory is host memory). Built by build.rs (SWERVE_EMU=1) as $OUT_DIR/emu/libnccl.so with
 // soname libnccl.so.2, linked against the stand-in libcuda, and loaded after it by absolute path.
 //
