@@ -1,9 +1,9 @@
 //! `SWERVE_EMU=1` builds (a module of `build.rs`): every `kernels/*.cu` compiled for the host with
 //! g++ against `emu/include/emu_cuda.h`, linked with the runtime ([`RUNTIME_SOURCES`]) and the
-//! stand-in driver ([`DRIVER_SOURCES`]) into `$OUT_DIR/emu/libcuda.so`, and `emu/cublaslt.cpp`
-//! into `$OUT_DIR/emu/libcublasLt.so`. The kernel "fatbins" the library embeds are then markers
-//! (`SWERVE-EMU:<family>`) that the stand-in `cuModuleLoadData` resolves to the host-compiled
-//! family.
+//! stand-in driver ([`DRIVER_SOURCES`]) into `$OUT_DIR/emu/libcuda.so`; `emu/cublaslt.cpp` into
+//! `$OUT_DIR/emu/libcublasLt.so` and `emu/nccl.cpp` into `$OUT_DIR/emu/libnccl.so`. The kernel
+//! "fatbins" the library embeds are then markers (`SWERVE-EMU:<family>`) that the stand-in
+//! `cuModuleLoadData` resolves to the host-compiled family.
 //!
 //! The only source transforms, so the kernels compile unchanged:
 //! - `extern __shared__ [__align__(N)] T name[];` becomes a pointer to the block's dynamic shared
@@ -148,9 +148,20 @@ pub fn build(manifest_dir: &Path, out_dir: &Path, sources: &[PathBuf]) -> Result
         .arg(&libcuda);
     run(cublaslt, "building the emulated libcublasLt.so", &cxx)?;
 
+    // soname libnccl.so.2, the file name NCCL's packages ship; src/dist/nccl/ opens it by path.
+    let libnccl = build_dir.join("libnccl.so");
+    let mut nccl = Command::new(&cxx);
+    nccl.args(flags(&["-shared", "-Wl,-soname,libnccl.so.2"]))
+        .arg(emu_dir.join("nccl.cpp"))
+        .arg("-o")
+        .arg(&libnccl)
+        .arg(&libcuda)
+        .arg("-lpthread");
+    run(nccl, "building the emulated libnccl.so", &cxx)?;
+
     Ok(EmuBuild {
         families,
-        libraries: vec![libcuda, libcublaslt],
+        libraries: vec![libcuda, libcublaslt, libnccl],
     })
 }
 

@@ -244,6 +244,20 @@ int swerve_emu_stream_enqueue(void* stream, void (*run)(void*), void* ctx, void 
     });
 }
 
+// For the stand-in NCCL: as swerve_emu_stream_enqueue, but a nonzero status from run fails the
+// operation: CUDA_ERROR_LAUNCH_FAILED returned here when it runs at once, or from cuGraphLaunch
+// when a replay runs it (run has printed why).
+int swerve_emu_stream_enqueue_checked(void* stream, int (*run)(void*), void* ctx, void (*drop)(void*)) {
+    std::shared_ptr<void> keep(ctx, drop ? drop : [](void*) {});
+    if (!run) return CUDA_ERROR_INVALID_VALUE;
+    return enqueue(stream, [run, keep]() { return run(keep.get()) ? CUDA_ERROR_LAUNCH_FAILED : CUDA_SUCCESS; });
+}
+
+// For the stand-in NCCL: whether [ptr, ptr + bytes) lies in one live allocation (refusals print why).
+int swerve_emu_check_device_range(unsigned long long ptr, size_t bytes, const char* what) {
+    return check_device_range(ptr, bytes, what);
+}
+
 // Lets a binary say what it runs on without guessing from the device name.
 int swerve_emu_is_emulated() { return 1; }
 

@@ -297,6 +297,59 @@ CUresult cuMemcpyDtoD_v2(CUdeviceptr dst, CUdeviceptr src, size_t n) {
     memmove((void*)dst, (const void*)src, n);
     return CUDA_SUCCESS;
 }
+// CUDA_MEMCPY2D, as cuda.h (and cudarc's driver::sys) lays it out.
+struct Memcpy2D {
+    size_t srcXInBytes, srcY;
+    int srcMemoryType;
+    const void* srcHost;
+    CUdeviceptr srcDevice;
+    void* srcArray;
+    size_t srcPitch;
+    size_t dstXInBytes, dstY;
+    int dstMemoryType;
+    void* dstHost;
+    CUdeviceptr dstDevice;
+    void* dstArray;
+    size_t dstPitch;
+    size_t WidthInBytes, Height;
+};
+enum { MEMORYTYPE_HOST = 1, MEMORYTYPE_DEVICE = 2 };
+
+// Host and device memory only (no arrays, no unified addressing); each row's bytes must lie in
+// one allocation, and a pitch may not be below the width (Driver API, cuMemcpy2D).
+CUresult cuMemcpy2DAsync_v2(const Memcpy2D* c, void* stream) {
+    if (!c) return refuse(CUDA_ERROR_INVALID_VALUE, "cuMemcpy2DAsync: null descriptor");
+    if (c->WidthInBytes == 0 || c->Height == 0) return CUDA_SUCCESS;
+    for (int side = 0; side < 2; ++side) {
+        const int type = side ? c->dstMemoryType : c->srcMemoryType;
+        const size_t pitch = side ? c->dstPitch : c->srcPitch;
+        const char* what = side ? "cuMemcpy2DAsync destination" : "cuMemcpy2DAsync source";
+        if (type != MEMORYTYPE_HOST && type != MEMORYTYPE_DEVICE)
+            return refuse(CUDA_ERROR_NOT_SUPPORTED, "%s: memory type %d (only host and device memory are emulated)", what, type);
+        if (pitch < c->WidthInBytes)
+            return refuse(CUDA_ERROR_INVALID_VALUE, "%s: pitch %zu below the width of %zu bytes", what, pitch, c->WidthInBytes);
+        if (type == MEMORYTYPE_DEVICE) {
+            const CUdeviceptr base = side ? c->dstDevice : c->srcDevice;
+            const size_t x = side ? c->dstXInBytes : c->srcXInBytes, y = side ? c->dstY : c->srcY;
+            const CUdeviceptr first = base + y * pitch + x;
+            if (CUresult r = check_device_range(first, (c->Height - 1) * pitch + c->WidthInBytes, what)) return r;
+        } else if (stream_of(stream)->capturing) {
+            const void* host = side ? (const void*)c->dstHost : c->srcHost;
+            const size_t x = side ? c->dstXInBytes : c->srcXInBytes, y = side ? c->dstY : c->srcY;
+            if (!is_pinned((const char*)host + y * pitch + x, (c->Height - 1) * pitch + c->WidthInBytes))
+                return refuse_in_capture(stream, "a 2-D copy with pageable host memory (cuMemcpy2DAsync)");
+        }
+    }
+    const Memcpy2D d = *c;
+    return enqueue(stream, [d] {
+        const char* src = d.srcMemoryType == MEMORYTYPE_DEVICE ? (const char*)d.srcDevice : (const char*)d.srcHost;
+        char* dst = d.dstMemoryType == MEMORYTYPE_DEVICE ? (char*)d.dstDevice : (char*)d.dstHost;
+        src += d.srcY * d.srcPitch + d.srcXInBytes;
+        dst += d.dstY * d.dstPitch + d.dstXInBytes;
+        for (size_t row = 0; row < d.Height; ++row) memmove(dst + row * d.dstPitch, src + row * d.srcPitch, d.WidthInBytes);
+        return CUDA_SUCCESS;
+    });
+}
 CUresult cuMemsetD8Async(CUdeviceptr dst, unsigned char value, size_t n, void* stream) {
     if (CUresult r = check_device_range(dst, n, "cuMemsetD8Async")) return r;
     return enqueue(stream, [dst, value, n] {

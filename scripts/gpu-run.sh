@@ -28,7 +28,8 @@ nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.max.sm --format=c
 nvidia-smi >"$out/nvidia-smi.txt" 2>&1
 
 libdirs=()
-for lib in libcublas.so libcublasLt.so libnccl.so; do
+# NCCL: the file swerve opens (src/dist/nccl/library.rs) is libnccl.so.2, the only name the wheels ship.
+for lib in libcublas.so libcublasLt.so libnccl.so.2; do
   if ldconfig -p 2>/dev/null | grep -q "$lib"; then continue; fi
   found=$(python3 - "$lib" <<'PY' 2>/dev/null
 import glob, os, site, sys

@@ -14,7 +14,9 @@
 //! ```
 //!
 //! Implementations: [`local`] (ranks as threads of one process, shared memory), [`tcp`] (ranks
-//! as processes, through rank 0 over TCP, after [`rendezvous`]), [`nccl`] (GPUs).
+//! as processes, through rank 0 over TCP, after [`rendezvous`]), [`nccl`] (one GPU per rank:
+//! `NcclComm` overrides every tensor collective with one NCCL call on the backend's stream; its
+//! id travels to the ranks through any of the others; the emulated device has a stand-in libnccl).
 //!
 //! Launch model: one process per node drives its GPUs with a thread per GPU. Tensor parallelism
 //! stays inside a process (threads, [`local`] or NCCL communicators); processes meet only for
@@ -29,6 +31,7 @@
 pub mod grid;
 pub mod launch;
 pub mod local;
+pub mod nccl;
 pub mod rendezvous;
 mod slurm_lists;
 pub mod tcp;

@@ -103,10 +103,11 @@ pub fn emulation_banner() -> Option<&'static str> {
     )
 }
 
-/// Loads the emulator's stand-in libcuda and libcublasLt by absolute path (RTLD_GLOBAL), once.
-/// cudarc then opens `libcuda.so` / `libcublasLt.so` by name, and the dynamic loader hands back
-/// these already-loaded libraries, whose sonames are those names: the real launch code runs on
-/// the emulated device with no environment to set.
+/// Loads the emulator's stand-in libcuda, libcublasLt and libnccl by absolute path
+/// (RTLD_GLOBAL), once. cudarc then opens `libcuda.so` / `libcublasLt.so` by name, and the dynamic
+/// loader hands back these already-loaded libraries, whose sonames are those names: the real
+/// launch code runs on the emulated device with no environment to set. (`dist::nccl` opens the
+/// stand-in libnccl by its path.)
 fn load_emulator() -> std::result::Result<(), String> {
     static LOADED: std::sync::OnceLock<std::result::Result<(), String>> =
         std::sync::OnceLock::new();
