@@ -15,7 +15,7 @@ use swerve::env::{EnvKind, Limits};
 use swerve::rl::{RlDefaults, RlOptions};
 use swerve::train::optimizer::LrSchedule;
 use swerve::train::run_dir::RunStart;
-use swerve::train::trainer::{Algorithm, OldLogprobs, TrainOptions};
+use swerve::train::trainer::{Algorithm, OldLogprobs, Parallel, TrainOptions};
 
 /// A number parsed as f64 that must be finite and lie in a range: `--lr NaN`, `--lr -1` or
 /// `--eps-low 1.5` are errors naming the flag (clap adds it), not runs that train nothing.
@@ -150,6 +150,29 @@ struct DeviceArgs {
     /// is one), cpu, or cuda.
     #[arg(long, default_value = "auto")]
     device: DeviceChoice,
+}
+
+/// `--tensor-parallel` and `--data-parallel`, for the training commands.
+#[derive(clap::Args)]
+struct ParallelArgs {
+    /// Tensor-parallel ranks per model replica, a thread (and GPU) each: the model's heads, MLP
+    /// columns and vocabulary split over them (Megatron layout, sequence-parallel training).
+    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u64).range(1..))]
+    tensor_parallel: u64,
+    /// Data-parallel replicas in this process (each of --tensor-parallel ranks): micro-batches
+    /// dealt over them, gradients summed, optimizer state sharded (ZeRO-1). A multi-process
+    /// launch (torchrun, Slurm: README "Multi-node training") multiplies them.
+    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u64).range(1..))]
+    data_parallel: u64,
+}
+
+impl ParallelArgs {
+    fn parallel(&self) -> Parallel {
+        Parallel {
+            tensor: self.tensor_parallel as usize,
+            data: self.data_parallel as usize,
+        }
+    }
 }
 
 /// A JSON-lines input and output, shared by `score` and `tokenize` (the command's description
@@ -533,6 +556,8 @@ struct TrainArgs {
     seed: u64,
     #[command(flatten)]
     device: DeviceArgs,
+    #[command(flatten)]
+    parallel: ParallelArgs,
 }
 
 impl TrainArgs {
@@ -557,6 +582,7 @@ impl TrainArgs {
             checkpoint_layers: !self.no_activation_checkpointing,
             seed: self.seed,
             progress: true,
+            parallel: self.parallel.parallel(),
         }
     }
 }

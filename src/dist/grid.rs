@@ -91,8 +91,8 @@ impl GridSpec {
     }
 }
 
-/// Where one rank sits in the grid.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+/// Where one rank sits in the grid (all 0 for a single rank).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct RankPlace {
     pub tp_rank: usize,
     /// Global replica index.

@@ -90,12 +90,12 @@ impl LocalGroup {
         let mut dp_groups: Vec<std::vec::IntoIter<LocalComm>> =
             (0..tp).map(|_| LocalGroup::new(dp).into_iter()).collect();
         let mut ranks = Vec::with_capacity(dp * tp);
-        for replica in 0..dp {
-            for tp_rank in 0..tp {
+        for (replica, tp_group) in tp_groups.iter_mut().enumerate() {
+            for dp_group in dp_groups.iter_mut() {
                 ranks.push(GridRank {
                     replica,
-                    tp: tp_groups[replica].next().expect("one handle per rank"),
-                    dp: dp_groups[tp_rank].next().expect("one handle per replica"),
+                    tp: tp_group.next().expect("one handle per rank"),
+                    dp: dp_group.next().expect("one handle per replica"),
                 });
             }
         }

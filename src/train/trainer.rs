@@ -20,6 +20,10 @@
 
 use crate::backend::grad::BackendGrad;
 use crate::backend::{select, DeviceChoice, Selected};
+use crate::dist::grid::{run_grid, GridSpec, RankPlace, RankTask};
+use crate::dist::launch::ProcessGroupEnv;
+use crate::dist::tcp::TcpComm;
+use crate::dist::{Collectives, Groups};
 use crate::train::checkpoint;
 use crate::train::data::{self, DataFile, TrainSequence};
 use crate::train::learner::Learner;
@@ -82,6 +86,38 @@ pub struct TrainOptions {
     pub seed: u64,
     /// A progress line on stderr (when it is a terminal).
     pub progress: bool,
+    /// Tensor-parallel ranks per replica and data-parallel replicas in this process (the
+    /// process group, from the environment, multiplies the replicas).
+    pub parallel: Parallel,
+}
+
+/// `--tensor-parallel N --data-parallel M`: this process runs `M` replicas of `N` ranks, a thread
+/// (and GPU) each.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Parallel {
+    pub tensor: usize,
+    pub data: usize,
+}
+
+impl Default for Parallel {
+    fn default() -> Self {
+        Self { tensor: 1, data: 1 }
+    }
+}
+
+impl Parallel {
+    /// The grid this process runs, with the process group read from the environment
+    /// (torchrun's or Slurm's variables; one process without them).
+    pub fn grid(self) -> Result<GridSpec> {
+        if self.tensor == 0 || self.data == 0 {
+            bail!("--tensor-parallel and --data-parallel must be at least 1");
+        }
+        Ok(GridSpec {
+            tp: self.tensor,
+            dp_local: self.data,
+            process: ProcessGroupEnv::from_env()?,
+        })
+    }
 }
 
 #[derive(Clone, Debug, Default)]
@@ -102,22 +138,37 @@ fn epoch_order(n: usize, seed: u64, epoch: u64) -> Vec<usize> {
     order
 }
 
-/// `swerve-train rft` / `dapo`: picks the device, trains, prints a summary line.
+/// `swerve-train rft` / `dapo`: picks the device, trains on every rank of the grid, prints a
+/// summary line.
 pub fn run(device: DeviceChoice, options: &TrainOptions) -> Result<TrainSummary> {
-    let (backend, line) = select(device)?;
-    eprintln!("{line}");
-    let summary = match backend {
-        Selected::Cpu(b) => train(&b, options)?,
-        Selected::Cuda(b) => train(&*b, options)?,
+    let spec = options.parallel.grid()?;
+    let prepared = Prepared::new(options, &spec)?;
+    let task = TrainRank {
+        opts: options,
+        prepared: &prepared,
+        process_rank: spec.process.rank,
     };
-    eprintln!(
-        "trained {} steps ({} skipped); loss {} -> {}; model in {}",
-        summary.steps,
-        summary.skipped_steps,
-        summary.first_loss.map_or("-".into(), |l| format!("{l:.4}")),
-        summary.last_loss.map_or("-".into(), |l| format!("{l:.4}")),
-        summary.final_dir.display()
-    );
+    let summary = if spec.is_single() {
+        let (backend, line) = select(device)?;
+        eprintln!("{line}");
+        match backend {
+            Selected::Cpu(b) => task.run(&b, Groups::solo(), RankPlace::default())?,
+            Selected::Cuda(b) => task.run(&*b, Groups::solo(), RankPlace::default())?,
+        }
+    } else {
+        // Every rank ends with the same summary; the first is the writer's.
+        run_grid(device, &spec, &task)?.swap_remove(0)
+    };
+    if spec.process.rank == 0 {
+        eprintln!(
+            "trained {} steps ({} skipped); loss {} -> {}; model in {}",
+            summary.steps,
+            summary.skipped_steps,
+            summary.first_loss.map_or("-".into(), |l| format!("{l:.4}")),
+            summary.last_loss.map_or("-".into(), |l| format!("{l:.4}")),
+            summary.final_dir.display()
+        );
+    }
     Ok(summary)
 }
 
@@ -184,15 +235,19 @@ pub fn recorded_options(opts: &TrainOptions, data: &crate::jsonl::ContentHash) -
         )
 }
 
-/// The trajectories a run trains on (those with a non-zero advantage) and their old logprobs.
+/// The trajectories a run trains on (those with a non-zero advantage).
 struct TrainingSet {
     data: DataFile,
     /// (trajectory index, advantage), in file order.
     kept: Vec<(usize, f64)>,
-    /// DAPO `recompute`: the kept trajectories' row-form logprobs under the starting weights,
-    /// packed (kept trajectory `k`'s rows at `recomputed_starts[k]..recomputed_starts[k + 1]`).
-    recomputed: Vec<f32>,
-    recomputed_starts: Vec<usize>,
+}
+
+/// DAPO `recompute`: the kept trajectories' row-form logprobs under the starting weights, packed
+/// (kept trajectory `k`'s rows at `starts[k]..starts[k + 1]`); empty otherwise.
+#[derive(Default)]
+struct Recomputed {
+    rows: Vec<f32>,
+    starts: Vec<usize>,
 }
 
 /// Reads the data and computes the advantages; a DAPO run that needs the data's logprobs checks
@@ -239,45 +294,51 @@ fn load_training_set(
             );
         }
     }
-    Ok(TrainingSet {
-        data,
-        kept,
-        recomputed: Vec::new(),
-        recomputed_starts: Vec::new(),
-    })
+    Ok(TrainingSet { data, kept })
 }
 
 /// DAPO `recompute`: scores every kept trajectory with the learner's (starting) weights, one
 /// micro-batch at a time (the packing `score` would use over all of them).
 fn recompute_old_logprobs<B: BackendGrad>(
     learner: &Learner<'_, B>,
-    set: &mut TrainingSet,
-) -> Result<()> {
+    set: &TrainingSet,
+) -> Result<Recomputed> {
     let trajectories = &set.data.trajectories;
     let lengths: Vec<usize> = set
         .kept
         .iter()
         .map(|&(i, _)| trajectories.tokens(i).len())
         .collect();
-    set.recomputed_starts = vec![0];
+    let mut out = Recomputed {
+        rows: Vec::new(),
+        starts: vec![0],
+    };
     for micro in data::pack_micro_batches(&lengths, learner.micro_batch_tokens) {
         let sequences: Vec<TrainSequence> = set.kept[micro]
             .iter()
             .map(|&(i, a)| trajectories.train_sequence(i, a))
             .collect();
         for rows in learner.logprobs(&sequences.iter().collect::<Vec<_>>())? {
-            set.recomputed.extend_from_slice(&rows);
-            set.recomputed_starts.push(set.recomputed.len());
+            out.rows.extend_from_slice(&rows);
+            out.starts.push(out.rows.len());
         }
     }
-    Ok(())
+    Ok(out)
 }
 
 /// Where a `--resume` continues: the latest checkpoint (`step-N/` or `final/`) whose recorded
-/// options equal `record`; `None` (start over, its metrics dropped) when there is none.
-fn resume_checkpoint(opts: &TrainOptions, record: &RecordedOptions) -> Result<Option<PathBuf>> {
+/// options equal `record`; `None` (start over, its metrics dropped by the `writer`) when there
+/// is none.
+fn resume_checkpoint(
+    opts: &TrainOptions,
+    record: &RecordedOptions,
+    writer: bool,
+) -> Result<Option<PathBuf>> {
     let metrics = opts.out.join("metrics.jsonl");
     let Some((dir, state)) = checkpoint::latest_with_final(&opts.out)? else {
+        if !writer {
+            return Ok(None);
+        }
         if metrics.exists() {
             eprintln!(
                 "--resume: no checkpoint in {} yet; starting from the beginning",
@@ -291,71 +352,143 @@ fn resume_checkpoint(opts: &TrainOptions, record: &RecordedOptions) -> Result<Op
     Ok(Some(dir))
 }
 
-/// Runs `rft`/`dapo` on `backend` as the module doc draws it; the model ends in `OUT/final`.
-pub fn train<B: BackendGrad>(backend: &B, opts: &TrainOptions) -> Result<TrainSummary> {
-    if opts.batch_size == 0 || opts.micro_batch_tokens == 0 || opts.epochs == 0 {
-        bail!("--batch-size, --micro-batch-tokens and --epochs must be positive");
+/// What every process prepares once for its ranks: the output folder (the first process), the
+/// starting model, the data, the options a resume must repeat and where it resumes from.
+struct Prepared {
+    model_dir: PathBuf,
+    set: TrainingSet,
+    record: RecordedOptions,
+    resume_from: Option<PathBuf>,
+}
+
+impl Prepared {
+    fn new(opts: &TrainOptions, spec: &GridSpec) -> Result<Self> {
+        if opts.batch_size == 0 || opts.micro_batch_tokens == 0 || opts.epochs == 0 {
+            bail!("--batch-size, --micro-batch-tokens and --epochs must be positive");
+        }
+        let first = spec.process.rank == 0;
+        // The other processes wait for the first to check OUT and write a preset's model.
+        let processes = (spec.process.world_size > 1)
+            .then(|| TcpComm::connect(&spec.process, b"swerve-train"))
+            .transpose()?;
+        if first {
+            run_dir::prepare(&opts.out, opts.start)?;
+        }
+        let model_dir = if first {
+            run_dir::resolve_model(&opts.model, &opts.out)
+        } else {
+            Ok(PathBuf::new())
+        };
+        if let Some((comm, _)) = &processes {
+            let mut ok = vec![u8::from(model_dir.is_ok())];
+            comm.broadcast_bytes(&mut ok, 0)?;
+            if ok != [1] {
+                bail!("the first process could not prepare the run (its log says why)");
+            }
+        }
+        let model_dir = if first {
+            model_dir?
+        } else {
+            run_dir::resolve_model(&opts.model, &opts.out)?
+        };
+        let config = crate::config::ModelConfig::from_dir(&model_dir)?;
+        let max_seq_len = opts.max_seq_len.unwrap_or(config.max_context());
+        let set = load_training_set(opts, &model_dir, config.vocab_size, max_seq_len)?;
+        let record = recorded_options(opts, &set.data.content);
+        if let Some((comm, _)) = &processes {
+            // Every process must run the same command on the same data.
+            let mine = record.to_json().to_string();
+            let all = comm.all_gather_bytes(mine.as_bytes())?;
+            if let Some(r) = all.iter().position(|o| o.as_slice() != mine.as_bytes()) {
+                bail!(
+                    "process {r} runs other options or data than process {}: {}",
+                    spec.process.rank,
+                    String::from_utf8_lossy(&all[r])
+                );
+            }
+        }
+        let resume_from = match opts.start {
+            RunStart::Resume => resume_checkpoint(opts, &record, first)?,
+            RunStart::Fresh | RunStart::Overwrite => None,
+        };
+        Ok(Self {
+            model_dir,
+            set,
+            record,
+            resume_from,
+        })
     }
-    run_dir::prepare(&opts.out, opts.start)?;
-    let model_dir = run_dir::resolve_model(&opts.model, &opts.out)?;
-    let config = AdamWConfig {
-        weight_decay: opts.weight_decay,
-        max_grad_norm: opts.grad_clip,
-        ..AdamWConfig::default()
-    };
-    let mut learner = Learner::new(
-        backend,
-        &model_dir,
-        config,
-        opts.micro_batch_tokens,
-        opts.checkpoint_layers,
-    )?;
-    let max_seq_len = opts
-        .max_seq_len
-        .unwrap_or(learner.model.config.max_context());
-    let mut set = load_training_set(
-        opts,
-        &model_dir,
-        learner.model.config.vocab_size,
-        max_seq_len,
-    )?;
-    let record = recorded_options(opts, &set.data.content);
-    let resume_from = match opts.start {
-        RunStart::Resume => resume_checkpoint(opts, &record)?,
-        RunStart::Fresh | RunStart::Overwrite => None,
-    };
-    // Old logprobs come from the starting weights, also on resume.
-    if let Algorithm::Dapo {
-        old_logprobs: OldLogprobs::Recompute,
-        ..
-    } = opts.algorithm
-    {
-        recompute_old_logprobs(&learner, &mut set)?;
+}
+
+/// One rank's training (SPMD): its learner, the recomputed old logprobs, the resume, the steps.
+struct TrainRank<'a> {
+    opts: &'a TrainOptions,
+    prepared: &'a Prepared,
+    process_rank: usize,
+}
+
+impl RankTask for TrainRank<'_> {
+    type Output = TrainSummary;
+
+    fn run<B: BackendGrad + 'static>(
+        &self,
+        backend: &B,
+        groups: Groups<B>,
+        _place: RankPlace,
+    ) -> Result<TrainSummary> {
+        let (opts, prepared) = (self.opts, self.prepared);
+        let config = AdamWConfig {
+            weight_decay: opts.weight_decay,
+            max_grad_norm: opts.grad_clip,
+            ..AdamWConfig::default()
+        };
+        let mut learner = Learner::new_in(
+            backend,
+            &prepared.model_dir,
+            config,
+            opts.micro_batch_tokens,
+            opts.checkpoint_layers,
+            &groups,
+        )?;
+        let writer = groups.is_writer() && self.process_rank == 0;
+        // Old logprobs come from the starting weights, also on resume.
+        let recomputed = match opts.algorithm {
+            Algorithm::Dapo {
+                old_logprobs: OldLogprobs::Recompute,
+                ..
+            } => recompute_old_logprobs(&learner, &prepared.set)?,
+            _ => Recomputed::default(),
+        };
+        let mut first_step = 1;
+        if let Some(dir) = &prepared.resume_from {
+            let state = learner.restore(dir)?;
+            let step = state["step"]
+                .as_u64()
+                .context("trainer_state.json: no step")?;
+            first_step = step + 1;
+            if writer {
+                truncate_metrics(&opts.out.join("metrics.jsonl"), step)?;
+                eprintln!("resuming after step {step} from {}", dir.display());
+            }
+        }
+        let set = &prepared.set;
+        let steps_per_epoch = set.kept.len().div_ceil(opts.batch_size) as u64;
+        let total_steps = opts
+            .steps
+            .unwrap_or(u64::MAX)
+            .min(steps_per_epoch * opts.epochs as u64);
+        let run = Run {
+            opts,
+            model_dir: &prepared.model_dir,
+            set,
+            recomputed: &recomputed,
+            record: &prepared.record,
+            steps_per_epoch,
+            total_steps,
+            writer,
+        };
+        run.steps(&mut learner, first_step)
     }
-    let mut first_step = 1;
-    if let Some(dir) = resume_from {
-        let state = learner.restore(&dir)?;
-        let step = state["step"]
-            .as_u64()
-            .context("trainer_state.json: no step")?;
-        first_step = step + 1;
-        truncate_metrics(&opts.out.join("metrics.jsonl"), step)?;
-        eprintln!("resuming after step {step} from {}", dir.display());
-    }
-    let steps_per_epoch = set.kept.len().div_ceil(opts.batch_size) as u64;
-    let total_steps = opts
-        .steps
-        .unwrap_or(u64::MAX)
-        .min(steps_per_epoch * opts.epochs as u64);
-    let run = Run {
-        opts,
-        model_dir: &model_dir,
-        set: &set,
-        record: &record,
-        steps_per_epoch,
-        total_steps,
-    };
-    run.steps(&mut learner, first_step)
 }
 
 /// A run's fixed parts, for the step loop.
@@ -363,9 +496,13 @@ struct Run<'a> {
     opts: &'a TrainOptions,
     model_dir: &'a Path,
     set: &'a TrainingSet,
+    recomputed: &'a Recomputed,
     record: &'a RecordedOptions,
     steps_per_epoch: u64,
     total_steps: u64,
+    /// This rank writes the metrics and prints progress (every rank writes checkpoints
+    /// together: [`Learner::save`]).
+    writer: bool,
 }
 
 impl Run<'_> {
@@ -408,11 +545,13 @@ impl Run<'_> {
             ..TrainSummary::default()
         };
         let metrics_path = opts.out.join("metrics.jsonl");
-        let show_progress = opts.progress && std::io::stderr().is_terminal();
+        let show_progress = self.writer && opts.progress && std::io::stderr().is_terminal();
         let objective = objective_of(&opts.algorithm);
         for step in first_step..=self.total_steps {
             let metrics = self.step(learner, &objective, step, &mut summary)?;
-            append_line(&metrics_path, &metrics)?;
+            if self.writer {
+                append_line(&metrics_path, &metrics)?;
+            }
             if show_progress {
                 eprint!(
                     "\rstep {step}/{}  loss {}  grad norm {}  {:.0} tokens/s   ",
@@ -467,10 +606,13 @@ impl Run<'_> {
             Algorithm::Dapo {
                 old_logprobs: OldLogprobs::Recompute,
                 ..
-            } => batch
-                .iter()
-                .map(|&k| &set.recomputed[set.recomputed_starts[k]..set.recomputed_starts[k + 1]])
-                .collect(),
+            } => {
+                let r = self.recomputed;
+                batch
+                    .iter()
+                    .map(|&k| &r.rows[r.starts[k]..r.starts[k + 1]])
+                    .collect()
+            }
         };
         let lr = lr_at(
             opts.lr_schedule,
@@ -486,10 +628,12 @@ impl Run<'_> {
         }
         if report.skipped {
             summary.skipped_steps += 1;
-            eprintln!(
+            if self.writer {
+                eprintln!(
                 "step {step}: skipped (loss {}, gradient norm {}): NaN or Inf, or no action tokens",
                 metrics["loss"], metrics["grad_norm"]
             );
+            }
         } else {
             summary.first_loss.get_or_insert(report.loss);
             summary.last_loss = Some(report.loss);
