@@ -529,6 +529,7 @@ fn the_cpu_kv_cache_default_follows_the_workload_flags() {
             max_num_seqs,
             max_num_batched_tokens: 256,
             seed: 0,
+            tensor_parallel: 1,
         })
         .unwrap();
         handle.stats().unwrap().kv_total_blocks

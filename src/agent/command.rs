@@ -222,6 +222,7 @@ fn make_policy(
                         max_num_seqs: options.concurrency,
                         max_num_batched_tokens: 8192,
                         seed: options.seed,
+                        tensor_parallel: 1,
                     })?);
                     engine = Some(handle.clone());
                     Box::new(EnginePolicy {

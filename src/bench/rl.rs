@@ -79,6 +79,7 @@ fn measure_handoff<B: BackendGrad>(
         max_num_seqs: 4,
         max_num_batched_tokens: 2048,
         seed: 0,
+        tensor_parallel: 1,
     })?;
     let mut seconds = Vec::new();
     for _ in 0..options.reps.max(1) {

@@ -63,6 +63,11 @@ struct Cli {
     /// Seeds the samplers of requests that bring no seed.
     #[arg(long, default_value_t = 0)]
     seed: u64,
+    /// Tensor-parallel ranks, a thread and GPU each (on the CPU they share the cores): the
+    /// model's heads, MLP columns and vocabulary split over them, every rank's engine stepped in
+    /// lockstep. On GPUs the ranks talk through NCCL when libnccl is found.
+    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u64).range(1..))]
+    tensor_parallel: u64,
 }
 
 fn main() -> Result<()> {
@@ -90,5 +95,6 @@ fn main() -> Result<()> {
         use_generation_config: cli.use_generation_config,
         shutdown_grace: Duration::from_secs_f64(cli.shutdown_grace_seconds),
         seed: cli.seed,
+        tensor_parallel: cli.tensor_parallel as usize,
     })
 }

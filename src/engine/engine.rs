@@ -408,10 +408,12 @@ impl<B: Backend> Engine<B> {
         positions: &[u32],
         layout: &PagedLayout,
     ) -> Result<Option<(Vec<RequestId>, Vec<(RequestId, Sample)>)>> {
-        if !self.config.cuda_graphs {
+        // Graphs capture one rank's work; a tensor-parallel step (collectives between threads)
+        // runs eagerly.
+        if !self.config.cuda_graphs || self.model.tp_size() > 1 {
             return Ok(None);
         }
-        let vocab = self.model.local.vocab_local;
+        let vocab = self.model.config.vocab_size;
         let mut draws = Vec::with_capacity(plan.scheduled.len());
         let mut rngs = Vec::with_capacity(plan.scheduled.len());
         for s in &plan.scheduled {
@@ -535,7 +537,7 @@ impl<B: Backend> Engine<B> {
         sample_rows: &[u32],
         sample_ids: &[RequestId],
     ) -> Result<Vec<(RequestId, Sample)>> {
-        let vocab = self.model.local.vocab_local;
+        let vocab = self.model.config.vocab_size;
         let (device_ids, host_ids): (Vec<RequestId>, Vec<RequestId>) =
             sample_ids.iter().partition(|&&id| {
                 let request = self.scheduler.get_mut(id).expect("scheduled request");

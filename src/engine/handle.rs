@@ -13,8 +13,9 @@
 //! on the engine. [`EngineHandle::pause`] stops stepping (requests keep their state and blocks;
 //! commands are still served) until [`EngineHandle::resume`].
 
-use crate::backend::{Backend, DeviceSpan};
-use crate::engine::engine::{Engine, EngineEvent, EngineStats, FinalRecord, TokenEvent};
+use crate::backend::DeviceSpan;
+use crate::engine::engine::{EngineEvent, EngineStats, FinalRecord, TokenEvent};
+use crate::engine::parallel::EngineCore;
 use crate::engine::prompt_logprobs::PromptLogprobs;
 use crate::engine::request::GenerationRequest;
 use crate::kvcache::RequestId;
@@ -24,6 +25,7 @@ use anyhow::{anyhow, Result};
 use std::collections::HashMap;
 use std::path::PathBuf;
 use std::sync::mpsc::{channel, Receiver, Sender};
+use std::sync::Arc;
 use std::thread::JoinHandle;
 
 /// What a request's receiver gets: its prompt logprobs when asked for (once, before any
@@ -45,7 +47,7 @@ enum Command {
     Submit(GenerationRequest, EventSink, SubmitReply),
     Abort(RequestId),
     UpdateWeights(PathBuf, Sender<Result<u64>>),
-    UpdateWeightsFrom(Box<Qwen2Params<HostTensor<'static>>>, Sender<Result<u64>>),
+    UpdateWeightsFrom(Arc<Qwen2Params<HostTensor<'static>>>, Sender<Result<u64>>),
     UpdateWeightsFromDevice(Vec<DeviceSpan>, Sender<Result<u64>>),
     ReleaseKv(Sender<Result<usize>>),
     RestoreKv(Sender<Result<()>>),
@@ -63,10 +65,10 @@ pub struct EngineHandle {
 impl EngineHandle {
     /// Starts the engine thread; `make` builds the engine there (so the backend never crosses
     /// threads). Returns once the engine is built, or with its construction error.
-    pub fn spawn<B, F>(make: F) -> Result<Self>
+    pub fn spawn<E, F>(make: F) -> Result<Self>
     where
-        B: Backend + 'static,
-        F: FnOnce() -> Result<Engine<B>> + Send + 'static,
+        E: EngineCore + 'static,
+        F: FnOnce() -> Result<E> + Send + 'static,
     {
         let (commands, inbox) = channel::<Command>();
         let (ready_tx, ready_rx) = channel::<Result<()>>();
@@ -151,10 +153,12 @@ impl EngineHandle {
         rx.recv().map_err(|_| anyhow!("the engine has stopped"))?
     }
 
-    /// Swaps in weights handed over in memory, between steps; returns the new weight version.
+    /// Swaps in weights handed over in memory (whole tensors in checkpoint order: a
+    /// tensor-parallel engine's ranks each take their part), between steps; returns the new
+    /// weight version.
     pub fn update_weights_from(&self, host: Qwen2Params<HostTensor<'static>>) -> Result<u64> {
         let (tx, rx) = channel();
-        self.send(Command::UpdateWeightsFrom(Box::new(host), tx))?;
+        self.send(Command::UpdateWeightsFrom(Arc::new(host), tx))?;
         rx.recv().map_err(|_| anyhow!("the engine has stopped"))?
     }
 
@@ -212,7 +216,7 @@ impl Drop for EngineHandle {
 /// The engine thread: takes commands, steps while requests are unfinished and not paused, and
 /// hands each step's events to the requests' sinks. Ends at [`Command::Shutdown`] or when every
 /// handle is gone.
-fn run<B: Backend>(engine: Engine<B>, inbox: Receiver<Command>) {
+fn run<E: EngineCore>(engine: E, inbox: Receiver<Command>) {
     let mut thread = EngineThread {
         engine,
         listeners: HashMap::new(),
@@ -237,13 +241,13 @@ fn run<B: Backend>(engine: Engine<B>, inbox: Receiver<Command>) {
 }
 
 /// What the engine thread owns: the engine, each request's event sink, and the pause flag.
-struct EngineThread<B: Backend> {
-    engine: Engine<B>,
+struct EngineThread<E: EngineCore> {
+    engine: E,
     listeners: HashMap<RequestId, EventSink>,
     paused: bool,
 }
 
-impl<B: Backend> EngineThread<B> {
+impl<E: EngineCore> EngineThread<E> {
     /// Blocks for work when idle or paused; otherwise takes what has arrived. `None` when every
     /// handle is gone.
     fn next_commands(&self, inbox: &Receiver<Command>) -> Option<Vec<Command>> {
@@ -282,7 +286,7 @@ impl<B: Backend> EngineThread<B> {
                 let _ = reply.send(engine.update_weights(&dir));
             }
             Command::UpdateWeightsFrom(host, reply) => {
-                let _ = reply.send(engine.update_weights_from_host(&host));
+                let _ = reply.send(engine.update_weights_from_host(host));
             }
             Command::UpdateWeightsFromDevice(spans, reply) => {
                 // SAFETY: the caller of `update_weights_from_device` keeps the spans live

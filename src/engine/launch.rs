@@ -17,10 +17,13 @@ use crate::backend::cpu::CpuBackend;
 use crate::backend::cuda::CudaBackend;
 use crate::backend::{select, Backend, DeviceChoice, Selected};
 use crate::config::{format_bytes, ModelConfig};
-use crate::engine::{Engine, EngineConfig, EngineHandle};
+use crate::dist::local::{LocalComm, LocalGroup};
+use crate::dist::{Collectives, Communicator, ReduceOp, Solo};
+use crate::engine::{Engine, EngineConfig, EngineHandle, TpEngine};
 use crate::model::{PagedKv, Qwen2Model};
 use anyhow::{anyhow, bail, ensure, Result};
 use std::path::PathBuf;
+use std::sync::{Arc, Mutex};
 
 /// What an engine is started with.
 #[derive(Clone, Debug)]
@@ -38,21 +41,93 @@ pub struct EngineLaunch {
     pub max_num_batched_tokens: usize,
     /// Seeds requests that bring no seed.
     pub seed: u64,
+    /// Tensor-parallel ranks (a thread and a GPU each; on the CPU the cores are shared): the
+    /// engines of [`crate::engine::TpEngine`], stepped in lockstep.
+    pub tensor_parallel: usize,
 }
 
-/// Selects the backend (its line printed to stderr), loads the model on the engine thread and
-/// starts it.
+/// Selects the backend (its line printed to stderr), loads the model on the engine thread (each
+/// rank's part on its own thread) and starts it.
 pub fn launch_engine(options: &EngineLaunch) -> Result<EngineHandle> {
     let config = ModelConfig::from_dir(&options.model)?;
+    let tp = options.tensor_parallel;
+    if tp == 0 {
+        bail!("--tensor-parallel must be at least 1");
+    }
+    config
+        .shard(tp, 0)
+        .map_err(|e| anyhow!("{}: {e}", options.model.join("config.json").display()))?;
     let (backend, line) = select(options.device)?;
     eprintln!("{line}");
     match backend {
-        Selected::Cpu(b) => start_engine(move || Ok(b), options, &config),
+        Selected::Cpu(b) if tp == 1 => start_engine(move || Ok(b), options, &config),
+        Selected::Cpu(b) => {
+            let threads = (b.threads() / tp).max(1);
+            start_parallel(move |_| Ok(CpuBackend::with_threads(threads)), options, &config)
+        }
         Selected::Cuda(probe) => {
-            // The probe found a usable GPU; the engine thread opens its own context.
+            // The probe found a usable GPU; the engine threads open their own contexts.
+            let devices = probe.device_count()?;
             drop(probe);
-            let open = || CudaBackend::open_default().map_err(|e| anyhow!("--device cuda: {e}"));
-            start_engine(open, options, &config)
+            let emulated = crate::backend::cuda::is_emulated();
+            if tp > devices && !emulated {
+                bail!("--tensor-parallel {tp} needs {tp} GPUs; the driver reports {devices}");
+            }
+            if tp == 1 {
+                let open = || CudaBackend::open_default().map_err(|e| anyhow!("--device cuda: {e}"));
+                return start_engine(open, options, &config);
+            }
+            start_parallel(move |rank| CudaBackend::open(rank % devices), options, &config)
+        }
+    }
+}
+
+/// A [`TpEngine`] of `options.tensor_parallel` ranks: rank `r`'s backend from `make_backend(r)`,
+/// its model part, and a KV cache of the block count every rank can hold.
+fn start_parallel<B: KvMemory + RankComm + 'static>(
+    make_backend: impl Fn(usize) -> Result<B> + Send + Sync + Clone + 'static,
+    options: &EngineLaunch,
+    config: &ModelConfig,
+) -> Result<EngineHandle> {
+    let tp = options.tensor_parallel;
+    let comms = Arc::new(Mutex::new(
+        LocalGroup::new(tp).into_iter().map(Some).collect::<Vec<_>>(),
+    ));
+    let (options, config) = (options.clone(), config.clone());
+    EngineHandle::spawn(move || {
+        TpEngine::start(tp, move |rank| {
+            let comm = comms.lock().expect("comms lock").get_mut(rank).and_then(Option::take);
+            let comm = comm.ok_or_else(|| anyhow!("rank {rank} started twice"))?;
+            let backend = make_backend(rank)?;
+            let comm = backend.rank_comm(comm)?;
+            build_engine(backend, &options, &config, comm)
+        })
+    })
+}
+
+/// How a rank's backend talks to the other ranks: on a GPU NCCL where the library is found (the
+/// in-process group carries its unique id), through host memory otherwise.
+trait RankComm: Backend + Sized {
+    fn rank_comm(&self, local: LocalComm) -> Result<Arc<dyn Communicator<Self>>>;
+}
+
+impl RankComm for CpuBackend {
+    fn rank_comm(&self, local: LocalComm) -> Result<Arc<dyn Communicator<Self>>> {
+        Ok(Arc::new(local))
+    }
+}
+
+impl RankComm for CudaBackend {
+    fn rank_comm(&self, local: LocalComm) -> Result<Arc<dyn Communicator<Self>>> {
+        // Every rank must take the same path: whether NCCL loads is the same in one process.
+        match crate::dist::nccl::probe() {
+            Ok(_) => Ok(Arc::new(crate::dist::nccl::NcclComm::init(self, &local)?)),
+            Err(e) => {
+                if local.rank() == 0 {
+                    eprintln!("warning: {e:#}; the tensor-parallel collectives go through host memory (slow)");
+                }
+                Ok(Arc::new(local))
+            }
         }
     }
 }
@@ -196,83 +271,114 @@ fn start_engine<B: KvMemory + 'static>(
     options: &EngineLaunch,
     config: &ModelConfig,
 ) -> Result<EngineHandle> {
-    let options = options.clone();
-    let config = config.clone();
+    let (options, config) = (options.clone(), config.clone());
+    EngineHandle::spawn(move || build_engine(make_backend()?, &options, &config, Arc::new(Solo)))
+}
+
+/// One rank's engine on `backend`: its part of the model, and a KV cache sized as the module doc
+/// says, agreed by every rank of `comm` (the smallest count any can hold: the ranks' schedulers
+/// must plan the same blocks).
+fn build_engine<B: KvMemory>(
+    backend: B,
+    options: &EngineLaunch,
+    config: &ModelConfig,
+    comm: Arc<dyn Communicator<B>>,
+) -> Result<Engine<B>> {
+    let tp = comm.size();
+    if let Some(free) = backend.free_bytes()? {
+        // A rank holds about 1/tp of the parameters.
+        config
+            .check_parameters_fit(backend.param_elem_bytes(), free.saturating_mul(tp), backend.memory_name())
+            .map_err(|e| anyhow!("{}: {e}", options.model.join("config.json").display()))?;
+    }
+    let model = Qwen2Model::load_shard(&backend, &options.model, comm.clone())?;
     let max_model_len = options.max_model_len;
-    EngineHandle::spawn(move || {
-        let backend = make_backend()?;
-        if let Some(free) = backend.free_bytes()? {
-            config
-                .check_parameters_fit(backend.param_elem_bytes(), free, backend.memory_name())
-                .map_err(|e| anyhow!("{}: {e}", options.model.join("config.json").display()))?;
-        }
-        let model = Qwen2Model::load(&backend, &options.model)?;
-        let mut engine_config = EngineConfig::for_model(max_model_len, 0);
-        engine_config.max_num_seqs = options.max_num_seqs;
-        engine_config.max_num_batched_tokens = options.max_num_batched_tokens;
-        engine_config.seed = options.seed;
-        // Host memory is committed as the cache writes it: keep the touched set small.
-        engine_config.evict_before_touching = backend.kv_sizing() == KvSizing::Workload;
-        let bs = engine_config.block_size;
-        let per_token =
-            PagedKv::<()>::bytes_per_token(&config, &model.local, backend.kv_elem_bytes());
-        let bytes_per_block = per_token.saturating_mul(bs);
-        let free = backend.free_bytes()?;
-        let blocks = match options.num_kv_blocks {
-            Some(n) => {
-                let bytes = n.checked_mul(bytes_per_block);
-                let fits = match (bytes, free) {
-                    (Some(bytes), Some(free)) => bytes <= free,
-                    (None, _) => false,
-                    (Some(_), None) => true,
-                };
-                if !fits {
-                    bail!(
-                        "--num-kv-blocks {n} needs {} ({} per block of {bs} tokens), but {} is {}",
-                        bytes.map_or_else(
-                            || "more than 2^64 bytes".into(),
-                            |b| format_bytes(b as u64)
-                        ),
-                        format_bytes(bytes_per_block as u64),
-                        backend.memory_name(),
-                        free.map_or_else(|| "unknown".into(), |f| format_bytes(f as u64))
-                    );
-                }
-                n
-            }
-            None => {
-                let (blocks, warning) = default_kv_blocks(
-                    backend.kv_sizing(),
-                    &options,
-                    bs,
-                    bytes_per_block,
-                    free,
-                    backend.reserve_bytes(),
-                )?;
-                if let Some(warning) = warning {
-                    eprintln!("{warning}");
-                }
-                blocks
-            }
-        };
-        ensure!(
-            (blocks.saturating_sub(1)) * bs >= max_model_len,
-            "the KV cache of {blocks} blocks x {bs} tokens cannot hold one sequence of max_model_len {max_model_len}: lower --max-model-len or give the cache more memory (--kv-cache-fraction, --num-kv-blocks)"
-        );
-        engine_config.num_blocks = blocks;
+    let mut engine_config = EngineConfig::for_model(max_model_len, 0);
+    engine_config.max_num_seqs = options.max_num_seqs;
+    engine_config.max_num_batched_tokens = options.max_num_batched_tokens;
+    engine_config.seed = options.seed;
+    // Host memory is committed as the cache writes it: keep the touched set small.
+    engine_config.evict_before_touching = backend.kv_sizing() == KvSizing::Workload;
+    let bs = engine_config.block_size;
+    let per_token = PagedKv::<()>::bytes_per_token(config, &model.local, backend.kv_elem_bytes());
+    let bytes_per_block = per_token.saturating_mul(bs);
+    // Ranks of one process share its host memory.
+    let free = backend.free_bytes()?.map(|f| match backend.kv_sizing() {
+        KvSizing::Workload => f / tp,
+        KvSizing::MemoryFraction => f,
+    });
+    let blocks = kv_blocks(&backend, options, bs, bytes_per_block, free)?;
+    let mut agreed = [-(blocks as f64)];
+    comm.all_reduce_f64(&mut agreed, ReduceOp::Max)?;
+    let blocks = (-agreed[0]) as usize;
+    ensure!(
+        (blocks.saturating_sub(1)) * bs >= max_model_len,
+        "the KV cache of {blocks} blocks x {bs} tokens cannot hold one sequence of max_model_len {max_model_len}: lower --max-model-len or give the cache more memory (--kv-cache-fraction, --num-kv-blocks)"
+    );
+    engine_config.num_blocks = blocks;
+    if comm.rank() == 0 {
         eprintln!(
-            "loaded {} ({} layers, hidden {}, vocab {}); KV cache {} blocks x {} tokens ({}); max_model_len {}",
+            "loaded {} ({} layers, hidden {}, vocab {}{}); KV cache {} blocks x {} tokens ({}{}); max_model_len {}",
             options.model.display(),
             model.config.num_hidden_layers,
             model.config.hidden_size,
             model.config.vocab_size,
+            if tp > 1 { format!(", tensor-parallel {tp}") } else { String::new() },
             blocks - 1,
             bs,
             format_bytes(((blocks - 1) as u64).saturating_mul(bytes_per_block as u64)),
+            if tp > 1 { " on rank 0" } else { "" },
             max_model_len
         );
-        Engine::new(backend, model, engine_config)
-    })
+    }
+    Engine::new(backend, model, engine_config)
+}
+
+/// The KV cache's blocks: `--num-kv-blocks` checked against the memory, or the default.
+fn kv_blocks<B: KvMemory>(
+    backend: &B,
+    options: &EngineLaunch,
+    bs: usize,
+    bytes_per_block: usize,
+    free: Option<usize>,
+) -> Result<usize> {
+    match options.num_kv_blocks {
+        Some(n) => {
+            let bytes = n.checked_mul(bytes_per_block);
+            let fits = match (bytes, free) {
+                (Some(bytes), Some(free)) => bytes <= free,
+                (None, _) => false,
+                (Some(_), None) => true,
+            };
+            if !fits {
+                bail!(
+                    "--num-kv-blocks {n} needs {} ({} per block of {bs} tokens), but {} is {}",
+                    bytes.map_or_else(
+                        || "more than 2^64 bytes".into(),
+                        |b| format_bytes(b as u64)
+                    ),
+                    format_bytes(bytes_per_block as u64),
+                    backend.memory_name(),
+                    free.map_or_else(|| "unknown".into(), |f| format_bytes(f as u64))
+                );
+            }
+            Ok(n)
+        }
+        None => {
+            let (blocks, warning) = default_kv_blocks(
+                backend.kv_sizing(),
+                options,
+                bs,
+                bytes_per_block,
+                free,
+                backend.reserve_bytes(),
+            )?;
+            if let Some(warning) = warning {
+                eprintln!("{warning}");
+            }
+            Ok(blocks)
+        }
+    }
 }
 
 #[cfg(test)]
@@ -289,6 +395,7 @@ mod tests {
             max_num_seqs,
             max_num_batched_tokens: 8192,
             seed: 0,
+            tensor_parallel: 1,
         }
     }
 

@@ -9,6 +9,8 @@
 //!   of events per request, abort, weight updates, pause and resume.
 //! - [`launch`]: an engine for a model folder on the backend chosen at run time.
 //! - [`reload`]: weight updates in place between steps.
+//! - [`parallel`]: a tensor-parallel group of engines stepped in lockstep ([`TpEngine`]) behind
+//!   the same thread and handle ([`EngineCore`]).
 //! - [`prompt_logprobs`]: logprobs of a prompt's own tokens (for `echo`), computed during the
 //!   request's prefill.
 
@@ -16,6 +18,7 @@
 pub mod engine;
 pub mod handle;
 pub mod launch;
+pub mod parallel;
 pub mod prompt_logprobs;
 pub mod reload;
 pub mod request;
@@ -24,6 +27,7 @@ pub mod scheduler;
 
 pub use engine::{Engine, EngineConfig, EngineEvent, EngineStats, FinalRecord, TokenEvent, Usage};
 pub use handle::{EngineHandle, EventSink, RequestEvent, SubmitReply};
+pub use parallel::{EngineCore, TpEngine};
 pub use prompt_logprobs::PromptLogprobs;
 pub use request::{FinishReason, GenerationRequest};
 pub use sampler::SamplingParams;

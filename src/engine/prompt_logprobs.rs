@@ -107,7 +107,7 @@ pub fn score_rows<B: Backend>(
     rows: &[PromptRow],
 ) -> Result<Vec<ScoredRow>> {
     let mut out = Vec::with_capacity(rows.len());
-    let width = model.local.vocab_local;
+    let width = model.config.vocab_size;
     // Greedy sampling reports the model's own top logprobs and draws nothing.
     let mut unused_rng = SampleRng::from_seed(0);
     for chunk in rows.chunks(CHUNK_ROWS) {

@@ -44,6 +44,40 @@ impl<B: Backend> Engine<B> {
         Ok(self.stats.weight_version)
     }
 
+    /// [`Engine::update_weights_from_host`] from whole tensors (checkpoint shapes): this rank's
+    /// part of each is taken first (all of it at TP = 1).
+    pub fn update_weights_from_whole(&mut self, whole: &Qwen2Params<HostTensor<'_>>) -> Result<u64> {
+        if self.model.local.tp_size == 1 {
+            return self.update_weights_from_host(whole);
+        }
+        let shards = Qwen2Params::<()>::shards(&self.model.config, &self.model.local);
+        let given: Vec<&HostTensor<'_>> = whole.iter().collect();
+        ensure!(
+            given.len() == shards.len(),
+            "the weights handed over: {} tensors for the model's {}",
+            given.len(),
+            shards.len()
+        );
+        let mut sliced = Vec::with_capacity(given.len());
+        for (tensor, (name, shard)) in given.into_iter().zip(&shards) {
+            ensure!(
+                tensor.shape == shard.full_shape,
+                "the weights handed over: tensor {name} has shape {:?}; the model's is {:?}",
+                tensor.shape,
+                shard.full_shape
+            );
+            sliced.push(match &shard.split {
+                None => tensor.clone(),
+                Some((dim, range)) => tensor.clone().slice(*dim, range.clone())?,
+            });
+        }
+        let mut parts = sliced.into_iter();
+        let host = Qwen2Params::try_build(&self.model.config, &self.model.local, |_, _, _| {
+            parts.next().ok_or_else(|| anyhow::anyhow!("fewer tensors than parameters"))
+        })?;
+        self.update_weights_from_host(&host)
+    }
+
     /// The architecture fields that fix the parameters' shapes must not change in a reload.
     fn check_same_architecture(&self, new: &ModelConfig, source: &str) -> Result<()> {
         let old = &self.model.config;

@@ -354,6 +354,7 @@ pub fn run<B: BackendGrad>(backend: &B, options: &RlOptions) -> Result<()> {
             max_num_seqs: agent.concurrency,
             max_num_batched_tokens: 8192,
             seed: agent.seed,
+            tensor_parallel: 1,
         })?)),
     };
     let env = environment_for(&setup.tasks, agent)?;

@@ -56,6 +56,8 @@ pub struct ServeOptions {
     pub shutdown_grace: Duration,
     /// Seeds requests that bring no seed.
     pub seed: u64,
+    /// Tensor-parallel ranks (`--tensor-parallel`).
+    pub tensor_parallel: usize,
 }
 
 /// Reads the sampling defaults of `generation_config.json` (with `--use-generation-config`).
@@ -181,6 +183,7 @@ pub fn run(options: ServeOptions) -> Result<()> {
         max_num_seqs: options.max_num_seqs,
         max_num_batched_tokens: options.max_num_batched_tokens,
         seed: options.seed,
+        tensor_parallel: options.tensor_parallel,
     })?;
     // After the launch, which checked the config's sizes against memory: the table has a row
     // per token of the model's vocabulary.

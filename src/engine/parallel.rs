@@ -1,0 +1,325 @@
+//! Serving a tensor-parallel model: one [`Engine`] per rank, stepped in lockstep.
+//!
+//! ```text
+//!  engine thread (rank 0)                          follower threads (ranks 1 .. tp-1)
+//!  EngineThread ─ TpEngine::step ─┬─ Step ──────►  Engine::step   (their own shard, KV cache)
+//!                                 │  Engine::step ◄── collectives inside the forward ──►
+//!                                 └─ compare ◄────  sampled tokens
+//! ```
+//!
+//! Every rank runs the same scheduler on the same requests in the same order, so the plans,
+//! block tables and KV caches agree; each rank's forward computes its heads and MLP columns and
+//! the ranks' collectives join them; the LM head's vocabulary shards are gathered so every rank
+//! samples from the whole distribution with the same generator: the same token. Rank 0's events
+//! go to the clients; the followers' sampled tokens are compared with rank 0's every step (a
+//! divergence is an error, never a silent mix). Decode steps run eagerly (no CUDA graphs across
+//! ranks yet).
+
+use crate::backend::{Backend, DeviceSpan};
+use crate::engine::engine::{Engine, EngineEvent, EngineStats, FinalRecord};
+use crate::engine::request::GenerationRequest;
+use crate::kvcache::RequestId;
+use crate::model::Qwen2Params;
+use crate::tensor::HostTensor;
+use anyhow::{anyhow, bail, Result};
+use std::path::PathBuf;
+use std::sync::mpsc::{channel, Receiver, Sender};
+use std::sync::Arc;
+use std::thread::JoinHandle;
+
+/// What the engine thread drives ([`crate::engine::EngineHandle`]): one engine, or a
+/// tensor-parallel group of them.
+pub trait EngineCore {
+    fn add_request(&mut self, request: GenerationRequest) -> Result<RequestId>;
+    fn abort(&mut self, id: RequestId) -> Option<FinalRecord>;
+    fn has_unfinished(&self) -> bool;
+    fn step(&mut self) -> Result<Vec<EngineEvent>>;
+    fn update_weights(&mut self, dir: &std::path::Path) -> Result<u64>;
+    /// Weights handed over in memory, whole tensors in checkpoint order (each rank takes its
+    /// part).
+    fn update_weights_from_host(&mut self, host: Arc<Qwen2Params<HostTensor<'static>>>) -> Result<u64>;
+    /// # Safety
+    /// As [`Engine::update_weights_from_device`].
+    unsafe fn update_weights_from_device(&mut self, spans: &[DeviceSpan]) -> Result<u64>;
+    fn release_kv_cache(&mut self) -> Result<usize>;
+    fn restore_kv_cache(&mut self) -> Result<()>;
+    fn stats(&self) -> EngineStats;
+}
+
+impl<B: Backend> EngineCore for Engine<B> {
+    fn add_request(&mut self, request: GenerationRequest) -> Result<RequestId> {
+        Engine::add_request(self, request)
+    }
+    fn abort(&mut self, id: RequestId) -> Option<FinalRecord> {
+        Engine::abort(self, id)
+    }
+    fn has_unfinished(&self) -> bool {
+        Engine::has_unfinished(self)
+    }
+    fn step(&mut self) -> Result<Vec<EngineEvent>> {
+        Engine::step(self)
+    }
+    fn update_weights(&mut self, dir: &std::path::Path) -> Result<u64> {
+        Engine::update_weights(self, dir)
+    }
+    fn update_weights_from_host(&mut self, host: Arc<Qwen2Params<HostTensor<'static>>>) -> Result<u64> {
+        self.update_weights_from_whole(&host)
+    }
+    unsafe fn update_weights_from_device(&mut self, spans: &[DeviceSpan]) -> Result<u64> {
+        // SAFETY: forwarded from the caller.
+        unsafe { Engine::update_weights_from_device(self, spans) }
+    }
+    fn release_kv_cache(&mut self) -> Result<usize> {
+        Engine::release_kv_cache(self)
+    }
+    fn restore_kv_cache(&mut self) -> Result<()> {
+        Engine::restore_kv_cache(self)
+    }
+    fn stats(&self) -> EngineStats {
+        Engine::stats(self)
+    }
+}
+
+/// What rank 0 asks a follower to do, in the order it does it itself.
+enum RankOp {
+    Add(GenerationRequest),
+    Abort(RequestId),
+    Step,
+    Reload(PathBuf),
+    ReloadFrom(Arc<Qwen2Params<HostTensor<'static>>>),
+    ReleaseKv,
+    RestoreKv,
+}
+
+/// A follower's answer, compared with rank 0's.
+#[derive(Debug, PartialEq)]
+enum RankDone {
+    Added(RequestId),
+    Aborted(bool),
+    /// Every token sampled in the step, in event order.
+    Stepped(Vec<(RequestId, u32)>),
+    Version(u64),
+    Released(usize),
+    Restored,
+}
+
+struct Follower {
+    rank: usize,
+    ops: Option<Sender<RankOp>>,
+    done: Receiver<Result<RankDone>>,
+    thread: Option<JoinHandle<()>>,
+}
+
+/// Rank 0's engine and the followers running the other ranks' (see the module doc).
+pub struct TpEngine<B: Backend> {
+    leader: Engine<B>,
+    followers: Vec<Follower>,
+}
+
+impl<B: Backend> TpEngine<B> {
+    /// Builds rank 0's engine here and ranks `1..tp`'s on threads of their own (each backend is
+    /// made on the thread that uses it): `make(rank)` builds rank `rank`'s engine. Fails with
+    /// the first rank's own error if any fails to build.
+    pub fn start(
+        tp: usize,
+        make: impl Fn(usize) -> Result<Engine<B>> + Send + Sync + Clone + 'static,
+    ) -> Result<Self>
+    where
+        B: 'static,
+    {
+        let mut followers = Vec::with_capacity(tp.saturating_sub(1));
+        let mut built = Vec::with_capacity(tp.saturating_sub(1));
+        for rank in 1..tp {
+            let (ops_tx, ops_rx) = channel::<RankOp>();
+            let (done_tx, done_rx) = channel::<Result<RankDone>>();
+            let (ready_tx, ready_rx) = channel::<Result<()>>();
+            let make = make.clone();
+            let thread = std::thread::Builder::new()
+                .name(format!("swerve-engine-rank-{rank}"))
+                .spawn(move || match make(rank) {
+                    Ok(engine) => {
+                        let _ = ready_tx.send(Ok(()));
+                        follow(engine, ops_rx, done_tx);
+                    }
+                    Err(e) => {
+                        let _ = ready_tx.send(Err(e));
+                    }
+                })?;
+            built.push(ready_rx);
+            followers.push(Follower {
+                rank,
+                ops: Some(ops_tx),
+                done: done_rx,
+                thread: Some(thread),
+            });
+        }
+        let leader = make(0);
+        let mut errors: Vec<anyhow::Error> = Vec::new();
+        for (rank, ready) in built.into_iter().enumerate() {
+            match ready.recv() {
+                Ok(Ok(())) => {}
+                Ok(Err(e)) => errors.push(e.context(format!("tensor-parallel rank {}", rank + 1))),
+                Err(_) => errors.push(anyhow!("tensor-parallel rank {} died while starting", rank + 1)),
+            }
+        }
+        let leader = match leader {
+            Ok(leader) if errors.is_empty() => leader,
+            Ok(_) => return Err(first_cause(errors)),
+            Err(e) => {
+                errors.insert(0, e);
+                return Err(first_cause(errors));
+            }
+        };
+        Ok(Self { leader, followers })
+    }
+
+    /// Sends `op` to every follower (they start at once), runs `mine` here, then checks each
+    /// follower's answer against `expected(mine's result)` (`None`: any success will do).
+    /// Returns rank 0's result and the followers' answers.
+    fn lockstep<R>(
+        &mut self,
+        op: impl Fn() -> RankOp,
+        mine: impl FnOnce(&mut Engine<B>) -> Result<R>,
+        expected: impl Fn(&R) -> Option<RankDone>,
+    ) -> Result<(R, Vec<RankDone>)> {
+        for f in &self.followers {
+            if let Some(ops) = &f.ops {
+                ops.send(op())
+                    .map_err(|_| anyhow!("tensor-parallel rank {} has stopped", f.rank))?;
+            }
+        }
+        let result = mine(&mut self.leader);
+        let mut disagreement = None;
+        let mut answers = Vec::with_capacity(self.followers.len());
+        for f in &self.followers {
+            let answer = f
+                .done
+                .recv()
+                .map_err(|_| anyhow!("tensor-parallel rank {} has stopped", f.rank))?;
+            if disagreement.is_some() {
+                continue;
+            }
+            disagreement = match (&result, answer) {
+                (Ok(r), Ok(theirs)) => match expected(r) {
+                    Some(want) if want != theirs => Some(anyhow!(
+                        "tensor-parallel rank {} diverged from rank 0: {theirs:?} where rank 0 has {want:?}",
+                        f.rank
+                    )),
+                    _ => {
+                        answers.push(theirs);
+                        None
+                    }
+                },
+                (Ok(_), Err(e)) => Some(e.context(format!("tensor-parallel rank {}", f.rank))),
+                (Err(_), _) => None,
+            };
+        }
+        match disagreement {
+            Some(e) => Err(e),
+            None => result.map(|r| (r, answers)),
+        }
+    }
+}
+
+/// A follower's loop: each op on its engine, the answer back, until rank 0 hangs up.
+fn follow<B: Backend>(mut engine: Engine<B>, ops: Receiver<RankOp>, done: Sender<Result<RankDone>>) {
+    while let Ok(op) = ops.recv() {
+        let answer = match op {
+            RankOp::Add(request) => engine.add_request(request).map(RankDone::Added),
+            RankOp::Abort(id) => Ok(RankDone::Aborted(engine.abort(id).is_some())),
+            RankOp::Step => engine.step().map(|events| RankDone::Stepped(sampled(&events))),
+            RankOp::Reload(dir) => engine.update_weights(&dir).map(RankDone::Version),
+            RankOp::ReloadFrom(host) => engine.update_weights_from_whole(&host).map(RankDone::Version),
+            RankOp::ReleaseKv => engine.release_kv_cache().map(RankDone::Released),
+            RankOp::RestoreKv => engine.restore_kv_cache().map(|()| RankDone::Restored),
+        };
+        if done.send(answer).is_err() {
+            return;
+        }
+    }
+}
+
+/// The tokens a step sampled, in event order.
+fn sampled(events: &[EngineEvent]) -> Vec<(RequestId, u32)> {
+    events
+        .iter()
+        .filter_map(|e| match e {
+            EngineEvent::Token(t) => Some((t.id, t.token)),
+            _ => None,
+        })
+        .collect()
+}
+
+fn first_cause(mut errors: Vec<anyhow::Error>) -> anyhow::Error {
+    let is_echo = |e: &anyhow::Error| format!("{e:#}").contains("left the group");
+    let at = errors.iter().position(|e| !is_echo(e)).unwrap_or(0);
+    errors.swap_remove(at)
+}
+
+impl<B: Backend> Drop for TpEngine<B> {
+    fn drop(&mut self) {
+        for f in &mut self.followers {
+            f.ops.take();
+        }
+        for f in &mut self.followers {
+            if let Some(thread) = f.thread.take() {
+                let _ = thread.join();
+            }
+        }
+    }
+}
+
+impl<B: Backend> EngineCore for TpEngine<B> {
+    fn add_request(&mut self, request: GenerationRequest) -> Result<RequestId> {
+        let op = || RankOp::Add(request.clone());
+        let added = |&id: &RequestId| Some(RankDone::Added(id));
+        Ok(self.lockstep(op, |e| e.add_request(request.clone()), added)?.0)
+    }
+    fn abort(&mut self, id: RequestId) -> Option<FinalRecord> {
+        let aborted = |r: &Option<FinalRecord>| Some(RankDone::Aborted(r.is_some()));
+        let result = self.lockstep(|| RankOp::Abort(id), |e| Ok(e.abort(id)), aborted);
+        result.ok().and_then(|(record, _)| record)
+    }
+    fn has_unfinished(&self) -> bool {
+        self.leader.has_unfinished()
+    }
+    fn step(&mut self) -> Result<Vec<EngineEvent>> {
+        let same_tokens = |events: &Vec<EngineEvent>| Some(RankDone::Stepped(sampled(events)));
+        Ok(self.lockstep(|| RankOp::Step, |e| e.step(), same_tokens)?.0)
+    }
+    fn update_weights(&mut self, dir: &std::path::Path) -> Result<u64> {
+        let op = || RankOp::Reload(dir.to_path_buf());
+        let version = |&v: &u64| Some(RankDone::Version(v));
+        Ok(self.lockstep(op, |e| e.update_weights(dir), version)?.0)
+    }
+    fn update_weights_from_host(&mut self, host: Arc<Qwen2Params<HostTensor<'static>>>) -> Result<u64> {
+        let op = || RankOp::ReloadFrom(host.clone());
+        let version = |&v: &u64| Some(RankDone::Version(v));
+        Ok(self.lockstep(op, |e| e.update_weights_from_whole(&host), version)?.0)
+    }
+    unsafe fn update_weights_from_device(&mut self, _spans: &[DeviceSpan]) -> Result<u64> {
+        bail!(
+            "a device-to-device weight handoff to a tensor-parallel engine is not supported: hand \
+             the weights over through the host (update_weights_from_host) or a checkpoint folder"
+        )
+    }
+    /// The K and V elements freed on every rank together.
+    fn release_kv_cache(&mut self) -> Result<usize> {
+        let (mine, theirs) = self.lockstep(|| RankOp::ReleaseKv, |e| e.release_kv_cache(), |_| None)?;
+        Ok(mine
+            + theirs
+                .iter()
+                .map(|d| match d {
+                    RankDone::Released(n) => *n,
+                    _ => 0,
+                })
+                .sum::<usize>())
+    }
+    fn restore_kv_cache(&mut self) -> Result<()> {
+        let restored = |_: &()| Some(RankDone::Restored);
+        Ok(self.lockstep(|| RankOp::RestoreKv, |e| e.restore_kv_cache(), restored)?.0)
+    }
+    fn stats(&self) -> EngineStats {
+        self.leader.stats()
+    }
+}
