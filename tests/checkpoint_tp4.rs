@@ -29,12 +29,30 @@ fn checkpoint() -> PathBuf {
 /// `swerve-train dapo --tensor-parallel 4` from the untied fixture; returns `OUT/final`.
 fn train_tp4(dir: &Path) -> PathBuf {
     let data = dir.join("dapo.jsonl");
-    let lines = dapo_lines(300, |t, i| -4.0 - 0.05 * ((t + i) % 7) as f64, |i| (i % 2) as f64);
-    std::fs::write(&data, lines.iter().map(|l| format!("{l}\n")).collect::<String>()).unwrap();
+    let lines = dapo_lines(
+        300,
+        |t, i| -4.0 - 0.05 * ((t + i) % 7) as f64,
+        |i| (i % 2) as f64,
+    );
+    std::fs::write(
+        &data,
+        lines.iter().map(|l| format!("{l}\n")).collect::<String>(),
+    )
+    .unwrap();
     let out = dir.join("out");
     let model = fixture_dir("untied-gqa2-odd-f32");
     let output = std::process::Command::new(bin_path("swerve-train"))
-        .args(["dapo", "--device", "cpu", "--tensor-parallel", "4", "--lr", "1e-3", "--batch-size", "4"])
+        .args([
+            "dapo",
+            "--device",
+            "cpu",
+            "--tensor-parallel",
+            "4",
+            "--lr",
+            "1e-3",
+            "--batch-size",
+            "4",
+        ])
         .args(["--epochs", "1", "--micro-batch-tokens", "40", "--model"])
         .arg(&model)
         .arg("--data")
@@ -46,7 +64,11 @@ fn train_tp4(dir: &Path) -> PathBuf {
         .env_remove("SLURM_PROCID")
         .output()
         .unwrap();
-    assert!(output.status.success(), "{}", String::from_utf8_lossy(&output.stderr));
+    assert!(
+        output.status.success(),
+        "{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
     out.join("final")
 }
 
@@ -66,11 +88,17 @@ fn logits_at(dir: &Path, tp: usize, sequence: &[u32]) -> Vec<f32> {
                 s.spawn(move || {
                     let backend = CpuBackend::with_threads(1);
                     let model = Qwen2Model::load_shard(&backend, dir, Arc::new(comm)).unwrap();
-                    backend.to_host(&model.forward_logits(&backend, batch).unwrap()).unwrap()
+                    backend
+                        .to_host(&model.forward_logits(&backend, batch).unwrap())
+                        .unwrap()
                 })
             })
             .collect();
-        handles.into_iter().map(|h| h.join().unwrap()).next().unwrap()
+        handles
+            .into_iter()
+            .map(|h| h.join().unwrap())
+            .next()
+            .unwrap()
     })
 }
 
@@ -101,7 +129,10 @@ fn a_tp4_checkpoint_loads_in_transformers_and_at_any_tp_with_the_same_logits() {
                 .fold(0.0, f64::max)
                 / scale;
             eprintln!("sequence {i} at tp {tp}: relative error {error:.1e} against transformers");
-            assert!(error <= MAX_LOGITS_ERROR, "sequence {i} at tp {tp}: {error:.2e}");
+            assert!(
+                error <= MAX_LOGITS_ERROR,
+                "sequence {i} at tp {tp}: {error:.2e}"
+            );
         }
     }
 }
@@ -112,7 +143,10 @@ fn a_tp4_run_writes_the_committed_checkpoint() {
     let written = train_tp4(dir.path());
     let read = |d: &Path| std::fs::read(d.join("model.safetensors")).unwrap();
     let (a, b) = (read(&written), read(&checkpoint()));
-    let (a, b) = (SafeTensors::deserialize(&a).unwrap(), SafeTensors::deserialize(&b).unwrap());
+    let (a, b) = (
+        SafeTensors::deserialize(&a).unwrap(),
+        SafeTensors::deserialize(&b).unwrap(),
+    );
     let mut names: Vec<&str> = b.names().into_iter().collect();
     names.sort();
     let mut got: Vec<&str> = a.names().into_iter().collect();
@@ -126,10 +160,15 @@ fn a_tp4_run_writes_the_committed_checkpoint() {
         }
         // bf16: equal, or one rounding step apart where the f32 master sits on a boundary.
         let bf16 = |d: &[u8]| -> Vec<f32> {
-            d.chunks_exact(2).map(|c| half::bf16::from_le_bytes([c[0], c[1]]).to_f32()).collect()
+            d.chunks_exact(2)
+                .map(|c| half::bf16::from_le_bytes([c[0], c[1]]).to_f32())
+                .collect()
         };
         for (p, q) in bf16(x.data()).iter().zip(bf16(y.data())) {
-            assert!((p - q).abs() <= q.abs() * 2f32.powi(-7), "{name}: {p} vs {q}");
+            assert!(
+                (p - q).abs() <= q.abs() * 2f32.powi(-7),
+                "{name}: {p} vs {q}"
+            );
         }
     }
 }

@@ -33,7 +33,11 @@ fn launch(model: &str, tensor_parallel: usize) -> EngineHandle {
 
 fn requests(vocab: u64) -> Vec<GenerationRequest> {
     let prompt = common::tokens(9, 30, vocab);
-    let shared: Vec<u32> = prompt[..20].iter().copied().chain(common::tokens(10, 6, vocab)).collect();
+    let shared: Vec<u32> = prompt[..20]
+        .iter()
+        .copied()
+        .chain(common::tokens(10, 6, vocab))
+        .collect();
     let seeded = |seed| SamplingParams {
         seed: Some(seed),
         top_logprobs: 2,
@@ -57,7 +61,10 @@ fn requests(vocab: u64) -> Vec<GenerationRequest> {
 }
 
 /// Submits every request at once and waits for each: its final record and prompt logprobs.
-fn run(handle: &EngineHandle, requests: &[GenerationRequest]) -> Vec<(FinalRecord, Vec<Option<f32>>)> {
+fn run(
+    handle: &EngineHandle,
+    requests: &[GenerationRequest],
+) -> Vec<(FinalRecord, Vec<Option<f32>>)> {
     let receivers: Vec<Receiver<RequestEvent>> = requests
         .iter()
         .map(|r| handle.submit(r.clone()).unwrap().1)
@@ -77,17 +84,30 @@ fn run(handle: &EngineHandle, requests: &[GenerationRequest]) -> Vec<(FinalRecor
         .collect()
 }
 
-fn assert_same(what: &str, got: &[(FinalRecord, Vec<Option<f32>>)], want: &[(FinalRecord, Vec<Option<f32>>)]) {
+fn assert_same(
+    what: &str,
+    got: &[(FinalRecord, Vec<Option<f32>>)],
+    want: &[(FinalRecord, Vec<Option<f32>>)],
+) {
     for (i, ((g, gp), (w, wp))) in got.iter().zip(want).enumerate() {
-        assert_eq!(g.output_tokens, w.output_tokens, "{what}: request {i}'s tokens");
+        assert_eq!(
+            g.output_tokens, w.output_tokens,
+            "{what}: request {i}'s tokens"
+        );
         assert_eq!(g.finish_reason, w.finish_reason, "{what}: request {i}");
         for (a, b) in g.logprobs.iter().zip(&w.logprobs) {
-            assert!((a - b).abs() <= MAX_LOGPROB_ERROR, "{what}: request {i}: logprob {a} vs {b}");
+            assert!(
+                (a - b).abs() <= MAX_LOGPROB_ERROR,
+                "{what}: request {i}: logprob {a} vs {b}"
+            );
         }
         assert_eq!(gp.len(), wp.len(), "{what}: request {i}'s prompt logprobs");
         for (a, b) in gp.iter().zip(wp) {
             match (a, b) {
-                (Some(a), Some(b)) => assert!((a - b).abs() <= MAX_LOGPROB_ERROR, "{what}: prompt logprob {a} vs {b}"),
+                (Some(a), Some(b)) => assert!(
+                    (a - b).abs() <= MAX_LOGPROB_ERROR,
+                    "{what}: prompt logprob {a} vs {b}"
+                ),
                 (a, b) => assert_eq!(a.is_some(), b.is_some()),
             }
         }
@@ -96,8 +116,13 @@ fn assert_same(what: &str, got: &[(FinalRecord, Vec<Option<f32>>)], want: &[(Fin
 
 #[test]
 fn a_tensor_parallel_engine_answers_like_one_rank() {
-    for (model, degrees) in [("untied-gqa2-odd-f32", vec![2, 3]), ("tied-gqa4-bf16", vec![2, 4])] {
-        let vocab = swerve::config::ModelConfig::from_dir(&fixture_dir(model)).unwrap().vocab_size as u64;
+    for (model, degrees) in [
+        ("untied-gqa2-odd-f32", vec![2, 3]),
+        ("tied-gqa4-bf16", vec![2, 4]),
+    ] {
+        let vocab = swerve::config::ModelConfig::from_dir(&fixture_dir(model))
+            .unwrap()
+            .vocab_size as u64;
         let requests = requests(vocab);
         let want = run(&launch(model, 1), &requests);
         for tp in degrees {
@@ -107,13 +132,20 @@ fn a_tensor_parallel_engine_answers_like_one_rank() {
             // Again: now with prefix-cache hits on every rank.
             let again = run(&handle, &requests);
             assert_same(&format!("{model} tp {tp}, cached"), &again, &want);
-            assert!(again.iter().any(|(r, _)| r.usage.cached_tokens > 0), "{model} tp {tp}: no prefix-cache hit");
+            assert!(
+                again.iter().any(|(r, _)| r.usage.cached_tokens > 0),
+                "{model} tp {tp}: no prefix-cache hit"
+            );
             // Reload (every rank reads its part of the folder), release and restore the cache.
             let version = handle.update_weights(fixture_dir(model)).unwrap();
             assert_eq!(version, handle.stats().unwrap().weight_version);
             let freed = handle.release_kv_cache().unwrap();
             assert!(freed > 0);
-            assert_same(&format!("{model} tp {tp}, reloaded"), &run(&handle, &requests), &want);
+            assert_same(
+                &format!("{model} tp {tp}, reloaded"),
+                &run(&handle, &requests),
+                &want,
+            );
         }
     }
 }
@@ -135,5 +167,8 @@ fn an_impossible_split_fails_the_launch_naming_the_field() {
     .err()
     .expect("refused");
     let message = format!("{error:#}");
-    assert!(message.contains("num_attention_heads (4)") && message.contains("config.json"), "{message}");
+    assert!(
+        message.contains("num_attention_heads (4)") && message.contains("config.json"),
+        "{message}"
+    );
 }

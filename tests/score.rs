@@ -21,6 +21,16 @@ pub fn run_score_on(
     input_lines: &[String],
     batch_tokens: usize,
 ) -> (std::process::Output, Option<String>) {
+    run_score_with(device, model, input_lines, batch_tokens, &[])
+}
+
+fn run_score_with(
+    device: &str,
+    model: &str,
+    input_lines: &[String],
+    batch_tokens: usize,
+    extra: &[&str],
+) -> (std::process::Output, Option<String>) {
     let tmp = tempfile::tempdir().unwrap();
     let input = tmp.path().join("in.jsonl");
     let output = tmp.path().join("out.jsonl");
@@ -34,6 +44,7 @@ pub fn run_score_on(
         .arg(&output)
         .args(["--batch-tokens", &batch_tokens.to_string()])
         .args(["--device", device])
+        .args(extra)
         .output()
         .unwrap();
     (result, std::fs::read_to_string(&output).ok())
@@ -71,6 +82,53 @@ fn score_reproduces_the_oracle_logprobs() {
                 if case.tokens.len() > 1 {
                     let err = relative_error(&got, &case.logprobs);
                     assert!(err <= 1e-4, "{model}: logprob relative error {err:.3e}");
+                }
+            }
+        }
+    }
+}
+
+#[test]
+fn score_over_tensor_parallel_ranks_reproduces_the_oracle_logprobs() {
+    for (model, degrees) in [
+        ("tied-gqa4-bf16", ["2", "3"]),
+        ("untied-gqa2-odd-f32", ["4", "5"]),
+    ] {
+        let cases = expected(model);
+        let mut lines: Vec<String> = cases
+            .iter()
+            .map(|c| serde_json::json!({ "tokens": c.tokens }).to_string())
+            .collect();
+        lines.push(r#"{"tokens": []}"#.to_string());
+        for tp in degrees {
+            let (result, output) =
+                run_score_with("cpu", model, &lines, 64, &["--tensor-parallel", tp]);
+            let stderr = String::from_utf8_lossy(&result.stderr);
+            assert!(result.status.success(), "{stderr}");
+            assert!(
+                stderr.contains(&format!("tensor-parallel {tp}")),
+                "{stderr}"
+            );
+            let output = output.unwrap();
+            let out_lines: Vec<&str> = output.lines().collect();
+            assert_eq!(
+                out_lines.len(),
+                lines.len(),
+                "one line per input line, written once"
+            );
+            assert_eq!(out_lines[cases.len()], r#"{"logprobs":[]}"#);
+            for (case, line) in cases.iter().zip(out_lines) {
+                let value: serde_json::Value = serde_json::from_str(line).unwrap();
+                let got: Vec<f32> = value["logprobs"].as_array().unwrap()[1..]
+                    .iter()
+                    .map(|v| v.as_f64().unwrap() as f32)
+                    .collect();
+                if case.tokens.len() > 1 {
+                    let err = relative_error(&got, &case.logprobs);
+                    assert!(
+                        err <= 1e-4,
+                        "{model} tp {tp}: logprob relative error {err:.3e}"
+                    );
                 }
             }
         }

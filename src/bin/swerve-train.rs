@@ -89,6 +89,9 @@ enum Command {
         batch_tokens: u64,
         #[command(flatten)]
         device: DeviceArgs,
+        /// Tensor-parallel ranks, a thread (and GPU) each: the model split over them.
+        #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u64).range(1..))]
+        tensor_parallel: u64,
     },
     /// A data file as the trainer tokenizes it: input lines {"text": ...} or {"messages": [...],
     /// "tools": [...]}, output lines {"tokens": [...], "action_mask": [...]}.
@@ -597,6 +600,7 @@ fn main() -> Result<()> {
             files,
             batch_tokens,
             device,
+            tensor_parallel,
         } => {
             swerve::train::score::run(
                 device.device,
@@ -604,6 +608,7 @@ fn main() -> Result<()> {
                 &files.input,
                 &files.output,
                 batch_tokens as usize,
+                tensor_parallel as usize,
             )?;
         }
         Command::Tokenize { tokenizer, files } => {

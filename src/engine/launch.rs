@@ -63,7 +63,11 @@ pub fn launch_engine(options: &EngineLaunch) -> Result<EngineHandle> {
         Selected::Cpu(b) if tp == 1 => start_engine(move || Ok(b), options, &config),
         Selected::Cpu(b) => {
             let threads = (b.threads() / tp).max(1);
-            start_parallel(move |_| Ok(CpuBackend::with_threads(threads)), options, &config)
+            start_parallel(
+                move |_| Ok(CpuBackend::with_threads(threads)),
+                options,
+                &config,
+            )
         }
         Selected::Cuda(probe) => {
             // The probe found a usable GPU; the engine threads open their own contexts.
@@ -74,10 +78,15 @@ pub fn launch_engine(options: &EngineLaunch) -> Result<EngineHandle> {
                 bail!("--tensor-parallel {tp} needs {tp} GPUs; the driver reports {devices}");
             }
             if tp == 1 {
-                let open = || CudaBackend::open_default().map_err(|e| anyhow!("--device cuda: {e}"));
+                let open =
+                    || CudaBackend::open_default().map_err(|e| anyhow!("--device cuda: {e}"));
                 return start_engine(open, options, &config);
             }
-            start_parallel(move |rank| CudaBackend::open(rank % devices), options, &config)
+            start_parallel(
+                move |rank| CudaBackend::open(rank % devices),
+                options,
+                &config,
+            )
         }
     }
 }
@@ -91,12 +100,19 @@ fn start_parallel<B: KvMemory + RankComm + 'static>(
 ) -> Result<EngineHandle> {
     let tp = options.tensor_parallel;
     let comms = Arc::new(Mutex::new(
-        LocalGroup::new(tp).into_iter().map(Some).collect::<Vec<_>>(),
+        LocalGroup::new(tp)
+            .into_iter()
+            .map(Some)
+            .collect::<Vec<_>>(),
     ));
     let (options, config) = (options.clone(), config.clone());
     EngineHandle::spawn(move || {
         TpEngine::start(tp, move |rank| {
-            let comm = comms.lock().expect("comms lock").get_mut(rank).and_then(Option::take);
+            let comm = comms
+                .lock()
+                .expect("comms lock")
+                .get_mut(rank)
+                .and_then(Option::take);
             let comm = comm.ok_or_else(|| anyhow!("rank {rank} started twice"))?;
             let backend = make_backend(rank)?;
             let comm = backend.rank_comm(comm)?;
@@ -288,7 +304,11 @@ fn build_engine<B: KvMemory>(
     if let Some(free) = backend.free_bytes()? {
         // A rank holds about 1/tp of the parameters.
         config
-            .check_parameters_fit(backend.param_elem_bytes(), free.saturating_mul(tp), backend.memory_name())
+            .check_parameters_fit(
+                backend.param_elem_bytes(),
+                free.saturating_mul(tp),
+                backend.memory_name(),
+            )
             .map_err(|e| anyhow!("{}: {e}", options.model.join("config.json").display()))?;
     }
     let model = Qwen2Model::load_shard(&backend, &options.model, comm.clone())?;
@@ -353,10 +373,7 @@ fn kv_blocks<B: KvMemory>(
             if !fits {
                 bail!(
                     "--num-kv-blocks {n} needs {} ({} per block of {bs} tokens), but {} is {}",
-                    bytes.map_or_else(
-                        || "more than 2^64 bytes".into(),
-                        |b| format_bytes(b as u64)
-                    ),
+                    bytes.map_or_else(|| "more than 2^64 bytes".into(), |b| format_bytes(b as u64)),
                     format_bytes(bytes_per_block as u64),
                     backend.memory_name(),
                     free.map_or_else(|| "unknown".into(), |f| format_bytes(f as u64))

@@ -37,7 +37,10 @@ pub trait EngineCore {
     fn update_weights(&mut self, dir: &std::path::Path) -> Result<u64>;
     /// Weights handed over in memory, whole tensors in checkpoint order (each rank takes its
     /// part).
-    fn update_weights_from_host(&mut self, host: Arc<Qwen2Params<HostTensor<'static>>>) -> Result<u64>;
+    fn update_weights_from_host(
+        &mut self,
+        host: Arc<Qwen2Params<HostTensor<'static>>>,
+    ) -> Result<u64>;
     /// # Safety
     /// As [`Engine::update_weights_from_device`].
     unsafe fn update_weights_from_device(&mut self, spans: &[DeviceSpan]) -> Result<u64>;
@@ -62,7 +65,10 @@ impl<B: Backend> EngineCore for Engine<B> {
     fn update_weights(&mut self, dir: &std::path::Path) -> Result<u64> {
         Engine::update_weights(self, dir)
     }
-    fn update_weights_from_host(&mut self, host: Arc<Qwen2Params<HostTensor<'static>>>) -> Result<u64> {
+    fn update_weights_from_host(
+        &mut self,
+        host: Arc<Qwen2Params<HostTensor<'static>>>,
+    ) -> Result<u64> {
         self.update_weights_from_whole(&host)
     }
     unsafe fn update_weights_from_device(&mut self, spans: &[DeviceSpan]) -> Result<u64> {
@@ -159,7 +165,10 @@ impl<B: Backend> TpEngine<B> {
             match ready.recv() {
                 Ok(Ok(())) => {}
                 Ok(Err(e)) => errors.push(e.context(format!("tensor-parallel rank {}", rank + 1))),
-                Err(_) => errors.push(anyhow!("tensor-parallel rank {} died while starting", rank + 1)),
+                Err(_) => errors.push(anyhow!(
+                    "tensor-parallel rank {} died while starting",
+                    rank + 1
+                )),
             }
         }
         let leader = match leader {
@@ -222,14 +231,22 @@ impl<B: Backend> TpEngine<B> {
 }
 
 /// A follower's loop: each op on its engine, the answer back, until rank 0 hangs up.
-fn follow<B: Backend>(mut engine: Engine<B>, ops: Receiver<RankOp>, done: Sender<Result<RankDone>>) {
+fn follow<B: Backend>(
+    mut engine: Engine<B>,
+    ops: Receiver<RankOp>,
+    done: Sender<Result<RankDone>>,
+) {
     while let Ok(op) = ops.recv() {
         let answer = match op {
             RankOp::Add(request) => engine.add_request(request).map(RankDone::Added),
             RankOp::Abort(id) => Ok(RankDone::Aborted(engine.abort(id).is_some())),
-            RankOp::Step => engine.step().map(|events| RankDone::Stepped(sampled(&events))),
+            RankOp::Step => engine
+                .step()
+                .map(|events| RankDone::Stepped(sampled(&events))),
             RankOp::Reload(dir) => engine.update_weights(&dir).map(RankDone::Version),
-            RankOp::ReloadFrom(host) => engine.update_weights_from_whole(&host).map(RankDone::Version),
+            RankOp::ReloadFrom(host) => engine
+                .update_weights_from_whole(&host)
+                .map(RankDone::Version),
             RankOp::ReleaseKv => engine.release_kv_cache().map(RankDone::Released),
             RankOp::RestoreKv => engine.restore_kv_cache().map(|()| RankDone::Restored),
         };
@@ -273,7 +290,9 @@ impl<B: Backend> EngineCore for TpEngine<B> {
     fn add_request(&mut self, request: GenerationRequest) -> Result<RequestId> {
         let op = || RankOp::Add(request.clone());
         let added = |&id: &RequestId| Some(RankDone::Added(id));
-        Ok(self.lockstep(op, |e| e.add_request(request.clone()), added)?.0)
+        Ok(self
+            .lockstep(op, |e| e.add_request(request.clone()), added)?
+            .0)
     }
     fn abort(&mut self, id: RequestId) -> Option<FinalRecord> {
         let aborted = |r: &Option<FinalRecord>| Some(RankDone::Aborted(r.is_some()));
@@ -292,10 +311,15 @@ impl<B: Backend> EngineCore for TpEngine<B> {
         let version = |&v: &u64| Some(RankDone::Version(v));
         Ok(self.lockstep(op, |e| e.update_weights(dir), version)?.0)
     }
-    fn update_weights_from_host(&mut self, host: Arc<Qwen2Params<HostTensor<'static>>>) -> Result<u64> {
+    fn update_weights_from_host(
+        &mut self,
+        host: Arc<Qwen2Params<HostTensor<'static>>>,
+    ) -> Result<u64> {
         let op = || RankOp::ReloadFrom(host.clone());
         let version = |&v: &u64| Some(RankDone::Version(v));
-        Ok(self.lockstep(op, |e| e.update_weights_from_whole(&host), version)?.0)
+        Ok(self
+            .lockstep(op, |e| e.update_weights_from_whole(&host), version)?
+            .0)
     }
     unsafe fn update_weights_from_device(&mut self, _spans: &[DeviceSpan]) -> Result<u64> {
         bail!(
@@ -305,7 +329,8 @@ impl<B: Backend> EngineCore for TpEngine<B> {
     }
     /// The K and V elements freed on every rank together.
     fn release_kv_cache(&mut self) -> Result<usize> {
-        let (mine, theirs) = self.lockstep(|| RankOp::ReleaseKv, |e| e.release_kv_cache(), |_| None)?;
+        let (mine, theirs) =
+            self.lockstep(|| RankOp::ReleaseKv, |e| e.release_kv_cache(), |_| None)?;
         Ok(mine
             + theirs
                 .iter()
@@ -317,7 +342,9 @@ impl<B: Backend> EngineCore for TpEngine<B> {
     }
     fn restore_kv_cache(&mut self) -> Result<()> {
         let restored = |_: &()| Some(RankDone::Restored);
-        Ok(self.lockstep(|| RankOp::RestoreKv, |e| e.restore_kv_cache(), restored)?.0)
+        Ok(self
+            .lockstep(|| RankOp::RestoreKv, |e| e.restore_kv_cache(), restored)?
+            .0)
     }
     fn stats(&self) -> EngineStats {
         self.leader.stats()

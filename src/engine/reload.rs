@@ -46,7 +46,10 @@ impl<B: Backend> Engine<B> {
 
     /// [`Engine::update_weights_from_host`] from whole tensors (checkpoint shapes): this rank's
     /// part of each is taken first (all of it at TP = 1).
-    pub fn update_weights_from_whole(&mut self, whole: &Qwen2Params<HostTensor<'_>>) -> Result<u64> {
+    pub fn update_weights_from_whole(
+        &mut self,
+        whole: &Qwen2Params<HostTensor<'_>>,
+    ) -> Result<u64> {
         if self.model.local.tp_size == 1 {
             return self.update_weights_from_host(whole);
         }
@@ -73,7 +76,9 @@ impl<B: Backend> Engine<B> {
         }
         let mut parts = sliced.into_iter();
         let host = Qwen2Params::try_build(&self.model.config, &self.model.local, |_, _, _| {
-            parts.next().ok_or_else(|| anyhow::anyhow!("fewer tensors than parameters"))
+            parts
+                .next()
+                .ok_or_else(|| anyhow::anyhow!("fewer tensors than parameters"))
         })?;
         self.update_weights_from_host(&host)
     }

@@ -9,7 +9,9 @@
 //! batch whatever the file's size; the LM head runs over at most `LOGIT_ROWS` rows at a
 //! time so the `[T, vocab]` logits are never whole in memory.
 
-use crate::backend::Backend;
+use crate::backend::{Backend, BackendGrad};
+use crate::dist::grid::{run_grid, GridSpec, RankPlace, RankTask};
+use crate::dist::Groups;
 use crate::jsonl;
 use crate::model::{PackedBatch, Qwen2Model};
 use anyhow::{anyhow, bail, Result};
@@ -135,6 +137,23 @@ pub fn score_file<B: Backend>(
     output: &Path,
     batch_tokens: usize,
 ) -> Result<ScoreSummary> {
+    let mut summary = None;
+    jsonl::write_atomically(output, |write| {
+        summary = Some(score_lines(backend, model, input, batch_tokens, write)?);
+        Ok(())
+    })?;
+    summary.ok_or_else(|| anyhow!("scoring wrote nothing"))
+}
+
+/// [`score_file`]'s work, each output line handed to `write`: every tensor-parallel rank runs it
+/// (the forward's collectives need them all), one writes.
+fn score_lines<B: Backend>(
+    backend: &B,
+    model: &Qwen2Model<B>,
+    input: &Path,
+    batch_tokens: usize,
+    write: &mut dyn FnMut(&Value) -> Result<()>,
+) -> Result<ScoreSummary> {
     if batch_tokens == 0 {
         bail!("batch_tokens must be positive");
     }
@@ -146,60 +165,93 @@ pub fn score_file<B: Backend>(
         tokens: 0,
         seconds: 0.0,
     };
-    jsonl::write_atomically(output, |write| {
-        let mut pending: Vec<Vec<u32>> = Vec::new();
-        let mut pending_tokens = 0;
-        let mut flush = |pending: &mut Vec<Vec<u32>>| -> Result<()> {
-            score_sequences(backend, model, pending, batch_tokens, |_, logprobs| {
-                write(&serde_json::json!({ "logprobs": logprobs }))
-            })?;
-            pending.clear();
-            Ok(())
-        };
-        while let Some((line_no, value)) = lines.next_object()? {
-            let at = jsonl::at(input, line_no);
-            let ids = token_sequence(&value, &at, vocab_size, max_context)?;
-            // The packing `score_sequences` would choose over the whole file: a batch closes
-            // before the sequence that would overflow it.
-            if !pending.is_empty() && pending_tokens + ids.len() > batch_tokens {
-                flush(&mut pending)?;
-                pending_tokens = 0;
-            }
-            summary.sequences += 1;
-            summary.tokens += ids.len();
-            pending_tokens += ids.len();
-            pending.push(ids);
+    let mut pending: Vec<Vec<u32>> = Vec::new();
+    let mut pending_tokens = 0;
+    let mut flush = |pending: &mut Vec<Vec<u32>>| -> Result<()> {
+        score_sequences(backend, model, pending, batch_tokens, |_, logprobs| {
+            write(&serde_json::json!({ "logprobs": logprobs }))
+        })?;
+        pending.clear();
+        Ok(())
+    };
+    while let Some((line_no, value)) = lines.next_object()? {
+        let at = jsonl::at(input, line_no);
+        let ids = token_sequence(&value, &at, vocab_size, max_context)?;
+        // The packing `score_sequences` would choose over the whole file: a batch closes
+        // before the sequence that would overflow it.
+        if !pending.is_empty() && pending_tokens + ids.len() > batch_tokens {
+            flush(&mut pending)?;
+            pending_tokens = 0;
         }
-        flush(&mut pending)
-    })?;
+        summary.sequences += 1;
+        summary.tokens += ids.len();
+        pending_tokens += ids.len();
+        pending.push(ids);
+    }
+    flush(&mut pending)?;
     summary.seconds = started.elapsed().as_secs_f64();
     Ok(summary)
 }
 
-/// `swerve-train score`: loads `model_dir` on `device`'s backend and scores `input`.
+/// One rank of a tensor-parallel `score`: its part of the model; the first rank writes.
+struct ScoreRank<'a> {
+    model_dir: &'a Path,
+    input: &'a Path,
+    output: &'a Path,
+    batch_tokens: usize,
+}
+
+impl RankTask for ScoreRank<'_> {
+    type Output = ScoreSummary;
+
+    fn run<B: BackendGrad + 'static>(
+        &self,
+        backend: &B,
+        groups: Groups<B>,
+        _place: RankPlace,
+    ) -> Result<ScoreSummary> {
+        let writer = groups.is_writer();
+        let model = Qwen2Model::load_shard(backend, self.model_dir, groups.tp)?;
+        if writer {
+            score_file(backend, &model, self.input, self.output, self.batch_tokens)
+        } else {
+            score_lines(backend, &model, self.input, self.batch_tokens, &mut |_| {
+                Ok(())
+            })
+        }
+    }
+}
+
+/// `swerve-train score`: loads `model_dir` on `device`'s backend (over `tensor_parallel`
+/// ranks, a thread each) and scores `input`.
 pub fn run(
     device: crate::backend::DeviceChoice,
     model_dir: &Path,
     input: &Path,
     output: &Path,
     batch_tokens: usize,
+    tensor_parallel: usize,
 ) -> Result<ScoreSummary> {
     use crate::backend::{select, Selected};
-    fn on<B: Backend>(
-        backend: &B,
-        model_dir: &Path,
-        input: &Path,
-        output: &Path,
-        batch_tokens: usize,
-    ) -> Result<ScoreSummary> {
-        let model = Qwen2Model::load(backend, model_dir)?;
-        score_file(backend, &model, input, output, batch_tokens)
-    }
-    let (backend, line) = select(device)?;
-    eprintln!("{line}");
-    let summary = match backend {
-        Selected::Cpu(b) => on(&b, model_dir, input, output, batch_tokens)?,
-        Selected::Cuda(b) => on(&*b, model_dir, input, output, batch_tokens)?,
+    let task = ScoreRank {
+        model_dir,
+        input,
+        output,
+        batch_tokens,
+    };
+    let summary = if tensor_parallel == 1 {
+        let (backend, line) = select(device)?;
+        eprintln!("{line}");
+        match backend {
+            Selected::Cpu(b) => task.run(&b, Groups::solo(), RankPlace::default())?,
+            Selected::Cuda(b) => task.run(&*b, Groups::solo(), RankPlace::default())?,
+        }
+    } else {
+        let spec = GridSpec {
+            tp: tensor_parallel,
+            ..GridSpec::single()
+        };
+        run_grid(device, &spec, &task)?.swap_remove(0)
     };
     eprintln!(
         "scored {} sequences ({} tokens) in {:.2} s -> {}",
