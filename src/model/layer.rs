@@ -178,7 +178,9 @@ impl<B: Backend> Qwen2Model<B> {
         );
         let mut stream = self.embed(backend, tokens, layout)?;
         let with_lse = with_lse || keep == Keep::Everything;
-        let mut buffers = self.layer_buffers(backend, t, layout, with_lse)?;
+        // Allocated by the first layer, reused by the next ones, or (keeping everything) moved
+        // into each layer's activations and allocated again by the next.
+        let mut buffers = None;
         let mut saved = Vec::new();
         for (i, layer) in self.params.layers.iter().enumerate() {
             let kept = self.forward_layer(
@@ -189,6 +191,7 @@ impl<B: Backend> Qwen2Model<B> {
                 positions,
                 layout,
                 &mut buffers,
+                with_lse,
                 keep,
                 attention,
             )?;
@@ -196,12 +199,16 @@ impl<B: Backend> Qwen2Model<B> {
         }
         let d = self.config.hidden_size;
         let mut hidden = backend.zeros(&[t, d])?;
-        match &mut buffers.sequence {
-            Some((normed_local, _)) => {
-                self.enter_norm(backend, &mut stream, &self.params.norm, normed_local)?;
-                self.gather_rows(backend, layout, normed_local, &mut hidden)?;
-            }
-            None => self.enter_norm(backend, &mut stream, &self.params.norm, &mut hidden)?,
+        if self.sequence_parallel(layout) {
+            let rows = self.residual_rows(t, layout);
+            let mut normed_local = match buffers.and_then(|b| b.sequence) {
+                Some((normed_local, _)) => normed_local,
+                None => backend.zeros(&[rows, d])?,
+            };
+            self.enter_norm(backend, &mut stream, &self.params.norm, &mut normed_local)?;
+            self.gather_rows(backend, layout, &normed_local, &mut hidden)?;
+        } else {
+            self.enter_norm(backend, &mut stream, &self.params.norm, &mut hidden)?;
         }
         Ok((hidden, stream.residual, saved))
     }
@@ -268,8 +275,8 @@ impl<B: Backend> Qwen2Model<B> {
     }
 
     /// Layer `index` (see the module doc): advances `stream` by one layer and returns what
-    /// `keep` asks for. With [`Keep::Everything`] the buffers move into the result and fresh
-    /// ones replace them.
+    /// `keep` asks for. The layer writes into `buffers` (allocated here when `None`); with
+    /// [`Keep::Everything`] they move into the result, leaving `None`.
     #[allow(clippy::too_many_arguments)]
     fn forward_layer(
         &self,
@@ -279,13 +286,17 @@ impl<B: Backend> Qwen2Model<B> {
         stream: &mut ResidualStream<B::Tensor>,
         positions: &[u32],
         layout: Layout,
-        buffers: &mut LayerBuffers<B::Tensor>,
+        buffers: &mut Option<LayerBuffers<B::Tensor>>,
+        with_lse: bool,
         keep: Keep,
         attention: &mut impl AttentionFn<B::Tensor>,
     ) -> Result<Option<SavedLayer<B::Tensor>>> {
         let t = positions.len();
         let rows = self.residual_rows(t, layout);
-        let b = &mut *buffers;
+        if buffers.is_none() {
+            *buffers = Some(self.layer_buffers(backend, t, layout, with_lse)?);
+        }
+        let b = buffers.as_mut().expect("allocated above");
 
         // Attention block.
         let ln = &layer.input_layernorm;
@@ -349,8 +360,7 @@ impl<B: Backend> Qwen2Model<B> {
         Ok(match (keep, x_in, x_mid) {
             (Keep::Input, Some(x_in), _) => Some(SavedLayer::Input(x_in)),
             (Keep::Everything, Some(x_in), Some(x_mid)) => {
-                let fresh = self.layer_buffers(backend, t, layout, true)?;
-                let used = std::mem::replace(buffers, fresh);
+                let used = buffers.take().expect("the layer's buffers");
                 Some(SavedLayer::Full(LayerActivations {
                     x_in,
                     normed_attn: used.normed_attn,
@@ -390,7 +400,6 @@ impl<B: Backend> Qwen2Model<B> {
             delta: backend.zeros(&[rows, self.config.hidden_size])?,
             pending: false,
         };
-        let mut buffers = self.layer_buffers(backend, t, layout, true)?;
         let layer = &self.params.layers[index];
         match self.forward_layer(
             backend,
@@ -399,7 +408,8 @@ impl<B: Backend> Qwen2Model<B> {
             &mut stream,
             positions,
             layout,
-            &mut buffers,
+            &mut None,
+            true,
             Keep::Everything,
             attention,
         )? {

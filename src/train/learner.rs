@@ -451,20 +451,21 @@ impl<'b, B: BackendGrad> Learner<'b, B> {
     }
 }
 
-/// The replica that keeps each parameter's optimizer state (ZeRO-1): tensors dealt in order to
-/// the replica with the fewest elements so far, the same on every rank.
-fn zero_owners(shards: &[(String, ParamShard)], replicas: usize) -> Vec<usize> {
+/// The replica that keeps each parameter's optimizer state (ZeRO-1): the largest tensors first,
+/// each to the replica with the fewest elements so far (ties: the lowest replica), the same on
+/// every rank. Whole tensors, so the shares differ by at most about one tensor.
+pub fn zero_owners(shards: &[(String, ParamShard)], replicas: usize) -> Vec<usize> {
+    let size = |i: usize| shards[i].1.local_shape().iter().product::<usize>();
+    let mut order: Vec<usize> = (0..shards.len()).collect();
+    order.sort_by_key(|&i| std::cmp::Reverse(size(i)));
     let mut load = vec![0usize; replicas];
-    shards
-        .iter()
-        .map(|(_, shard)| {
-            let owner = (0..replicas)
-                .min_by_key(|&r| (load[r], r))
-                .expect("a replica");
-            load[owner] += shard.local_shape().iter().product::<usize>();
-            owner
-        })
-        .collect()
+    let mut owner = vec![0usize; shards.len()];
+    for i in order {
+        let least = (0..replicas).min_by_key(|&r| (load[r], r)).expect("a replica");
+        load[least] += size(i);
+        owner[i] = least;
+    }
+    owner
 }
 
 /// Whether this rank adds a tensor's squares to the global gradient norm: the whole tensor is
