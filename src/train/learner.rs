@@ -453,8 +453,9 @@ impl<'b, B: BackendGrad> Learner<'b, B> {
 }
 
 /// The replica that keeps each parameter's optimizer state (ZeRO-1): tensors dealt in order to
-/// the replica with the fewest elements so far, the same on every rank.
-fn zero_owners(shards: &[(String, ParamShard)], replicas: usize) -> Vec<usize> {
+/// the replica with the fewest elements so far, the same on every rank. (`bench::plan` counts a
+/// replica's share with it.)
+pub fn zero_owners(shards: &[(String, ParamShard)], replicas: usize) -> Vec<usize> {
     let mut load = vec![0usize; replicas];
     shards
         .iter()
