@@ -330,7 +330,7 @@ pub fn training_plan(
         part("f32 gradients", b(params, 4)),
         part(
             format!(
-                "f32 masters + 2 moments (ZeRO-1 / {dp}: {})",
+                "f32 masters + 2 moments of {} (ZeRO-1 / {dp})",
                 grouped(share)
             ),
             b(share, 12),
