@@ -357,120 +357,130 @@ pub fn training_plan(
     .with_nonzero_parts())
 }
 
+/// The backend's own scratch in a training step, bytes.
+struct StepScratch {
+    /// The fused loss's working set: `LossTiles::scratch_bytes` on CUDA (the rank's vocabulary
+    /// rows), the reference's two `ROW_CHUNK x VOCAB_CHUNK` f32 tiles on the CPU.
+    loss_tiles: u64,
+    /// `rmsnorm_backward`'s f32 partial weight gradients (CUDA).
+    rmsnorm_partial: u64,
+    /// Flash backward's lse_log2 and delta `[heads, T]` and dq_accum `[T, heads, head_dim]`,
+    /// f32 (CUDA).
+    flash: u64,
+    /// A reduce-scatter of `[T, d]` staged through host memory (the CPU's collectives).
+    staging: u64,
+}
+
+fn step_scratch(c: &ModelConfig, l: &LocalSizes, t: usize, target: &Target) -> StepScratch {
+    let (d, heads) = (c.hidden_size, l.heads_local);
+    match target.kind {
+        TargetKind::Cpu => StepScratch {
+            loss_tiles: b(2 * ROW_CHUNK * VOCAB_CHUNK, 4),
+            rmsnorm_partial: 0,
+            flash: 0,
+            staging: host_reduce_scatter(l.tp_size, t * d),
+        },
+        TargetKind::Cuda { num_sms, .. } => StepScratch {
+            loss_tiles: LossTiles::DEFAULT.scratch_bytes(t, l.vocab_local, d) as u64,
+            rmsnorm_partial: b(rmsnorm_bwd_grid(t / l.tp_size, num_sms).0 * d, 4),
+            flash: b(2 * heads * t + t * heads * c.head_dim, 4),
+            staging: 0,
+        },
+    }
+}
+
 /// The four phases of [`training_plan`] for a (padded) micro-batch of `t` tokens.
 fn training_phases(c: &ModelConfig, l: &LocalSizes, t: usize, target: &Target) -> Vec<Phase> {
-    let e = target.activation_bytes;
-    let s = LayerSizes::new(c, l, t, true, e);
-    let layers = c.num_hidden_layers as u64;
-    let (tp, rows) = (l.tp_size, t / l.tp_size);
+    let s = LayerSizes::new(c, l, t, true, target.activation_bytes);
+    let x = step_scratch(c, l, t, target);
+    let (layers, tp) = (c.num_hidden_layers as u64, l.tp_size);
     let kept = |n: u64| part(format!("kept layer inputs ({n} x [T/{tp}, d])"), n * s.r);
-    let hidden = part(
-        "final hidden states [T, d] + the final norm's input",
-        s.n + s.r,
-    );
-    let d_hidden = part("d_hidden [T, d]", s.n);
-    let d_x = part("backward's d_x and d_mine [T/tp, d]", 2 * s.r);
-    // Recomputed activations: the buffers moved into LayerActivations (sequence pair dropped)
-    // and the x_in / x_mid row copies.
-    let acts = part(
-        "recomputed layer activations (+ x_in, x_mid)",
-        s.buffers(true) - s.seq + 2 * s.r,
-    );
-    let scratch = part(
+    // Alive from the loss to the end of the backward.
+    let outer = vec![
+        part(
+            "final hidden states [T, d] + the final norm's input",
+            s.n + s.r,
+        ),
+        part("d_hidden [T, d]", s.n),
+        host_rows(t, target),
+    ];
+    // Alive through a layer's backward: the residual gradient, and the recomputed activations
+    // (the buffers moved into LayerActivations, sequence pair dropped, + the x_in / x_mid copies).
+    let layer = vec![
+        part("backward's d_x and d_mine [T/tp, d]", 2 * s.r),
+        part(
+            "recomputed layer activations (+ x_in, x_mid)",
+            s.buffers(true) - s.seq + 2 * s.r,
+        ),
+    ];
+    let grad_scratch = part(
         "layer backward's d_all, d_normed [T, d], d_mine",
         2 * s.n + s.r,
     );
-    let host = host_rows(t, target);
-    let (cpu, d) = (target.is_cpu(), c.hidden_size);
-    let staging = |elems: usize| {
-        let bytes = if cpu {
-            host_reduce_scatter(tp, elems)
-        } else {
-            0
-        };
-        part(
-            "collective staging (host-staged reduce-scatter of [T, d])",
-            bytes,
-        )
-    };
-    let loss_tiles = match target.kind {
-        TargetKind::Cpu => b(2 * ROW_CHUNK * VOCAB_CHUNK, 4),
-        TargetKind::Cuda { .. } => LossTiles::DEFAULT.scratch_bytes(t, l.vocab_local, d) as u64,
-    };
-    let (rmsnorm_partial, flash_scratch) = match target.kind {
-        TargetKind::Cpu => (0, 0),
-        TargetKind::Cuda { num_sms, .. } => (
-            b(rmsnorm_bwd_grid(rows, num_sms).0 * d, 4),
-            // lse_log2 and delta [heads, T], dq_accum [T, heads, head_dim], f32.
-            b(2 * l.heads_local * t + t * l.heads_local * c.head_dim, 4),
-        ),
+    let staging = part(
+        "collective staging (host-staged reduce-scatter of [T, d])",
+        x.staging,
+    );
+    let vocab = grouped(l.vocab_local);
+    let phase = |name, parts: &[Vec<Component>]| Phase {
+        name,
+        components: parts.concat(),
     };
     vec![
-        Phase {
-            name: "loss",
-            components: vec![
-                kept(layers),
-                hidden.clone(),
-                d_hidden.clone(),
-                part(
-                    format!(
-                        "fused loss tiles (vocabulary {} a rank)",
-                        grouped(l.vocab_local)
+        phase(
+            "loss",
+            &[
+                vec![kept(layers)],
+                outer.clone(),
+                vec![part(
+                    format!("fused loss tiles (vocabulary {vocab} a rank)"),
+                    x.loss_tiles,
+                )],
+            ],
+        ),
+        phase(
+            "recompute",
+            &[
+                vec![kept(layers)],
+                outer.clone(),
+                layer.clone(),
+                vec![
+                    part("stream's delta [T/tp, d]", s.r),
+                    part(
+                        "second buffer set (Keep::Everything's swap)",
+                        s.buffers(true),
                     ),
-                    loss_tiles,
-                ),
-                host.clone(),
+                ],
             ],
-        },
-        Phase {
-            name: "recompute",
-            components: vec![
-                kept(layers),
-                hidden.clone(),
-                d_hidden.clone(),
-                d_x.clone(),
-                part("stream's delta [T/tp, d]", s.r),
-                acts.clone(),
-                part(
-                    "second buffer set (Keep::Everything's swap)",
-                    s.buffers(true),
-                ),
-                host.clone(),
+        ),
+        phase(
+            "MLP bwd",
+            &[
+                vec![kept(layers - 1)],
+                outer.clone(),
+                layer.clone(),
+                vec![
+                    grad_scratch.clone(),
+                    part("d_act, d_gate, d_up [T, I/tp]", 3 * s.i),
+                    staging.clone(),
+                    part("RMSNorm backward partials (f32)", x.rmsnorm_partial),
+                ],
             ],
-        },
-        Phase {
-            name: "MLP bwd",
-            components: vec![
-                kept(layers - 1),
-                hidden.clone(),
-                d_hidden.clone(),
-                d_x.clone(),
-                acts.clone(),
-                scratch.clone(),
-                part("d_act, d_gate, d_up [T, I/tp]", 3 * s.i),
-                staging(t * d),
-                part("RMSNorm backward partials (f32)", rmsnorm_partial),
-                host.clone(),
+        ),
+        phase(
+            "attn bwd",
+            &[
+                vec![kept(layers - 1)],
+                outer,
+                layer,
+                vec![
+                    grad_scratch,
+                    part("d_attn, d_q, d_k, d_v", 2 * s.q + 2 * s.kv),
+                    part("flash backward's dq accumulator, lse, delta (f32)", x.flash),
+                    staging,
+                ],
             ],
-        },
-        Phase {
-            name: "attn bwd",
-            components: vec![
-                kept(layers - 1),
-                hidden,
-                d_hidden,
-                d_x,
-                acts,
-                scratch,
-                part("d_attn, d_q, d_k, d_v", 2 * s.q + 2 * s.kv),
-                part(
-                    "flash backward's dq accumulator, lse, delta (f32)",
-                    flash_scratch,
-                ),
-                staging(t * d),
-                host,
-            ],
-        },
+        ),
     ]
 }
 
