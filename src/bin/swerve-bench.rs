@@ -53,8 +53,8 @@ enum Command {
 /// `--preset`, for the commands that build a model of a preset shape.
 #[derive(clap::Args)]
 struct PresetArg {
-    /// Model shape: default (small, CPU-friendly), qwen2.5-0.5b, -1.5b, -7b, -32b, -72b-tp8 (one
-    /// rank of tensor-parallel 8, no collective). Weights are random.
+    /// Model shape: default (small, CPU-friendly), qwen2.5-0.5b, -1.5b, -7b, -32b, -72b, -72b-tp8
+    /// (one rank of tensor-parallel 8, no collective). Weights are random.
     #[arg(long, default_value = "default")]
     preset: String,
 }
