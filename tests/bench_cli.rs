@@ -273,3 +273,140 @@ fn yarn4_presets_reach_131k_and_write_a_loadable_folder() {
     assert_eq!(loaded, config);
     assert!(swerve::model::synthetic::preset("nonsense-yarn4").is_err());
 }
+
+fn plan(args: &[&str]) -> (bool, String, String) {
+    let out = Command::new(bin_path("swerve-bench"))
+        .arg("plan")
+        .args(args)
+        .output()
+        .unwrap();
+    (
+        out.status.success(),
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+#[test]
+fn plan_prints_the_papers_setup_and_the_context_parallelism_it_would_need() {
+    let paper = [
+        "--gpus",
+        "128",
+        "--gpu-memory",
+        "141",
+        "--context",
+        "131072",
+    ];
+    let (ok, stdout, stderr) = plan(&paper);
+    assert!(ok, "{stdout}{stderr}");
+    for line in [
+        "TP 8 x DP 16, context 131,072",
+        "training: micro-batch of 131,072 tokens (16,384 rows a rank",
+        "f32 gradients",
+        "f32 masters + 2 moments of 700,576,256 (ZeRO-1 / 16)",
+        "kept layer inputs (80 x [T/8, d])",
+        "fused loss tiles (vocabulary 19,008 a rank)",
+        "rollouts: 10 sequences of 131,072 tokens",
+        "KV cache: 10 x 131,072 tokens x 40,960 B",
+        "at most ",
+    ] {
+        assert!(stdout.contains(line), "no {line:?} in\n{stdout}");
+    }
+    let verdicts = stdout.lines().filter(|l| l.starts_with("peak: ")).count();
+    assert_eq!(verdicts, 2, "{stdout}");
+    // Two 131k sequences a micro-batch do not fit: context parallelism 2 halves the activations.
+    let mut doubled = paper.to_vec();
+    doubled.extend(["--micro-batch-tokens", "262144"]);
+    let (ok, stdout, _) = plan(&doubled);
+    assert!(ok);
+    assert!(stdout.contains("does not fit"), "{stdout}");
+    assert!(
+        stdout.contains("needs context parallelism 2: activations "),
+        "{stdout}"
+    );
+}
+
+#[test]
+fn plan_refuses_bad_flags_naming_them() {
+    for (args, expected) in [
+        (
+            vec!["--gpus", "0", "--gpu-memory", "80"],
+            "--gpus must be at least 1",
+        ),
+        (
+            vec!["--gpus", "8", "--gpu-memory", "0"],
+            "--gpu-memory must be a positive",
+        ),
+        (
+            vec!["--gpus", "8", "--gpu-memory", "NaN"],
+            "--gpu-memory must be a positive",
+        ),
+        (vec!["--gpus", "8", "--gpu-memory", "-80"], "--gpu-memory"),
+        (
+            vec!["--gpus", "128", "--gpu-memory", "80", "--tp", "3"],
+            "--tp 3 does not divide --gpus 128",
+        ),
+        (
+            vec!["--gpus", "128", "--gpu-memory", "80", "--tp", "128"],
+            "--tp 128: tensor-parallel size 128 is more than num_attention_heads (64)",
+        ),
+        (
+            vec![
+                "--gpus",
+                "16",
+                "--gpu-memory",
+                "80",
+                "--tp",
+                "8",
+                "--dp",
+                "4",
+            ],
+            "--tp 8 x --dp 4 is 32 GPUs, not --gpus 16",
+        ),
+        (
+            vec![
+                "--gpus",
+                "8",
+                "--gpu-memory",
+                "80",
+                "--preset",
+                "qwen2.5-72b",
+                "--context",
+                "131072",
+            ],
+            "--context 131072 must be from 1 to the model's 32768 positions",
+        ),
+        (
+            vec!["--gpus", "8", "--gpu-memory", "80", "--group", "0"],
+            "--group must be positive",
+        ),
+        (
+            vec![
+                "--gpus",
+                "8",
+                "--gpu-memory",
+                "80",
+                "--micro-batch-tokens",
+                "0",
+            ],
+            "--micro-batch-tokens must be positive",
+        ),
+        (
+            vec!["--gpus", "8", "--gpu-memory", "80", "--reserve", "90"],
+            "--reserve must be",
+        ),
+        (
+            vec!["--gpus", "8", "--gpu-memory", "80", "--preset", "nonsense"],
+            "--preset",
+        ),
+        (
+            vec!["--gpus", "8", "--gpu-memory", "80", "--mode", "both"],
+            "--mode",
+        ),
+        (vec!["--gpu-memory", "80"], "--gpus"),
+    ] {
+        let (ok, stdout, stderr) = plan(&args);
+        assert!(!ok, "{args:?} was accepted:\n{stdout}");
+        assert!(stderr.contains(expected), "{args:?}: {stderr}");
+    }
+}

@@ -38,9 +38,9 @@ use super::cpu::dot;
 use anyhow::{bail, ensure, Result};
 
 /// Rows of logits in one tile.
-const ROW_CHUNK: usize = 16;
+pub const ROW_CHUNK: usize = 16;
 /// Vocabulary entries in one tile.
-const VOCAB_CHUNK: usize = 512;
+pub const VOCAB_CHUNK: usize = 512;
 
 /// What the loss optimises.
 #[derive(Clone, Copy, Debug, PartialEq)]

@@ -7,6 +7,7 @@ pub mod agent_http;
 pub mod commands;
 pub mod decode;
 pub mod kernels;
+pub mod plan;
 pub mod rl;
 pub mod train;
 

@@ -40,6 +40,9 @@ enum Command {
     /// One RL iteration's time split (rollout, environment, grading, training, handoff) on a
     /// preset model, and the in-memory weight handoff against the size of the weights (GB/s).
     Rl(RlArgs),
+    /// The memory of one GPU, part by part, for training and rollouts of a model on N GPUs of a
+    /// given size (no GPU needed): whether it fits, and the context parallelism it would need.
+    Plan(PlanArgs),
     /// Each CUDA kernel against the CPU reference and the card's measured ceilings (needs a GPU).
     Kernels {
         #[command(flatten)]
@@ -50,8 +53,8 @@ enum Command {
 /// `--preset`, for the commands that build a model of a preset shape.
 #[derive(clap::Args)]
 struct PresetArg {
-    /// Model shape: default (small, CPU-friendly), qwen2.5-0.5b, -1.5b, -7b, -32b, -72b-tp8 (one
-    /// rank of tensor-parallel 8, no collective). Weights are random.
+    /// Model shape: default (small, CPU-friendly), qwen2.5-0.5b, -1.5b, -7b, -32b, -72b, -72b-tp8
+    /// (one rank of tensor-parallel 8, no collective). Weights are random.
     #[arg(long, default_value = "default")]
     preset: String,
 }
@@ -172,6 +175,56 @@ struct TrainArgs {
 }
 
 #[derive(clap::Args)]
+struct PlanArgs {
+    /// Model shape (a preset name, as the other commands take; `-yarn4` for 131,072 tokens).
+    #[arg(long, default_value = "qwen2.5-72b-yarn4")]
+    preset: String,
+    /// Plan for the `config.json` of this model folder instead of a preset.
+    #[arg(long)]
+    model: Option<PathBuf>,
+    /// GPUs in all.
+    #[arg(long)]
+    gpus: usize,
+    /// Memory of one GPU in GiB (the driver reports 79.2 for an 80 GB H100, ~140 for an H200).
+    #[arg(long)]
+    gpu_memory: f64,
+    /// Tensor-parallel size (default: the GPUs of one 8-GPU node, gcd(gpus, 8)).
+    #[arg(long)]
+    tp: Option<usize>,
+    /// Data-parallel replicas (default: gpus / tp).
+    #[arg(long)]
+    dp: Option<usize>,
+    /// Tokens of the longest sequence (default: the model's context).
+    #[arg(long)]
+    context: Option<usize>,
+    /// Training micro-batch budget (default: the context; a longer sequence runs alone).
+    #[arg(long)]
+    micro_batch_tokens: Option<usize>,
+    /// Rollouts per task (G).
+    #[arg(long, default_value_t = 10)]
+    group: usize,
+    /// Tasks an engine (one model replica) runs at once: the KV cache holds G x this many
+    /// sequences at the full context.
+    #[arg(long, default_value_t = 1)]
+    tasks_in_flight: usize,
+    /// Rows of one engine step.
+    #[arg(long, default_value_t = 8192)]
+    max_num_batched_tokens: usize,
+    /// Sequences an engine step runs at once.
+    #[arg(long, default_value_t = 256)]
+    max_num_seqs: usize,
+    /// rl: trainer and engine share the GPUs (the RL loop); train; serve.
+    #[arg(long, default_value = "rl")]
+    mode: commands::PlanMode,
+    /// GiB a GPU loses to what swerve does not allocate (CUDA context, modules): an assumption.
+    #[arg(long, default_value_t = 1.0)]
+    reserve: f64,
+    /// Streaming multiprocessors of the GPU (132 on an H100 or H200 SXM).
+    #[arg(long, default_value_t = 132)]
+    num_sms: usize,
+}
+
+#[derive(clap::Args)]
 struct PrefillArgs {
     #[command(flatten)]
     preset: PresetArg,
@@ -199,6 +252,23 @@ fn main() -> Result<()> {
             seq_lens: a.seq_lens,
             reps: a.reps,
             jsonl: a.jsonl.jsonl,
+        }),
+        Command::Plan(a) => commands::plan(&commands::PlanOptions {
+            preset: a.preset,
+            model: a.model,
+            gpus: a.gpus,
+            gpu_memory: a.gpu_memory,
+            tp: a.tp,
+            dp: a.dp,
+            context: a.context,
+            micro_batch_tokens: a.micro_batch_tokens,
+            group: a.group,
+            tasks_in_flight: a.tasks_in_flight,
+            max_num_batched_tokens: a.max_num_batched_tokens,
+            max_num_seqs: a.max_num_seqs,
+            mode: a.mode,
+            reserve: a.reserve,
+            num_sms: a.num_sms,
         }),
         Command::Kernels { jsonl } => commands::kernels(jsonl.jsonl.as_deref()),
         Command::Agent(a) => commands::agent(&commands::AgentOptions {

@@ -12,13 +12,14 @@ use half::bf16;
 use std::path::Path;
 
 /// Names accepted by `--preset`.
-pub const PRESETS: [&str; 7] = [
+pub const PRESETS: [&str; 8] = [
     "default",
     "tiny",
     "qwen2.5-0.5b",
     "qwen2.5-1.5b",
     "qwen2.5-7b",
     "qwen2.5-32b",
+    "qwen2.5-72b",
     "qwen2.5-72b-tp8",
 ];
 
@@ -50,6 +51,8 @@ pub fn preset(name: &str) -> Result<(ModelConfig, usize)> {
         "qwen2.5-1.5b" => (1536, 8960, 28, 12, 2, 151936, true, 1),
         "qwen2.5-7b" => (3584, 18944, 28, 28, 4, 152064, false, 1),
         "qwen2.5-32b" => (5120, 27648, 64, 40, 8, 152064, false, 1),
+        // The whole model (`swerve-bench plan` splits it as told); `-tp8` is one rank's shape.
+        "qwen2.5-72b" => (8192, 29568, 80, 64, 8, 152064, false, 1),
         "qwen2.5-72b-tp8" => (8192, 29568, 80, 64, 8, 152064, false, 8),
         other => bail!(
             "unknown preset {other:?}; choose one of {} (each also as NAME-yarn4: 131,072-token YaRN; `--model preset:toy` is the toy task's model)",

@@ -453,7 +453,8 @@ impl<'b, B: BackendGrad> Learner<'b, B> {
 
 /// The replica that keeps each parameter's optimizer state (ZeRO-1): the largest tensors first,
 /// each to the replica with the fewest elements so far (ties: the lowest replica), the same on
-/// every rank. Whole tensors, so the shares differ by at most about one tensor.
+/// every rank. Whole tensors, so the shares differ by at most about one tensor. (`bench::plan`
+/// counts a replica's share with it.)
 pub fn zero_owners(shards: &[(String, ParamShard)], replicas: usize) -> Vec<usize> {
     let size = |i: usize| shards[i].1.local_shape().iter().product::<usize>();
     let mut order: Vec<usize> = (0..shards.len()).collect();

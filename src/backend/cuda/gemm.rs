@@ -30,7 +30,8 @@ use std::ffi::c_void;
 use std::mem::size_of;
 use std::sync::{Arc, Mutex};
 
-const WORKSPACE_BYTES: usize = 32 << 20;
+/// The cuBLASLt workspace every GEMM of a stream shares (allocated once per stream).
+pub const WORKSPACE_BYTES: usize = 32 << 20;
 
 /// One column-major cuBLASLt problem `D[m, n] = alpha op(A)[m, k] op(B)[k, n] + beta C (+ bias[m])`.
 #[derive(Clone, Copy, Debug, Hash, PartialEq, Eq)]

@@ -98,9 +98,7 @@ impl CudaDevice {
     /// `(blocks, rows_per_block)` of the backward over `rows` rows: a few waves of blocks, each a
     /// contiguous run of rows (the partial d_weight buffer is `blocks x cols` f32).
     pub fn rmsnorm_bwd_grid(&self, rows: usize) -> (usize, usize) {
-        let target = (self.num_sms as usize * 4).max(1);
-        let rows_per_block = rows.div_ceil(target).max(1);
-        (rows.div_ceil(rows_per_block).max(1), rows_per_block)
+        rmsnorm_bwd_grid(rows, self.num_sms as usize)
     }
 
     /// Backward of `out = rmsnorm(x) * weight`: `d_x += ...` (bf16), `d_weight += ...` (f32),
@@ -171,4 +169,12 @@ impl CudaDevice {
         unsafe { launch.launch(config) }?;
         Ok(())
     }
+}
+
+/// [`CudaDevice::rmsnorm_bwd_grid`] for a device of `num_sms` SMs (`bench::plan` sizes the
+/// partial buffer with it).
+pub fn rmsnorm_bwd_grid(rows: usize, num_sms: usize) -> (usize, usize) {
+    let target = (num_sms * 4).max(1);
+    let rows_per_block = rows.div_ceil(target).max(1);
+    (rows.div_ceil(rows_per_block).max(1), rows_per_block)
 }

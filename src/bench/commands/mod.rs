@@ -5,6 +5,7 @@
 mod agent;
 mod decode;
 mod kernels;
+mod plan;
 mod prefill;
 mod rl;
 mod train;
@@ -12,6 +13,7 @@ mod train;
 pub use agent::{agent, AgentOptions};
 pub use decode::{decode, DecodeOptions};
 pub use kernels::kernels;
+pub use plan::{plan, print_plan, PlanMode, PlanOptions};
 pub use prefill::{prefill, PrefillOptions};
 pub use rl::{rl, RlOptions};
 pub use train::{train, TrainOptions};
