@@ -12,9 +12,8 @@
 //!  loss       kept inputs L x [rows, d], final hidden [T, d] + its norm's input, d_hidden [T, d],
 //!             the fused loss's tiles (`LossTiles::scratch_bytes` on CUDA)
 //!  recompute  top layer recomputed from its kept input (`Qwen2Model::recompute_layer`): the
-//!             layer's buffers (local heads and MLP columns, gathered [T, d] norm outputs, lse)
-//!             plus the fresh set `forward_layer` swaps in with `Keep::Everything` (two sets live
-//!             until the recompute returns), the stream's delta, the x_in / x_mid copies
+//!             layer's buffers (local heads and MLP columns, gathered [T, d] norm outputs, lse;
+//!             they move into its activations), the stream's delta, the x_in / x_mid copies
 //!  MLP bwd    the recomputed activations, d_all + d_normed [T, d], d_mine, and d_act, d_gate,
 //!             d_up [T, I/tp] (`mlp_backward`), at the reduce-scatter of d_normed
 //!  attn bwd   the same but d_attn, d_q [T, h, hd], d_k, d_v [T, g, hd] and, on CUDA, flash
@@ -444,13 +443,7 @@ fn training_phases(c: &ModelConfig, l: &LocalSizes, t: usize, target: &Target) -
                 vec![kept(layers)],
                 outer.clone(),
                 layer.clone(),
-                vec![
-                    part("stream's delta [T/tp, d]", s.r),
-                    part(
-                        "second buffer set (Keep::Everything's swap)",
-                        s.buffers(true),
-                    ),
-                ],
+                vec![part("stream's delta [T/tp, d]", s.r)],
             ],
         ),
         phase(

@@ -11,7 +11,8 @@
 //!  └──────────────────────────────┘                 processes ([`Nested`]) when W > 1
 //! ```
 //!
-//! Global replica index: `p * dp_local + j`. The data-parallel group of tp rank `r` meets across
+//! On GPUs the groups compute with NCCL (their unique ids carried by these host groups) where
+//! libnccl is found. Global replica index: `p * dp_local + j`. The data-parallel group of tp rank `r` meets across
 //! processes at rendezvous port `MASTER_PORT + 1 + r` (the process group itself uses the base
 //! port for the run's own exchanges).
 
@@ -101,6 +102,47 @@ pub struct RankPlace {
     pub local_index: usize,
 }
 
+/// How a rank's backend computes collectives with the members of a host group (an in-process
+/// [`super::local::LocalComm`], or a [`Nested`] group spanning processes): on GPUs NCCL, whose
+/// unique id the host group carries, where libnccl is found; through host memory otherwise.
+pub trait RankComm: crate::backend::Backend + Sized {
+    fn rank_comm<C: Communicator<Self> + 'static>(
+        &self,
+        host: C,
+    ) -> Result<Arc<dyn Communicator<Self>>>;
+}
+
+impl RankComm for CpuBackend {
+    fn rank_comm<C: Communicator<Self> + 'static>(
+        &self,
+        host: C,
+    ) -> Result<Arc<dyn Communicator<Self>>> {
+        Ok(Arc::new(host))
+    }
+}
+
+impl RankComm for CudaBackend {
+    fn rank_comm<C: Communicator<Self> + 'static>(
+        &self,
+        host: C,
+    ) -> Result<Arc<dyn Communicator<Self>>> {
+        if host.size() == 1 {
+            return Ok(Arc::new(host));
+        }
+        // Whether libnccl loads is the same for every rank of a process, and every process runs
+        // the same build: all ranks of a group take the same path.
+        match super::nccl::probe() {
+            Ok(_) => Ok(Arc::new(super::nccl::NcclComm::init(self, &host)?)),
+            Err(e) => {
+                if host.rank() == 0 {
+                    eprintln!("warning: {e:#}; collectives go through host memory (slow)");
+                }
+                Ok(Arc::new(host))
+            }
+        }
+    }
+}
+
 /// What every rank runs (SPMD): generic over the backend, which each rank makes for itself.
 pub trait RankTask: Sync {
     type Output: Send;
@@ -149,7 +191,7 @@ pub fn run_grid<T: RankTask>(
     }
 }
 
-fn spawn<B: BackendGrad + 'static, T: RankTask>(
+fn spawn<B: BackendGrad + RankComm + 'static, T: RankTask>(
     spec: &GridSpec,
     task: &T,
     make_backend: impl Fn(usize) -> Result<B> + Sync,
@@ -171,13 +213,14 @@ fn spawn<B: BackendGrad + 'static, T: RankTask>(
                             local_index,
                         };
                         let backend = make_backend(local_index)?;
-                        let dp: Arc<dyn Communicator<B>> = if spec.process.world_size > 1 {
-                            Arc::new(Nested::across_processes(rank.dp, &spec.process, tp_rank)?)
+                        let dp = if spec.process.world_size > 1 {
+                            let nested = Nested::across_processes(rank.dp, &spec.process, tp_rank)?;
+                            backend.rank_comm(nested)?
                         } else {
-                            Arc::new(rank.dp)
+                            backend.rank_comm(rank.dp)?
                         };
                         let groups = Groups {
-                            tp: Arc::new(rank.tp),
+                            tp: backend.rank_comm(rank.tp)?,
                             dp,
                         };
                         task.run(&backend, groups, place)

@@ -17,8 +17,9 @@ use crate::backend::cpu::CpuBackend;
 use crate::backend::cuda::CudaBackend;
 use crate::backend::{select, Backend, DeviceChoice, Selected};
 use crate::config::{format_bytes, ModelConfig};
-use crate::dist::local::{LocalComm, LocalGroup};
-use crate::dist::{Collectives, Communicator, ReduceOp, Solo};
+use crate::dist::grid::RankComm;
+use crate::dist::local::LocalGroup;
+use crate::dist::{Communicator, ReduceOp, Solo};
 use crate::engine::{Engine, EngineConfig, EngineHandle, TpEngine};
 use crate::model::{PagedKv, Qwen2Model};
 use anyhow::{anyhow, bail, ensure, Result};
@@ -119,33 +120,6 @@ fn start_parallel<B: KvMemory + RankComm + 'static>(
             build_engine(backend, &options, &config, comm)
         })
     })
-}
-
-/// How a rank's backend talks to the other ranks: on a GPU NCCL where the library is found (the
-/// in-process group carries its unique id), through host memory otherwise.
-trait RankComm: Backend + Sized {
-    fn rank_comm(&self, local: LocalComm) -> Result<Arc<dyn Communicator<Self>>>;
-}
-
-impl RankComm for CpuBackend {
-    fn rank_comm(&self, local: LocalComm) -> Result<Arc<dyn Communicator<Self>>> {
-        Ok(Arc::new(local))
-    }
-}
-
-impl RankComm for CudaBackend {
-    fn rank_comm(&self, local: LocalComm) -> Result<Arc<dyn Communicator<Self>>> {
-        // Every rank must take the same path: whether NCCL loads is the same in one process.
-        match crate::dist::nccl::probe() {
-            Ok(_) => Ok(Arc::new(crate::dist::nccl::NcclComm::init(self, &local)?)),
-            Err(e) => {
-                if local.rank() == 0 {
-                    eprintln!("warning: {e:#}; the tensor-parallel collectives go through host memory (slow)");
-                }
-                Ok(Arc::new(local))
-            }
-        }
-    }
 }
 
 /// How the default KV cache is sized (see the module doc).

@@ -462,7 +462,9 @@ pub fn zero_owners(shards: &[(String, ParamShard)], replicas: usize) -> Vec<usiz
     let mut load = vec![0usize; replicas];
     let mut owner = vec![0usize; shards.len()];
     for i in order {
-        let least = (0..replicas).min_by_key(|&r| (load[r], r)).expect("a replica");
+        let least = (0..replicas)
+            .min_by_key(|&r| (load[r], r))
+            .expect("a replica");
         load[least] += size(i);
         owner[i] = least;
     }
