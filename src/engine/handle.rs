@@ -16,7 +16,8 @@
 use crate::backend::{Backend, DeviceSpan};
 use crate::engine::engine::{Engine, EngineEvent, EngineStats, FinalRecord, TokenEvent};
 use crate::engine::prompt_logprobs::PromptLogprobs;
-use crate::engine::request::GenerationRequest;
+use crate::engine::request::{GenerationRequest, RequestOptions};
+use crate::engine::sleep::Released;
 use crate::kvcache::RequestId;
 use crate::model::Qwen2Params;
 use crate::tensor::HostTensor;
@@ -41,8 +42,20 @@ pub type EventSink = Box<dyn FnMut(RequestEvent) -> bool + Send>;
 /// Receives the outcome of a submission: the request's id, or why it was refused.
 pub type SubmitReply = Box<dyn FnOnce(Result<RequestId>) + Send>;
 
+/// What [`EngineHandle::wake_up`] did.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Woken {
+    /// The weights were loaded from the folder given (they had been released).
+    pub weights_loaded: bool,
+    pub kv_cache_restored: bool,
+    pub weight_version: u64,
+}
+
 enum Command {
-    Submit(GenerationRequest, EventSink, SubmitReply),
+    Submit(GenerationRequest, RequestOptions, EventSink, SubmitReply),
+    Sleep(u8, Sender<Result<Released>>),
+    WakeUp(WakeUp, Sender<Result<Woken>>),
+    ResetPrefixCache(Sender<usize>),
     Abort(RequestId),
     UpdateWeights(PathBuf, Sender<Result<u64>>),
     UpdateWeightsFrom(Box<Qwen2Params<HostTensor<'static>>>, Sender<Result<u64>>),
@@ -125,7 +138,47 @@ impl EngineHandle {
         sink: EventSink,
         reply: SubmitReply,
     ) -> Result<()> {
-        self.send(Command::Submit(request, sink, reply))
+        self.submit_with_options(request, RequestOptions::default(), sink, reply)
+    }
+
+    /// [`EngineHandle::submit_with`] with `min_tokens`, a priority or a cache salt.
+    pub fn submit_with_options(
+        &self,
+        request: GenerationRequest,
+        options: RequestOptions,
+        sink: EventSink,
+        reply: SubmitReply,
+    ) -> Result<()> {
+        self.send(Command::Submit(request, options, sink, reply))
+    }
+
+    /// Puts the engine to sleep between steps (see [`crate::engine::sleep`]): level 1 frees the
+    /// KV cache, level 2 the weights too; refused with requests in flight. Until
+    /// [`EngineHandle::wake_up`], submissions are refused. Returns the bytes freed.
+    pub fn sleep(&self, level: u8) -> Result<Released> {
+        let (tx, rx) = channel();
+        self.send(Command::Sleep(level, tx))?;
+        rx.recv().map_err(|_| anyhow!("the engine has stopped"))?
+    }
+
+    /// Wakes the engine: loads released weights from `weights_dir` (when `weights`), allocates
+    /// the KV cache again (when `kv_cache`); submissions are accepted again once both are back.
+    pub fn wake_up(&self, weights_dir: PathBuf, weights: bool, kv_cache: bool) -> Result<Woken> {
+        let (tx, rx) = channel();
+        let wake = WakeUp {
+            weights_dir,
+            weights,
+            kv_cache,
+        };
+        self.send(Command::WakeUp(wake, tx))?;
+        rx.recv().map_err(|_| anyhow!("the engine has stopped"))?
+    }
+
+    /// Forgets every cached prefix between steps; returns the entries dropped.
+    pub fn reset_prefix_cache(&self) -> Result<usize> {
+        let (tx, rx) = channel();
+        self.send(Command::ResetPrefixCache(tx))?;
+        rx.recv().map_err(|_| anyhow!("the engine has stopped"))
     }
 
     /// Stops stepping after the current step: running and waiting requests keep their state and
@@ -209,13 +262,31 @@ impl Drop for EngineHandle {
     }
 }
 
+/// What to bring back on a wake-up.
+struct WakeUp {
+    weights_dir: PathBuf,
+    weights: bool,
+    kv_cache: bool,
+}
+
+/// The engine thread's state beside the engine.
+struct Thread {
+    listeners: HashMap<RequestId, EventSink>,
+    paused: bool,
+    /// Put to sleep and not fully woken: submissions are refused.
+    asleep: bool,
+}
+
 fn run<B: Backend>(mut engine: Engine<B>, inbox: Receiver<Command>) {
-    let mut listeners: HashMap<RequestId, EventSink> = HashMap::new();
-    let mut paused = false;
+    let mut thread = Thread {
+        listeners: HashMap::new(),
+        paused: false,
+        asleep: false,
+    };
     loop {
         // Block for work when idle or paused; otherwise take what has arrived and step.
         let mut commands = Vec::new();
-        if !engine.has_unfinished() || paused {
+        if !engine.has_unfinished() || thread.paused {
             match inbox.recv() {
                 Ok(c) => commands.push(c),
                 Err(_) => return,
@@ -223,97 +294,137 @@ fn run<B: Backend>(mut engine: Engine<B>, inbox: Receiver<Command>) {
         }
         commands.extend(inbox.try_iter());
         for command in commands {
-            match command {
-                Command::Submit(request, events, reply) => match engine.add_request(request) {
-                    Ok(id) => {
-                        listeners.insert(id, events);
-                        reply(Ok(id));
-                    }
-                    Err(e) => reply(Err(e)),
-                },
-                Command::Abort(id) => {
-                    if let Some(record) = engine.abort(id) {
-                        if let Some(mut tx) = listeners.remove(&id) {
-                            tx(RequestEvent::Finished(record));
-                        }
-                    }
-                }
-                Command::Pause => paused = true,
-                Command::Resume => paused = false,
-                Command::UpdateWeights(dir, reply) => {
-                    let _ = reply.send(engine.update_weights(&dir));
-                }
-                Command::UpdateWeightsFrom(host, reply) => {
-                    let _ = reply.send(engine.update_weights_from_host(&host));
-                }
-                Command::UpdateWeightsFromDevice(spans, reply) => {
-                    // SAFETY: the caller of `update_weights_from_device` keeps the spans live
-                    // and unwritten until it has the reply.
-                    let _ = reply.send(unsafe { engine.update_weights_from_device(&spans) });
-                }
-                Command::ReleaseKv(reply) => {
-                    let _ = reply.send(engine.release_kv_cache());
-                }
-                Command::RestoreKv(reply) => {
-                    let _ = reply.send(engine.restore_kv_cache());
-                }
-                Command::Stats(reply) => {
-                    let _ = reply.send(engine.stats());
-                }
-                Command::Shutdown => {
-                    for (id, mut tx) in listeners.drain() {
-                        if let Some(record) = engine.abort(id) {
-                            tx(RequestEvent::Finished(record));
-                        }
-                    }
-                    return;
-                }
+            if thread.handle(&mut engine, command) {
+                return;
             }
         }
-        if !engine.has_unfinished() || paused {
+        if !engine.has_unfinished() || thread.paused {
             continue;
         }
-        let events = match engine.step() {
-            Ok(events) => events,
+        match engine.step() {
+            Ok(events) => thread.route(&mut engine, events),
             Err(e) => {
                 // A failed step (out of device memory, a kernel error) ends every request in
                 // flight with the error rather than retrying forever.
                 let reason = format!("{e:#}");
-                for (id, mut tx) in listeners.drain() {
+                for (id, mut tx) in thread.listeners.drain() {
                     if let Some(mut record) = engine.abort(id) {
                         record.finish_reason = crate::engine::FinishReason::Error(reason.clone());
                         tx(RequestEvent::Finished(record));
                     }
                 }
-                continue;
             }
-        };
-        for event in events {
-            match event {
-                EngineEvent::PromptLogprobs { id, logprobs } => {
-                    let gone = listeners
-                        .get_mut(&id)
-                        .is_some_and(|tx| !tx(RequestEvent::PromptLogprobs(logprobs)));
-                    if gone {
-                        listeners.remove(&id);
-                        engine.abort(id);
-                    }
+        }
+    }
+}
+
+impl Thread {
+    /// Serves one command between steps; true when the thread must stop.
+    fn handle<B: Backend>(&mut self, engine: &mut Engine<B>, command: Command) -> bool {
+        match command {
+            Command::Submit(request, options, events, reply) => {
+                if self.asleep {
+                    reply(Err(anyhow!(
+                        "the engine is asleep (its memory is released): wake it up first"
+                    )));
+                    return false;
                 }
-                EngineEvent::Token(token) => {
-                    let id = token.id;
-                    let gone = listeners
-                        .get_mut(&id)
-                        .is_some_and(|tx| !tx(RequestEvent::Token(token)));
-                    if gone {
-                        listeners.remove(&id);
-                        engine.abort(id);
+                match engine.add_request_with(request, options) {
+                    Ok(id) => {
+                        self.listeners.insert(id, events);
+                        reply(Ok(id));
                     }
+                    Err(e) => reply(Err(e)),
                 }
-                EngineEvent::Finished(record) => {
-                    if let Some(mut tx) = listeners.remove(&record.id) {
+            }
+            Command::Abort(id) => {
+                if let Some(record) = engine.abort(id) {
+                    if let Some(mut tx) = self.listeners.remove(&id) {
                         tx(RequestEvent::Finished(record));
                     }
                 }
+            }
+            Command::Pause => self.paused = true,
+            Command::Resume => self.paused = false,
+            Command::UpdateWeights(dir, reply) => {
+                let _ = reply.send(engine.update_weights(&dir));
+            }
+            Command::UpdateWeightsFrom(host, reply) => {
+                let _ = reply.send(engine.update_weights_from_host(&host));
+            }
+            Command::UpdateWeightsFromDevice(spans, reply) => {
+                // SAFETY: the caller of `update_weights_from_device` keeps the spans live
+                // and unwritten until it has the reply.
+                let _ = reply.send(unsafe { engine.update_weights_from_device(&spans) });
+            }
+            Command::ReleaseKv(reply) => {
+                let _ = reply.send(engine.release_kv_cache());
+            }
+            Command::RestoreKv(reply) => {
+                let _ = reply.send(engine.restore_kv_cache());
+            }
+            Command::Sleep(level, reply) => {
+                let result = engine.sleep(level);
+                self.asleep |= result.is_ok();
+                let _ = reply.send(result);
+            }
+            Command::WakeUp(wake, reply) => {
+                let _ = reply.send(self.wake_up(engine, wake));
+            }
+            Command::ResetPrefixCache(reply) => {
+                let _ = reply.send(engine.reset_prefix_cache());
+            }
+            Command::Stats(reply) => {
+                let _ = reply.send(engine.stats());
+            }
+            Command::Shutdown => {
+                for (id, mut tx) in self.listeners.drain() {
+                    if let Some(record) = engine.abort(id) {
+                        tx(RequestEvent::Finished(record));
+                    }
+                }
+                return true;
+            }
+        }
+        false
+    }
+
+    /// Brings back what was asked for; awake again once the weights are loaded.
+    fn wake_up<B: Backend>(&mut self, engine: &mut Engine<B>, wake: WakeUp) -> Result<Woken> {
+        let mut woken = Woken::default();
+        if wake.weights && engine.weights_released() {
+            engine.restore_weights(&wake.weights_dir)?;
+            woken.weights_loaded = true;
+        }
+        if wake.kv_cache {
+            engine.restore_kv_cache()?;
+            woken.kv_cache_restored = true;
+        }
+        // Released KV comes back by itself with the next step; released weights do not.
+        self.asleep = engine.weights_released() || (self.asleep && !wake.kv_cache);
+        woken.weight_version = engine.stats().weight_version;
+        Ok(woken)
+    }
+
+    /// Hands a step's events to their listeners; a request nobody listens to is aborted.
+    fn route<B: Backend>(&mut self, engine: &mut Engine<B>, events: Vec<EngineEvent>) {
+        for event in events {
+            let (id, event) = match event {
+                EngineEvent::PromptLogprobs { id, logprobs } => {
+                    (id, RequestEvent::PromptLogprobs(logprobs))
+                }
+                EngineEvent::Token(token) => (token.id, RequestEvent::Token(token)),
+                EngineEvent::Finished(record) => {
+                    if let Some(mut tx) = self.listeners.remove(&record.id) {
+                        tx(RequestEvent::Finished(record));
+                    }
+                    continue;
+                }
+            };
+            let gone = self.listeners.get_mut(&id).is_some_and(|tx| !tx(event));
+            if gone {
+                self.listeners.remove(&id);
+                engine.abort(id);
             }
         }
     }

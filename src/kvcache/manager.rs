@@ -160,6 +160,17 @@ impl KvCacheManager {
     /// [`allocate_slots`](Self::allocate_slots): call it before any other allocation or reset, or
     /// a hit may have been evicted meanwhile (`allocate_slots` then refuses it as stale).
     pub fn get_computed_blocks(&mut self, tokens: &[u32]) -> (Vec<BlockId>, usize) {
+        self.get_computed_blocks_salted(tokens, None)
+    }
+
+    /// [`get_computed_blocks`](Self::get_computed_blocks) among the blocks cached with the
+    /// extra key `salt` (a request's cache salt): blocks cached under another salt, or none,
+    /// never match.
+    pub fn get_computed_blocks_salted(
+        &mut self,
+        tokens: &[u32],
+        salt: Option<u64>,
+    ) -> (Vec<BlockId>, usize) {
         if !self.enable_prefix_caching {
             return (Vec::new(), 0);
         }
@@ -168,8 +179,8 @@ impl KvCacheManager {
         let mut hits = Vec::new();
         let mut parent = None;
         for block_tokens in tokens.chunks_exact(block_size).take(max_blocks) {
-            let hash = hash_block(parent, block_tokens, None);
-            match self.pool.lookup(hash, parent, block_tokens, None) {
+            let hash = hash_block(parent, block_tokens, salt);
+            match self.pool.lookup(hash, parent, block_tokens, salt) {
                 Some(id) => hits.push(id),
                 None => break,
             }
@@ -204,6 +215,27 @@ impl KvCacheManager {
         num_computed_tokens: usize,
         num_new_tokens: usize,
         new_computed_blocks: &[BlockId],
+    ) -> Result<Option<Vec<BlockId>>, KvCacheError> {
+        self.allocate_slots_salted(
+            req,
+            tokens,
+            num_computed_tokens,
+            num_new_tokens,
+            new_computed_blocks,
+            None,
+        )
+    }
+
+    /// [`allocate_slots`](Self::allocate_slots) for a request whose blocks are cached with the
+    /// extra key `salt` (its cache salt; read on its first allocation, kept for its life).
+    pub fn allocate_slots_salted(
+        &mut self,
+        req: RequestId,
+        tokens: &[u32],
+        num_computed_tokens: usize,
+        num_new_tokens: usize,
+        new_computed_blocks: &[BlockId],
+        salt: Option<u64>,
     ) -> Result<Option<Vec<BlockId>>, KvCacheError> {
         let block_size = self.block_size();
         let bad = |message: String| KvCacheError::BadArguments {
@@ -263,7 +295,7 @@ impl KvCacheManager {
                 }
                 // The hash chain, needed to register blocks anyway, proves the hits are the
                 // cached blocks for these very tokens.
-                let mut hasher = BlockHasher::new(block_size, None);
+                let mut hasher = BlockHasher::new(block_size, salt);
                 if self.enable_prefix_caching {
                     hasher.update(&tokens[..num_full_blocks * block_size]);
                 }
@@ -312,6 +344,7 @@ impl KvCacheManager {
         state.blocks.extend_from_slice(&new_blocks);
 
         if state.cacheable {
+            let extra = state.hasher.extra();
             let hashes = state.hasher.update(&tokens[..num_full_blocks * block_size]);
             while state.num_cached_blocks < num_full_blocks {
                 let i = state.num_cached_blocks;
@@ -319,7 +352,7 @@ impl KvCacheManager {
                 let block_tokens = &tokens[i * block_size..(i + 1) * block_size];
                 match self
                     .pool
-                    .cache_block(state.blocks[i], hashes[i], parent, block_tokens, None)
+                    .cache_block(state.blocks[i], hashes[i], parent, block_tokens, extra)
                 {
                     CacheInsert::Inserted | CacheInsert::Duplicate => state.num_cached_blocks += 1,
                     CacheInsert::Collision => {
