@@ -48,6 +48,37 @@ const KEYS: &[&str] = &[
     "arguments",
     "include_usage",
     "bogus",
+    // vLLM's extension fields and the field policy (issue 17).
+    "min_tokens",
+    "priority",
+    "cache_salt",
+    "include_stop_str_in_output",
+    "return_tokens_as_token_ids",
+    "spaces_between_special_tokens",
+    "prompt_logprobs",
+    "add_special_tokens",
+    "chat_template_kwargs",
+    "continue_final_message",
+    "add_generation_prompt",
+    "request_id",
+    "repetition_penalty",
+    "bad_words",
+    "guided_json",
+    "response_format",
+    "best_of",
+    // SGLang's /generate.
+    "input_ids",
+    "text",
+    "sampling_params",
+    "max_new_tokens",
+    "min_new_tokens",
+    "no_stop_trim",
+    "return_logprob",
+    "top_logprobs_num",
+    "logprob_start_len",
+    "return_text_in_logprobs",
+    "rid",
+    "extra_key",
 ];
 
 fn random_number(rng: &mut SplitMix64) -> Value {
@@ -140,6 +171,23 @@ fn seeds() -> Vec<(&'static str, Value)> {
         ),
         ("/v1/tokenize", json!({"messages": msgs, "tools": tools})),
         ("/v1/detokenize", json!({"tokens": [1, 2, 151_644]})),
+        (
+            "/generate",
+            json!({"input_ids": [[1, 2, 3], [4, 5]], "return_logprob": true, "top_logprobs_num": 2,
+                "logprob_start_len": 0, "sampling_params": {"max_new_tokens": 3, "min_new_tokens": 1,
+                "no_stop_trim": true, "stop": ["x"]}}),
+        ),
+        (
+            "/v1/chat/completions/tokens",
+            json!({"tokens": [7, 8, 9], "messages": [], "max_completion_tokens": 3, "min_tokens": 1,
+                "cache_salt": "s", "priority": 2, "prompt_logprobs": 1}),
+        ),
+        (
+            "/tokenize",
+            json!({"messages": [{"role": "developer", "content": "x"}, {"role": "assistant", "content": "y"}],
+                "continue_final_message": true, "add_generation_prompt": false,
+                "chat_template_kwargs": {"enable_thinking": false}}),
+        ),
     ]
 }
 
@@ -218,8 +266,10 @@ fn thousands_of_random_and_mutated_bodies_never_get_a_5xx() {
                 let paths = [
                     "/v1/completions",
                     "/v1/chat/completions",
+                    "/v1/chat/completions/tokens",
                     "/v1/tokenize",
                     "/v1/detokenize",
+                    "/generate",
                 ];
                 let mut statuses = std::collections::BTreeMap::new();
                 for i in 0..600 {

@@ -146,8 +146,8 @@ check(r.usage.cached_tokens >= len(previous) // 16 * 16 > 0, f"README recipe: {r
 try:
     client.completions.create(model="no-such-model", prompt="x", max_tokens=1)
     check(False, "unknown model accepted")
-except openai.BadRequestError as e:
-    check(e.status_code == 400 and "no-such-model" in str(e), f"bad model: {e}")
+except openai.NotFoundError as e:
+    check(e.status_code == 404 and "no-such-model" in str(e), f"bad model: {e}")
 try:
     client.completions.create(model=model, prompt="x", max_tokens=10_000)
     check(False, "too long accepted")
