@@ -2,6 +2,7 @@
 #![allow(dead_code)]
 
 pub mod gpu;
+pub mod python;
 pub mod serve;
 
 use safetensors::{Dtype, SafeTensors};
