@@ -21,7 +21,8 @@ fn litellm_and_mini_swe_agent_drive_the_server() {
         venv: "agents-litellm-1.110.2-mswea-2.4.6-venv".into(),
         requirements: &["requirements-agents.txt"],
         no_deps: &["requirements-agents-nodeps.txt"],
-        check: "import litellm, minisweagent.agents.default, minisweagent.models.litellm_model".into(),
+        check: "import litellm, minisweagent.agents.default, minisweagent.models.litellm_model"
+            .into(),
     }
     .python();
     let server = Server::start(

@@ -437,3 +437,76 @@ fn vllm_extension_fields_keep_their_meaning() {
         .assert_error(400, Some("continue_final_message"));
     server.wait_idle();
 }
+
+/// The control routes answer bad input with a 400 naming the field, never a 5xx.
+#[test]
+fn control_routes_refuse_bad_input_naming_the_field() {
+    let server = Server::start(&scripted_model(), &[]);
+    let cases = [
+        ("/sleep", json!({"level": 3}), "level"),
+        ("/sleep", json!({"level": "deep"}), "level"),
+        ("/wake_up", json!({"tags": ["gpu"]}), "tags"),
+        ("/wake_up", json!({"tags": [1]}), "tags[0]"),
+        ("/update_weights_from_disk", json!({}), "model_path"),
+        (
+            "/update_weights_from_disk",
+            json!({"model_path": "/nonexistent"}),
+            "model_path",
+        ),
+        ("/update_weights", json!({"weight_dir": 5}), "weight_dir"),
+        ("/pause", json!({"mode": "sideways"}), "mode"),
+        ("/pause", json!({"clear_cache": "maybe"}), "clear_cache"),
+        ("/abort_request", json!({}), "rid"),
+        ("/generate", json!({}), "input_ids"),
+        (
+            "/generate",
+            json!({"text": "x", "input_ids": [1]}),
+            "input_ids",
+        ),
+        (
+            "/generate",
+            json!({"text": "x", "image_data": "a.png"}),
+            "image_data",
+        ),
+        (
+            "/generate",
+            json!({"text": "x", "sampling_params": [{"n": 1}, {"n": 2}]}),
+            "sampling_params",
+        ),
+        (
+            "/generate",
+            json!({"input_ids": [1, 999_999]}),
+            "input_ids[1]",
+        ),
+        ("/generate", json!({"text": ""}), "text"),
+        (
+            "/v1/chat/completions/tokens",
+            json!({"messages": []}),
+            "tokens",
+        ),
+        (
+            "/v1/completions",
+            json!({"prompt": "x", "prompt_logprobs": -1}),
+            "prompt_logprobs",
+        ),
+        (
+            "/v1/completions",
+            json!({"prompt": "x", "priority": "high"}),
+            "priority",
+        ),
+        (
+            "/v1/chat/completions",
+            json!({"messages": [{"role": "user", "content": "x"}],
+            "chat_template_kwargs": [1]}),
+            "chat_template_kwargs",
+        ),
+    ];
+    for (path, body, param) in cases {
+        let r = server.post(path, &body);
+        r.assert_error(400, Some(param));
+    }
+    // Nothing was left asleep or paused by the refusals.
+    assert_eq!(server.get("/is_sleeping").json()["is_sleeping"], false);
+    assert_eq!(server.get("/is_paused").json()["is_paused"], false);
+    server.wait_idle();
+}

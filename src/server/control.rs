@@ -303,6 +303,11 @@ async fn pause(State(state): Shared, headers: HeaderMap, uri: Uri, body: Body) -
         let aborted = match mode {
             PauseMode::Abort => state.abort_all(),
             PauseMode::Wait => {
+                // Requests frozen by an earlier pause could never finish: let them run.
+                state
+                    .engine
+                    .resume()
+                    .map_err(|_| ApiError::unavailable("the engine has stopped"))?;
                 while state.admission.in_flight() > 0 {
                     tokio::time::sleep(Duration::from_millis(20)).await;
                 }

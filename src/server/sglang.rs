@@ -130,6 +130,11 @@ fn move_sampling_params(
 
 fn parse_generate(mut fields: Fields, ctx: &Context<'_>) -> Result<Native, ApiError> {
     let mut body = Map::new();
+    let prompt_field = if fields.has("input_ids") {
+        "input_ids"
+    } else {
+        "text"
+    };
     let (prompt, single) = read_prompt(&mut fields)?;
     body.insert("prompt".into(), prompt);
     for unsupported in ["input_embeds", "image_data", "video_data", "audio_data"] {
@@ -178,6 +183,10 @@ fn parse_generate(mut fields: Fields, ctx: &Context<'_>) -> Result<Native, ApiEr
                 .any(|n| p == n || p.starts_with(&format!("{n}[")))
             {
                 e.param = Some(format!("sampling_params.{p}"));
+            } else if let Some(rest) = p.strip_prefix("prompt") {
+                // The prompt came as `input_ids` or `text`: name that field.
+                e.param = Some(format!("{prompt_field}{rest}"));
+                e.message = e.message.replace("`prompt`", &format!("`{prompt_field}`"));
             }
         }
         e

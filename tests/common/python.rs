@@ -33,7 +33,13 @@ fn passes(python: &Path, check: &str) -> bool {
 
 fn pip(python: &Path, args: &[&str], file: &str, fix: &str) {
     let out = Command::new(python)
-        .args(["-m", "pip", "install", "--quiet", "--disable-pip-version-check"])
+        .args([
+            "-m",
+            "pip",
+            "install",
+            "--quiet",
+            "--disable-pip-version-check",
+        ])
         .args(args)
         .arg("-r")
         .arg(root().join("tests").join(file))

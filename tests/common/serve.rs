@@ -434,7 +434,11 @@ pub fn agent_model() -> PathBuf {
     DIR.get_or_init(|| {
         let dir = tempfile::tempdir().unwrap();
         let tokenizer = Tokenizer::qwen25().unwrap();
-        let mut ids = vec![*tokenizer.encode("<|im_start|>assistant\n").unwrap().last().unwrap()];
+        let mut ids = vec![*tokenizer
+            .encode("<|im_start|>assistant\n")
+            .unwrap()
+            .last()
+            .unwrap()];
         ids.extend(tokenizer.encode(&agent_reply()).unwrap());
         let pairs: Vec<(u32, u32)> = ids.windows(2).map(|w| (w[0], w[1])).collect();
         swerve::model::synthetic::write_bigram_model(dir.path(), &pairs, VOCAB).unwrap();
