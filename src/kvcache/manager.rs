@@ -279,45 +279,14 @@ impl KvCacheManager {
                 state.blocks.len()
             }
             None => {
-                let num_hit_tokens = new_computed_blocks.len() * block_size;
-                if num_computed_tokens != num_hit_tokens {
-                    return Err(bad(format!(
-                        "a request new to the cache has computed exactly its prefix hits ({} \
-                         blocks = {num_hit_tokens} tokens), not num_computed_tokens {}",
-                        new_computed_blocks.len(),
-                        num_computed_tokens
-                    )));
-                }
-                if !new_computed_blocks.is_empty() && !self.enable_prefix_caching {
-                    return Err(bad(
-                        "prefix-cache hits given, but prefix caching is off".into()
-                    ));
-                }
-                // The hash chain, needed to register blocks anyway, proves the hits are the
-                // cached blocks for these very tokens.
-                let mut hasher = BlockHasher::new(block_size, salt);
-                if self.enable_prefix_caching {
-                    hasher.update(&tokens[..num_full_blocks * block_size]);
-                }
-                for (i, &id) in new_computed_blocks.iter().enumerate() {
-                    if !self.pool.is_valid_block(id) {
-                        return Err(bad(format!(
-                            "prefix hit {i}: {id} is not a usable block id"
-                        )));
-                    }
-                    if self.pool.cached_hash(id) != Some(hasher.hashes()[i]) {
-                        return Err(bad(format!(
-                            "prefix hit {i}: block {id} is not the cached block for these tokens \
-                             (evicted or reset since get_computed_blocks?)"
-                        )));
-                    }
-                }
-                new_state = Some(RequestBlocks {
-                    blocks: Vec::new(),
-                    hasher,
-                    num_cached_blocks: new_computed_blocks.len(),
-                    cacheable: self.enable_prefix_caching,
-                });
+                let state = self.first_allocation(
+                    req,
+                    &tokens[..num_full_blocks * block_size],
+                    num_computed_tokens,
+                    new_computed_blocks,
+                    salt,
+                )?;
+                new_state = Some(state);
                 new_computed_blocks.len()
             }
         };
@@ -364,6 +333,63 @@ impl KvCacheManager {
             }
         }
         Ok(Some(new_blocks))
+    }
+
+    /// The block bookkeeping of a request new to the cache: checks that it has computed exactly
+    /// its prefix hits and that they are the cached blocks of these very tokens (`full_tokens`:
+    /// its full blocks' tokens), whose hash chain, with its cache salt, it starts.
+    fn first_allocation(
+        &self,
+        req: RequestId,
+        full_tokens: &[u32],
+        num_computed_tokens: usize,
+        new_computed_blocks: &[BlockId],
+        salt: Option<u64>,
+    ) -> Result<RequestBlocks, KvCacheError> {
+        let block_size = self.block_size();
+        let bad = |message: String| KvCacheError::BadArguments {
+            request: req,
+            message,
+        };
+        let num_hit_tokens = new_computed_blocks.len() * block_size;
+        if num_computed_tokens != num_hit_tokens {
+            return Err(bad(format!(
+                "a request new to the cache has computed exactly its prefix hits ({} \
+                 blocks = {num_hit_tokens} tokens), not num_computed_tokens {}",
+                new_computed_blocks.len(),
+                num_computed_tokens
+            )));
+        }
+        if !new_computed_blocks.is_empty() && !self.enable_prefix_caching {
+            return Err(bad(
+                "prefix-cache hits given, but prefix caching is off".into()
+            ));
+        }
+        // The hash chain, needed to register blocks anyway, proves the hits are the
+        // cached blocks for these very tokens.
+        let mut hasher = BlockHasher::new(block_size, salt);
+        if self.enable_prefix_caching {
+            hasher.update(full_tokens);
+        }
+        for (i, &id) in new_computed_blocks.iter().enumerate() {
+            if !self.pool.is_valid_block(id) {
+                return Err(bad(format!(
+                    "prefix hit {i}: {id} is not a usable block id"
+                )));
+            }
+            if self.pool.cached_hash(id) != Some(hasher.hashes()[i]) {
+                return Err(bad(format!(
+                    "prefix hit {i}: block {id} is not the cached block for these tokens \
+                     (evicted or reset since get_computed_blocks?)"
+                )));
+            }
+        }
+        Ok(RequestBlocks {
+            blocks: Vec::new(),
+            hasher,
+            num_cached_blocks: new_computed_blocks.len(),
+            cacheable: self.enable_prefix_caching,
+        })
     }
 
     /// Releases the request's blocks (tail first; cached ones stay cached until reused) and
