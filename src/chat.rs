@@ -104,10 +104,14 @@ fn normalise_message(message: &Value) -> Result<Value> {
         .get("role")
         .and_then(Value::as_str)
         .ok_or_else(|| anyhow!("no `role`"))?;
-    if !matches!(role, "system" | "user" | "assistant" | "tool") {
-        bail!("unknown role {role:?} (expected system, user, assistant or tool)");
+    if !matches!(role, "system" | "developer" | "user" | "assistant" | "tool") {
+        bail!("unknown role {role:?} (expected system, developer, user, assistant or tool)");
     }
     let mut out = obj.clone();
+    if role == "developer" {
+        // OpenAI's newer name for the system role; Qwen2.5's template knows only `system`.
+        out.insert("role".into(), Value::String("system".into()));
+    }
     let content = match obj.get("content") {
         None | Some(Value::Null) => Value::String(String::new()),
         Some(Value::String(s)) => Value::String(s.clone()),
@@ -220,10 +224,23 @@ impl ChatTemplate {
         conversation: &Conversation,
         add_generation_prompt: bool,
     ) -> Result<String> {
-        self.render_messages(
+        self.render_with(conversation, add_generation_prompt, &Map::new())
+    }
+
+    /// [`ChatTemplate::render`] with extra template variables (vLLM's `chat_template_kwargs`,
+    /// e.g. `enable_thinking`); `messages`, `tools` and `add_generation_prompt` keep their
+    /// values.
+    pub fn render_with(
+        &self,
+        conversation: &Conversation,
+        add_generation_prompt: bool,
+        kwargs: &Map<String, Value>,
+    ) -> Result<String> {
+        self.render_messages_with(
             &conversation.messages,
             conversation.tools.as_deref(),
             add_generation_prompt,
+            kwargs,
         )
     }
 
@@ -233,16 +250,29 @@ impl ChatTemplate {
         tools: Option<&[Value]>,
         add_generation_prompt: bool,
     ) -> Result<String> {
+        self.render_messages_with(messages, tools, add_generation_prompt, &Map::new())
+    }
+
+    fn render_messages_with(
+        &self,
+        messages: &[Value],
+        tools: Option<&[Value]>,
+        add_generation_prompt: bool,
+        kwargs: &Map<String, Value>,
+    ) -> Result<String> {
         let template = self.env.get_template("chat").expect("added in new()");
         let ctx = minijinja::context! {
             messages => JinjaValue::from_serialize(messages),
             tools => tools.map(JinjaValue::from_serialize),
             add_generation_prompt => add_generation_prompt,
+            ..JinjaValue::from_serialize(kwargs)
         };
         template.render(ctx).map_err(|e| {
             // Name the first message whose prefix no longer renders.
-            let culprit = (1..messages.len())
-                .find(|&k| self.render_messages(&messages[..k], tools, false).is_err());
+            let culprit = (1..messages.len()).find(|&k| {
+                self.render_messages_with(&messages[..k], tools, false, kwargs)
+                    .is_err()
+            });
             let at = culprit.map_or(messages.len().saturating_sub(1), |k| k - 1);
             anyhow!("messages[{at}]: the chat template failed to render: {e:#}")
         })

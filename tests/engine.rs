@@ -565,6 +565,7 @@ fn full_forward_prompt_logprobs(
     let mut out = PromptLogprobs {
         logprobs: vec![None],
         top_logprobs: vec![Vec::new()],
+        ranks: vec![None],
     };
     for (t, row) in logits
         .data
@@ -580,6 +581,9 @@ fn full_forward_prompt_logprobs(
             t + 1
         );
         out.logprobs.push(Some(logprob));
+        let target = row[prompt[t + 1] as usize];
+        out.ranks
+            .push(Some(1 + row.iter().filter(|&&y| y > target).count() as u32));
         let mut rng = SampleRng::from_seed(0);
         out.top_logprobs
             .push(sample(row, &greedy_top, &mut rng).top_logprobs);

@@ -247,11 +247,188 @@ fn sigterm_lets_requests_finish_within_the_grace_period_and_exits_zero() {
         "{}",
         r.text()
     );
+    // The aborted stream ends with an OpenAI error event (clients raise it), not a made-up
+    // finish reason.
     let last: Value = serde_json::from_str(&events[events.len() - 2]).unwrap();
-    assert_eq!(last["choices"][0]["finish_reason"], "abort");
+    assert_eq!(last["error"]["type"], "server_error", "{last}");
+    assert!(
+        last["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("shutting down"),
+        "{last}"
+    );
     assert!(
         std::net::TcpStream::connect(addr).is_err(),
         "still accepting after SIGTERM"
     );
     assert!(server.stderr().contains("SIGTERM"), "{}", server.stderr());
+}
+
+/// A sequence generated across `/update_weights_from_disk` (SGLang's route; prime-rl, slime and
+/// SkyRL update between engine steps while requests run) reports the version of its first and
+/// last tokens and the index of the first token sampled under the new weights.
+#[test]
+fn a_sequence_spanning_a_weight_update_reports_both_versions() {
+    let second = tempfile::tempdir().unwrap();
+    write_scripted_model(second.path(), 0xBEEF);
+    let server = Server::start(&scripted_model(), &[]);
+    let addr = server.addr;
+    let body = json!({"prompt": [11, 12, 13], "max_tokens": 1500, "ignore_eos": true});
+    let long = std::thread::spawn(move || {
+        request(
+            addr,
+            "POST",
+            "/v1/completions",
+            &[],
+            body.to_string().as_bytes(),
+        )
+    });
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while server.metric("swerve_engine_running") < 1.0 {
+        assert!(Instant::now() < deadline);
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    std::thread::sleep(Duration::from_millis(50));
+    // Pause (keeping the request), update, resume: the switch lands between two steps.
+    assert_eq!(server.post("/pause?mode=keep", &json!({})).status, 200);
+    let r = server.post(
+        "/update_weights_from_disk",
+        &json!({"model_path": second.path(), "weight_version": "step-1"}),
+    );
+    assert_eq!(r.status, 200, "{}", r.text());
+    assert_eq!(r.json()["success"], true);
+    assert_eq!(server.post("/resume", &json!({})).status, 200);
+    let r = long.join().unwrap();
+    let body = r.json();
+    let choice = &body["choices"][0];
+    assert_eq!(choice["token_ids"].as_array().unwrap().len(), 1500);
+    assert_eq!(choice["weight_version_first"], 0, "{choice}");
+    assert_eq!(choice["weight_version_last"], 1, "{choice}");
+    let k = choice["weight_version_change_index"].as_u64().unwrap();
+    assert!(k > 0 && k < 1500, "{k}");
+    assert_eq!(body["weight_version"], 1);
+    // A sequence entirely under one version says so.
+    let r = server
+        .post(
+            "/v1/completions",
+            &json!({"prompt": [11, 12], "max_tokens": 3}),
+        )
+        .json();
+    let choice = &r["choices"][0];
+    assert_eq!(choice["weight_version_first"], 1);
+    assert_eq!(choice["weight_version_last"], 1);
+    assert_eq!(choice["weight_version_change_index"], Value::Null);
+    // SGLang's label is reported by /generate.
+    let out = server
+        .post(
+            "/generate",
+            &json!({"input_ids": [11, 12], "sampling_params": {"max_new_tokens": 2}}),
+        )
+        .json();
+    assert_eq!(out["meta_info"]["weight_version"], "step-1");
+    server.wait_idle();
+}
+
+/// The resident memory of a process, from /proc (bytes).
+fn rss_bytes(pid: u32) -> u64 {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
+    let kb: u64 = status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmRSS:"))
+        .and_then(|v| v.split_whitespace().next()?.parse().ok())
+        .unwrap();
+    kb * 1024
+}
+
+/// `/sleep` level 1 then 2 and `/wake_up`: memory given back (reported, and measured as the
+/// process's resident memory), generation refused with 503 while asleep, sleeping refused with
+/// 409 while requests are in flight, and the same greedy tokens after the weights come back.
+#[test]
+fn sleep_and_wake_up_release_and_restore_memory() {
+    let server = Server::start(&scripted_model(), &["--num-kv-blocks", "2048"]);
+    let pid = server.child.id();
+    let greedy =
+        json!({"prompt": [21, 22, 23, 24], "max_tokens": 8, "temperature": 0, "ignore_eos": true});
+    let before = server.post("/v1/completions", &greedy).json();
+    // Most of the KV cache resident: 8 prompts of 3000 tokens at once, 1500 of 2047 blocks.
+    let prompts: Vec<Vec<u32>> = (0..8u32)
+        .map(|p| {
+            (0..3000)
+                .map(|i| 1000 + (i * 7 + p * 13) % 100_000)
+                .collect()
+        })
+        .collect();
+    let r = server.post(
+        "/v1/completions",
+        &json!({"prompt": prompts, "max_tokens": 1}),
+    );
+    assert_eq!(r.status, 200, "{}", r.text());
+    server.wait_idle();
+    let rss_awake = rss_bytes(pid);
+
+    // In flight: 409, nothing released.
+    server.post("/pause?mode=keep", &json!({}));
+    let addr = server.addr;
+    let body = json!({"prompt": [1, 2, 3], "max_tokens": 2});
+    let waiter = std::thread::spawn(move || {
+        request(
+            addr,
+            "POST",
+            "/v1/completions",
+            &[],
+            body.to_string().as_bytes(),
+        )
+    });
+    while server.metric("swerve_sequences_in_flight") < 1.0 {
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    server
+        .post("/sleep?level=1", &json!({}))
+        .assert_error(409, None);
+    server.post("/resume", &json!({}));
+    assert_eq!(waiter.join().unwrap().status, 200);
+    server.wait_idle();
+
+    let r = server.post("/sleep?level=1", &json!({}));
+    assert_eq!(r.status, 200, "{}", r.text());
+    let kv = r.json()["released"]["kv_cache_bytes"].as_u64().unwrap();
+    // 2048 blocks x 16 tokens x 2 layers x (K + V) x 1 KV head x 16 dims x 4 bytes.
+    assert_eq!(kv, 2048 * 16 * 2 * 2 * 16 * 4);
+    let rss_level1 = rss_bytes(pid);
+    let r = server.post("/sleep", &json!({"level": 2}));
+    assert_eq!(r.status, 200, "{}", r.text());
+    let weights = r.json()["released"]["weight_bytes"].as_u64().unwrap();
+    assert!(weights > 2 * 151_936 * 32 * 4, "{weights}");
+    let rss_level2 = rss_bytes(pid);
+    eprintln!(
+        "sleep: RSS {rss_awake} B awake, {rss_level1} B at level 1 (reported KV {kv} B), {rss_level2} B at level 2 (reported weights {weights} B)"
+    );
+    assert!(rss_awake - rss_level1 > kv / 2, "KV cache not given back");
+    assert!(
+        rss_level1 - rss_level2 > weights / 2,
+        "weights not given back"
+    );
+    assert_eq!(server.get("/is_sleeping").json()["level"], 2);
+    // Asleep: 503 naming the way out; health says so; /health_generate fails.
+    let err = server
+        .post("/v1/completions", &greedy)
+        .assert_error(503, None);
+    assert!(err.to_string().contains("/wake_up"), "{err}");
+    assert_eq!(server.get("/health").json()["is_sleeping"], true);
+    assert_eq!(server.get("/health_generate").status, 503);
+
+    let r = server.post("/wake_up", &json!({}));
+    assert_eq!(r.status, 200, "{}", r.text());
+    let woken = r.json();
+    assert_eq!(woken["weights_loaded"], true);
+    assert_eq!(woken["weight_version"], 1, "the weights were loaded again");
+    assert!(rss_bytes(pid) > rss_level2 + weights / 2);
+    let after = server.post("/v1/completions", &greedy).json();
+    assert_eq!(
+        after["choices"][0]["token_ids"],
+        before["choices"][0]["token_ids"]
+    );
+    assert_eq!(server.get("/is_sleeping").json()["is_sleeping"], false);
+    server.wait_idle();
 }

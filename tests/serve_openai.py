@@ -93,6 +93,27 @@ r2 = client.chat.completions.create(model=model, messages=messages2, tools=tools
 check(r2.choices[0].finish_reason == "tool_calls", f"second turn: {r2}")
 check(r2.usage.prompt_tokens > r.usage.prompt_tokens, "the conversation grew")
 
+# A multi-turn tool-calling loop (developer role, vLLM extension fields through extra_body): every
+# turn calls the tool, the history grows, each choice says which weights sampled it, and the
+# fields this server does not implement are named in a response header.
+history = [{"role": "developer", "content": "You are a helpful agent."},
+           {"role": "user", "content": "Wait five seconds, four times."}]
+for turn in range(4):
+    raw = client.chat.completions.with_raw_response.create(
+        model=model, messages=history, tools=tools, max_tokens=40, logprobs=True,
+        extra_body={"min_tokens": 1, "return_tokens_as_token_ids": True, "not_a_vllm_field": 1})
+    r = raw.parse()
+    c = r.choices[0]
+    check(raw.headers.get("x-swerve-ignored-fields") == "not_a_vllm_field", f"turn {turn}: {raw.headers}")
+    check(c.finish_reason == "tool_calls", f"turn {turn}: {r}")
+    check(c.weight_version_first == 0 and c.weight_version_last == 0 and c.weight_version_change_index is None,
+          f"turn {turn}: weight versions {c}")
+    check([e.token for e in c.logprobs.content] == [f"token_id:{t}" for t in c.token_ids], f"turn {turn}: ids")
+    call = c.message.tool_calls[0]
+    history += [c.message.model_dump(exclude_none=True),
+                {"role": "tool", "tool_call_id": call.id, "content": f"slept 5 s ({turn + 1})"}]
+check(len(history) == 10, "four tool round trips")
+
 # Streaming chat with tools: the deltas assemble into the same call.
 name, args, finish, content = "", "", None, ""
 for chunk in client.chat.completions.create(model=model, messages=messages, tools=tools, max_tokens=40, stream=True):
@@ -146,8 +167,8 @@ check(r.usage.cached_tokens >= len(previous) // 16 * 16 > 0, f"README recipe: {r
 try:
     client.completions.create(model="no-such-model", prompt="x", max_tokens=1)
     check(False, "unknown model accepted")
-except openai.BadRequestError as e:
-    check(e.status_code == 400 and "no-such-model" in str(e), f"bad model: {e}")
+except openai.NotFoundError as e:
+    check(e.status_code == 404 and "no-such-model" in str(e), f"bad model: {e}")
 try:
     client.completions.create(model=model, prompt="x", max_tokens=10_000)
     check(False, "too long accepted")

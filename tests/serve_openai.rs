@@ -2,16 +2,14 @@
 //! completions, chat with tools, streaming, logprobs, token ids in and out, and a 20-turn loop
 //! extending `prompt_token_ids` that hits the prefix cache every turn after the first.
 //!
-//! Needs Python 3 and the pinned client (tests/requirements-serve.txt). `SWERVE_PYTHON` names an
-//! interpreter that has it; else `python3` is used when it already imports the pinned version;
-//! else the test provisions a virtual environment with it under cargo's target folder (once;
-//! later runs reuse it). Where that is impossible it fails with the one command that fixes it:
-//! it never skips.
+//! Needs Python 3 and the pinned client (tests/requirements-serve.txt), provisioned as
+//! tests/common/python.rs says.
 
 mod common;
 
+use common::python::PythonEnv;
 use common::serve::{scripted_model, Server, MODEL_NAME};
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::process::Command;
 
 fn pinned_version() -> String {
@@ -23,64 +21,16 @@ fn pinned_version() -> String {
         .to_string()
 }
 
-fn imports_openai(python: &Path, version: &str) -> bool {
-    Command::new(python)
-        .args(["-c", "import openai; print(openai.__version__)"])
-        .output()
-        .is_ok_and(|o| o.status.success() && String::from_utf8_lossy(&o.stdout).trim() == version)
-}
-
 /// An interpreter that imports the pinned `openai`, provisioning one if needed.
 fn python_with_openai() -> PathBuf {
-    if let Some(python) = std::env::var_os("SWERVE_PYTHON") {
-        return PathBuf::from(python);
-    }
     let version = pinned_version();
-    let system = PathBuf::from("python3");
-    if imports_openai(&system, &version) {
-        return system;
+    PythonEnv {
+        venv: format!("openai-{version}-venv"),
+        requirements: &["requirements-serve.txt"],
+        no_deps: &[],
+        check: format!("import openai, sys; sys.exit(openai.__version__ != {version:?})"),
     }
-    let venv = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join(format!("openai-{version}-venv"));
-    let python = venv.join("bin/python3");
-    if imports_openai(&python, &version) {
-        return python;
-    }
-    let fix = "apt-get install python3-venv (or set SWERVE_PYTHON to a Python with `pip install -r tests/requirements-serve.txt`)";
-    let made = Command::new("python3")
-        .args(["-m", "venv", "--clear"])
-        .arg(&venv)
-        .output()
-        .unwrap_or_else(|e| panic!("this test needs python3 ({e}): {fix}"));
-    assert!(
-        made.status.success(),
-        "cannot create a virtual environment for the openai client: {fix}\n{}",
-        String::from_utf8_lossy(&made.stderr)
-    );
-    let installed = Command::new(&python)
-        .args([
-            "-m",
-            "pip",
-            "install",
-            "--quiet",
-            "--disable-pip-version-check",
-            "-r",
-        ])
-        .arg(common::root().join("tests/requirements-serve.txt"))
-        .output()
-        .unwrap();
-    assert!(
-        installed.status.success(),
-        "cannot install the pinned openai client into {}: {}\n{}",
-        venv.display(),
-        fix,
-        String::from_utf8_lossy(&installed.stderr)
-    );
-    assert!(
-        imports_openai(&python, &version),
-        "{} cannot import openai {version} after installing it",
-        python.display()
-    );
-    python
+    .python()
 }
 
 #[test]

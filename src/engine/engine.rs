@@ -11,7 +11,7 @@
 
 use crate::backend::{Backend, PagedLayout, RowDraw};
 use crate::engine::prompt_logprobs::{score_rows, PromptLogprobs, PromptRow};
-use crate::engine::request::{FinishReason, GenerationRequest, Request};
+use crate::engine::request::{FinishReason, GenerationRequest, Request, RequestOptions};
 use crate::engine::sampler::{sample, Sample, SampleRng, SamplingParams};
 use crate::engine::scheduler::{Scheduler, SchedulerConfig, StepPlan};
 use crate::kvcache::{KvCacheManager, RequestId, DEFAULT_BLOCK_SIZE};
@@ -65,6 +65,8 @@ pub struct TokenEvent {
     pub token: u32,
     pub logprob: f32,
     pub top_logprobs: Vec<(u32, f32)>,
+    /// The weight version the token was sampled under.
+    pub weight_version: u64,
 }
 
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
@@ -125,10 +127,13 @@ pub struct EngineStats {
 pub struct Engine<B: Backend> {
     pub backend: B,
     pub model: Qwen2Model<B>,
-    kv: PagedKv<B::Tensor>,
+    pub(super) kv: PagedKv<B::Tensor>,
     /// The KV cache's memory is given back (while a colocated trainer runs); the next step that
     /// has work allocates it again.
     kv_released: bool,
+    /// The weights' memory is given back (sleep level 2, `super::sleep`): no request is
+    /// accepted until they are loaded again.
+    pub(super) weights_released: bool,
     pub(super) scheduler: Scheduler,
     config: EngineConfig,
     next_id: RequestId,
@@ -173,6 +178,7 @@ impl<B: Backend> Engine<B> {
             model,
             kv,
             kv_released: false,
+            weights_released: false,
             scheduler,
             config,
             next_id: 1,
@@ -216,7 +222,26 @@ impl<B: Backend> Engine<B> {
 
     /// Queues a request; its events come out of later [`Engine::step`]s.
     pub fn add_request(&mut self, request: GenerationRequest) -> Result<RequestId> {
+        self.add_request_with(request, RequestOptions::default())
+    }
+
+    /// [`Engine::add_request`] with `min_tokens`, a priority or a cache salt.
+    pub fn add_request_with(
+        &mut self,
+        request: GenerationRequest,
+        options: RequestOptions,
+    ) -> Result<RequestId> {
+        ensure!(
+            !self.weights_released,
+            "model: the weights are released (sleep level 2); wake the engine up first"
+        );
         self.validate(&request)?;
+        ensure!(
+            options.min_tokens <= request.max_tokens,
+            "min_tokens: {} is more than max_tokens {}",
+            options.min_tokens,
+            request.max_tokens
+        );
         let id = self.next_id;
         self.next_id += 1;
         let seed = request
@@ -224,7 +249,9 @@ impl<B: Backend> Engine<B> {
             .seed
             .unwrap_or_else(|| self.config.seed ^ id.wrapping_mul(crate::rng::GOLDEN_GAMMA));
         let rng = SampleRng::from_seed(seed);
-        self.scheduler.add(Request::new(id, id, request, rng));
+        let mut request = Request::new(id, id, request, rng);
+        request.options = options;
+        self.scheduler.add(request);
         Ok(id)
     }
 
@@ -384,6 +411,7 @@ impl<B: Backend> Engine<B> {
                 token: sampled.token,
                 logprob: sampled.logprob,
                 top_logprobs: sampled.top_logprobs,
+                weight_version: self.stats.weight_version,
             }));
             if let Some(reason) = finish {
                 let request = self.scheduler.remove(*id).expect("running request");
@@ -419,7 +447,7 @@ impl<B: Backend> Engine<B> {
         for s in &plan.scheduled {
             let request = self.scheduler.get_mut(s.id).expect("scheduled request");
             let decode = s.num_new_tokens == 1 && s.num_computed_tokens + 1 == request.num_tokens();
-            if !decode || !samples_on_device(&request.params, vocab) {
+            if !decode || !samples_on_device(&request.params, vocab) || request.masks_logits() {
                 return Ok(None);
             }
             // Draw from a copy: the requests' generators move only if the graph runs.
@@ -500,8 +528,7 @@ impl<B: Backend> Engine<B> {
         for (row, scored) in prompt_rows.iter().zip(scored) {
             let request = self.scheduler.get_mut(row.id).expect("scheduled request");
             let state = request.prompt_logprobs.as_mut().expect("asked for");
-            state.values.logprobs.push(Some(scored.logprob));
-            state.values.top_logprobs.push(scored.top_logprobs);
+            state.values.push(scored);
         }
         Ok(())
     }
@@ -541,7 +568,7 @@ impl<B: Backend> Engine<B> {
         let (device_ids, host_ids): (Vec<RequestId>, Vec<RequestId>) =
             sample_ids.iter().partition(|&&id| {
                 let request = self.scheduler.get_mut(id).expect("scheduled request");
-                samples_on_device(&request.params, vocab)
+                samples_on_device(&request.params, vocab) && !request.masks_logits()
             });
         let row_of: HashMap<RequestId, u32> = sample_ids
             .iter()
@@ -566,7 +593,7 @@ impl<B: Backend> Engine<B> {
             samples.extend(self.sample_on_device(logits, &device_ids)?);
         }
         if !host_ids.is_empty() {
-            let host_logits = if device_ids.is_empty() {
+            let mut host_logits = if device_ids.is_empty() {
                 self.backend.to_host(&logits)?
             } else {
                 let rows = self
@@ -574,8 +601,9 @@ impl<B: Backend> Engine<B> {
                     .slice_rows(&logits, device_ids.len()..ordered_rows.len())?;
                 self.backend.to_host(&rows)?
             };
-            for (id, row) in host_ids.iter().zip(host_logits.chunks_exact(vocab)) {
+            for (id, row) in host_ids.iter().zip(host_logits.chunks_exact_mut(vocab)) {
                 let request = self.scheduler.get_mut(*id).expect("scheduled request");
+                request.mask_logits(row);
                 samples.push((*id, sample(row, &request.params, &mut request.rng)));
             }
         }

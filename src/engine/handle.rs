@@ -17,7 +17,8 @@ use crate::backend::DeviceSpan;
 use crate::engine::engine::{EngineEvent, EngineStats, FinalRecord, TokenEvent};
 use crate::engine::parallel::EngineCore;
 use crate::engine::prompt_logprobs::PromptLogprobs;
-use crate::engine::request::GenerationRequest;
+use crate::engine::request::{GenerationRequest, RequestOptions};
+use crate::engine::sleep::Released;
 use crate::kvcache::RequestId;
 use crate::model::Qwen2Params;
 use crate::tensor::HostTensor;
@@ -43,8 +44,20 @@ pub type EventSink = Box<dyn FnMut(RequestEvent) -> bool + Send>;
 /// Receives the outcome of a submission: the request's id, or why it was refused.
 pub type SubmitReply = Box<dyn FnOnce(Result<RequestId>) + Send>;
 
+/// What [`EngineHandle::wake_up`] did.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Woken {
+    /// The weights were loaded from the folder given (they had been released).
+    pub weights_loaded: bool,
+    pub kv_cache_restored: bool,
+    pub weight_version: u64,
+}
+
 enum Command {
-    Submit(GenerationRequest, EventSink, SubmitReply),
+    Submit(GenerationRequest, RequestOptions, EventSink, SubmitReply),
+    Sleep(u8, Sender<Result<Released>>),
+    WakeUp(WakeUp, Sender<Result<Woken>>),
+    ResetPrefixCache(Sender<usize>),
     Abort(RequestId),
     UpdateWeights(PathBuf, Sender<Result<u64>>),
     UpdateWeightsFrom(Arc<Qwen2Params<HostTensor<'static>>>, Sender<Result<u64>>),
@@ -127,7 +140,47 @@ impl EngineHandle {
         sink: EventSink,
         reply: SubmitReply,
     ) -> Result<()> {
-        self.send(Command::Submit(request, sink, reply))
+        self.submit_with_options(request, RequestOptions::default(), sink, reply)
+    }
+
+    /// [`EngineHandle::submit_with`] with `min_tokens`, a priority or a cache salt.
+    pub fn submit_with_options(
+        &self,
+        request: GenerationRequest,
+        options: RequestOptions,
+        sink: EventSink,
+        reply: SubmitReply,
+    ) -> Result<()> {
+        self.send(Command::Submit(request, options, sink, reply))
+    }
+
+    /// Puts the engine to sleep between steps (see [`crate::engine::sleep`]): level 1 frees the
+    /// KV cache, level 2 the weights too; refused with requests in flight. Until
+    /// [`EngineHandle::wake_up`], submissions are refused. Returns the bytes freed.
+    pub fn sleep(&self, level: u8) -> Result<Released> {
+        let (tx, rx) = channel();
+        self.send(Command::Sleep(level, tx))?;
+        rx.recv().map_err(|_| anyhow!("the engine has stopped"))?
+    }
+
+    /// Wakes the engine: loads released weights from `weights_dir` (when `weights`), allocates
+    /// the KV cache again (when `kv_cache`); submissions are accepted again once both are back.
+    pub fn wake_up(&self, weights_dir: PathBuf, weights: bool, kv_cache: bool) -> Result<Woken> {
+        let (tx, rx) = channel();
+        let wake = WakeUp {
+            weights_dir,
+            weights,
+            kv_cache,
+        };
+        self.send(Command::WakeUp(wake, tx))?;
+        rx.recv().map_err(|_| anyhow!("the engine has stopped"))?
+    }
+
+    /// Forgets every cached prefix between steps; returns the entries dropped.
+    pub fn reset_prefix_cache(&self) -> Result<usize> {
+        let (tx, rx) = channel();
+        self.send(Command::ResetPrefixCache(tx))?;
+        rx.recv().map_err(|_| anyhow!("the engine has stopped"))
     }
 
     /// Stops stepping after the current step: running and waiting requests keep their state and
@@ -153,9 +206,9 @@ impl EngineHandle {
         rx.recv().map_err(|_| anyhow!("the engine has stopped"))?
     }
 
-    /// Swaps in weights handed over in memory (whole tensors in checkpoint order: a
-    /// tensor-parallel engine's ranks each take their part), between steps; returns the new
-    /// weight version.
+    /// Swaps in weights handed over in memory, between steps; returns the new weight version.
+    /// (Whole tensors in checkpoint order: a tensor-parallel engine's ranks each take their
+    /// part.)
     pub fn update_weights_from(&self, host: Qwen2Params<HostTensor<'static>>) -> Result<u64> {
         let (tx, rx) = channel();
         self.send(Command::UpdateWeightsFrom(Arc::new(host), tx))?;
@@ -213,66 +266,81 @@ impl Drop for EngineHandle {
     }
 }
 
-/// The engine thread: takes commands, steps while requests are unfinished and not paused, and
-/// hands each step's events to the requests' sinks. Ends at [`Command::Shutdown`] or when every
-/// handle is gone.
-fn run<E: EngineCore>(engine: E, inbox: Receiver<Command>) {
-    let mut thread = EngineThread {
-        engine,
-        listeners: HashMap::new(),
-        paused: false,
-    };
-    loop {
-        let Some(commands) = thread.next_commands(&inbox) else {
-            return;
-        };
-        for command in commands {
-            if !thread.handle(command) {
-                return;
-            }
-        }
-        if !thread.engine.has_unfinished() || thread.paused {
-            continue;
-        }
-        if let Some(events) = thread.step() {
-            thread.deliver(events);
-        }
-    }
+/// What to bring back on a wake-up.
+struct WakeUp {
+    weights_dir: PathBuf,
+    weights: bool,
+    kv_cache: bool,
 }
 
-/// What the engine thread owns: the engine, each request's event sink, and the pause flag.
-struct EngineThread<E: EngineCore> {
-    engine: E,
+/// The engine thread's state beside the engine.
+struct Thread {
     listeners: HashMap<RequestId, EventSink>,
     paused: bool,
+    /// Put to sleep and not fully woken: submissions are refused.
+    asleep: bool,
 }
 
-impl<E: EngineCore> EngineThread<E> {
-    /// Blocks for work when idle or paused; otherwise takes what has arrived. `None` when every
-    /// handle is gone.
-    fn next_commands(&self, inbox: &Receiver<Command>) -> Option<Vec<Command>> {
+fn run<E: EngineCore>(mut engine: E, inbox: Receiver<Command>) {
+    let mut thread = Thread {
+        listeners: HashMap::new(),
+        paused: false,
+        asleep: false,
+    };
+    loop {
+        // Block for work when idle or paused; otherwise take what has arrived and step.
         let mut commands = Vec::new();
-        if !self.engine.has_unfinished() || self.paused {
+        if !engine.has_unfinished() || thread.paused {
             match inbox.recv() {
                 Ok(c) => commands.push(c),
-                Err(_) => return None,
+                Err(_) => return,
             }
         }
         commands.extend(inbox.try_iter());
-        Some(commands)
-    }
-
-    /// Runs one command; `false` at shutdown (every request in flight aborted and told).
-    fn handle(&mut self, command: Command) -> bool {
-        let engine = &mut self.engine;
-        match command {
-            Command::Submit(request, events, reply) => match engine.add_request(request) {
-                Ok(id) => {
-                    self.listeners.insert(id, events);
-                    reply(Ok(id));
+        for command in commands {
+            if thread.handle(&mut engine, command) {
+                return;
+            }
+        }
+        if !engine.has_unfinished() || thread.paused {
+            continue;
+        }
+        match engine.step() {
+            Ok(events) => thread.route(&mut engine, events),
+            Err(e) => {
+                // A failed step (out of device memory, a kernel error) ends every request in
+                // flight with the error rather than retrying forever.
+                let reason = format!("{e:#}");
+                for (id, mut tx) in thread.listeners.drain() {
+                    if let Some(mut record) = engine.abort(id) {
+                        record.finish_reason = crate::engine::FinishReason::Error(reason.clone());
+                        tx(RequestEvent::Finished(record));
+                    }
                 }
-                Err(e) => reply(Err(e)),
-            },
+            }
+        }
+    }
+}
+
+impl Thread {
+    /// Serves one command between steps; true when the thread must stop.
+    fn handle<E: EngineCore>(&mut self, engine: &mut E, command: Command) -> bool {
+        match command {
+            Command::Submit(request, options, events, reply) => {
+                if self.asleep {
+                    reply(Err(anyhow!(
+                        "the engine is asleep (its memory is released): wake it up first"
+                    )));
+                    return false;
+                }
+                match engine.add_request_with(request, options) {
+                    Ok(id) => {
+                        self.listeners.insert(id, events);
+                        reply(Ok(id));
+                    }
+                    Err(e) => reply(Err(e)),
+                }
+            }
             Command::Abort(id) => {
                 if let Some(record) = engine.abort(id) {
                     if let Some(mut tx) = self.listeners.remove(&id) {
@@ -299,6 +367,17 @@ impl<E: EngineCore> EngineThread<E> {
             Command::RestoreKv(reply) => {
                 let _ = reply.send(engine.restore_kv_cache());
             }
+            Command::Sleep(level, reply) => {
+                let result = engine.sleep(level);
+                self.asleep |= result.is_ok();
+                let _ = reply.send(result);
+            }
+            Command::WakeUp(wake, reply) => {
+                let _ = reply.send(self.wake_up(engine, wake));
+            }
+            Command::ResetPrefixCache(reply) => {
+                let _ = reply.send(engine.reset_prefix_cache());
+            }
             Command::Stats(reply) => {
                 let _ = reply.send(engine.stats());
             }
@@ -308,60 +387,48 @@ impl<E: EngineCore> EngineThread<E> {
                         tx(RequestEvent::Finished(record));
                     }
                 }
-                return false;
+                return true;
             }
         }
-        true
+        false
     }
 
-    /// One engine step. A failed step (out of device memory, a kernel error) ends every request
-    /// in flight with the error rather than retrying forever: then `None`.
-    fn step(&mut self) -> Option<Vec<EngineEvent>> {
-        match self.engine.step() {
-            Ok(events) => Some(events),
-            Err(e) => {
-                let reason = format!("{e:#}");
-                for (id, mut tx) in self.listeners.drain() {
-                    if let Some(mut record) = self.engine.abort(id) {
-                        record.finish_reason = crate::engine::FinishReason::Error(reason.clone());
-                        tx(RequestEvent::Finished(record));
-                    }
-                }
-                None
-            }
+    /// Brings back what was asked for; awake again once the weights are loaded.
+    fn wake_up<E: EngineCore>(&mut self, engine: &mut E, wake: WakeUp) -> Result<Woken> {
+        let mut woken = Woken::default();
+        if wake.weights && engine.weights_released() {
+            engine.restore_weights(&wake.weights_dir)?;
+            woken.weights_loaded = true;
         }
+        if wake.kv_cache {
+            engine.restore_kv_cache()?;
+            woken.kv_cache_restored = true;
+        }
+        // Released KV comes back by itself with the next step; released weights do not.
+        self.asleep = engine.weights_released() || (self.asleep && !wake.kv_cache);
+        woken.weight_version = engine.stats().weight_version;
+        Ok(woken)
     }
 
-    /// Hands a step's events to their requests' sinks; a sink that says its receiver is gone
-    /// aborts its request.
-    fn deliver(&mut self, events: Vec<EngineEvent>) {
-        let listeners = &mut self.listeners;
+    /// Hands a step's events to their listeners; a request nobody listens to is aborted.
+    fn route<E: EngineCore>(&mut self, engine: &mut E, events: Vec<EngineEvent>) {
         for event in events {
-            match event {
+            let (id, event) = match event {
                 EngineEvent::PromptLogprobs { id, logprobs } => {
-                    let gone = listeners
-                        .get_mut(&id)
-                        .is_some_and(|tx| !tx(RequestEvent::PromptLogprobs(logprobs)));
-                    if gone {
-                        listeners.remove(&id);
-                        self.engine.abort(id);
-                    }
+                    (id, RequestEvent::PromptLogprobs(logprobs))
                 }
-                EngineEvent::Token(token) => {
-                    let id = token.id;
-                    let gone = listeners
-                        .get_mut(&id)
-                        .is_some_and(|tx| !tx(RequestEvent::Token(token)));
-                    if gone {
-                        listeners.remove(&id);
-                        self.engine.abort(id);
-                    }
-                }
+                EngineEvent::Token(token) => (token.id, RequestEvent::Token(token)),
                 EngineEvent::Finished(record) => {
-                    if let Some(mut tx) = listeners.remove(&record.id) {
+                    if let Some(mut tx) = self.listeners.remove(&record.id) {
                         tx(RequestEvent::Finished(record));
                     }
+                    continue;
                 }
+            };
+            let gone = self.listeners.get_mut(&id).is_some_and(|tx| !tx(event));
+            if gone {
+                self.listeners.remove(&id);
+                engine.abort(id);
             }
         }
     }

@@ -13,6 +13,8 @@
 //!   the same thread and handle ([`EngineCore`]).
 //! - [`prompt_logprobs`]: logprobs of a prompt's own tokens (for `echo`), computed during the
 //!   request's prefill.
+//! - [`sleep`]: sleep levels (the KV cache's memory given back; the weights' too), and the
+//!   prefix cache reset.
 
 #[allow(clippy::module_inception)]
 pub mod engine;
@@ -24,10 +26,11 @@ pub mod reload;
 pub mod request;
 pub mod sampler;
 pub mod scheduler;
+pub mod sleep;
 
 pub use engine::{Engine, EngineConfig, EngineEvent, EngineStats, FinalRecord, TokenEvent, Usage};
 pub use handle::{EngineHandle, EventSink, RequestEvent, SubmitReply};
 pub use parallel::{EngineCore, TpEngine};
 pub use prompt_logprobs::PromptLogprobs;
-pub use request::{FinishReason, GenerationRequest};
+pub use request::{FinishReason, GenerationRequest, RequestOptions};
 pub use sampler::SamplingParams;

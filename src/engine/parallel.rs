@@ -17,7 +17,8 @@
 
 use crate::backend::{Backend, DeviceSpan};
 use crate::engine::engine::{Engine, EngineEvent, EngineStats, FinalRecord};
-use crate::engine::request::GenerationRequest;
+use crate::engine::request::{GenerationRequest, RequestOptions};
+use crate::engine::sleep::Released;
 use crate::kvcache::RequestId;
 use crate::model::Qwen2Params;
 use crate::tensor::HostTensor;
@@ -30,7 +31,7 @@ use std::thread::JoinHandle;
 /// What the engine thread drives ([`crate::engine::EngineHandle`]): one engine, or a
 /// tensor-parallel group of them.
 pub trait EngineCore {
-    fn add_request(&mut self, request: GenerationRequest) -> Result<RequestId>;
+    fn add_request_with(&mut self, request: GenerationRequest, options: RequestOptions) -> Result<RequestId>;
     fn abort(&mut self, id: RequestId) -> Option<FinalRecord>;
     fn has_unfinished(&self) -> bool;
     fn step(&mut self) -> Result<Vec<EngineEvent>>;
@@ -46,12 +47,17 @@ pub trait EngineCore {
     unsafe fn update_weights_from_device(&mut self, spans: &[DeviceSpan]) -> Result<u64>;
     fn release_kv_cache(&mut self) -> Result<usize>;
     fn restore_kv_cache(&mut self) -> Result<()>;
+    /// See [`Engine::sleep`].
+    fn sleep(&mut self, level: u8) -> Result<Released>;
+    fn weights_released(&self) -> bool;
+    fn restore_weights(&mut self, dir: &std::path::Path) -> Result<u64>;
+    fn reset_prefix_cache(&mut self) -> usize;
     fn stats(&self) -> EngineStats;
 }
 
 impl<B: Backend> EngineCore for Engine<B> {
-    fn add_request(&mut self, request: GenerationRequest) -> Result<RequestId> {
-        Engine::add_request(self, request)
+    fn add_request_with(&mut self, request: GenerationRequest, options: RequestOptions) -> Result<RequestId> {
+        Engine::add_request_with(self, request, options)
     }
     fn abort(&mut self, id: RequestId) -> Option<FinalRecord> {
         Engine::abort(self, id)
@@ -81,6 +87,18 @@ impl<B: Backend> EngineCore for Engine<B> {
     fn restore_kv_cache(&mut self) -> Result<()> {
         Engine::restore_kv_cache(self)
     }
+    fn sleep(&mut self, level: u8) -> Result<Released> {
+        Engine::sleep(self, level)
+    }
+    fn weights_released(&self) -> bool {
+        Engine::weights_released(self)
+    }
+    fn restore_weights(&mut self, dir: &std::path::Path) -> Result<u64> {
+        Engine::restore_weights(self, dir)
+    }
+    fn reset_prefix_cache(&mut self) -> usize {
+        Engine::reset_prefix_cache(self)
+    }
     fn stats(&self) -> EngineStats {
         Engine::stats(self)
     }
@@ -88,13 +106,16 @@ impl<B: Backend> EngineCore for Engine<B> {
 
 /// What rank 0 asks a follower to do, in the order it does it itself.
 enum RankOp {
-    Add(GenerationRequest),
+    Add(GenerationRequest, RequestOptions),
     Abort(RequestId),
     Step,
     Reload(PathBuf),
     ReloadFrom(Arc<Qwen2Params<HostTensor<'static>>>),
     ReleaseKv,
     RestoreKv,
+    Sleep(u8),
+    RestoreWeights(PathBuf),
+    ResetPrefixCache,
 }
 
 /// A follower's answer, compared with rank 0's.
@@ -107,6 +128,8 @@ enum RankDone {
     Version(u64),
     Released(usize),
     Restored,
+    Slept(Released),
+    Reset(usize),
 }
 
 struct Follower {
@@ -238,7 +261,9 @@ fn follow<B: Backend>(
 ) {
     while let Ok(op) = ops.recv() {
         let answer = match op {
-            RankOp::Add(request) => engine.add_request(request).map(RankDone::Added),
+            RankOp::Add(request, options) => {
+                engine.add_request_with(request, options).map(RankDone::Added)
+            }
             RankOp::Abort(id) => Ok(RankDone::Aborted(engine.abort(id).is_some())),
             RankOp::Step => engine
                 .step()
@@ -249,6 +274,9 @@ fn follow<B: Backend>(
                 .map(RankDone::Version),
             RankOp::ReleaseKv => engine.release_kv_cache().map(RankDone::Released),
             RankOp::RestoreKv => engine.restore_kv_cache().map(|()| RankDone::Restored),
+            RankOp::Sleep(level) => engine.sleep(level).map(RankDone::Slept),
+            RankOp::RestoreWeights(dir) => engine.restore_weights(&dir).map(RankDone::Version),
+            RankOp::ResetPrefixCache => Ok(RankDone::Reset(engine.reset_prefix_cache())),
         };
         if done.send(answer).is_err() {
             return;

@@ -38,6 +38,18 @@ pub struct PromptLogprobs {
     /// At each position t >= 1, the `top_n` most likely tokens (descending, ties by id); empty at
     /// t = 0 and when `top_n` is 0.
     pub top_logprobs: Vec<Vec<(u32, f32)>>,
+    /// At each position t >= 1, the rank of `tokens[t]` in its distribution: 1 + the number of
+    /// tokens with a larger logit (vLLM's `rank`); `None` at t = 0.
+    pub ranks: Vec<Option<u32>>,
+}
+
+impl PromptLogprobs {
+    /// Appends the next position's values.
+    pub fn push(&mut self, scored: ScoredRow) {
+        self.logprobs.push(Some(scored.logprob));
+        self.top_logprobs.push(scored.top_logprobs);
+        self.ranks.push(Some(scored.rank));
+    }
 }
 
 /// A request's prompt logprobs while its prefill computes them.
@@ -58,6 +70,7 @@ impl PromptLogprobsState {
             values: PromptLogprobs {
                 logprobs: vec![None],
                 top_logprobs: vec![Vec::new()],
+                ranks: vec![None],
             },
             delivered: false,
         }
@@ -97,6 +110,17 @@ pub struct PromptRow {
 pub struct ScoredRow {
     pub logprob: f32,
     pub top_logprobs: Vec<(u32, f32)>,
+    /// 1 + the number of tokens whose logit is above the target's.
+    pub rank: u32,
+}
+
+/// 1 + the number of logits above `row[target]` (NaN counts as below everything).
+pub fn rank_of(row: &[f32], target: u32) -> u32 {
+    let Some(&x) = row.get(target as usize) else {
+        return row.len() as u32;
+    };
+    let x = if x.is_nan() { f32::NEG_INFINITY } else { x };
+    1 + row.iter().filter(|&&y| y > x).count() as u32
 }
 
 /// The logprob (and `top_n` alternatives) of every row's target, in `rows`' order.
@@ -127,6 +151,7 @@ pub fn score_rows<B: Backend>(
             out.push(ScoredRow {
                 logprob: log_softmax_at(row, r.target),
                 top_logprobs: top,
+                rank: rank_of(row, r.target),
             });
         }
     }

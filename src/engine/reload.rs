@@ -23,6 +23,10 @@ impl<B: Backend> Engine<B> {
     /// an error and the old weights serve on. The checkpoint is read through its memory map
     /// tensor by tensor into the existing parameter storage: no second model is built.
     pub fn update_weights(&mut self, dir: &Path) -> Result<u64> {
+        if self.weights_released {
+            // Asleep at level 2: the parameters have no storage to overwrite; load them anew.
+            return self.restore_weights(dir);
+        }
         let source = dir.display().to_string();
         let config = ModelConfig::from_dir(dir)?;
         self.check_same_architecture(&config, &source)?;
@@ -84,7 +88,7 @@ impl<B: Backend> Engine<B> {
     }
 
     /// The architecture fields that fix the parameters' shapes must not change in a reload.
-    fn check_same_architecture(&self, new: &ModelConfig, source: &str) -> Result<()> {
+    pub(super) fn check_same_architecture(&self, new: &ModelConfig, source: &str) -> Result<()> {
         let old = &self.model.config;
         let fields = [
             ("hidden_size", old.hidden_size, new.hidden_size),

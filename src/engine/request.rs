@@ -39,6 +39,22 @@ impl FinishReason {
     }
 }
 
+/// What a caller submits beyond [`GenerationRequest`] (all off by default):
+/// [`crate::engine::Engine::add_request_with`].
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct RequestOptions {
+    /// vLLM's `min_tokens`: until this many tokens are generated, the stop ids are masked out
+    /// of the distribution sampled from (set to `-inf`, the rest renormalised), so the request
+    /// cannot stop; the reported logprobs are those of that masked distribution.
+    pub min_tokens: usize,
+    /// Scheduling priority, vLLM's convention: lower runs first; equal priorities run in
+    /// arrival order (all 0: first come, first served).
+    pub priority: i64,
+    /// Isolates prefix-cache entries: blocks are only shared between requests with the same
+    /// salt (vLLM's `cache_salt`, hashed to 64 bits by the caller).
+    pub cache_salt: Option<u64>,
+}
+
 /// What a caller submits.
 #[derive(Clone, Debug)]
 pub struct GenerationRequest {
@@ -75,6 +91,8 @@ pub struct Request {
     pub num_preemptions: usize,
     /// The prompt's own logprobs, when asked for, as the prefill computes them.
     pub prompt_logprobs: Option<PromptLogprobsState>,
+    /// `min_tokens`, `priority`, `cache_salt`.
+    pub options: RequestOptions,
 }
 
 impl Request {
@@ -96,6 +114,27 @@ impl Request {
             prompt_logprobs: submitted
                 .prompt_logprobs
                 .map(|top_n| PromptLogprobsState::new(top_n.min(MAX_TOP_LOGPROBS))),
+            options: RequestOptions::default(),
+        }
+    }
+
+    /// Whether the next sample must come from a masked distribution (`min_tokens` not reached
+    /// with stop ids to mask): it is then sampled on the host, from logits passed through
+    /// [`Request::mask_logits`].
+    pub fn masks_logits(&self) -> bool {
+        self.output().len() < self.options.min_tokens && !self.stop_ids.is_empty()
+    }
+
+    /// Sets the logits of every token this request may not sample next to `-inf` (the stop
+    /// ids while `min_tokens` is not reached); sampling then renormalises over the rest, and
+    /// the logprob reported is that of the masked distribution.
+    pub fn mask_logits(&self, logits: &mut [f32]) {
+        if self.masks_logits() {
+            for &t in &self.stop_ids {
+                if let Some(x) = logits.get_mut(t as usize) {
+                    *x = f32::NEG_INFINITY;
+                }
+            }
         }
     }
 

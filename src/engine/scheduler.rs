@@ -5,12 +5,17 @@
 //!
 //! ```text
 //!  step:  budget = max_num_batched_tokens
-//!   1. running, oldest first: n = min(uncomputed, budget); allocate slots for n tokens;
-//!      no room -> preempt the youngest running request not yet scheduled this step (free its
-//!      blocks, computed := 0, back to the front of the queue) and retry
-//!   2. if nobody was preempted: admit waiting requests FIFO while budget and seats remain:
-//!      prefix-cache lookup, then the same allocation; no room -> stop admitting
+//!   1. running, in admission order: n = min(uncomputed, budget); allocate slots for n tokens;
+//!      no room -> preempt the last in (priority, arrival) order among the running requests
+//!      not yet scheduled this step (free its blocks, computed := 0, back to the queue) and retry
+//!   2. if nobody was preempted: admit waiting requests in (priority, arrival) order while
+//!      budget and seats remain: prefix-cache lookup, then the same allocation; no room -> stop
 //! ```
+//!
+//! Priorities follow vLLM's priority policy: a lower `priority` runs first, equal priorities in
+//! arrival order, so with every priority 0 (the default) this is first come, first served. The
+//! waiting queue is kept sorted by (priority, arrival). A prefix-cache lookup uses the request's
+//! cache salt: blocks are shared only between requests with the same salt.
 //!
 //! Requests scheduled in a step are never freed before that step runs (the KV cache's contract);
 //! aborts arrive between steps.
@@ -73,7 +78,14 @@ impl Scheduler {
     }
 
     pub fn add(&mut self, request: Request) {
-        self.waiting.push_back(request);
+        self.enqueue(request);
+    }
+
+    /// Inserts into the waiting queue in (priority, arrival) order, after equal keys.
+    fn enqueue(&mut self, request: Request) {
+        let key = queue_key(&request);
+        let at = self.waiting.partition_point(|r| queue_key(r) <= key);
+        self.waiting.insert(at, request);
     }
 
     pub fn num_waiting(&self) -> usize {
@@ -132,9 +144,11 @@ impl Scheduler {
                     i += 1;
                 }
                 Ok(false) => {
-                    // The youngest request not yet scheduled this step makes room (possibly
-                    // this one, when it is the youngest left).
-                    let victim = self.running.len() - 1;
+                    // The last in (priority, arrival) order not yet scheduled this step makes
+                    // room (possibly this one, when it is the last left).
+                    let victim = (i..self.running.len())
+                        .max_by_key(|&k| queue_key(&self.running[k]))
+                        .expect("request i is running");
                     let preempted = self.preempt(victim);
                     plan.preempted.push(preempted);
                     if victim == i {
@@ -163,13 +177,19 @@ impl Scheduler {
                 // Its prompt logprobs need every prompt row computed.
                 (Vec::new(), 0)
             } else {
-                self.kv.get_computed_blocks(&request.tokens)
+                self.kv
+                    .get_computed_blocks_salted(&request.tokens, request.options.cache_salt)
             };
             let n = (request.num_tokens() - hit_tokens).min(budget);
-            match self
-                .kv
-                .allocate_slots(request.id, &request.tokens, hit_tokens, n, &hits)
-            {
+            let salt = request.options.cache_salt;
+            match self.kv.allocate_slots_salted(
+                request.id,
+                &request.tokens,
+                hit_tokens,
+                n,
+                &hits,
+                salt,
+            ) {
                 Ok(Some(_)) => {
                     request.num_computed_tokens = hit_tokens;
                     request.num_cached_tokens.get_or_insert(hit_tokens);
@@ -182,7 +202,7 @@ impl Scheduler {
                     self.running.push(request);
                 }
                 Ok(None) => {
-                    self.waiting.push_front(request);
+                    self.enqueue(request);
                     break;
                 }
                 Err(e) => {
@@ -197,8 +217,9 @@ impl Scheduler {
     /// Allocates `n` more tokens for running request `i`: Ok(false) when the pool is full.
     fn allocate(&mut self, i: usize, n: usize, hits: &[u32]) -> Result<bool, KvCacheError> {
         let r = &self.running[i];
+        let salt = r.options.cache_salt;
         self.kv
-            .allocate_slots(r.id, &r.tokens, r.num_computed_tokens, n, hits)
+            .allocate_slots_salted(r.id, &r.tokens, r.num_computed_tokens, n, hits, salt)
             .map(|allocated| allocated.is_some())
     }
 
@@ -208,7 +229,7 @@ impl Scheduler {
         request.num_computed_tokens = 0;
         request.num_preemptions += 1;
         let id = request.id;
-        self.waiting.push_front(request);
+        self.enqueue(request);
         id
     }
 
@@ -225,6 +246,11 @@ impl Scheduler {
     pub fn running(&self) -> &[Request] {
         &self.running
     }
+}
+
+/// The order requests wait and run in: priority (lower first), then arrival.
+fn queue_key(request: &Request) -> (i64, u64) {
+    (request.options.priority, request.arrival)
 }
 
 #[cfg(test)]
@@ -322,6 +348,64 @@ mod tests {
             .collect();
         assert_eq!(computed, vec![0, 16, 16]);
         assert_eq!(s.kv.prefix_cache_stats().hits, 32);
+    }
+
+    #[test]
+    fn lower_priority_values_are_admitted_first_and_preempted_last() {
+        // One seat: the queue decides who runs.
+        let mut s = scheduler(64, 256);
+        s.config.max_num_seqs = 1;
+        for (id, priority) in [(1, 0), (2, 5), (3, -1), (4, 0)] {
+            let mut r = request(id, 3);
+            r.options.priority = priority;
+            s.add(r);
+        }
+        let mut order = Vec::new();
+        while s.has_work() {
+            let plan = s.schedule();
+            let id = plan.scheduled[0].id;
+            order.push(id);
+            s.complete(&plan);
+            s.remove(id);
+        }
+        assert_eq!(order, vec![3, 1, 4, 2]);
+        // A full pool preempts the last in (priority, arrival) order, not the youngest.
+        let mut s = scheduler(7, 64);
+        let mut low = request(1, 8);
+        low.options.priority = 9;
+        s.add(low);
+        s.add(request(2, 12));
+        let plan = s.schedule();
+        assert_eq!(plan.scheduled.len(), 2);
+        s.complete(&plan);
+        for id in [1, 2] {
+            s.get_mut(id).unwrap().tokens.extend([1, 2, 3, 4, 5]);
+        }
+        let plan = s.schedule();
+        assert_eq!(plan.preempted, vec![1]);
+    }
+
+    #[test]
+    fn a_cache_salt_isolates_prefix_cache_entries() {
+        let mut s = scheduler(64, 256);
+        let salted = |id: u64, salt: Option<u64>| {
+            let mut r = request(1, 17);
+            r.id = id;
+            r.arrival = id;
+            r.options.cache_salt = salt;
+            r
+        };
+        s.add(salted(1, Some(7)));
+        s.add(salted(2, Some(7)));
+        s.add(salted(3, Some(8)));
+        s.add(salted(4, None));
+        let plan = s.schedule();
+        let computed: Vec<usize> = plan
+            .scheduled
+            .iter()
+            .map(|p| p.num_computed_tokens)
+            .collect();
+        assert_eq!(computed, vec![0, 16, 0, 0]);
     }
 
     #[test]

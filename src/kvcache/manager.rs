@@ -51,12 +51,13 @@ impl RequestBlocks {
     /// cached, in order; on a hash collision stops caching this request's blocks for good.
     fn cache_full_blocks(&mut self, pool: &mut BlockPool, tokens: &[u32], num_full_blocks: usize) {
         let block_size = pool.block_size();
+        let extra = self.hasher.extra();
         let hashes = self.hasher.update(&tokens[..num_full_blocks * block_size]);
         while self.num_cached_blocks < num_full_blocks {
             let i = self.num_cached_blocks;
             let parent = i.checked_sub(1).map(|p| hashes[p]);
             let block_tokens = &tokens[i * block_size..(i + 1) * block_size];
-            match pool.cache_block(self.blocks[i], hashes[i], parent, block_tokens, None) {
+            match pool.cache_block(self.blocks[i], hashes[i], parent, block_tokens, extra) {
                 CacheInsert::Inserted | CacheInsert::Duplicate => self.num_cached_blocks += 1,
                 CacheInsert::Collision => {
                     // Blocks after this one would chain on a hash that names other content.
@@ -190,6 +191,17 @@ impl KvCacheManager {
     /// [`allocate_slots`](Self::allocate_slots): call it before any other allocation or reset, or
     /// a hit may have been evicted meanwhile (`allocate_slots` then refuses it as stale).
     pub fn get_computed_blocks(&mut self, tokens: &[u32]) -> (Vec<BlockId>, usize) {
+        self.get_computed_blocks_salted(tokens, None)
+    }
+
+    /// [`get_computed_blocks`](Self::get_computed_blocks) among the blocks cached with the
+    /// extra key `salt` (a request's cache salt): blocks cached under another salt, or none,
+    /// never match.
+    pub fn get_computed_blocks_salted(
+        &mut self,
+        tokens: &[u32],
+        salt: Option<u64>,
+    ) -> (Vec<BlockId>, usize) {
         if !self.enable_prefix_caching {
             return (Vec::new(), 0);
         }
@@ -198,8 +210,8 @@ impl KvCacheManager {
         let mut hits = Vec::new();
         let mut parent = None;
         for block_tokens in tokens.chunks_exact(block_size).take(max_blocks) {
-            let hash = hash_block(parent, block_tokens, None);
-            match self.pool.lookup(hash, parent, block_tokens, None) {
+            let hash = hash_block(parent, block_tokens, salt);
+            match self.pool.lookup(hash, parent, block_tokens, salt) {
                 Some(id) => hits.push(id),
                 None => break,
             }
@@ -235,6 +247,27 @@ impl KvCacheManager {
         num_new_tokens: usize,
         new_computed_blocks: &[BlockId],
     ) -> Result<Option<Vec<BlockId>>, KvCacheError> {
+        self.allocate_slots_salted(
+            req,
+            tokens,
+            num_computed_tokens,
+            num_new_tokens,
+            new_computed_blocks,
+            None,
+        )
+    }
+
+    /// [`allocate_slots`](Self::allocate_slots) for a request whose blocks are cached with the
+    /// extra key `salt` (its cache salt; read on its first allocation, kept for its life).
+    pub fn allocate_slots_salted(
+        &mut self,
+        req: RequestId,
+        tokens: &[u32],
+        num_computed_tokens: usize,
+        num_new_tokens: usize,
+        new_computed_blocks: &[BlockId],
+        salt: Option<u64>,
+    ) -> Result<Option<Vec<BlockId>>, KvCacheError> {
         let num_total = self.check_allocation(req, tokens, num_computed_tokens, num_new_tokens)?;
         let num_full_blocks = num_total / self.block_size();
         // A request new to the cache gets its state (hits checked) only once the blocks are free.
@@ -245,8 +278,13 @@ impl KvCacheManager {
             }
             None => {
                 let tokens = &tokens[..num_full_blocks * self.block_size()];
-                let state =
-                    self.first_allocation(req, tokens, num_computed_tokens, new_computed_blocks)?;
+                let state = self.first_allocation(
+                    req,
+                    tokens,
+                    num_computed_tokens,
+                    new_computed_blocks,
+                    salt,
+                )?;
                 (new_computed_blocks.len(), Some(state))
             }
         };
@@ -348,6 +386,7 @@ impl KvCacheManager {
         full_tokens: &[u32],
         num_computed_tokens: usize,
         new_computed_blocks: &[BlockId],
+        salt: Option<u64>,
     ) -> Result<RequestBlocks, KvCacheError> {
         let block_size = self.block_size();
         let num_hit_tokens = new_computed_blocks.len() * block_size;
@@ -370,7 +409,7 @@ impl KvCacheManager {
         }
         // The hash chain, needed to register blocks anyway, proves the hits are the cached
         // blocks for these very tokens.
-        let mut hasher = BlockHasher::new(block_size, None);
+        let mut hasher = BlockHasher::new(block_size, salt);
         if self.enable_prefix_caching {
             hasher.update(full_tokens);
         }

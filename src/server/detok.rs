@@ -160,6 +160,12 @@ impl TextBuilder {
 /// The earliest stop string in `text` that ends after byte `new_from` (so a match must use some
 /// of the newest text): its start. `stops` are non-empty.
 pub fn find_stop(text: &str, new_from: usize, stops: &[String]) -> Option<usize> {
+    find_stop_span(text, new_from, stops).map(|(start, _)| start)
+}
+
+/// [`find_stop`] with the end of the match too: `(start, end)` of the earliest stop string
+/// (the longest one where two start at the same byte).
+pub fn find_stop_span(text: &str, new_from: usize, stops: &[String]) -> Option<(usize, usize)> {
     let longest = stops.iter().map(String::len).max()?;
     let mut from = new_from.saturating_sub(longest.saturating_sub(1));
     while !text.is_char_boundary(from) {
@@ -167,8 +173,12 @@ pub fn find_stop(text: &str, new_from: usize, stops: &[String]) -> Option<usize>
     }
     stops
         .iter()
-        .filter_map(|stop| text[from..].find(stop.as_str()).map(|at| from + at))
-        .min()
+        .filter_map(|stop| {
+            text[from..]
+                .find(stop.as_str())
+                .map(|at| (from + at, from + at + stop.len()))
+        })
+        .min_by_key(|&(start, end)| (start, std::cmp::Reverse(end)))
 }
 
 /// How many bytes at the end of `text` could be the start of a stop string: held back from a

@@ -66,6 +66,24 @@ impl ApiError {
         Self::bad_request(message).with_status(StatusCode::INTERNAL_SERVER_ERROR, "server_error")
     }
 
+    /// 503: asleep (`/sleep`): generation needs `/wake_up` first.
+    pub fn asleep(level: u8) -> Self {
+        let what = if level >= 2 {
+            "its KV cache and weights are released"
+        } else {
+            "its KV cache is released"
+        };
+        Self::unavailable(format!(
+            "the server is asleep (sleep level {level}: {what}): POST /wake_up first"
+        ))
+    }
+
+    /// 409: the request conflicts with the server's state (e.g. sleeping with requests in
+    /// flight).
+    pub fn conflict(message: impl Into<String>) -> Self {
+        Self::bad_request(message).with_status(StatusCode::CONFLICT, "invalid_request_error")
+    }
+
     /// 503: the server is stopping or the engine is gone.
     pub fn unavailable(message: impl Into<String>) -> Self {
         Self::bad_request(message).with_status(StatusCode::SERVICE_UNAVAILABLE, "server_error")

@@ -1,6 +1,8 @@
 //! Reading a JSON request body field by field, so every error names the field, its type and what
-//! was expected; fields the server does not know are an error too (a typo such as `max_token`
-//! silently changing a rollout is worse than a 400).
+//! was expected. A field given as `null` means its default. Fields the server does not know are
+//! ignored, as vLLM ignores them, but never silently: [`Fields::finish`] returns their names, and
+//! the response names them in its `X-Swerve-Ignored-Fields` header and the server's log
+//! (`super::policy`).
 
 use super::error::ApiError;
 use serde_json::{Map, Value};
@@ -124,15 +126,27 @@ impl Fields {
         }
     }
 
-    /// Fails on the first field left unread.
-    pub fn finish(self) -> Result<(), ApiError> {
-        match self.map.keys().next() {
-            None => Ok(()),
-            Some(name) => Err(ApiError::field(
-                name.clone(),
-                format!("unrecognized request field `{name}`"),
-            )),
-        }
+    /// The fields left unread (sorted), `null` ones aside (null means "default", so nothing
+    /// was ignored): ignored, and reported as such by the caller.
+    pub fn finish(self) -> Vec<String> {
+        let mut names: Vec<String> = self
+            .map
+            .into_iter()
+            .filter(|(_, v)| !v.is_null())
+            .map(|(k, _)| k)
+            .collect();
+        names.sort();
+        names
+    }
+
+    /// Sets a field (a route that renames one before the shared reader reads it).
+    pub fn insert(&mut self, name: &str, value: Value) {
+        self.map.insert(name.to_string(), value);
+    }
+
+    /// Fields over an object read by another convention (SGLang's `sampling_params`).
+    pub fn from_map(map: Map<String, Value>) -> Self {
+        Self { map }
     }
 }
 

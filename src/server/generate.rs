@@ -12,7 +12,7 @@
 //! The [`Inflight`] guard aborts every unfinished request when it is dropped: a client that goes
 //! away (its handler future or its response stream dropped) frees its blocks at once.
 
-use super::detok::{find_stop, held_back, TextBuilder};
+use super::detok::{find_stop_span, held_back, TextBuilder};
 use super::error::{from_engine_refusal, ApiError};
 use super::openai::Job;
 use super::state::{AppState, Permit};
@@ -28,6 +28,8 @@ pub struct Inflight {
     state: Arc<AppState>,
     ids: Vec<Option<RequestId>>,
     done: Vec<bool>,
+    /// The caller's request id, forgotten when the job ends.
+    name: Option<String>,
     _permit: Permit,
 }
 
@@ -63,6 +65,9 @@ impl Drop for Inflight {
         if aborted > 0 {
             self.state.metrics.client_aborts(aborted);
         }
+        if let Some(name) = &self.name {
+            self.state.forget_name(name);
+        }
     }
 }
 
@@ -73,6 +78,9 @@ pub type Events = UnboundedReceiver<(usize, RequestEvent)>;
 pub async fn start(state: &Arc<AppState>, job: &Job) -> Result<(Inflight, Events), ApiError> {
     if state.stopping.load(std::sync::atomic::Ordering::SeqCst) {
         return Err(ApiError::unavailable("the server is shutting down"));
+    }
+    if let Some(level) = state.sleep_level() {
+        return Err(ApiError::asleep(level));
     }
     let choices = job.num_choices();
     if choices > state.admission.capacity {
@@ -99,17 +107,19 @@ pub async fn start(state: &Arc<AppState>, job: &Job) -> Result<(Inflight, Events
         state: state.clone(),
         ids: vec![None; choices],
         done: vec![false; choices],
+        name: job.ext.request_id.clone(),
         _permit: permit,
     };
     let (tx, rx) = unbounded_channel();
     let mut replies = Vec::with_capacity(choices);
-    for (choice, request) in job.requests().into_iter().enumerate() {
+    for (choice, (request, options)) in job.requests().into_iter().enumerate() {
         let tx = tx.clone();
         let (reply_tx, reply_rx) = oneshot::channel();
         state
             .engine
-            .submit_with(
+            .submit_with_options(
                 request,
+                options,
                 Box::new(move |event| tx.send((choice, event)).is_ok()),
                 Box::new(move |result| {
                     let _ = reply_tx.send(result);
@@ -126,6 +136,9 @@ pub async fn start(state: &Arc<AppState>, job: &Job) -> Result<(Inflight, Events
                 inflight.ids[choice] = Some(id);
                 if let Ok(mut live) = state.live.lock() {
                     live.insert(id);
+                }
+                if let Some(rid) = &job.ext.request_id {
+                    state.name_request(rid, id);
                 }
             }
             Ok(Err(e)) => {
@@ -147,7 +160,8 @@ pub async fn start(state: &Arc<AppState>, job: &Job) -> Result<(Inflight, Events
 /// How a choice ended.
 #[derive(Clone, Debug)]
 pub struct Finish {
-    /// OpenAI's word: stop, length, abort, error (tool_calls is decided when rendering).
+    /// stop, length, abort, error (tool_calls is decided when rendering; an abort or an error
+    /// is answered as an OpenAI error, `super::response`).
     pub reason: &'static str,
     pub error: Option<String>,
     pub cached_tokens: usize,
@@ -161,9 +175,14 @@ pub struct ChoiceState {
     pub tokens: Vec<u32>,
     pub logprobs: Vec<f32>,
     pub top_logprobs: Vec<Vec<(u32, f32)>>,
+    /// The weight versions of the first and last tokens, and the index of the first token
+    /// sampled under weights other than the first token's.
+    pub versions: Option<WeightVersions>,
     text: TextBuilder,
     /// A stop string matched: the text ends at its start and later tokens are ignored.
     stopped_by_string: bool,
+    /// The stop string that matched.
+    pub matched_stop: Option<String>,
     pub finish: Option<Finish>,
     /// Streaming: how much text and how many tokens have been sent.
     pub sent_text: usize,
@@ -171,6 +190,36 @@ pub struct ChoiceState {
     /// Streaming: the first chunk (role, echo, prompt ids) and the finish have been sent.
     pub sent_start: bool,
     pub sent_finish: bool,
+}
+
+/// Which weights a choice's tokens were sampled under.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct WeightVersions {
+    pub first: u64,
+    pub last: u64,
+    /// The index (in the choice's token ids) of the first token sampled under weights other
+    /// than the first token's; `None` while they are all the first token's.
+    pub change_index: Option<usize>,
+}
+
+impl WeightVersions {
+    fn record(versions: &mut Option<Self>, index: usize, version: u64) {
+        match versions {
+            None => {
+                *versions = Some(Self {
+                    first: version,
+                    last: version,
+                    change_index: None,
+                })
+            }
+            Some(v) => {
+                if version != v.first && v.change_index.is_none() {
+                    v.change_index = Some(index);
+                }
+                v.last = version;
+            }
+        }
+    }
 }
 
 impl ChoiceState {
@@ -213,8 +262,10 @@ impl Run {
                 tokens: Vec::new(),
                 logprobs: Vec::new(),
                 top_logprobs: Vec::new(),
+                versions: None,
                 text: TextBuilder::default(),
                 stopped_by_string: false,
+                matched_stop: None,
                 finish: None,
                 sent_text: 0,
                 sent_tokens: 0,
@@ -265,19 +316,31 @@ impl Run {
         if c.stopped_by_string {
             return;
         }
+        WeightVersions::record(&mut c.versions, c.tokens.len(), token.weight_version);
         c.tokens.push(token.token);
         c.logprobs.push(token.logprob);
         if job.logprobs.is_some_and(|n| n > 0) {
             c.top_logprobs.push(token.top_logprobs);
         }
         let before = c.text.text.len();
-        c.text
-            .push(self.state.table.bytes(token.token, job.skip_special_tokens));
-        if job.stop_strings.is_empty() {
+        // A stop token ends the output; its text is not part of it unless
+        // `include_stop_str_in_output` (vLLM), and never before `min_tokens`, which masks it.
+        let stop_token = job.stop_ids.contains(&token.token)
+            && c.tokens.len() > job.ext.options.min_tokens
+            && !job.ext.include_stop_str;
+        if !stop_token {
+            c.text
+                .push(self.state.table.bytes(token.token, job.skip_special_tokens));
+        }
+        // vLLM checks stop strings only once `min_tokens` are generated.
+        if job.stop_strings.is_empty() || c.tokens.len() <= job.ext.options.min_tokens {
             return;
         }
-        if let Some(at) = find_stop(&c.text.text, before, &job.stop_strings) {
-            c.text.text.truncate(at);
+        if let Some((start, end)) = find_stop_span(&c.text.text, before, &job.stop_strings) {
+            c.matched_stop = Some(c.text.text[start..end].to_string());
+            c.text
+                .text
+                .truncate(if job.ext.include_stop_str { end } else { start });
             c.stopped_by_string = true;
             self.inflight.abort(choice);
         }

@@ -9,10 +9,10 @@
 //! importance ratios are wrong, and RL training collapses (RL-SPEC.md, "Sampling during
 //! rollouts").
 
+use super::context::SamplingDefaults;
 use super::detok::TokenTable;
 use super::http::router;
 use super::metrics::Metrics;
-use super::openai::SamplingDefaults;
 use super::state::{Admission, AppState};
 use crate::backend::DeviceChoice;
 use crate::chat::ChatTemplate;
@@ -22,10 +22,10 @@ use crate::engine::SamplingParams;
 use crate::tokenizer::Tokenizer;
 use anyhow::{anyhow, bail, ensure, Context as _, Result};
 use serde_json::Value;
-use std::collections::HashSet;
+use std::collections::{HashMap, HashSet};
 use std::io::Write as _;
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicBool, AtomicU64};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicU8};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -212,6 +212,11 @@ pub fn run(options: ServeOptions) -> Result<()> {
         started_unix: std::time::SystemTime::now()
             .duration_since(std::time::UNIX_EPOCH)
             .map_or(0, |d| d.as_secs()),
+        sleep_level: AtomicU8::new(0),
+        named: Mutex::new(HashMap::new()),
+        base_model_dir: options.model.clone(),
+        weights_dir: Mutex::new(options.model.clone()),
+        weight_version_label: Mutex::new(None),
     });
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .enable_all()

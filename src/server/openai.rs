@@ -1,20 +1,21 @@
 //! The OpenAI request bodies this server accepts, read into a [`Job`]: the prompts as token ids
 //! and one engine request per choice. Every field is type-checked and range-checked here, with an
-//! error naming it; the engine re-validates what it receives. `/v1/completions` and the fields
-//! both generation endpoints share are read here; the chat bodies (messages and tools through
-//! the chat template) in [`super::chat_request`].
+//! error naming it; the engine re-validates what it receives. The field policy (implemented,
+//! refused, ignored) is in [`super::policy`]; vLLM's extension fields in [`super::extensions`];
+//! prompts in [`super::prompts`]; chat in [`super::chat_request`].
 //!
 //! Beyond OpenAI's fields (the token-in, token-out extensions vLLM also has):
 //! `prompt_token_ids` (instead of `prompt` or `messages`), `top_k`, `min_p`, `stop_token_ids`,
-//! `ignore_eos`, `skip_special_tokens`, `add_generation_prompt` (chat), `repetition_penalty`
-//! (1 only).
+//! `ignore_eos`, `skip_special_tokens`, and the fields of [`super::extensions`].
 
+pub use super::context::{Context, SamplingDefaults};
 use super::error::ApiError;
+use super::extensions::{read_extensions, Extensions};
 use super::fields::{type_name, wrong_type, Fields};
-use crate::chat::ChatTemplate;
+use super::policy::{refuse_best_of, refuse_distribution_changers, refuse_response_format};
+use super::prompts::{check_model, completion_prompts, prompt_token_ids, token_ids};
 use crate::engine::sampler::{SamplingError, MAX_TOP_LOGPROBS};
-use crate::engine::{GenerationRequest, SamplingParams};
-use crate::tokenizer::Tokenizer;
+use crate::engine::{GenerationRequest, RequestOptions, SamplingParams};
 use serde_json::Value;
 
 /// Choices one request may ask for (prompts x `n`).
@@ -30,41 +31,7 @@ pub enum Endpoint {
     Chat,
 }
 
-/// Sampling used for fields a request leaves unset: RL-correct (temperature 1, no filters) unless
-/// the server was started with `--use-generation-config`.
-#[derive(Clone, Debug, PartialEq)]
-pub struct SamplingDefaults {
-    pub temperature: f32,
-    pub top_p: f32,
-    pub top_k: Option<usize>,
-    pub min_p: f32,
-}
-
-impl Default for SamplingDefaults {
-    fn default() -> Self {
-        let p = SamplingParams::default();
-        Self {
-            temperature: p.temperature,
-            top_p: p.top_p,
-            top_k: p.top_k,
-            min_p: p.min_p,
-        }
-    }
-}
-
-/// What parsing needs to know about the server.
-pub struct Context<'a> {
-    pub tokenizer: &'a Tokenizer,
-    pub template: &'a ChatTemplate,
-    pub served_model_name: &'a str,
-    /// Rows of the model's embedding: token ids must be below it.
-    pub model_vocab: usize,
-    pub max_model_len: usize,
-    pub defaults: &'a SamplingDefaults,
-    /// Stop ids used unless `ignore_eos` (the tokenizer's `<|im_end|>`, `<|endoftext|>`).
-    pub eos_ids: &'a [u32],
-}
-
+/// One generation request as the server runs it.
 /// One generation request as the server runs it.
 #[derive(Clone, Debug)]
 pub struct Job {
@@ -86,35 +53,52 @@ pub struct Job {
     pub skip_special_tokens: bool,
     /// Parse `<tool_call>` blocks into `tool_calls` (chat with tools, `tool_choice` not "none").
     pub parse_tool_calls: bool,
+    /// vLLM's extension fields (`min_tokens`, `priority`, `cache_salt`, ...).
+    pub ext: Extensions,
+    /// Request fields this server ignored (named in a response header and the log).
+    pub ignored: Vec<String>,
 }
 
 impl Job {
     /// The engine request of every choice, in choice order (prompt-major: choice `p * n + j`).
-    /// With a seed, choice j of a prompt samples with `seed + j`. With `echo` and `logprobs`, the
-    /// first choice of each prompt also computes the prompt's logprobs (the others share its
-    /// prompt through the prefix cache).
-    pub fn requests(&self) -> Vec<GenerationRequest> {
+    /// With a seed, choice j of a prompt samples with `seed + j`. When the prompt's logprobs are
+    /// wanted (`echo` with `logprobs`, or `prompt_logprobs`), the first choice of each prompt
+    /// computes them (the others share its prompt through the prefix cache).
+    pub fn requests(&self) -> Vec<(GenerationRequest, RequestOptions)> {
         let mut out = Vec::new();
         for (p, prompt) in self.prompts.iter().enumerate() {
             for j in 0..self.n {
                 let mut params = self.params.clone();
                 params.seed = params.seed.map(|s| s.wrapping_add(j as u64));
-                out.push(GenerationRequest {
+                let request = GenerationRequest {
                     prompt: prompt.clone(),
                     params,
                     max_tokens: self.max_tokens[p],
                     stop_ids: self.stop_ids.clone(),
-                    prompt_logprobs: (j == 0 && self.wants_prompt_logprobs())
-                        .then(|| self.logprobs.unwrap_or(0)),
-                });
+                    prompt_logprobs: if j == 0 {
+                        self.prompt_logprobs_top_n()
+                    } else {
+                        None
+                    },
+                };
+                out.push((request, self.ext.options.clone()));
             }
         }
         out
     }
 
-    /// Whether the prompts' own logprobs are returned (completions' `echo` with `logprobs`).
+    /// Whether completions' `echo` returns the prompt's logprobs.
     pub fn wants_prompt_logprobs(&self) -> bool {
-        self.echo && self.logprobs.is_some()
+        self.prompt_logprobs_top_n().is_some()
+    }
+
+    /// Alternatives per prompt position when the prompt's logprobs are computed at all.
+    fn prompt_logprobs_top_n(&self) -> Option<usize> {
+        let echo = (self.echo && self.logprobs.is_some()).then(|| self.logprobs.unwrap_or(0));
+        match (echo, self.ext.prompt_logprobs) {
+            (Some(a), Some(b)) => Some(a.max(b)),
+            (a, b) => a.or(b),
+        }
     }
 
     pub fn num_choices(&self) -> usize {
@@ -122,145 +106,19 @@ impl Job {
     }
 }
 
-/// Checks `model`, if given, against the served name.
-pub fn check_model(fields: &mut Fields, ctx: &Context<'_>) -> Result<(), ApiError> {
-    if let Some(model) = fields.string("model")? {
-        if model != ctx.served_model_name {
-            return Err(ApiError::field(
-                "model",
-                format!(
-                    "the model `{model}` does not exist; this server serves `{}`",
-                    ctx.served_model_name
-                ),
-            ));
-        }
-    }
-    Ok(())
-}
-
-/// Token ids from a JSON array, each below the model's vocabulary.
-pub fn token_ids(value: &Value, name: &str, ctx: &Context<'_>) -> Result<Vec<u32>, ApiError> {
-    let Value::Array(items) = value else {
-        return Err(wrong_type(name, "an array of token ids", value));
-    };
-    items
-        .iter()
-        .enumerate()
-        .map(|(i, v)| match v.as_u64() {
-            Some(t) if (t as usize) < ctx.model_vocab => Ok(t as u32),
-            Some(t) => Err(ApiError::field(
-                format!("{name}[{i}]"),
-                format!(
-                    "token id {t} is outside the vocabulary (the model has {} token ids)",
-                    ctx.model_vocab
-                ),
-            )),
-            None => Err(ApiError::field(
-                format!("{name}[{i}]"),
-                format!(
-                    "a token id must be a non-negative integer, found {}",
-                    type_name(v)
-                ),
-            )),
-        })
-        .collect()
-}
-
-pub(super) fn tokenize(text: &str, name: &str, ctx: &Context<'_>) -> Result<Vec<u32>, ApiError> {
-    let ids = ctx
-        .tokenizer
-        .encode(text)
-        .map_err(|e| ApiError::field(name, format!("cannot tokenize: {e:#}")))?;
-    if let Some((i, &t)) = ids
-        .iter()
-        .enumerate()
-        .find(|(_, &t)| t as usize >= ctx.model_vocab)
-    {
-        return Err(ApiError::field(
-            name,
-            format!(
-                "the text's token {i} is id {t}, outside the model's vocabulary of {} ids (the tokenizer does not match the model)",
-                ctx.model_vocab
-            ),
-        ));
-    }
-    Ok(ids)
-}
-
-/// Prompts as token ids, with their text where they came as text.
-type PromptsAndTexts = (Vec<Vec<u32>>, Vec<Option<String>>);
-
-/// `prompt` of /v1/completions: a string, strings, token ids, or lists of token ids.
-fn completion_prompts(value: &Value, ctx: &Context<'_>) -> Result<PromptsAndTexts, ApiError> {
-    let empty = || ApiError::field("prompt", "`prompt` is empty");
-    match value {
-        Value::String(text) => Ok((
-            vec![tokenize(text, "prompt", ctx)?],
-            vec![Some(text.clone())],
-        )),
-        Value::Array(items) if items.is_empty() => Err(empty()),
-        Value::Array(items) if items.iter().all(Value::is_number) => {
-            Ok((vec![token_ids(value, "prompt", ctx)?], vec![None]))
-        }
-        Value::Array(items) => {
-            let mut prompts = Vec::new();
-            let mut texts = Vec::new();
-            for (i, item) in items.iter().enumerate() {
-                let name = format!("prompt[{i}]");
-                match item {
-                    Value::String(text) => {
-                        prompts.push(tokenize(text, &name, ctx)?);
-                        texts.push(Some(text.clone()));
-                    }
-                    Value::Array(_) => {
-                        prompts.push(token_ids(item, &name, ctx)?);
-                        texts.push(None);
-                    }
-                    other => {
-                        return Err(ApiError::field(
-                            name,
-                            format!(
-                                "each prompt must be a string or an array of token ids, found {}",
-                                type_name(other)
-                            ),
-                        ))
-                    }
-                }
-            }
-            Ok((prompts, texts))
-        }
-        other => Err(wrong_type(
-            "prompt",
-            "a string, an array of strings, or an array of token ids",
-            other,
-        )),
-    }
-}
-
-/// `prompt_token_ids`: one list of ids, or several.
-fn prompt_token_ids(value: &Value, ctx: &Context<'_>) -> Result<Vec<Vec<u32>>, ApiError> {
-    match value {
-        Value::Array(items) if !items.is_empty() && items.iter().all(Value::is_array) => items
-            .iter()
-            .enumerate()
-            .map(|(i, v)| token_ids(v, &format!("prompt_token_ids[{i}]"), ctx))
-            .collect(),
-        _ => Ok(vec![token_ids(value, "prompt_token_ids", ctx)?]),
-    }
-}
-
 /// Fields both endpoints read the same way.
-pub(super) struct Common {
+struct Common {
     n: usize,
-    pub(super) max_tokens: Option<usize>,
+    max_tokens: Option<usize>,
     /// The field `max_tokens` came from (`max_completion_tokens` in chat).
-    pub(super) max_tokens_field: &'static str,
+    max_tokens_field: &'static str,
     params: SamplingParams,
     stop_strings: Vec<String>,
     stop_ids: Vec<u32>,
     stream: bool,
     include_usage: bool,
     skip_special_tokens: bool,
+    ext: Extensions,
 }
 
 fn sampling_field(e: SamplingError) -> ApiError {
@@ -276,12 +134,13 @@ fn sampling_field(e: SamplingError) -> ApiError {
 }
 
 /// Reads the fields both endpoints share, stage by stage (the order in which a body's errors are
-/// found): choices and lengths, sampling, stops, streaming, then the fields accepted only at
-/// their neutral values.
-pub(super) fn read_common(
+/// found): choices and lengths, sampling, stops, streaming, the extensions, then the fields
+/// refused unless neutral.
+fn read_common(
     fields: &mut Fields,
     ctx: &Context<'_>,
     max_tokens_names: &[&'static str],
+    ext: Extensions,
 ) -> Result<Common, ApiError> {
     let n = read_n(fields)?;
     let (max_tokens, max_tokens_field) = read_max_tokens(fields, max_tokens_names)?;
@@ -289,7 +148,9 @@ pub(super) fn read_common(
     let (stop_strings, stop_ids) = read_stops(fields, ctx)?;
     let (stream, include_usage) = read_streaming(fields)?;
     let skip_special_tokens = fields.boolean("skip_special_tokens")?.unwrap_or(true);
-    accept_neutral_fields(fields)?;
+    refuse_distribution_changers(fields, "")?;
+    refuse_response_format(fields)?;
+    refuse_best_of(fields, n)?;
     Ok(Common {
         n,
         max_tokens,
@@ -300,6 +161,7 @@ pub(super) fn read_common(
         stream,
         include_usage,
         skip_special_tokens,
+        ext,
     })
 }
 
@@ -439,12 +301,8 @@ fn read_streaming(fields: &mut Fields) -> Result<(bool, bool), ApiError> {
                             &other,
                         ))
                     }
-                    (other, _) => {
-                        return Err(ApiError::field(
-                            format!("stream_options.{other}"),
-                            format!("unrecognized stream option `{other}`"),
-                        ))
-                    }
+                    // Other options (newer OpenAI ones) change nothing this server sends.
+                    _ => {}
                 }
             }
             include
@@ -460,38 +318,9 @@ fn read_streaming(fields: &mut Fields) -> Result<(bool, bool), ApiError> {
     Ok((stream, include_usage))
 }
 
-/// Fields accepted and not used, and those accepted only at their neutral values (anything
-/// else would change the distribution sampled).
-fn accept_neutral_fields(fields: &mut Fields) -> Result<(), ApiError> {
-    fields.ignore(&[
-        "user",
-        "store",
-        "metadata",
-        "service_tier",
-        "safety_identifier",
-        "prompt_cache_key",
-        "return_token_ids",
-    ]);
-    let zero = |v: &Value| v.as_f64() == Some(0.0);
-    fields.only_neutral("frequency_penalty", zero, "0")?;
-    fields.only_neutral("presence_penalty", zero, "0")?;
-    fields.only_neutral("repetition_penalty", |v| v.as_f64() == Some(1.0), "1")?;
-    fields.only_neutral(
-        "logit_bias",
-        |v| v.as_object().is_some_and(|o| o.is_empty()),
-        "an empty object",
-    )?;
-    fields.only_neutral(
-        "response_format",
-        |v| v.get("type").and_then(Value::as_str) == Some("text"),
-        "{\"type\": \"text\"}",
-    )?;
-    Ok(())
-}
-
 /// Every prompt must leave room to generate, and `max_tokens` must fit the context: the counts are
 /// in the message. Resolves each prompt's `max_tokens` (`default` when not given, at most what fits).
-pub(super) fn resolve_lengths(
+fn resolve_lengths(
     prompts: &[Vec<u32>],
     max_tokens: Option<usize>,
     default: Option<usize>,
@@ -540,7 +369,9 @@ pub(super) fn resolve_lengths(
 
 /// `POST /v1/completions`.
 pub fn parse_completion(mut fields: Fields, ctx: &Context<'_>) -> Result<Job, ApiError> {
-    check_model(&mut fields, ctx)?;
+    check_model(fields.string("model")?, ctx)?;
+    let ext = read_extensions(&mut fields)?;
+    let add_special_tokens = ext.add_special_tokens.unwrap_or(true);
     let (prompts, prompt_texts) = match (fields.take("prompt"), fields.take("prompt_token_ids")) {
         (Some(_), Some(_)) => {
             return Err(ApiError::field(
@@ -548,7 +379,7 @@ pub fn parse_completion(mut fields: Fields, ctx: &Context<'_>) -> Result<Job, Ap
                 "give `prompt` or `prompt_token_ids`, not both",
             ))
         }
-        (Some(prompt), None) => completion_prompts(&prompt, ctx)?,
+        (Some(prompt), None) => completion_prompts(&prompt, add_special_tokens, ctx)?,
         (None, Some(ids)) => {
             let prompts = prompt_token_ids(&ids, ctx)?;
             let texts = vec![None; prompts.len()];
@@ -556,7 +387,7 @@ pub fn parse_completion(mut fields: Fields, ctx: &Context<'_>) -> Result<Job, Ap
         }
         (None, None) => return Err(ApiError::field("prompt", "`prompt` is required")),
     };
-    let common = read_common(&mut fields, ctx, &["max_tokens"])?;
+    let common = read_common(&mut fields, ctx, &["max_tokens"], ext)?;
     let logprobs = match fields.count("logprobs")? {
         None => None,
         Some(k) if k as usize <= MAX_TOP_LOGPROBS => Some(k as usize),
@@ -568,9 +399,7 @@ pub fn parse_completion(mut fields: Fields, ctx: &Context<'_>) -> Result<Job, Ap
         }
     };
     let echo = fields.boolean("echo")?.unwrap_or(false);
-    fields.only_neutral("best_of", |v| v.as_u64() == Some(1), "1")?;
     fields.only_neutral("suffix", |v| v.as_str() == Some(""), "an empty string")?;
-    fields.finish()?;
     let max_tokens = resolve_lengths(
         &prompts,
         common.max_tokens,
@@ -580,66 +409,128 @@ pub fn parse_completion(mut fields: Fields, ctx: &Context<'_>) -> Result<Job, Ap
         ctx,
     )?;
     finish_job(
-        Endpoint::Completions,
-        prompts,
-        prompt_texts,
-        max_tokens,
+        JobShape {
+            endpoint: Endpoint::Completions,
+            prompts,
+            prompt_texts,
+            max_tokens,
+            logprobs,
+            echo,
+            parse_tool_calls: false,
+        },
         common,
-        logprobs,
-        echo,
-        false,
+        fields,
     )
 }
 
-#[allow(clippy::too_many_arguments)]
-pub(super) fn finish_job(
-    endpoint: Endpoint,
-    prompts: Vec<Vec<u32>>,
-    prompt_texts: Vec<Option<String>>,
-    max_tokens: Vec<usize>,
-    common: Common,
-    logprobs: Option<usize>,
-    echo: bool,
-    parse_tool_calls: bool,
-) -> Result<Job, ApiError> {
-    let choices = prompts.len().saturating_mul(common.n);
+/// What [`finish_job`] takes besides the common fields.
+pub(super) struct JobShape {
+    pub endpoint: Endpoint,
+    pub prompts: Vec<Vec<u32>>,
+    pub prompt_texts: Vec<Option<String>>,
+    pub max_tokens: Vec<usize>,
+    pub logprobs: Option<usize>,
+    pub echo: bool,
+    pub parse_tool_calls: bool,
+}
+
+/// Checks the choice count and `min_tokens` against the lengths, and builds the job; the fields
+/// left unread are the ignored ones.
+fn finish_job(shape: JobShape, common: Common, fields: Fields) -> Result<Job, ApiError> {
+    let choices = shape.prompts.len().saturating_mul(common.n);
     if choices > MAX_CHOICES {
         return Err(ApiError::field(
             "n",
             format!(
                 "{} prompts x n = {} = {choices} choices: at most {MAX_CHOICES}",
-                prompts.len(),
+                shape.prompts.len(),
                 common.n
             ),
         ));
     }
+    let min_tokens = common.ext.options.min_tokens;
+    if let Some(&shortest) = shape.max_tokens.iter().min().filter(|&&m| min_tokens > m) {
+        return Err(ApiError::field(
+            "min_tokens",
+            format!("`min_tokens` = {min_tokens} is more than the {shortest} tokens `max_tokens` allows"),
+        ));
+    }
     let mut params = common.params;
-    params.top_logprobs = logprobs.unwrap_or(0);
+    params.top_logprobs = shape.logprobs.unwrap_or(0);
     Ok(Job {
-        endpoint,
-        prompts,
-        prompt_texts,
+        endpoint: shape.endpoint,
+        prompts: shape.prompts,
+        prompt_texts: shape.prompt_texts,
         n: common.n,
-        max_tokens,
+        max_tokens: shape.max_tokens,
         params,
         stop_strings: common.stop_strings,
         stop_ids: common.stop_ids,
         stream: common.stream,
         include_usage: common.include_usage,
-        logprobs,
-        echo,
+        logprobs: shape.logprobs,
+        echo: shape.echo,
         skip_special_tokens: common.skip_special_tokens,
-        parse_tool_calls,
+        parse_tool_calls: shape.parse_tool_calls,
+        ext: common.ext,
+        ignored: fields.finish(),
     })
 }
 
-/// `POST /v1/detokenize`: `{"tokens": [ids]}`.
-pub fn parse_detokenize(mut fields: Fields, ctx: &Context<'_>) -> Result<Vec<u32>, ApiError> {
-    check_model(&mut fields, ctx)?;
-    let ids = match fields.take("tokens") {
-        Some(v) => token_ids(&v, "tokens", ctx)?,
-        None => return Err(ApiError::field("tokens", "`tokens` is required")),
-    };
-    fields.finish()?;
-    Ok(ids)
+/// The chat endpoint's entry to the shared readers.
+pub(super) fn finish_chat_job(
+    mut fields: Fields,
+    ctx: &Context<'_>,
+    ext: Extensions,
+    prompt: (Vec<u32>, &'static str),
+    parse_tool_calls: bool,
+) -> Result<Job, ApiError> {
+    let common = read_common(
+        &mut fields,
+        ctx,
+        &["max_tokens", "max_completion_tokens"],
+        ext,
+    )?;
+    let logprobs = read_chat_logprobs(&mut fields)?;
+    let prompts = vec![prompt.0];
+    let max_tokens = resolve_lengths(
+        &prompts,
+        common.max_tokens,
+        None,
+        prompt.1,
+        common.max_tokens_field,
+        ctx,
+    )?;
+    finish_job(
+        JobShape {
+            endpoint: Endpoint::Chat,
+            prompts,
+            prompt_texts: vec![None],
+            max_tokens,
+            logprobs,
+            echo: false,
+            parse_tool_calls,
+        },
+        common,
+        fields,
+    )
+}
+
+/// Chat's `logprobs` (true/false) and `top_logprobs`.
+fn read_chat_logprobs(fields: &mut Fields) -> Result<Option<usize>, ApiError> {
+    let want_logprobs = fields.boolean("logprobs")?.unwrap_or(false);
+    let top = fields.count("top_logprobs")?;
+    match (want_logprobs, top) {
+        (false, Some(k)) if k > 0 => Err(ApiError::field(
+            "top_logprobs",
+            "`top_logprobs` needs `logprobs: true`",
+        )),
+        (false, _) => Ok(None),
+        (true, None) => Ok(Some(0)),
+        (true, Some(k)) if k as usize <= MAX_TOP_LOGPROBS => Ok(Some(k as usize)),
+        (true, Some(k)) => Err(ApiError::field(
+            "top_logprobs",
+            format!("`top_logprobs` = {k}: must be between 0 and {MAX_TOP_LOGPROBS}"),
+        )),
+    }
 }

@@ -1,8 +1,14 @@
 //! Response bodies: OpenAI's completion and chat shapes plus the token-in, token-out fields
-//! (`token_ids` per choice, `prompt_token_ids`, `usage.cached_tokens`, `weight_version`), whole
-//! or as stream chunks.
+//! (`token_ids` per choice, `prompt_token_ids`, `usage.cached_tokens`, `weight_version`, and per
+//! choice `weight_version_first` / `weight_version_last` / `weight_version_change_index`), whole
+//! or as stream chunks, and vLLM's `prompt_logprobs`.
+//!
+//! A choice that ended aborted (shutdown, `/abort_request`, `/pause` with `mode=abort`) or with
+//! an engine error has no OpenAI `finish_reason`: the request is answered with an OpenAI error
+//! instead (`super::http`; in a stream, an `{"error": ...}` event after the tokens sent so far).
 
 use super::detok::TokenTable;
+use super::error::ApiError;
 use super::generate::{ChoiceState, Run, Usage};
 use super::openai::{Endpoint, Job};
 use crate::engine::PromptLogprobs;
@@ -66,9 +72,34 @@ fn finish_reason(c: &ChoiceState, tool_calls: bool) -> Value {
     }
 }
 
+/// How a logprob entry names a token: its text, or `token_id:N` with vLLM's
+/// `return_tokens_as_token_ids` (ids survive where the text of a partial UTF-8 token would not).
+#[derive(Clone, Copy)]
+pub struct Names<'a> {
+    pub table: &'a TokenTable,
+    pub as_ids: bool,
+}
+
+impl Names<'_> {
+    pub fn of(&self, id: u32) -> String {
+        if self.as_ids {
+            format!("token_id:{id}")
+        } else {
+            self.table.text(id)
+        }
+    }
+
+    fn for_job<'a>(run: &'a Run) -> Names<'a> {
+        Names {
+            table: &run.state.table,
+            as_ids: run.job.ext.token_ids_as_text,
+        }
+    }
+}
+
 /// Completions' logprobs object over `tokens`, their logprobs and alternatives.
 fn completion_logprobs(
-    table: &TokenTable,
+    names: Names<'_>,
     tokens: &[u32],
     logprobs: &[Option<f32>],
     top: &[Vec<(u32, f32)>],
@@ -79,10 +110,9 @@ fn completion_logprobs(
     let texts: Vec<String> = tokens
         .iter()
         .map(|&t| {
-            let text = table.text(t);
             offsets.push(offset);
-            offset += text.chars().count();
-            text
+            offset += names.table.text(t).chars().count();
+            names.of(t)
         })
         .collect();
     let tops: Vec<Value> = (0..tokens.len())
@@ -91,7 +121,7 @@ fn completion_logprobs(
             (Some(_), Some(alts)) => {
                 let mut m = Map::new();
                 for &(id, lp) in alts {
-                    m.entry(table.text(id)).or_insert(logprob_json(lp));
+                    m.entry(names.of(id)).or_insert(logprob_json(lp));
                 }
                 Value::Object(m)
             }
@@ -108,12 +138,12 @@ fn completion_logprobs(
 
 /// Chat's logprobs object: `{"content": [{token, logprob, bytes, top_logprobs}]}`.
 fn chat_logprobs(
-    table: &TokenTable,
+    names: Names<'_>,
     tokens: &[u32],
     logprobs: &[f32],
     top: &[Vec<(u32, f32)>],
 ) -> Value {
-    let entry = |id: u32, lp: f32| json!({"token": table.text(id), "logprob": logprob_json(lp), "bytes": table.raw(id)});
+    let entry = |id: u32, lp: f32| json!({"token": names.of(id), "logprob": logprob_json(lp), "bytes": names.table.raw(id)});
     let content: Vec<Value> = tokens
         .iter()
         .enumerate()
@@ -153,7 +183,7 @@ fn tool_call_id(envelope: &Envelope, choice: usize, k: usize) -> String {
 /// The whole response of a finished run.
 pub fn full_response(run: &Run, envelope: &Envelope) -> Value {
     let job = &run.job;
-    let table = &run.state.table;
+    let names = Names::for_job(run);
     let choices: Vec<Value> = run
         .choices
         .iter()
@@ -185,11 +215,12 @@ pub fn full_response(run: &Run, envelope: &Envelope) -> Value {
                         "index": index,
                         "text": text,
                         "logprobs": if job.logprobs.is_some() {
-                            completion_logprobs(table, &ids, &lps, &tops, 0)
+                            completion_logprobs(names, &ids, &lps, &tops, 0)
                         } else {
                             Value::Null
                         },
                         "finish_reason": finish_reason(c, false),
+                        "prompt_logprobs": vllm_prompt_logprobs(run, c.prompt_index),
                     })
                 }
                 Endpoint::Chat => {
@@ -213,7 +244,7 @@ pub fn full_response(run: &Run, envelope: &Envelope) -> Value {
                         "index": index,
                         "message": message,
                         "logprobs": if job.logprobs.is_some() {
-                            chat_logprobs(table, &c.tokens, &c.logprobs, &c.top_logprobs)
+                            chat_logprobs(names, &c.tokens, &c.logprobs, &c.top_logprobs)
                         } else {
                             Value::Null
                         },
@@ -223,10 +254,11 @@ pub fn full_response(run: &Run, envelope: &Envelope) -> Value {
             };
             v["token_ids"] = json!(c.tokens);
             v["prompt_token_ids"] = json!(prompt_ids);
+            add_weight_versions(&mut v, c);
             v
         })
         .collect();
-    json!({
+    let mut body = json!({
         "id": envelope.id,
         "object": match job.endpoint { Endpoint::Completions => "text_completion", Endpoint::Chat => "chat.completion" },
         "created": envelope.created,
@@ -235,6 +267,79 @@ pub fn full_response(run: &Run, envelope: &Envelope) -> Value {
         "usage": usage_json(run.usage()),
         "prompt_token_ids": if job.prompts.len() == 1 { json!(job.prompts[0]) } else { Value::Null },
         "weight_version": run.weight_version(),
+    });
+    if job.endpoint == Endpoint::Chat {
+        body["prompt_logprobs"] = vllm_prompt_logprobs(run, 0);
+    }
+    body
+}
+
+/// The weight versions of a choice's first and last tokens, and the index of its first token
+/// sampled under other weights than the first token's (null when they are all the same).
+fn add_weight_versions(v: &mut Value, c: &ChoiceState) {
+    let versions = c.versions;
+    v["weight_version_first"] = json!(versions.map(|w| w.first));
+    v["weight_version_last"] = json!(versions.map(|w| w.last));
+    v["weight_version_change_index"] = json!(versions.and_then(|w| w.change_index));
+}
+
+/// vLLM's `prompt_logprobs` of prompt `p` (null unless asked for): `null` for the first token,
+/// then per position an object keyed by token id with `logprob`, `rank` and `decoded_token`,
+/// holding the prompt's own token and the alternatives asked for.
+fn vllm_prompt_logprobs(run: &Run, p: usize) -> Value {
+    let (Some(top_n), Some(Some(values))) =
+        (run.job.ext.prompt_logprobs, run.prompt_logprobs.get(p))
+    else {
+        return Value::Null;
+    };
+    let names = Names::for_job(run);
+    let prompt = &run.job.prompts[p];
+    let positions = prompt.iter().enumerate().map(|(t, &id)| {
+        let Some(Some(lp)) = values.logprobs.get(t) else {
+            return Value::Null;
+        };
+        let mut m = Map::new();
+        let entry = |lp: f32, rank: Option<u32>, id: u32| {
+            json!({"logprob": logprob_json(lp), "rank": rank, "decoded_token": names.of(id)})
+        };
+        let rank = values.ranks.get(t).copied().flatten();
+        m.insert(id.to_string(), entry(*lp, rank, id));
+        let alts = values.top_logprobs.get(t).map_or(&[][..], Vec::as_slice);
+        for (r, &(alt, alp)) in alts.iter().take(top_n).enumerate() {
+            m.entry(alt.to_string())
+                .or_insert_with(|| entry(alp, Some(r as u32 + 1), alt));
+        }
+        Value::Object(m)
+    });
+    Value::Array(positions.collect())
+}
+
+/// The OpenAI error a run that did not end well is answered with: a choice aborted (503, to be
+/// retried) or failed in the engine (500). `None` when every choice ended normally.
+pub fn run_error(run: &Run) -> Option<ApiError> {
+    (0..run.choices.len()).find_map(|i| run_error_of(run, i))
+}
+
+/// The error choice `index` of a run ended with, if it was aborted or failed.
+fn run_error_of(run: &Run, index: usize) -> Option<ApiError> {
+    let c = &run.choices[index];
+    let f = c.finish.as_ref()?;
+    if !matches!(f.reason, "abort" | "error") {
+        return None;
+    }
+    Some(match &f.error {
+        Some(e) => ApiError::internal(format!("choice {index}: generation failed: {e}")),
+        None => {
+            let why = if run.state.stopping.load(std::sync::atomic::Ordering::SeqCst) {
+                "the server is shutting down"
+            } else {
+                "aborted by /abort_request or /pause (mode abort)"
+            };
+            ApiError::unavailable(format!(
+                "choice {index}: the request was aborted after {} generated tokens ({why}); send it again",
+                c.tokens.len()
+            ))
+        }
     })
 }
 
@@ -251,54 +356,11 @@ fn chunk(run: &Run, envelope: &Envelope, choice: Value) -> Value {
 /// The chunks choice `index` has ready: its start (role, echo, prompt ids), new text and tokens,
 /// and its finish. Advances the choice's sent counters.
 pub fn choice_chunks(run: &mut Run, envelope: &Envelope, index: usize, out: &mut Vec<Value>) {
-    let Some(piece) = pending_piece(run, index) else {
-        return;
-    };
-    let c = &run.choices[index];
-    let mut choice = match run.job.endpoint {
-        Endpoint::Completions => completion_delta(run, index, &piece),
-        Endpoint::Chat => chat_delta(run, envelope, index, &piece),
-    };
-    choice["token_ids"] = json!(&c.tokens[piece.token_range.clone()]);
-    if piece.start {
-        choice["prompt_token_ids"] = json!(run.job.prompts[c.prompt_index]);
-    }
-    out.push(piece_chunk(run, envelope, index, &piece, choice));
-    let end_text = if piece.finishing {
-        c.text().len()
-    } else {
-        piece.text_end
-    };
-    let c = &mut run.choices[index];
-    c.sent_start = true;
-    c.sent_text = end_text;
-    c.sent_tokens = c.tokens.len();
-    c.sent_finish = piece.finishing;
-}
-
-/// What one choice sends in its next chunk.
-struct Piece {
-    /// The new text (the echoed prompt first, in a completion's first chunk).
-    text: String,
-    /// Where the choice's text sent so far will end (tool calls are not streamed as text).
-    text_end: usize,
-    /// The new tokens.
-    token_range: std::ops::Range<usize>,
-    /// The choice's first chunk.
-    start: bool,
-    /// The choice's last chunk.
-    finishing: bool,
-    /// Parsed tool calls of a finishing chat choice, and where its content ends.
-    calls: Option<(usize, Vec<ToolCall>)>,
-}
-
-/// What choice `index` has to send now; `None` when nothing (finished and sent, its first chunk
-/// waiting for the echoed prompt's logprobs, or no new text or tokens).
-fn pending_piece(run: &Run, index: usize) -> Option<Piece> {
     let job = &run.job;
+    let names = Names::for_job(run);
     let c = &run.choices[index];
     if c.sent_finish {
-        return None;
+        return;
     }
     let finishing = c.finish.is_some();
     let calls = if finishing {
@@ -315,104 +377,103 @@ fn pending_piece(run: &Run, index: usize) -> Option<Piece> {
     let start = !c.sent_start;
     if start && !finishing && run.awaits_prompt_logprobs(index) {
         // The first chunk carries the echoed prompt's logprobs: not before they are here.
-        return None;
+        return;
     }
     if start && job.endpoint == Endpoint::Completions && job.echo {
         let (echo_text, _) = echo_parts(run, c);
         text.insert_str(0, &echo_text);
     }
     if !start && !finishing && text.is_empty() && token_range.is_empty() {
-        return None;
+        return;
     }
-    Some(Piece {
-        text,
-        text_end,
-        token_range,
-        start,
-        finishing,
-        calls,
-    })
-}
-
-/// A completion choice's chunk: its text and, if asked, logprobs (the echoed prompt's first).
-fn completion_delta(run: &Run, index: usize, piece: &Piece) -> Value {
-    let (job, table) = (&run.job, &run.state.table);
-    let c = &run.choices[index];
-    let token_range = piece.token_range.clone();
-    let logprobs = job.logprobs.map(|_| {
-        let (mut ids, mut lps, mut tops) = (Vec::new(), Vec::new(), Vec::new());
-        if piece.start && job.echo {
-            if let Some(p) = echo_parts(run, c).1 {
-                ids.extend_from_slice(&job.prompts[c.prompt_index]);
-                lps.extend(p.logprobs.iter().copied());
-                tops.extend(p.top_logprobs.iter().cloned());
+    let tokens = &c.tokens[token_range.clone()];
+    let mut choice = match job.endpoint {
+        Endpoint::Completions => {
+            let logprobs = job.logprobs.map(|_| {
+                let (mut ids, mut lps, mut tops) = (Vec::new(), Vec::new(), Vec::new());
+                if start && job.echo {
+                    if let Some(p) = echo_parts(run, c).1 {
+                        ids.extend_from_slice(&job.prompts[c.prompt_index]);
+                        lps.extend(p.logprobs.iter().copied());
+                        tops.extend(p.top_logprobs.iter().cloned());
+                    }
+                }
+                ids.extend_from_slice(tokens);
+                lps.extend(c.logprobs[token_range.clone()].iter().map(|&x| Some(x)));
+                for i in token_range.clone() {
+                    tops.push(c.top_logprobs.get(i).cloned().unwrap_or_default());
+                }
+                completion_logprobs(names, &ids, &lps, &tops, c.sent_text)
+            });
+            json!({"index": index, "text": text, "logprobs": logprobs, "finish_reason": Value::Null})
+        }
+        Endpoint::Chat => {
+            let mut delta = Map::new();
+            if start {
+                delta.insert("role".into(), json!("assistant"));
             }
+            if start || !text.is_empty() {
+                delta.insert("content".into(), json!(text));
+            }
+            if let Some((_, calls)) = &calls {
+                let calls: Vec<Value> = calls
+                    .iter()
+                    .enumerate()
+                    .map(|(k, call)| {
+                        tool_call_json(call, &tool_call_id(envelope, index, k), Some(k))
+                    })
+                    .collect();
+                delta.insert("tool_calls".into(), Value::Array(calls));
+            }
+            let logprobs = job.logprobs.map(|_| {
+                let top = if c.top_logprobs.is_empty() {
+                    &[][..]
+                } else {
+                    &c.top_logprobs[token_range.clone()]
+                };
+                chat_logprobs(names, tokens, &c.logprobs[token_range.clone()], top)
+            });
+            json!({"index": index, "delta": Value::Object(delta), "logprobs": logprobs, "finish_reason": Value::Null})
         }
-        ids.extend_from_slice(&c.tokens[token_range.clone()]);
-        lps.extend(c.logprobs[token_range.clone()].iter().map(|&x| Some(x)));
-        for i in token_range.clone() {
-            tops.push(c.top_logprobs.get(i).cloned().unwrap_or_default());
-        }
-        completion_logprobs(table, &ids, &lps, &tops, c.sent_text)
-    });
-    json!({"index": index, "text": piece.text, "logprobs": logprobs, "finish_reason": Value::Null})
+    };
+    choice["token_ids"] = json!(tokens);
+    if start {
+        choice["prompt_token_ids"] = json!(job.prompts[c.prompt_index]);
+    }
+    push_chunk(run, envelope, index, choice, calls.is_some(), out);
+    let end_text = if finishing { c.text().len() } else { text_end };
+    let c = &mut run.choices[index];
+    c.sent_start = true;
+    c.sent_text = end_text;
+    c.sent_tokens = c.tokens.len();
+    c.sent_finish = finishing;
 }
 
-/// A chat choice's chunk: a delta with the role (first chunk), content, and tool calls (last
-/// chunk), and logprobs if asked.
-fn chat_delta(run: &Run, envelope: &Envelope, index: usize, piece: &Piece) -> Value {
-    let (job, table) = (&run.job, &run.state.table);
-    let c = &run.choices[index];
-    let token_range = piece.token_range.clone();
-    let mut delta = Map::new();
-    if piece.start {
-        delta.insert("role".into(), json!("assistant"));
-    }
-    if piece.start || !piece.text.is_empty() {
-        delta.insert("content".into(), json!(piece.text));
-    }
-    if let Some((_, calls)) = &piece.calls {
-        let calls: Vec<Value> = calls
-            .iter()
-            .enumerate()
-            .map(|(k, call)| tool_call_json(call, &tool_call_id(envelope, index, k), Some(k)))
-            .collect();
-        delta.insert("tool_calls".into(), Value::Array(calls));
-    }
-    let logprobs = job.logprobs.map(|_| {
-        let top = if c.top_logprobs.is_empty() {
-            &[][..]
-        } else {
-            &c.top_logprobs[token_range.clone()]
-        };
-        let tokens = &c.tokens[token_range.clone()];
-        chat_logprobs(table, tokens, &c.logprobs[token_range.clone()], top)
-    });
-    json!({"index": index, "delta": Value::Object(delta), "logprobs": logprobs, "finish_reason": Value::Null})
-}
-
-/// The chunk around `choice`; the last one of a choice also has its finish reason, the weight
-/// version that finished it, and its error, if any.
-fn piece_chunk(
+/// Pushes choice `index`'s chunk; when it is the last one, with its finish reason and weight
+/// versions, or, for an aborted or failed choice, followed by OpenAI's stream error event (an
+/// `error` object, which clients raise).
+fn push_chunk(
     run: &Run,
     envelope: &Envelope,
     index: usize,
-    piece: &Piece,
     mut choice: Value,
-) -> Value {
-    if !piece.finishing {
-        return chunk(run, envelope, choice);
-    }
+    tool_calls: bool,
+    out: &mut Vec<Value>,
+) {
     let c = &run.choices[index];
-    choice["finish_reason"] = finish_reason(c, piece.calls.is_some());
-    let mut v = chunk(run, envelope, choice);
-    let f = c.finish.as_ref().expect("finishing");
-    v["weight_version"] = json!(f.weight_version);
-    if let Some(e) = &f.error {
-        v["error"] =
-            json!({"message": e, "type": "server_error", "param": Value::Null, "code": 500});
+    match (&c.finish, run_error_of(run, index)) {
+        (Some(f), None) => {
+            choice["finish_reason"] = finish_reason(c, tool_calls);
+            add_weight_versions(&mut choice, c);
+            let mut v = chunk(run, envelope, choice);
+            v["weight_version"] = json!(f.weight_version);
+            out.push(v);
+        }
+        (_, error) => {
+            out.push(chunk(run, envelope, choice));
+            out.extend(error.map(|e| e.body()));
+        }
     }
-    v
 }
 
 /// The last chunk with `stream_options.include_usage`: no choices, the usage.

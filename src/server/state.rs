@@ -1,15 +1,16 @@
 //! What every handler shares: the engine handle, the tokenizer and chat template, the limits,
 //! admission control, metrics, the weight version and the set of requests in flight.
 
+use super::context::{Context, SamplingDefaults};
 use super::detok::TokenTable;
 use super::metrics::Metrics;
-use super::openai::{Context, SamplingDefaults};
 use crate::chat::ChatTemplate;
 use crate::engine::EngineHandle;
 use crate::kvcache::RequestId;
 use crate::tokenizer::Tokenizer;
-use std::collections::HashSet;
-use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::collections::{HashMap, HashSet};
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicU8, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 
 pub struct AppState {
@@ -36,6 +37,18 @@ pub struct AppState {
     /// For response ids.
     pub next_response: AtomicU64,
     pub started_unix: u64,
+    /// 0 awake; else the sleep level (1: KV cache released, 2: weights too).
+    pub sleep_level: AtomicU8,
+    /// Engine ids by the caller's request id (`request_id`, SGLang's `rid`), for
+    /// `/abort_request`.
+    pub named: Mutex<HashMap<String, Vec<RequestId>>>,
+    /// The folder the server was started with (prime-rl's `/reload_weights` goes back to it).
+    pub base_model_dir: PathBuf,
+    /// The model folder the weights were last loaded from (reloaded from on a wake-up after
+    /// sleep level 2).
+    pub weights_dir: Mutex<PathBuf>,
+    /// SGLang's weight-version label, when an update gave one (`weight_version`).
+    pub weight_version_label: Mutex<Option<String>>,
 }
 
 impl AppState {
@@ -53,6 +66,50 @@ impl AppState {
 
     pub fn weight_version(&self) -> u64 {
         self.weight_version.load(Ordering::SeqCst)
+    }
+
+    /// The sleep level while asleep.
+    pub fn sleep_level(&self) -> Option<u8> {
+        match self.sleep_level.load(Ordering::SeqCst) {
+            0 => None,
+            level => Some(level),
+        }
+    }
+
+    /// Records that engine request `id` belongs to the caller's request `rid`.
+    pub fn name_request(&self, rid: &str, id: RequestId) {
+        if let Ok(mut named) = self.named.lock() {
+            named.entry(rid.to_string()).or_default().push(id);
+        }
+    }
+
+    /// Forgets the caller's request id `rid`.
+    pub fn forget_name(&self, rid: &str) {
+        if let Ok(mut named) = self.named.lock() {
+            named.remove(rid);
+        }
+    }
+
+    /// Aborts the requests named `rid`; how many engine requests that was.
+    pub fn abort_named(&self, rid: &str) -> usize {
+        let ids = self
+            .named
+            .lock()
+            .map(|n| n.get(rid).cloned().unwrap_or_default())
+            .unwrap_or_default();
+        for &id in &ids {
+            let _ = self.engine.abort(id);
+        }
+        ids.len()
+    }
+
+    /// SGLang's `weight_version` in `meta_info`: the label an update gave, else the number.
+    pub fn weight_version_label(&self) -> String {
+        self.weight_version_label
+            .lock()
+            .ok()
+            .and_then(|l| l.clone())
+            .unwrap_or_else(|| self.weight_version().to_string())
     }
 
     /// Aborts every request in flight (their clients get `finish_reason: "abort"`).

@@ -3,6 +3,7 @@
 
 pub mod gpu;
 pub mod paged;
+pub mod python;
 pub mod serve;
 
 use safetensors::{Dtype, SafeTensors};

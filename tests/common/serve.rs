@@ -410,3 +410,40 @@ pub fn read_response(stream: TcpStream) -> Response {
         body,
     }
 }
+
+/// The bash command the agent model runs every turn: it creates one file per run in its working
+/// folder and prints mini-swe-agent's submission sentinel on the third run (so an episode takes
+/// three steps, then ends with `Submitted`). POSIX sh (agents run commands with `sh -c`), and
+/// written so that no token of the whole reply has two different successors (the bigram model
+/// cannot branch).
+pub const AGENT_COMMAND: &str =
+    "mktemp --tmpdir=. >/dev/null; test $(ls | wc -l) = 3 && echo COMPLETE_TASK_AND_SUBMIT_FINAL_OUTPUT";
+
+/// The agent model's reply after a chat generation prompt: one `bash` tool call.
+pub fn agent_reply() -> String {
+    format!(
+        "<tool_call>{{\"name\": \"bash\",\"arguments\":{{\"command\":\"{AGENT_COMMAND}\"}}}}</tool_call><|im_end|>"
+    )
+}
+
+/// A model folder whose every chat turn is [`agent_reply`]: `write_bigram_model` (one zeroed
+/// layer, one-hot embeddings) continuing "<|im_start|>assistant\n" with the reply, at
+/// probability ~1 at temperature 1.
+pub fn agent_model() -> PathBuf {
+    static DIR: std::sync::OnceLock<tempfile::TempDir> = std::sync::OnceLock::new();
+    DIR.get_or_init(|| {
+        let dir = tempfile::tempdir().unwrap();
+        let tokenizer = Tokenizer::qwen25().unwrap();
+        let mut ids = vec![*tokenizer
+            .encode("<|im_start|>assistant\n")
+            .unwrap()
+            .last()
+            .unwrap()];
+        ids.extend(tokenizer.encode(&agent_reply()).unwrap());
+        let pairs: Vec<(u32, u32)> = ids.windows(2).map(|w| (w[0], w[1])).collect();
+        swerve::model::synthetic::write_bigram_model(dir.path(), &pairs, VOCAB).unwrap();
+        dir
+    })
+    .path()
+    .to_path_buf()
+}
