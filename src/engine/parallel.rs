@@ -315,12 +315,15 @@ impl<B: Backend> Drop for TpEngine<B> {
 }
 
 impl<B: Backend> EngineCore for TpEngine<B> {
-    fn add_request(&mut self, request: GenerationRequest) -> Result<RequestId> {
-        let op = || RankOp::Add(request.clone());
+    fn add_request_with(
+        &mut self,
+        request: GenerationRequest,
+        options: RequestOptions,
+    ) -> Result<RequestId> {
+        let op = || RankOp::Add(request.clone(), options.clone());
         let added = |&id: &RequestId| Some(RankDone::Added(id));
-        Ok(self
-            .lockstep(op, |e| e.add_request(request.clone()), added)?
-            .0)
+        let mine = |e: &mut Engine<B>| e.add_request_with(request.clone(), options.clone());
+        Ok(self.lockstep(op, mine, added)?.0)
     }
     fn abort(&mut self, id: RequestId) -> Option<FinalRecord> {
         let aborted = |r: &Option<FinalRecord>| Some(RankDone::Aborted(r.is_some()));
@@ -373,6 +376,35 @@ impl<B: Backend> EngineCore for TpEngine<B> {
         Ok(self
             .lockstep(|| RankOp::RestoreKv, |e| e.restore_kv_cache(), restored)?
             .0)
+    }
+    /// The bytes released on every rank together.
+    fn sleep(&mut self, level: u8) -> Result<Released> {
+        let (mut total, theirs) =
+            self.lockstep(|| RankOp::Sleep(level), |e| e.sleep(level), |_| None)?;
+        for done in theirs {
+            if let RankDone::Slept(r) = done {
+                total.kv_cache_bytes += r.kv_cache_bytes;
+                total.weight_bytes += r.weight_bytes;
+            }
+        }
+        Ok(total)
+    }
+    fn weights_released(&self) -> bool {
+        self.leader.weights_released()
+    }
+    fn restore_weights(&mut self, dir: &std::path::Path) -> Result<u64> {
+        let op = || RankOp::RestoreWeights(dir.to_path_buf());
+        let version = |&v: &u64| Some(RankDone::Version(v));
+        Ok(self.lockstep(op, |e| e.restore_weights(dir), version)?.0)
+    }
+    fn reset_prefix_cache(&mut self) -> usize {
+        let reset = |&n: &usize| Some(RankDone::Reset(n));
+        let done = self.lockstep(
+            || RankOp::ResetPrefixCache,
+            |e| Ok(e.reset_prefix_cache()),
+            reset,
+        );
+        done.map_or(0, |(n, _)| n)
     }
     fn stats(&self) -> EngineStats {
         self.leader.stats()

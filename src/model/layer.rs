@@ -78,6 +78,28 @@ struct LayerBuffers<T> {
     act: T,
 }
 
+impl<T> LayerBuffers<T> {
+    /// The buffers a layer wrote, kept for its backward with its input and mid-layer residual.
+    fn into_activations(self, index: usize, x_in: T, x_mid: T) -> Result<LayerActivations<T>> {
+        Ok(LayerActivations {
+            x_in,
+            normed_attn: self.normed_attn,
+            q: self.q,
+            k: self.k,
+            v: self.v,
+            attn: self.attn,
+            lse: self
+                .lse
+                .ok_or_else(|| anyhow!("layer {index}: no lse buffer to keep"))?,
+            x_mid,
+            normed_mlp: self.normed_mlp,
+            gate: self.gate,
+            up: self.up,
+            act: self.act,
+        })
+    }
+}
+
 impl<B: Backend> Qwen2Model<B> {
     fn layer_buffers(
         &self,
@@ -361,22 +383,7 @@ impl<B: Backend> Qwen2Model<B> {
             (Keep::Input, Some(x_in), _) => Some(SavedLayer::Input(x_in)),
             (Keep::Everything, Some(x_in), Some(x_mid)) => {
                 let used = buffers.take().expect("the layer's buffers");
-                Some(SavedLayer::Full(LayerActivations {
-                    x_in,
-                    normed_attn: used.normed_attn,
-                    q: used.q,
-                    k: used.k,
-                    v: used.v,
-                    attn: used.attn,
-                    lse: used
-                        .lse
-                        .ok_or_else(|| anyhow!("layer {index}: no lse buffer to keep"))?,
-                    x_mid,
-                    normed_mlp: used.normed_mlp,
-                    gate: used.gate,
-                    up: used.up,
-                    act: used.act,
-                }))
+                Some(SavedLayer::Full(used.into_activations(index, x_in, x_mid)?))
             }
             _ => None,
         })
