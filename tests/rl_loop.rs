@@ -9,18 +9,20 @@ use common::{bin_path, json_lines};
 use serde_json::Value;
 use std::process::Command;
 
-fn rl(args: &[&str]) {
+/// Runs `swerve-train rl ARGS --device cpu`; returns its stderr.
+fn rl(args: &[&str]) -> String {
     let out = Command::new(bin_path("swerve-train"))
         .arg("rl")
         .args(args)
         .args(["--device", "cpu"])
         .output()
         .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
     assert!(
         out.status.success(),
-        "swerve-train rl {args:?} failed:\n{}",
-        String::from_utf8_lossy(&out.stderr)
+        "swerve-train rl {args:?} failed:\n{stderr}"
     );
+    stderr
 }
 
 /// A line without its wall-clock times (the only part a rerun may change).
@@ -191,4 +193,43 @@ fn an_iteration_on_python_tasks_runs_through_the_sandbox() {
     assert_eq!(finishes, 4);
     assert!(line["finish"].get("error").is_none(), "{line}");
     assert!(out.join("iteration-000001/model.safetensors").is_file());
+}
+
+#[test]
+fn the_loop_runs_tensor_parallel_learner_and_engine() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("toy-tp2");
+    let log = rl(&[
+        "--model",
+        "preset:toy",
+        "--tasks",
+        "builtin:toy",
+        "--out",
+        out.to_str().unwrap(),
+        "--seed",
+        "0",
+        "--iterations",
+        "3",
+        "--save-every",
+        "3",
+        "--tensor-parallel",
+        "2",
+    ]);
+    // Both halves ran on two ranks.
+    assert!(log.contains("ranks: tensor-parallel 2"), "{log}");
+    assert!(log.contains("tensor-parallel 2); KV cache"), "{log}");
+    let iterations = json_lines(&out.join("iterations.jsonl"));
+    assert_eq!(iterations.len(), 4, "the RFT phase and three DAPO iterations");
+    for line in &iterations {
+        // Rollouts from the tensor-parallel engine, logp_old from the tensor-parallel learner:
+        // the same model through other summation orders (the engine all-reduces, the trainer's
+        // forward is sequence-parallel and its loss vocabulary-parallel).
+        let gap = line["logprob_gap_max"].as_f64().unwrap();
+        assert!(gap < 1e-4, "logprob gap {gap}: {line}");
+        assert!(line["trajectories_kept"].as_u64().is_some(), "{line}");
+    }
+    // The checkpoint holds whole tensors: it loads in one rank.
+    let checkpoint = out.join("iteration-000003");
+    let backend = swerve::backend::cpu::CpuBackend::new();
+    swerve::model::Qwen2Model::load(&backend, &checkpoint).unwrap();
 }

@@ -166,6 +166,7 @@ fn iteration_options(
         rft_first: None,
         rft_lr: 5e-6,
         rft_epochs: 1,
+        tensor_parallel: 1,
     }
 }
 

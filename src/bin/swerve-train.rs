@@ -458,6 +458,9 @@ struct RlArgs {
     api_key: Option<String>,
     #[command(flatten)]
     device: DeviceArgs,
+    /// Tensor-parallel ranks of the learner and of the rollout engine, a thread (and GPU) each.
+    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u64).range(1..))]
+    tensor_parallel: u64,
 }
 
 impl RlArgs {
@@ -511,6 +514,7 @@ impl RlArgs {
             },
             rft_lr: self.rft_lr.unwrap_or(d.rft_lr),
             rft_epochs: self.rft_epochs,
+            tensor_parallel: self.tensor_parallel as usize,
         }
     }
 }

@@ -5,11 +5,10 @@ use super::{plot, shuffled, tasks_of_iteration, RlOptions};
 use crate::agent::episode::{Episode, EpisodeContext, Finish};
 use crate::agent::policy::ServerPolicy;
 use crate::agent::rollout::{episode_seed, run_episodes};
-use crate::backend::grad::BackendGrad;
 use crate::engine::EngineHandle;
 use crate::env::Task;
 use crate::train::data::{group_advantages, GroupReward, TrainSequence, Trajectory};
-use crate::train::learner::Learner;
+use crate::train::group::Trainer;
 use crate::train::loss::Objective;
 use crate::train::run_dir::RecordedOptions;
 use crate::train::trainer::append_line;
@@ -97,9 +96,9 @@ pub(crate) struct Progress {
 }
 
 /// The iterations' fixed parts and what they update.
-pub(crate) struct Loop<'a, 'b, B: BackendGrad> {
+pub(crate) struct Loop<'a, T: Trainer> {
     pub options: &'a RlOptions,
-    pub learner: Learner<'b, B>,
+    pub learner: T,
     pub sampler: &'a Sampler,
     pub ctx: &'a EpisodeContext<'a>,
     pub tasks: &'a [Task],
@@ -110,7 +109,7 @@ pub(crate) struct Loop<'a, 'b, B: BackendGrad> {
     pub history: Vec<Value>,
 }
 
-impl<B: BackendGrad> Loop<'_, '_, B> {
+impl<T: Trainer> Loop<'_, T> {
     fn out(&self) -> &Path {
         &self.options.agent.out
     }
@@ -378,8 +377,8 @@ fn append_step(path: &Path, step: u64, iteration: usize, metrics: Value) -> Resu
 
 /// New weights to the rollouts: in memory to the engine, or written and reloaded through the
 /// server. Returns the new weight version and the seconds it took.
-pub(crate) fn handoff<B: BackendGrad>(
-    learner: &Learner<'_, B>,
+pub(crate) fn handoff<T: Trainer>(
+    learner: &T,
     sampler: &Sampler,
     model_dir: &Path,
     out: &Path,
@@ -393,7 +392,7 @@ pub(crate) fn handoff<B: BackendGrad>(
                 unsafe { handle.update_weights_from_device(spans) }?;
             }
             None => {
-                handle.update_weights_from(learner.compute_weights()?)?;
+                handle.update_weights_from(learner.whole_compute_weights()?)?;
             }
         },
         Sampler::Server { policy, url } => {

@@ -34,6 +34,7 @@ use crate::engine::launch::{launch_engine, EngineLaunch};
 use crate::env::{builtin, load_tasks, Task};
 use crate::tokenizer::Tokenizer;
 use crate::train::checkpoint;
+use crate::train::group::{LearnerGroup, LearnerSpec, Trainer};
 use crate::train::learner::Learner;
 use crate::train::optimizer::AdamWConfig;
 use crate::train::run_dir::{self, decimal, RecordedOptions, RunStart};
@@ -68,6 +69,8 @@ pub struct RlOptions {
     pub rft_first: Option<usize>,
     pub rft_lr: f64,
     pub rft_epochs: usize,
+    /// Tensor-parallel ranks of the learner and of the engine (`--tensor-parallel`).
+    pub tensor_parallel: usize,
 }
 
 /// Settings `rl` uses where a flag is not given: the paper's stage 1 (RL-SPEC.md), or, for
@@ -160,12 +163,33 @@ pub(crate) fn shuffled(n: usize, seed: u64) -> Vec<usize> {
 }
 
 /// `swerve-train rl`: picks the device (the trainer's and the engine's), then [`run`].
+/// With `--tensor-parallel N` the learner's ranks run on threads of their own
+/// ([`LearnerGroup`]) and the engine is tensor-parallel too ([`crate::engine::TpEngine`]).
 pub fn run_on_device(device: DeviceChoice, options: &RlOptions) -> Result<()> {
+    if options.tensor_parallel > 1 {
+        let setup = setup(options)?;
+        let spec = LearnerSpec {
+            model_dir: setup.model_dir.clone(),
+            adamw: adamw_config(options),
+            micro_batch_tokens: options.micro_batch_tokens,
+            checkpoint_layers: true,
+        };
+        let group = LearnerGroup::start(device, options.tensor_parallel, spec)?;
+        return run_loop(group, options, setup);
+    }
     let (backend, line) = select(device)?;
     eprintln!("{line}");
     match backend {
         Selected::Cpu(b) => run(&b, options),
         Selected::Cuda(b) => run(&*b, options),
+    }
+}
+
+fn adamw_config(options: &RlOptions) -> AdamWConfig {
+    AdamWConfig {
+        weight_decay: options.weight_decay,
+        max_grad_norm: options.grad_clip,
+        ..AdamWConfig::default()
     }
 }
 
@@ -284,10 +308,10 @@ fn setup(options: &RlOptions) -> Result<Setup> {
 /// Where a run starts: after the latest iteration checkpoint (restored into `learner`) with
 /// `--resume`, else at the beginning. Logs beyond the checkpoint are trimmed; a `--resume`
 /// without a checkpoint starts over.
-fn resume<B: BackendGrad>(
+fn resume<T: Trainer>(
     options: &RlOptions,
     record: &RecordedOptions,
-    learner: &mut Learner<'_, B>,
+    learner: &mut T,
 ) -> Result<(usize, Progress, bool)> {
     let out = &options.agent.out;
     let (iterations_path, metrics_path) = (out.join("iterations.jsonl"), out.join("metrics.jsonl"));
@@ -325,20 +349,21 @@ fn resume<B: BackendGrad>(
 
 /// Runs `rl` on the trainer's backend.
 pub fn run<B: BackendGrad>(backend: &B, options: &RlOptions) -> Result<()> {
-    let agent = &options.agent;
     let setup = setup(options)?;
-    let record = recorded_options(options, &setup.tasks_content, &setup.episode);
-    let mut learner = Learner::new(
+    let learner = Learner::new(
         backend,
         &setup.model_dir,
-        AdamWConfig {
-            weight_decay: options.weight_decay,
-            max_grad_norm: options.grad_clip,
-            ..AdamWConfig::default()
-        },
+        adamw_config(options),
         options.micro_batch_tokens,
         true,
     )?;
+    run_loop(learner, options, setup)
+}
+
+/// The loop over `learner`, whatever its parallelism.
+fn run_loop<T: Trainer>(mut learner: T, options: &RlOptions, setup: Setup) -> Result<()> {
+    let agent = &options.agent;
+    let record = recorded_options(options, &setup.tasks_content, &setup.episode);
     let (first_iteration, progress, rft_done) = resume(options, &record, &mut learner)?;
     let sampler = match &agent.server {
         Some(url) => Sampler::Server {
@@ -354,7 +379,7 @@ pub fn run<B: BackendGrad>(backend: &B, options: &RlOptions) -> Result<()> {
             max_num_seqs: agent.concurrency,
             max_num_batched_tokens: 8192,
             seed: agent.seed,
-            tensor_parallel: 1,
+            tensor_parallel: options.tensor_parallel,
         })?)),
     };
     let env = environment_for(&setup.tasks, agent)?;

@@ -358,6 +358,49 @@ impl<'b, B: BackendGrad> Learner<'b, B> {
         })
     }
 
+    /// The compute weights as whole host tensors (HF names and shapes, checkpoint order),
+    /// gathered from the tensor-parallel ranks: `Some` on the first rank of the first replica,
+    /// `None` elsewhere. Every rank of the first replica calls it.
+    pub fn gather_compute_weights(&self) -> Result<Option<Qwen2Params<HostTensor<'static>>>> {
+        if self.dp.rank() != 0 {
+            return Ok(None);
+        }
+        let backend = self.backend;
+        let tp = &self.model.comm;
+        let config = &self.model.config;
+        let all_shards: Vec<Vec<(String, ParamShard)>> = config
+            .shards(tp.size())?
+            .iter()
+            .map(|local| Qwen2Params::<()>::shards(config, local))
+            .collect();
+        let mut whole = Vec::with_capacity(self.shards.len());
+        for (i, param) in self.model.params.iter().enumerate() {
+            let values = backend.to_host(param)?;
+            let pieces = if tp.size() > 1 {
+                tp.all_gather_bytes(bytemuck::cast_slice(&values))?
+            } else {
+                vec![bytemuck::cast_slice(&values).to_vec()]
+            };
+            if tp.rank() != 0 {
+                continue;
+            }
+            let shape = &self.shards[i].1.full_shape;
+            let mut full = vec![0.0f32; shape.iter().product()];
+            for (rank, piece) in pieces.iter().enumerate() {
+                all_shards[rank][i].1.place(&crate::dist::f32s_from_bytes(piece), &mut full);
+            }
+            whole.push(HostTensor::from_f32(shape.clone(), &full));
+        }
+        if tp.rank() != 0 {
+            return Ok(None);
+        }
+        let mut tensors = whole.into_iter();
+        let everything = config.shard(1, 0)?;
+        Ok(Some(Qwen2Params::try_build(config, &everything, |_, _, _| {
+            tensors.next().ok_or_else(|| anyhow::anyhow!("fewer tensors than parameters"))
+        })?))
+    }
+
     /// The compute weights' device memory (one span per parameter, checkpoint order), once all
     /// queued work is done; `None` on a host backend.
     pub fn compute_weight_spans(&self) -> Result<Option<Vec<crate::backend::DeviceSpan>>> {
