@@ -5,6 +5,7 @@ pub mod gpu;
 pub mod paged;
 pub mod python;
 pub mod serve;
+pub mod train_fixture;
 
 use safetensors::{Dtype, SafeTensors};
 use std::path::PathBuf;
