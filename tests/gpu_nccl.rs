@@ -187,114 +187,172 @@ fn abs_sum(dtype: DeviceDType, n: usize, case: u64, size: usize) -> Vec<f32> {
 
 const SHAPES: [&[usize]; 5] = [&[1, 1], &[3, 5], &[7, 33], &[2, 3, 4], &[16, 129]];
 
+/// One rank's backend and its two communicators: NCCL, and the local one it is checked against.
+struct Comms<'a> {
+    backend: &'a CudaBackend,
+    comm: &'a NcclComm,
+    local: &'a LocalComm,
+}
+
+impl Comms<'_> {
+    /// A case's name in a failure message: the collective, shape, dtype and rank.
+    fn label(&self, op: &str, shape: &[usize], dtype: DeviceDType) -> String {
+        let (rank, size) = (self.comm.rank(), self.comm.size());
+        format!("{op} {shape:?} {dtype:?}, rank {rank} of {size}")
+    }
+}
+
 /// Every tensor collective on every shape and dtype, NCCL against the local communicator.
 fn tensor_collectives(backend: &CudaBackend, comm: &NcclComm, local: &LocalComm) {
+    let c = Comms {
+        backend,
+        comm,
+        local,
+    };
     let (rank, size) = (comm.rank(), comm.size());
     let mut case = 0u64;
     for dtype in [DeviceDType::Bf16, DeviceDType::F32] {
         for shape in SHAPES {
             case += 1;
-            let n: usize = shape.iter().product();
-            let label = |op: &str| format!("{op} {shape:?} {dtype:?}, rank {rank} of {size}");
-
-            // All-reduce, in place.
-            let x = input(dtype, n, case, rank);
-            let mut via_nccl = upload(backend, dtype, shape, &x);
-            let mut via_host = upload(backend, dtype, shape, &x);
-            comm.all_reduce_sum(backend, &mut via_nccl).unwrap();
-            local.all_reduce_sum(backend, &mut via_host).unwrap();
-            compare(
-                &label("all-reduce"),
-                dtype,
-                &backend.read_bytes(&via_nccl).unwrap(),
-                &backend.read_bytes(&via_host).unwrap(),
-                Some((size, &abs_sum(dtype, n, case, size))),
-            );
-
-            // All-gather of rows.
-            let mut big = shape.to_vec();
-            big[0] *= size;
-            let part = upload(backend, dtype, shape, &x);
-            let mut out_nccl = poisoned(backend, &big, dtype);
-            let mut out_host = poisoned(backend, &big, dtype);
-            comm.all_gather_rows(backend, &part, &mut out_nccl).unwrap();
-            local
-                .all_gather_rows(backend, &part, &mut out_host)
-                .unwrap();
-            compare(
-                &label("all-gather"),
-                dtype,
-                &backend.read_bytes(&out_nccl).unwrap(),
-                &backend.read_bytes(&out_host).unwrap(),
-                None,
-            );
-
-            // Reduce-scatter of rows: every rank's [size * rows, ..], this rank's rows summed.
+            let x = input(dtype, shape.iter().product(), case, rank);
+            all_reduce_matches(&c, dtype, shape, &x, case);
+            all_gather_rows_matches(&c, dtype, shape, &x);
             case += 1;
-            let full = input(dtype, n * size, case, rank);
-            let full = upload(backend, dtype, &big, &full);
-            let mut out_nccl = poisoned(backend, shape, dtype);
-            let mut out_host = poisoned(backend, shape, dtype);
-            comm.reduce_scatter_rows(backend, &full, &mut out_nccl)
-                .unwrap();
-            local
-                .reduce_scatter_rows(backend, &full, &mut out_host)
-                .unwrap();
-            let sums = abs_sum(dtype, n * size, case, size);
-            compare(
-                &label("reduce-scatter"),
-                dtype,
-                &backend.read_bytes(&out_nccl).unwrap(),
-                &backend.read_bytes(&out_host).unwrap(),
-                Some((size, &sums[rank * n..(rank + 1) * n])),
-            );
-
-            // Broadcast, in place, from a different root each case.
-            let root = case as usize % size;
-            let mut via_nccl = upload(backend, dtype, shape, &x);
-            let mut via_host = upload(backend, dtype, shape, &x);
-            comm.broadcast(backend, &mut via_nccl, root).unwrap();
-            local.broadcast(backend, &mut via_host, root).unwrap();
-            compare(
-                &label(&format!("broadcast from {root}")),
-                dtype,
-                &backend.read_bytes(&via_nccl).unwrap(),
-                &backend.read_bytes(&via_host).unwrap(),
-                None,
-            );
+            reduce_scatter_rows_matches(&c, dtype, shape, case);
+            broadcast_matches(&c, dtype, shape, &x, case);
         }
-
-        // All-gather of columns of unequal widths (vocabulary shards), one case with an empty one.
-        for (rows, widths) in [
-            (3, (0..size).map(|r| 7 - r % 3).collect::<Vec<_>>()),
-            (
-                1,
-                (0..size)
-                    .map(|r| if r == 1 { 0 } else { 2 * r + 1 })
-                    .collect(),
-            ),
-            (5, vec![4; size]),
-        ] {
+        for (rows, widths) in column_cases(size) {
             case += 1;
-            let total: usize = widths.iter().sum();
-            let x = input(dtype, rows * widths[rank], case, rank);
-            let part = upload(backend, dtype, &[rows, widths[rank]], &x);
-            let mut out_nccl = poisoned(backend, &[rows, total], dtype);
-            let mut out_host = poisoned(backend, &[rows, total], dtype);
-            comm.all_gather_columns(backend, &part, &widths, &mut out_nccl)
-                .unwrap();
-            local
-                .all_gather_columns(backend, &part, &widths, &mut out_host)
-                .unwrap();
-            compare(
-                &format!("all-gather of columns {widths:?} x {rows} rows {dtype:?}, rank {rank}"),
-                dtype,
-                &backend.read_bytes(&out_nccl).unwrap(),
-                &backend.read_bytes(&out_host).unwrap(),
-                None,
-            );
+            all_gather_columns_matches(&c, dtype, rows, &widths, case);
         }
     }
+}
+
+/// All-reduce, in place, of this rank's `x` (case `case`).
+fn all_reduce_matches(c: &Comms, dtype: DeviceDType, shape: &[usize], x: &[f32], case: u64) {
+    let (backend, size) = (c.backend, c.comm.size());
+    let n: usize = shape.iter().product();
+    let mut via_nccl = upload(backend, dtype, shape, x);
+    let mut via_host = upload(backend, dtype, shape, x);
+    c.comm.all_reduce_sum(backend, &mut via_nccl).unwrap();
+    c.local.all_reduce_sum(backend, &mut via_host).unwrap();
+    compare(
+        &c.label("all-reduce", shape, dtype),
+        dtype,
+        &backend.read_bytes(&via_nccl).unwrap(),
+        &backend.read_bytes(&via_host).unwrap(),
+        Some((size, &abs_sum(dtype, n, case, size))),
+    );
+}
+
+/// All-gather of rows: every rank's `x` stacked in rank order.
+fn all_gather_rows_matches(c: &Comms, dtype: DeviceDType, shape: &[usize], x: &[f32]) {
+    let backend = c.backend;
+    let mut big = shape.to_vec();
+    big[0] *= c.comm.size();
+    let part = upload(backend, dtype, shape, x);
+    let mut out_nccl = poisoned(backend, &big, dtype);
+    let mut out_host = poisoned(backend, &big, dtype);
+    c.comm
+        .all_gather_rows(backend, &part, &mut out_nccl)
+        .unwrap();
+    c.local
+        .all_gather_rows(backend, &part, &mut out_host)
+        .unwrap();
+    compare(
+        &c.label("all-gather", shape, dtype),
+        dtype,
+        &backend.read_bytes(&out_nccl).unwrap(),
+        &backend.read_bytes(&out_host).unwrap(),
+        None,
+    );
+}
+
+/// Reduce-scatter of rows: every rank's [size * rows, ..] (case `case`), this rank's rows summed.
+fn reduce_scatter_rows_matches(c: &Comms, dtype: DeviceDType, shape: &[usize], case: u64) {
+    let (backend, rank, size) = (c.backend, c.comm.rank(), c.comm.size());
+    let n: usize = shape.iter().product();
+    let mut big = shape.to_vec();
+    big[0] *= size;
+    let full = input(dtype, n * size, case, rank);
+    let full = upload(backend, dtype, &big, &full);
+    let mut out_nccl = poisoned(backend, shape, dtype);
+    let mut out_host = poisoned(backend, shape, dtype);
+    c.comm
+        .reduce_scatter_rows(backend, &full, &mut out_nccl)
+        .unwrap();
+    c.local
+        .reduce_scatter_rows(backend, &full, &mut out_host)
+        .unwrap();
+    let sums = abs_sum(dtype, n * size, case, size);
+    compare(
+        &c.label("reduce-scatter", shape, dtype),
+        dtype,
+        &backend.read_bytes(&out_nccl).unwrap(),
+        &backend.read_bytes(&out_host).unwrap(),
+        Some((size, &sums[rank * n..(rank + 1) * n])),
+    );
+}
+
+/// Broadcast of `x`, in place, from a different root each case.
+fn broadcast_matches(c: &Comms, dtype: DeviceDType, shape: &[usize], x: &[f32], case: u64) {
+    let backend = c.backend;
+    let root = case as usize % c.comm.size();
+    let mut via_nccl = upload(backend, dtype, shape, x);
+    let mut via_host = upload(backend, dtype, shape, x);
+    c.comm.broadcast(backend, &mut via_nccl, root).unwrap();
+    c.local.broadcast(backend, &mut via_host, root).unwrap();
+    compare(
+        &c.label(&format!("broadcast from {root}"), shape, dtype),
+        dtype,
+        &backend.read_bytes(&via_nccl).unwrap(),
+        &backend.read_bytes(&via_host).unwrap(),
+        None,
+    );
+}
+
+/// Rows and per-rank widths of the column all-gathers (vocabulary shards), one case with an
+/// empty one.
+fn column_cases(size: usize) -> [(usize, Vec<usize>); 3] {
+    [
+        (3, (0..size).map(|r| 7 - r % 3).collect::<Vec<_>>()),
+        (
+            1,
+            (0..size)
+                .map(|r| if r == 1 { 0 } else { 2 * r + 1 })
+                .collect(),
+        ),
+        (5, vec![4; size]),
+    ]
+}
+
+/// All-gather of columns of unequal widths: `rows` rows, rank r's part `widths[r]` wide.
+fn all_gather_columns_matches(
+    c: &Comms,
+    dtype: DeviceDType,
+    rows: usize,
+    widths: &[usize],
+    case: u64,
+) {
+    let (backend, rank) = (c.backend, c.comm.rank());
+    let total: usize = widths.iter().sum();
+    let x = input(dtype, rows * widths[rank], case, rank);
+    let part = upload(backend, dtype, &[rows, widths[rank]], &x);
+    let mut out_nccl = poisoned(backend, &[rows, total], dtype);
+    let mut out_host = poisoned(backend, &[rows, total], dtype);
+    c.comm
+        .all_gather_columns(backend, &part, widths, &mut out_nccl)
+        .unwrap();
+    c.local
+        .all_gather_columns(backend, &part, widths, &mut out_host)
+        .unwrap();
+    compare(
+        &format!("all-gather of columns {widths:?} x {rows} rows {dtype:?}, rank {rank}"),
+        dtype,
+        &backend.read_bytes(&out_nccl).unwrap(),
+        &backend.read_bytes(&out_host).unwrap(),
+        None,
+    );
 }
 
 /// The host collectives through NCCL's device buffers equal the local group's.

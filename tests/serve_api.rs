@@ -28,8 +28,20 @@ fn im_end() -> u32 {
 fn completions_chat_tools_streaming_logprobs_and_token_ids() {
     let server = Server::start(&scripted_model(), &[]);
     let tokenizer = Tokenizer::qwen25().unwrap();
+    let (prompt_ids, answer_ids) = completions_text_and_token_ids(&server, &tokenizer);
+    completions_stops_and_lengths(&server, &prompt_ids, &answer_ids);
+    let echo_prompt_logprobs = completions_logprobs_and_echo(&server, &prompt_ids);
+    let out_ids = chat_tool_calls(&server, &tokenizer);
+    streaming_chat_with_tools(&server, &out_ids);
+    streaming_completions_and_n(&server);
+    streaming_echo_with_n_and_logprobs(&server, &prompt_ids, &answer_ids, &echo_prompt_logprobs);
+    tokenize_models_and_health(&server, &tokenizer);
+    server.wait_idle();
+}
 
-    // Text in, text and ids out; the stop token ends the choice and is in its ids.
+/// Text in, text and ids out; the stop token ends the choice and is in its ids. Returns the
+/// prompt's ids and the answer's.
+fn completions_text_and_token_ids(server: &Server, tokenizer: &Tokenizer) -> (Vec<u32>, Vec<u32>) {
     let r = server.post(
         "/v1/completions",
         &json!({"model": MODEL_NAME, "prompt": ANSWER_PROMPT, "max_tokens": 10}),
@@ -55,7 +67,11 @@ fn completions_chat_tools_streaming_logprobs_and_token_ids() {
     assert!(body["usage"]["cached_tokens"].is_u64());
     assert_eq!(body["weight_version"], 0);
     assert_eq!(body["object"], "text_completion");
+    (prompt_ids, answer_ids)
+}
 
+/// The prompt as token ids, a stop string, and `max_tokens`.
+fn completions_stops_and_lengths(server: &Server, prompt_ids: &[u32], answer_ids: &[u32]) {
     // The same prompt as token ids, through `prompt` and through `prompt_token_ids`.
     for key in ["prompt", "prompt_token_ids"] {
         let r = server.post(
@@ -83,8 +99,11 @@ fn completions_chat_tools_streaming_logprobs_and_token_ids() {
     );
     assert_eq!(r.json()["choices"][0]["finish_reason"], "length");
     assert_eq!(r.json()["choices"][0]["text"], " forty");
+}
 
-    // Logprobs (legacy completions shape) with alternatives, and echo with prompt logprobs.
+/// Logprobs (legacy completions shape) with alternatives, and echo with prompt logprobs; returns
+/// the prompt's logprobs.
+fn completions_logprobs_and_echo(server: &Server, prompt_ids: &[u32]) -> Vec<Value> {
     let r = server.post(
         "/v1/completions",
         &json!({"prompt": ANSWER_PROMPT, "max_tokens": 3, "logprobs": 2, "echo": true}),
@@ -113,10 +132,22 @@ fn completions_chat_tools_streaming_logprobs_and_token_ids() {
     assert_eq!(lp["text_offset"][prompt_ids.len()], ANSWER_PROMPT.len());
     assert_eq!(ids(&choice["token_ids"]).len(), 3);
 
-    // Chat with tools: the generated <tool_call> block comes back as OpenAI tool_calls.
-    let tools = json!([{"type": "function", "function": {"name": "sleep", "description": "Sleep.",
-        "parameters": {"type": "object", "properties": {"seconds": {"type": "integer"}}}}}]);
-    let messages = json!([{"role": "user", "content": "Wait five seconds."}]);
+    echo_prompt_logprobs
+}
+
+fn sleep_tool() -> Value {
+    json!([{"type": "function", "function": {"name": "sleep", "description": "Sleep.",
+        "parameters": {"type": "object", "properties": {"seconds": {"type": "integer"}}}}}])
+}
+
+fn wait_messages() -> Value {
+    json!([{"role": "user", "content": "Wait five seconds."}])
+}
+
+/// Chat with tools: the generated <tool_call> block comes back as OpenAI tool_calls (without
+/// tools it stays text). Returns the completion's ids.
+fn chat_tool_calls(server: &Server, tokenizer: &Tokenizer) -> Vec<u32> {
+    let (tools, messages) = (sleep_tool(), wait_messages());
     let r = server.post("/v1/chat/completions", &json!({"model": MODEL_NAME, "messages": messages, "tools": tools, "max_tokens": 40, "logprobs": true, "top_logprobs": 3}));
     let body = r.json();
     assert_eq!(r.status, 200, "{body}");
@@ -161,7 +192,12 @@ fn completions_chat_tools_streaming_logprobs_and_token_ids() {
     );
     assert!(choice["message"].get("tool_calls").is_none());
 
-    // Streaming chat with tools: role first, tool call at the end, usage, [DONE].
+    out_ids
+}
+
+/// Streaming chat with tools: role first, tool call at the end, usage, [DONE].
+fn streaming_chat_with_tools(server: &Server, out_ids: &[u32]) {
+    let (tools, messages) = (sleep_tool(), wait_messages());
     let r = server.post("/v1/chat/completions", &json!({"messages": messages, "tools": tools, "max_tokens": 40, "stream": true, "stream_options": {"include_usage": true}}));
     assert_eq!(r.status, 200);
     assert!(r
@@ -202,7 +238,10 @@ fn completions_chat_tools_streaming_logprobs_and_token_ids() {
         .filter_map(|c| c["choices"][0]["delta"]["content"].as_str())
         .collect();
     assert_eq!(content, "");
+}
 
+/// Streaming completions with a stop string held back across tokens, and `n` = 3.
+fn streaming_completions_and_n(server: &Server) {
     // Streaming completions with a stop string held back across tokens: text never shows it.
     let r = server.post(
         "/v1/completions",
@@ -231,9 +270,16 @@ fn completions_chat_tools_streaming_logprobs_and_token_ids() {
         assert_eq!(c["index"], i);
         assert_eq!(c["text"], " forty-two.");
     }
+}
 
-    // Streaming with echo, n = 2 and logprobs: each choice's chunks carry its index, the first
-    // one the echoed prompt and its prompt ids.
+/// Streaming with echo, n = 2 and logprobs: each choice's chunks carry its index, the first
+/// one the echoed prompt and its prompt ids.
+fn streaming_echo_with_n_and_logprobs(
+    server: &Server,
+    prompt_ids: &[u32],
+    answer_ids: &[u32],
+    echo_prompt_logprobs: &[Value],
+) {
     let r = server.post("/v1/completions", &json!({"prompt": ANSWER_PROMPT, "max_tokens": 10, "n": 2, "stream": true, "echo": true, "logprobs": 1}));
     let events = r.events();
     assert_eq!(events.last().unwrap(), "[DONE]");
@@ -262,8 +308,10 @@ fn completions_chat_tools_streaming_logprobs_and_token_ids() {
         assert_eq!(tokens[i], answer_ids);
         assert_eq!(finishes[i], "stop");
     }
+}
 
-    // Tokenize / detokenize round trip; models; health.
+/// Tokenize / detokenize round trip; models; health.
+fn tokenize_models_and_health(server: &Server, tokenizer: &Tokenizer) {
     let t = server
         .post("/v1/tokenize", &json!({"prompt": "Hello, 世界"}))
         .json();
@@ -278,7 +326,6 @@ fn completions_chat_tools_streaming_logprobs_and_token_ids() {
     let health = server.get("/health");
     assert_eq!(health.status, 200);
     assert_eq!(health.json()["status"], "ok");
-    server.wait_idle();
 }
 
 /// Generates greedily with the engine in process, as the reference.
@@ -376,9 +423,36 @@ fn greedy_equals_the_engine_and_seeds_repeat() {
 fn bad_inputs_get_400_naming_the_field() {
     let server = Server::start(&scripted_model(), &["--max-model-len", "64"]);
     let long: Vec<u32> = vec![100; 60];
+    let mut cases = completions_bad_inputs(&long);
+    cases.extend(completions_bad_sampling_inputs());
+    cases.extend(completions_bad_stop_stream_and_other_inputs());
+    cases.extend(chat_and_other_bad_inputs());
+    for (path, body, param) in &cases {
+        let r = server.post(path, body);
+        let err = r.assert_error(400, *param);
+        assert_eq!(
+            err["error"]["type"], "invalid_request_error",
+            "{path} {body}: {err}"
+        );
+    }
+    length_errors_carry_the_token_counts(&server, &long);
+    malformed_bodies_get_400(&server);
+    unknown_model_gets_404_naming_it(&server);
+    // Unknown routes and methods: OpenAI-shaped too.
+    server.get("/v1/nothing").assert_error(404, None);
+    server.get("/v1/completions").assert_error(405, None);
+    // Nothing was admitted, nothing leaked.
+    server.wait_idle();
+}
+
+/// A bad field (or field combination) per case, against the 64-token context of
+/// [`bad_inputs_get_400_naming_the_field`], and the `param` its 400 names.
+type BadInput = (&'static str, Value, Option<&'static str>);
+
+/// `/v1/completions` bodies with a bad prompt or length (`long`: 60 of the 64 tokens).
+fn completions_bad_inputs(long: &[u32]) -> Vec<BadInput> {
     let too_long: Vec<u32> = vec![100; 64];
-    let msgs = json!([{"role": "user", "content": "hi"}]);
-    let cases: Vec<(&str, Value, Option<&str>)> = vec![
+    vec![
         ("/v1/completions", json!({"max_tokens": 3}), Some("prompt")),
         ("/v1/completions", json!({"prompt": ""}), Some("prompt")),
         ("/v1/completions", json!({"prompt": []}), Some("prompt")),
@@ -433,6 +507,12 @@ fn bad_inputs_get_400_naming_the_field() {
             json!({"prompt": "x", "max_tokens": 2.5}),
             Some("max_tokens"),
         ),
+    ]
+}
+
+/// `/v1/completions` bodies with one bad sampling field or `n`.
+fn completions_bad_sampling_inputs() -> Vec<BadInput> {
+    vec![
         (
             "/v1/completions",
             json!({"prompt": "x", "temperature": -1}),
@@ -479,6 +559,12 @@ fn bad_inputs_get_400_naming_the_field() {
             json!({"prompt": "x", "n": 1000}),
             Some("n"),
         ),
+    ]
+}
+
+/// `/v1/completions` bodies with one bad stop, seed or streaming field, or a refused one.
+fn completions_bad_stop_stream_and_other_inputs() -> Vec<BadInput> {
+    vec![
         (
             "/v1/completions",
             json!({"prompt": "x", "stop": 3}),
@@ -524,6 +610,13 @@ fn bad_inputs_get_400_naming_the_field() {
             json!({"prompt": "x", "stop_token_ids": [1, 999_999]}),
             Some("stop_token_ids[1]"),
         ),
+    ]
+}
+
+/// Chat, tokenize, detokenize and reload bodies, each with one bad field.
+fn chat_and_other_bad_inputs() -> Vec<BadInput> {
+    let msgs = json!([{"role": "user", "content": "hi"}]);
+    vec![
         (
             "/v1/chat/completions",
             json!({"messages": []}),
@@ -603,23 +696,21 @@ fn bad_inputs_get_400_naming_the_field() {
             json!({"path": "/nonexistent/model"}),
             Some("path"),
         ),
-    ];
-    for (path, body, param) in &cases {
-        let r = server.post(path, body);
-        let err = r.assert_error(400, *param);
-        assert_eq!(
-            err["error"]["type"], "invalid_request_error",
-            "{path} {body}: {err}"
-        );
-    }
-    // Length errors carry the token counts.
+    ]
+}
+
+/// Length errors carry the token counts.
+fn length_errors_carry_the_token_counts(server: &Server, long: &[u32]) {
     let r = server.post("/v1/completions", &json!({"prompt": long, "max_tokens": 5}));
     let message = r.json()["error"]["message"].as_str().unwrap().to_string();
     assert!(
         message.contains("64") && message.contains("60") && message.contains("65"),
         "{message}"
     );
-    // Malformed JSON, the wrong top-level type, an empty body.
+}
+
+/// Malformed JSON, the wrong top-level type, an empty body.
+fn malformed_bodies_get_400(server: &Server) {
     for raw in [
         &b"{\"prompt\": "[..],
         b"[1, 2]",
@@ -631,15 +722,14 @@ fn bad_inputs_get_400_naming_the_field() {
             .post_raw("/v1/completions", &[], raw)
             .assert_error(400, None);
     }
-    // An unknown model is a 404 naming it, as vLLM and OpenAI answer.
+}
+
+/// An unknown model is a 404 naming it, as vLLM and OpenAI answer.
+fn unknown_model_gets_404_naming_it(server: &Server) {
+    let msgs = json!([{"role": "user", "content": "hi"}]);
     for path in ["/v1/completions", "/v1/chat/completions"] {
         let body = json!({"prompt": "x", "messages": msgs, "model": "gpt-4"});
         let err = server.post(path, &body).assert_error(404, Some("model"));
         assert!(err["error"]["message"].as_str().unwrap().contains("gpt-4"));
     }
-    // Unknown routes and methods: OpenAI-shaped too.
-    server.get("/v1/nothing").assert_error(404, None);
-    server.get("/v1/completions").assert_error(405, None);
-    // Nothing was admitted, nothing leaked.
-    server.wait_idle();
 }

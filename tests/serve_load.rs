@@ -259,61 +259,7 @@ fn thousands_of_random_and_mutated_bodies_never_get_a_5xx() {
     let addr = server.addr;
     let started = Instant::now();
     let threads: Vec<_> = (0..4u64)
-        .map(|t| {
-            std::thread::spawn(move || {
-                let mut rng = SplitMix64::new(0xF0_0D + t);
-                let seeds = seeds();
-                let paths = [
-                    "/v1/completions",
-                    "/v1/chat/completions",
-                    "/v1/chat/completions/tokens",
-                    "/v1/tokenize",
-                    "/v1/detokenize",
-                    "/generate",
-                ];
-                let mut statuses = std::collections::BTreeMap::new();
-                for i in 0..600 {
-                    let (path, body) = match rng.below(10) {
-                        0..=4 => {
-                            let (p, seed) = rng.pick(&seeds);
-                            (*p, mutate(&mut rng, seed).to_string().into_bytes())
-                        }
-                        5..=6 => {
-                            let (p, seed) = rng.pick(&seeds);
-                            (*p, mutate_bytes(&mut rng, seed.to_string().into_bytes()))
-                        }
-                        7..=8 => (
-                            *rng.pick(&paths),
-                            random_value(&mut rng, 0).to_string().into_bytes(),
-                        ),
-                        _ => (
-                            *rng.pick(&paths),
-                            (0..rng.below(64)).map(|_| rng.next_u64() as u8).collect(),
-                        ),
-                    };
-                    if i % 50 == 7 {
-                        // A client that hangs up before the answer.
-                        let mut s = send_request(addr, "POST", path, &[], &body);
-                        let mut buf = [0u8; 16];
-                        let _ = s.read(&mut buf);
-                        continue;
-                    }
-                    let r = request(addr, "POST", path, &[], &body);
-                    assert!(
-                        r.status < 500,
-                        "{path} {}: {} {}",
-                        String::from_utf8_lossy(&body),
-                        r.status,
-                        r.text()
-                    );
-                    if r.status >= 400 && r.status != 413 {
-                        r.assert_error(r.status, None);
-                    }
-                    *statuses.entry(r.status).or_insert(0usize) += 1;
-                }
-                statuses
-            })
-        })
+        .map(|t| std::thread::spawn(move || fuzz_client(addr, 0xF0_0D + t)))
         .collect();
     let mut totals = std::collections::BTreeMap::new();
     for t in threads {
@@ -321,21 +267,7 @@ fn thousands_of_random_and_mutated_bodies_never_get_a_5xx() {
             *totals.entry(status).or_insert(0) += n;
         }
     }
-    // Bytes that are not HTTP at all.
-    let mut rng = SplitMix64::new(99);
-    for _ in 0..50 {
-        let mut s = std::net::TcpStream::connect(addr).unwrap();
-        s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
-        let junk: Vec<u8> = (0..rng.below(300)).map(|_| rng.next_u64() as u8).collect();
-        let _ = s.write_all(&junk);
-        let _ = s.shutdown(std::net::Shutdown::Write);
-        let mut out = Vec::new();
-        let _ = s.read_to_end(&mut out);
-        assert!(
-            !String::from_utf8_lossy(&out).starts_with("HTTP/1.1 5"),
-            "{out:?}"
-        );
-    }
+    bytes_that_are_not_http_get_no_5xx(addr);
     eprintln!(
         "fuzz: statuses {totals:?} in {:.1} s",
         started.elapsed().as_secs_f64()
@@ -359,6 +291,81 @@ fn thousands_of_random_and_mutated_bodies_never_get_a_5xx() {
     assert_eq!(server.get("/health").status, 200);
     server.wait_idle();
     assert!(!server.stderr().contains("panicked"), "{}", server.stderr());
+}
+
+/// One fuzzing client: 600 requests, mutated seeds (as JSON and as bytes), random values and
+/// random bytes, every 50th hung up on before the answer; none may get a 5xx, and every error
+/// is OpenAI-shaped. Returns the count of each status.
+fn fuzz_client(addr: std::net::SocketAddr, seed: u64) -> std::collections::BTreeMap<u16, usize> {
+    let mut rng = SplitMix64::new(seed);
+    let seeds = seeds();
+    let paths = [
+        "/v1/completions",
+        "/v1/chat/completions",
+        "/v1/chat/completions/tokens",
+        "/v1/tokenize",
+        "/v1/detokenize",
+        "/generate",
+    ];
+    let mut statuses = std::collections::BTreeMap::new();
+    for i in 0..600 {
+        let (path, body) = match rng.below(10) {
+            0..=4 => {
+                let (p, seed) = rng.pick(&seeds);
+                (*p, mutate(&mut rng, seed).to_string().into_bytes())
+            }
+            5..=6 => {
+                let (p, seed) = rng.pick(&seeds);
+                (*p, mutate_bytes(&mut rng, seed.to_string().into_bytes()))
+            }
+            7..=8 => (
+                *rng.pick(&paths),
+                random_value(&mut rng, 0).to_string().into_bytes(),
+            ),
+            _ => (
+                *rng.pick(&paths),
+                (0..rng.below(64)).map(|_| rng.next_u64() as u8).collect(),
+            ),
+        };
+        if i % 50 == 7 {
+            // A client that hangs up before the answer.
+            let mut s = send_request(addr, "POST", path, &[], &body);
+            let mut buf = [0u8; 16];
+            let _ = s.read(&mut buf);
+            continue;
+        }
+        let r = request(addr, "POST", path, &[], &body);
+        assert!(
+            r.status < 500,
+            "{path} {}: {} {}",
+            String::from_utf8_lossy(&body),
+            r.status,
+            r.text()
+        );
+        if r.status >= 400 && r.status != 413 {
+            r.assert_error(r.status, None);
+        }
+        *statuses.entry(r.status).or_insert(0usize) += 1;
+    }
+    statuses
+}
+
+/// Bytes that are not HTTP at all.
+fn bytes_that_are_not_http_get_no_5xx(addr: std::net::SocketAddr) {
+    let mut rng = SplitMix64::new(99);
+    for _ in 0..50 {
+        let mut s = std::net::TcpStream::connect(addr).unwrap();
+        s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+        let junk: Vec<u8> = (0..rng.below(300)).map(|_| rng.next_u64() as u8).collect();
+        let _ = s.write_all(&junk);
+        let _ = s.shutdown(std::net::Shutdown::Write);
+        let mut out = Vec::new();
+        let _ = s.read_to_end(&mut out);
+        assert!(
+            !String::from_utf8_lossy(&out).starts_with("HTTP/1.1 5"),
+            "{out:?}"
+        );
+    }
 }
 
 #[test]
