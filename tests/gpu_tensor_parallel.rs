@@ -22,7 +22,7 @@ use swerve::dist::nccl::NcclComm;
 use swerve::dist::Communicator;
 use swerve::model::params::ParamShard;
 use swerve::model::{PackedBatch, Qwen2Model, Qwen2Params};
-use swerve::train::loss::Objective;
+use swerve::train::loss::{LossOutput, Objective};
 
 /// How the ranks talk.
 #[derive(Clone, Copy, Debug)]
@@ -108,20 +108,30 @@ fn split_logits_within_twice_transformers_bf16_error() {
         for tp in degrees(name) {
             for comm in comms(tp) {
                 let ranks = on_ranks(name, tp, comm, |gpu, model| {
-                    gpu.to_host(&model.forward_logits(gpu, &packed).unwrap()).unwrap()
+                    gpu.to_host(&model.forward_logits(gpu, &packed).unwrap())
+                        .unwrap()
                 });
                 for (rank, logits) in ranks.iter().enumerate() {
-                    assert_eq!(logits, &ranks[0], "{name} tp {tp} {comm:?}: rank {rank}'s logits");
+                    assert_eq!(
+                        logits, &ranks[0],
+                        "{name} tp {tp} {comm:?}: rank {rank}'s logits"
+                    );
                 }
                 let vocab = cases[0].logits.len() / cases[0].tokens.len();
                 for (i, case) in cases.iter().enumerate() {
                     let range = packed.sequence_range(i);
-                    let err = max_abs_diff(&ranks[0][range.start * vocab..range.end * vocab], &case.logits);
+                    let err = max_abs_diff(
+                        &ranks[0][range.start * vocab..range.end * vocab],
+                        &case.logits,
+                    );
                     println!(
                         "{name} tp {tp} {comm:?} seq {i}: logits error {err:.3e}; transformers bf16 {:.3e}",
                         case.bf16_logits_error
                     );
-                    assert!(err <= 2.0 * case.bf16_logits_error, "{name} tp {tp} {comm:?} seq {i}: {err}");
+                    assert!(
+                        err <= 2.0 * case.bf16_logits_error,
+                        "{name} tp {tp} {comm:?} seq {i}: {err}"
+                    );
                 }
             }
         }
@@ -134,12 +144,20 @@ fn rank_gradients(
     model: &Qwen2Model<CudaBackend>,
     st: &SafeTensors<'_>,
     objective: &Objective,
-) -> (f64, Vec<(ParamShard, Vec<f32>)>) {
+) -> (LossOutput, Vec<(ParamShard, Vec<f32>)>) {
     let (batch, data) = FixtureBatch::read(st);
     let n_act = fixture_tensor(st, "num_action_tokens")[0];
     let mut grads = model.zero_grads(gpu).unwrap();
     let out = model
-        .loss_and_backward(gpu, &batch, &data.rows(), objective, n_act, true, &mut grads)
+        .loss_and_backward(
+            gpu,
+            &batch,
+            &data.rows(),
+            objective,
+            n_act,
+            true,
+            &mut grads,
+        )
         .unwrap();
     model.reduce_replicated_grads(gpu, &mut grads).unwrap();
     let shards = Qwen2Params::<()>::shards(&model.config, &model.local);
@@ -148,9 +166,16 @@ fn rank_gradients(
         .zip(shards)
         .map(|(g, (_, shard))| (shard, gpu.to_host(g).unwrap()))
         .collect();
-    (out.loss, pieces)
+    (out, pieces)
 }
 
+/// Masked cross-entropy's loss and every whole gradient against the fixtures' yardstick, and
+/// DAPO's loss and clip counts. DAPO's gradients are not held to the fixtures here: each token's
+/// clip decision is a step function of its logprob, and the fixtures keep the ratios 0.02 from
+/// the clip edges (enough for f32 against f64, not for bf16), so a bf16 run can clip a token the
+/// fixture does not and drop its gradient (seen: 22 of 75 tokens clip low at TP 2 on yarn4-f16,
+/// 21 in the fixture). What DAPO adds to the split loss (the per-row coefficients on the host)
+/// is checked against TP 1 on the CPU by tests/tensor_parallel.rs, decision for decision.
 #[test]
 #[cfg_attr(
     not(swerve_emu),
@@ -172,16 +197,32 @@ fn split_training_gradients_match_the_fixtures_in_bf16() {
         let tp = 2;
         let comm = comms(tp)[0];
         for (objective, which) in [(Objective::MaskedCe, "ce"), (dapo, "dapo")] {
-            let ranks = on_ranks(name, tp, comm, |gpu, model| rank_gradients(gpu, model, &st, &objective));
-            for (rank, (loss, _)) in ranks.iter().enumerate() {
-                assert_eq!(*loss, ranks[0].0, "{name} {which}: rank {rank}'s loss");
+            let ranks = on_ranks(name, tp, comm, |gpu, model| {
+                rank_gradients(gpu, model, &st, &objective)
+            });
+            let out = &ranks[0].0;
+            for (rank, (theirs, _)) in ranks.iter().enumerate() {
+                assert_eq!(theirs, out, "{name} {which}: rank {rank}'s report");
             }
-            let names: Vec<String> = ranks[0].1.iter().enumerate().map(|(i, _)| param_name(name, i)).collect();
+            let case = FixtureCase {
+                name,
+                which,
+                st: &st,
+            };
+            failures.extend(case.check_loss(&objective, out.loss, &data, n_act));
+            if which == "dapo" {
+                let clipped = out.clipped_low + out.clipped_high;
+                let want = (scalar("clipped_low") + scalar("clipped_high")) as usize;
+                assert!(
+                    clipped.abs_diff(want) <= 1,
+                    "{name}: {clipped} tokens clipped, the fixture {want}"
+                );
+                continue;
+            }
+            let names: Vec<String> = (0..ranks[0].1.len()).map(|i| param_name(name, i)).collect();
             let whole: Vec<Vec<f32>> = (0..names.len())
                 .map(|i| put_together(&ranks.iter().map(|(_, p)| &p[i]).collect::<Vec<_>>()))
                 .collect();
-            let case = FixtureCase { name, which, st: &st };
-            failures.extend(case.check_loss(&objective, ranks[0].0, &data, n_act));
             failures.extend(case.check_grads(&names, &whole));
         }
     }
@@ -191,7 +232,9 @@ fn split_training_gradients_match_the_fixtures_in_bf16() {
 /// Parameter `i`'s HF name in the fixture model `name`.
 fn param_name(name: &str, i: usize) -> String {
     let config = swerve::config::ModelConfig::from_dir(&fixture_dir(name)).unwrap();
-    Qwen2Params::<()>::expected_tensors(&config, &config.shard(1, 0).unwrap())[i].0.clone()
+    Qwen2Params::<()>::expected_tensors(&config, &config.shard(1, 0).unwrap())[i]
+        .0
+        .clone()
 }
 
 /// A whole tensor from every rank's piece (overlapping pieces, replicated, are equal).

@@ -219,7 +219,11 @@ fn the_loop_runs_tensor_parallel_learner_and_engine() {
     assert!(log.contains("ranks: tensor-parallel 2"), "{log}");
     assert!(log.contains("tensor-parallel 2); KV cache"), "{log}");
     let iterations = json_lines(&out.join("iterations.jsonl"));
-    assert_eq!(iterations.len(), 4, "the RFT phase and three DAPO iterations");
+    assert_eq!(
+        iterations.len(),
+        4,
+        "the RFT phase and three DAPO iterations"
+    );
     for line in &iterations {
         // Rollouts from the tensor-parallel engine, logp_old from the tensor-parallel learner:
         // the same model through other summation orders (the engine all-reduces, the trainer's

@@ -31,7 +31,11 @@ use std::thread::JoinHandle;
 /// What the engine thread drives ([`crate::engine::EngineHandle`]): one engine, or a
 /// tensor-parallel group of them.
 pub trait EngineCore {
-    fn add_request_with(&mut self, request: GenerationRequest, options: RequestOptions) -> Result<RequestId>;
+    fn add_request_with(
+        &mut self,
+        request: GenerationRequest,
+        options: RequestOptions,
+    ) -> Result<RequestId>;
     fn abort(&mut self, id: RequestId) -> Option<FinalRecord>;
     fn has_unfinished(&self) -> bool;
     fn step(&mut self) -> Result<Vec<EngineEvent>>;
@@ -56,7 +60,11 @@ pub trait EngineCore {
 }
 
 impl<B: Backend> EngineCore for Engine<B> {
-    fn add_request_with(&mut self, request: GenerationRequest, options: RequestOptions) -> Result<RequestId> {
+    fn add_request_with(
+        &mut self,
+        request: GenerationRequest,
+        options: RequestOptions,
+    ) -> Result<RequestId> {
         Engine::add_request_with(self, request, options)
     }
     fn abort(&mut self, id: RequestId) -> Option<FinalRecord> {
@@ -261,9 +269,9 @@ fn follow<B: Backend>(
 ) {
     while let Ok(op) = ops.recv() {
         let answer = match op {
-            RankOp::Add(request, options) => {
-                engine.add_request_with(request, options).map(RankDone::Added)
-            }
+            RankOp::Add(request, options) => engine
+                .add_request_with(request, options)
+                .map(RankDone::Added),
             RankOp::Abort(id) => Ok(RankDone::Aborted(engine.abort(id).is_some())),
             RankOp::Step => engine
                 .step()
@@ -373,9 +381,8 @@ impl<B: Backend> EngineCore for TpEngine<B> {
     }
     fn restore_kv_cache(&mut self) -> Result<()> {
         let restored = |_: &()| Some(RankDone::Restored);
-        Ok(self
-            .lockstep(|| RankOp::RestoreKv, |e| e.restore_kv_cache(), restored)?
-            .0)
+        self.lockstep(|| RankOp::RestoreKv, |e| e.restore_kv_cache(), restored)?;
+        Ok(())
     }
     /// The bytes released on every rank together.
     fn sleep(&mut self, level: u8) -> Result<Released> {

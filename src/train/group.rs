@@ -119,17 +119,25 @@ pub struct LearnerSpec {
     pub checkpoint_layers: bool,
 }
 
+/// A rank's end of its channels: calls in, answers out.
+type Inbox = (Receiver<Call>, Sender<Result<Answer>>);
+
 /// The rank task behind a group: builds the learner, then serves calls until the group drops.
 struct Serve {
     spec: LearnerSpec,
     /// Each rank's channels, taken by the rank that owns them.
-    inboxes: Mutex<Vec<Option<(Receiver<Call>, Sender<Result<Answer>>)>>>,
+    inboxes: Mutex<Vec<Option<Inbox>>>,
 }
 
 impl RankTask for Serve {
     type Output = ();
 
-    fn run<B: BackendGrad + 'static>(&self, backend: &B, groups: Groups<B>, place: RankPlace) -> Result<()> {
+    fn run<B: BackendGrad + 'static>(
+        &self,
+        backend: &B,
+        groups: Groups<B>,
+        place: RankPlace,
+    ) -> Result<()> {
         let (calls, answers) = self.inboxes.lock().expect("inboxes")[place.local_index]
             .take()
             .ok_or_else(|| anyhow!("rank {} started twice", place.local_index))?;
@@ -229,8 +237,13 @@ impl LearnerGroup {
     /// Sends `call()` to every rank and returns rank 0's answer (or the first rank's error).
     fn call(&self, call: impl Fn() -> Call) -> Result<Answer> {
         for (r, rank) in self.ranks.iter().enumerate() {
-            let calls = rank.calls.as_ref().ok_or_else(|| anyhow!("learner rank {r} is gone"))?;
-            calls.send(call()).map_err(|_| anyhow!("learner rank {r} has stopped"))?;
+            let calls = rank
+                .calls
+                .as_ref()
+                .ok_or_else(|| anyhow!("learner rank {r} is gone"))?;
+            calls
+                .send(call())
+                .map_err(|_| anyhow!("learner rank {r} has stopped"))?;
         }
         self.collect()
     }
@@ -245,7 +258,10 @@ impl LearnerGroup {
             );
         }
         let is_echo = |e: &anyhow::Error| format!("{e:#}").contains("left the group");
-        if let Some(at) = answers.iter().position(|a| matches!(a, Err(e) if !is_echo(e))) {
+        if let Some(at) = answers
+            .iter()
+            .position(|a| matches!(a, Err(e) if !is_echo(e)))
+        {
             return answers.swap_remove(at);
         }
         answers.swap_remove(0)

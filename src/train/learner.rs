@@ -387,7 +387,9 @@ impl<'b, B: BackendGrad> Learner<'b, B> {
             let shape = &self.shards[i].1.full_shape;
             let mut full = vec![0.0f32; shape.iter().product()];
             for (rank, piece) in pieces.iter().enumerate() {
-                all_shards[rank][i].1.place(&crate::dist::f32s_from_bytes(piece), &mut full);
+                all_shards[rank][i]
+                    .1
+                    .place(&crate::dist::f32s_from_bytes(piece), &mut full);
             }
             whole.push(HostTensor::from_f32(shape.clone(), &full));
         }
@@ -396,9 +398,15 @@ impl<'b, B: BackendGrad> Learner<'b, B> {
         }
         let mut tensors = whole.into_iter();
         let everything = config.shard(1, 0)?;
-        Ok(Some(Qwen2Params::try_build(config, &everything, |_, _, _| {
-            tensors.next().ok_or_else(|| anyhow::anyhow!("fewer tensors than parameters"))
-        })?))
+        Ok(Some(Qwen2Params::try_build(
+            config,
+            &everything,
+            |_, _, _| {
+                tensors
+                    .next()
+                    .ok_or_else(|| anyhow::anyhow!("fewer tensors than parameters"))
+            },
+        )?))
     }
 
     /// The compute weights' device memory (one span per parameter, checkpoint order), once all

@@ -201,4 +201,3 @@ impl FixtureCase<'_> {
         failures
     }
 }
-
