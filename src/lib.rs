@@ -4,7 +4,8 @@
 //! A tour of the crate:
 //!
 //! - [`config`]: HF `config.json` -> [`config::ModelConfig`] (transformers 4 and 5 field names,
-//!   YaRN), validated; [`config::LocalSizes`] are one tensor-parallel rank's sizes.
+//!   YaRN), validated; [`config::LocalSizes`] are one tensor-parallel rank's part of the model
+//!   (`ModelConfig::shard`: nothing has to divide).
 //! - [`tensor`]: element types and host tensors (checkpoint views or owned buffers).
 //! - [`rng`]: the deterministic generators (SplitMix64, xorshift64, xoshiro256**) every seeded
 //!   stream in the crate and its tests uses.
@@ -15,6 +16,11 @@
 //!   and CPU references of the fused loss ([`backend::loss`]), the AdamW update
 //!   ([`backend::adamw`]) and row sampling ([`backend::cpu_sampling`]) live here too, beside the
 //!   kernels checked against them.
+//! - [`dist`]: collectives between ranks ([`dist::Collectives`] on host bytes,
+//!   [`dist::Communicator`] on a backend's tensors): ranks as threads ([`dist::local`]), NCCL
+//!   ([`dist::nccl`]), processes over TCP after a rendezvous from torchrun's or Slurm's variables
+//!   ([`dist::launch`], [`dist::rendezvous`], [`dist::tcp`]), and a task on every rank of a
+//!   node's grid ([`dist::grid`]).
 //! - [`model`]: the parameter layout and HF names ([`model::params`]), safetensors checkpoints
 //!   ([`model::weights`]), the Qwen2 forward pass ([`model::qwen2`]) and synthetic models for
 //!   benchmarks ([`model::synthetic`]).
@@ -47,6 +53,7 @@
 //!  server  bench                          (src/bin/* on top)
 //!  rl ─► agent ─► engine  train  env
 //!                 kvcache  model
+//!                          dist           (collectives over the backend's tensors)
 //!                          backend        (a model calls back into it, never the reverse)
 //!  tokenizer  chat  toolcall
 //!  tensor  config  jsonl  progress  http_client  rng

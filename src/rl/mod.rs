@@ -166,6 +166,14 @@ pub(crate) fn shuffled(n: usize, seed: u64) -> Vec<usize> {
 /// With `--tensor-parallel N` the learner's ranks run on threads of their own
 /// ([`LearnerGroup`]) and the engine is tensor-parallel too ([`crate::engine::TpEngine`]).
 pub fn run_on_device(device: DeviceChoice, options: &RlOptions) -> Result<()> {
+    let process = crate::dist::launch::ProcessGroupEnv::from_env()?;
+    if process.world_size > 1 {
+        bail!(
+            "swerve-train rl runs in one process ({process}): its rollouts are not yet spread over \
+             several processes. Run one process per RL loop (--tensor-parallel over the node's GPUs), \
+             or train collected rollouts across nodes with `swerve-train dapo` / `rft`"
+        );
+    }
     if options.tensor_parallel > 1 {
         let setup = setup(options)?;
         let spec = LearnerSpec {

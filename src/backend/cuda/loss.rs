@@ -1,14 +1,15 @@
-//! The fused LM-head loss on the GPU (`BackendGrad::lm_head_loss`): cuBLASLt GEMMs for the
-//! logits tiles and the two gradient products, `kernels/dapo_loss.cu` for everything
-//! element-wise, the objective's per-row terms on the host. Semantics are exactly
-//! [`crate::backend::loss`]'s (the reference), with the same [`token_term`].
+//! The fused LM-head loss on the GPU (`BackendGrad::lm_head_stats` and `lm_head_loss_grad`, the
+//! two passes; the trait's provided `lm_head_loss` runs them with the host half between):
+//! cuBLASLt GEMMs for the logits tiles and the two gradient products, `kernels/dapo_loss.cu` for
+//! everything element-wise, the objective's per-row terms on the host
+//! ([`crate::backend::loss::finish_rows`], shared with the reference).
 //!
 //! ```text
 //! pass 1  for each tile of rows x vocab:   logits = h W^T (fp32 scratch)      [GEMM]
 //!                                          stats[row] merged with the tile's  [lm_loss_stats_f32]
-//!         read the stats (16 bytes a row): lse, logp, entropy, the loss terms and
-//!         coef[row] = d loss / d logp_row, on the host in f64, with `token_term`
-//!         (vocabulary parallel: all-reduce the (m, s, u, z_target) pieces here)
+//!         read the stats (16 bytes a row) as RowStats
+//! host    (vocabulary parallel: every rank's RowStats merged, `model::parallel`) lse, logp,
+//!         entropy, the loss terms and coef[row] = d loss / d logp_row, in f64 (`finish_rows`)
 //! pass 2  for each row chunk with a non-zero coef, each vocabulary chunk:
 //!             logits = h W^T again                                  [GEMM, recomputed]
 //!             g = coef (onehot - exp(logits - lse)) in bf16         [lm_loss_dlogits_bf16]
