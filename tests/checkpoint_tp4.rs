@@ -10,14 +10,11 @@
 
 mod common;
 
+use common::ranks::split_logits;
 use common::{bin_path, dapo_lines, fixture_dir, root};
 use safetensors::SafeTensors;
 use std::path::{Path, PathBuf};
-use std::sync::Arc;
-use swerve::backend::cpu::CpuBackend;
-use swerve::backend::Backend;
-use swerve::dist::local::LocalGroup;
-use swerve::model::{PackedBatch, Qwen2Model};
+use swerve::model::PackedBatch;
 
 /// The parity tests' bound for f32 logits against transformers' f64 (DESIGN.md).
 const MAX_LOGITS_ERROR: f64 = 1e-4;
@@ -77,31 +74,6 @@ fn sequences() -> Vec<Vec<u32>> {
     vec![vec![1, 5, 9, 200, 3, 77, 299, 2, 150, 11], vec![42, 0, 7]]
 }
 
-fn logits_at(dir: &Path, tp: usize, sequence: &[u32]) -> Vec<f32> {
-    let batch = PackedBatch::from_sequences(&[sequence]);
-    let comms = LocalGroup::new(tp);
-    std::thread::scope(|s| {
-        let handles: Vec<_> = comms
-            .into_iter()
-            .map(|comm| {
-                let batch = &batch;
-                s.spawn(move || {
-                    let backend = CpuBackend::with_threads(1);
-                    let model = Qwen2Model::load_shard(&backend, dir, Arc::new(comm)).unwrap();
-                    backend
-                        .to_host(&model.forward_logits(&backend, batch).unwrap())
-                        .unwrap()
-                })
-            })
-            .collect();
-        handles
-            .into_iter()
-            .map(|h| h.join().unwrap())
-            .next()
-            .unwrap()
-    })
-}
-
 fn f64s(st: &SafeTensors<'_>, key: &str) -> Vec<f64> {
     st.tensor(key)
         .unwrap_or_else(|_| panic!("no {key}"))
@@ -120,7 +92,7 @@ fn a_tp4_checkpoint_loads_in_transformers_and_at_any_tp_with_the_same_logits() {
         let want = f64s(&expected, &format!("logits_{i}"));
         let scale = want.iter().fold(0.0f64, |m, x| m.max(x.abs()));
         for tp in [1, 2, 3, 4] {
-            let got = logits_at(&dir, tp, sequence);
+            let got = split_logits(&dir, tp, &PackedBatch::from_sequences(&[sequence]));
             assert_eq!(got.len(), want.len());
             let error = got
                 .iter()

@@ -12,45 +12,18 @@
 
 mod common;
 
+use common::ranks::cpu_ranks;
 use common::{fixture_dir, FIXTURE_MODELS};
-use std::path::{Path, PathBuf};
-use std::sync::Arc;
+use std::path::PathBuf;
 use swerve::backend::cpu::CpuBackend;
 use swerve::backend::Backend;
 use swerve::config::ModelConfig;
-use swerve::dist::local::LocalGroup;
-use swerve::dist::Communicator;
 use swerve::model::params::ParamShard;
 use swerve::model::{PackedBatch, Qwen2Model, Qwen2Params};
 use swerve::rng::{Rng, SplitMix64};
 use swerve::train::loss::{LossOutput, LossRows, Objective};
 
 const MAX_RELATIVE_ERROR: f64 = 1e-4;
-
-/// Runs `f(rank model)` on `tp` threads, each with its own single-threaded CPU backend and
-/// rank of an in-process group; results in rank order.
-fn on_ranks<R: Send>(
-    dir: &Path,
-    tp: usize,
-    f: impl Fn(&CpuBackend, &Qwen2Model<CpuBackend>) -> R + Sync,
-) -> Vec<R> {
-    let comms = LocalGroup::new(tp);
-    std::thread::scope(|s| {
-        let f = &f;
-        let handles: Vec<_> = comms
-            .into_iter()
-            .map(|comm| {
-                s.spawn(move || {
-                    let backend = CpuBackend::with_threads(1);
-                    let comm: Arc<dyn Communicator<CpuBackend>> = Arc::new(comm);
-                    let model = Qwen2Model::load_shard(&backend, dir, comm).unwrap();
-                    f(&backend, &model)
-                })
-            })
-            .collect();
-        handles.into_iter().map(|h| h.join().unwrap()).collect()
-    })
-}
 
 /// A random-weight model whose sizes divide by nothing: 6 query heads over 3 KV heads,
 /// vocabulary 301, MLP width 190, two layers, untied.
@@ -127,7 +100,7 @@ fn logits_and_scores_equal_tp1() {
         let batch = batch(config.vocab_size);
         let targets: Vec<u32> = batch.tokens[1..].iter().copied().chain([0]).collect();
         let run = |tp| {
-            on_ranks(&dir, tp, |backend, model| {
+            cpu_ranks(&dir, tp, |backend, model| {
                 let logits = model.forward_logits(backend, &batch).unwrap();
                 assert_eq!(
                     backend.shape(&logits),
@@ -246,7 +219,7 @@ fn a_dapo_step_gives_tp1_loss_and_gradients() {
                 .collect();
         for checkpoint_layers in [true, false] {
             let (want, want_grads) =
-                on_ranks(&dir, 1, |b, m| dapo_step(b, m, &batch, checkpoint_layers))
+                cpu_ranks(&dir, 1, |b, m| dapo_step(b, m, &batch, checkpoint_layers))
                     .pop()
                     .unwrap();
             assert!(
@@ -254,7 +227,7 @@ fn a_dapo_step_gives_tp1_loss_and_gradients() {
                     && want.action_tokens > want.clipped_low + want.clipped_high
             );
             for &tp in &degrees {
-                let ranks = on_ranks(&dir, tp, |b, m| dapo_step(b, m, &batch, checkpoint_layers));
+                let ranks = cpu_ranks(&dir, tp, |b, m| dapo_step(b, m, &batch, checkpoint_layers));
                 let name = format!(
                     "{} tp {tp} checkpointing {checkpoint_layers}",
                     dir.file_name().unwrap().to_string_lossy()

@@ -12,6 +12,7 @@
 mod common;
 
 use common::fixture_dir;
+use common::ranks::split_logits;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use swerve::backend::cpu::CpuBackend;
@@ -246,30 +247,7 @@ fn a_tp4_checkpoint_is_whole_and_loads_at_tp1() {
         "bf16 checkpoints of the same training differ by {error:.2e}"
     );
     // Loaded at TP 1 and at TP 2 from the TP 4 checkpoint: the same logits.
-    let tp2 = on_two_ranks_logits(&saved_tp4, &batch);
+    let tp2 = split_logits(&saved_tp4, 2, &batch);
     assert!(relative_error(&tp2, &logits_a) <= MAX_RELATIVE_ERROR);
     let _ = std::fs::remove_dir_all(&out);
-}
-
-fn on_two_ranks_logits(dir: &Path, batch: &PackedBatch) -> Vec<f32> {
-    let comms = LocalGroup::new(2);
-    std::thread::scope(|s| {
-        let handles: Vec<_> = comms
-            .into_iter()
-            .map(|comm| {
-                s.spawn(move || {
-                    let backend = CpuBackend::with_threads(1);
-                    let model = Qwen2Model::load_shard(&backend, dir, Arc::new(comm)).unwrap();
-                    backend
-                        .to_host(&model.forward_logits(&backend, batch).unwrap())
-                        .unwrap()
-                })
-            })
-            .collect();
-        handles
-            .into_iter()
-            .map(|h| h.join().unwrap())
-            .next()
-            .unwrap()
-    })
 }

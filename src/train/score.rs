@@ -232,27 +232,18 @@ pub fn run(
     batch_tokens: usize,
     tensor_parallel: usize,
 ) -> Result<ScoreSummary> {
-    use crate::backend::{select, Selected};
     let task = ScoreRank {
         model_dir,
         input,
         output,
         batch_tokens,
     };
-    let summary = if tensor_parallel == 1 {
-        let (backend, line) = select(device)?;
-        eprintln!("{line}");
-        match backend {
-            Selected::Cpu(b) => task.run(&b, Groups::solo(), RankPlace::default())?,
-            Selected::Cuda(b) => task.run(&*b, Groups::solo(), RankPlace::default())?,
-        }
-    } else {
-        let spec = GridSpec {
-            tp: tensor_parallel,
-            ..GridSpec::single()
-        };
-        run_grid(device, &spec, &task)?.swap_remove(0)
+    let spec = GridSpec {
+        tp: tensor_parallel,
+        ..GridSpec::single()
     };
+    // Every rank scores everything; the first one's summary is the writer's.
+    let summary = run_grid(device, &spec, &task)?.swap_remove(0);
     eprintln!(
         "scored {} sequences ({} tokens) in {:.2} s -> {}",
         summary.sequences,

@@ -19,7 +19,7 @@
 //! [`recorded_options`] lists (checked, never assumed).
 
 use crate::backend::grad::BackendGrad;
-use crate::backend::{select, DeviceChoice, Selected};
+use crate::backend::DeviceChoice;
 use crate::dist::grid::{run_grid, GridSpec, RankPlace, RankTask};
 use crate::dist::launch::ProcessGroupEnv;
 use crate::dist::tcp::TcpComm;
@@ -148,17 +148,8 @@ pub fn run(device: DeviceChoice, options: &TrainOptions) -> Result<TrainSummary>
         prepared: &prepared,
         process_rank: spec.process.rank,
     };
-    let summary = if spec.is_single() {
-        let (backend, line) = select(device)?;
-        eprintln!("{line}");
-        match backend {
-            Selected::Cpu(b) => task.run(&b, Groups::solo(), RankPlace::default())?,
-            Selected::Cuda(b) => task.run(&*b, Groups::solo(), RankPlace::default())?,
-        }
-    } else {
-        // Every rank ends with the same summary; the first is the writer's.
-        run_grid(device, &spec, &task)?.swap_remove(0)
-    };
+    // Every rank ends with the same summary; the first is the writer's.
+    let summary = run_grid(device, &spec, &task)?.swap_remove(0);
     if spec.process.rank == 0 {
         eprintln!(
             "trained {} steps ({} skipped); loss {} -> {}; model in {}",

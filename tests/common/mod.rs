@@ -4,6 +4,7 @@
 pub mod gpu;
 pub mod paged;
 pub mod python;
+pub mod ranks;
 pub mod serve;
 pub mod train_fixture;
 
