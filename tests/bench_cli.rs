@@ -303,7 +303,7 @@ fn plan_prints_the_papers_setup_and_the_context_parallelism_it_would_need() {
         "TP 8 x DP 16, context 131,072",
         "training: micro-batch of 131,072 tokens (16,384 rows a rank",
         "f32 gradients",
-        "f32 masters + 2 moments of 700,576,256 (ZeRO-1 / 16)",
+        "f32 masters + 2 moments of 568,328,192 (ZeRO-1 / 16)",
         "kept layer inputs (80 x [T/8, d])",
         "fused loss tiles (vocabulary 19,008 a rank)",
         "rollouts: 10 sequences of 131,072 tokens",
