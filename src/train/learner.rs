@@ -116,10 +116,7 @@ impl<'b, B: BackendGrad> Learner<'b, B> {
         }
         let owned: Vec<&B::Tensor> = masters.iter().flatten().collect();
         let adamw = AdamW::new(backend, config, &owned)?;
-        let counts_in_norm = shards
-            .iter()
-            .map(|(_, shard)| counts_in_norm(shard, &model.config, &model.local))
-            .collect();
+        let counts_in_norm = norm_counts(&model);
         Ok(Self {
             backend,
             model,
@@ -319,16 +316,7 @@ impl<'b, B: BackendGrad> Learner<'b, B> {
                 self.dp.all_reduce_sum(backend, g)?;
             }
         }
-        let mut squares = [0.0f64];
-        for (g, &counts) in self.grads.iter().zip(&self.counts_in_norm) {
-            if counts {
-                squares[0] += backend.sum_of_squares(g)?;
-            }
-        }
-        self.model
-            .comm
-            .all_reduce_f64(&mut squares, ReduceOp::Sum)?;
-        let grad_norm = squares[0].sqrt();
+        let grad_norm = global_grad_norm(backend, &self.model, &self.grads, &self.counts_in_norm)?;
         let grads: Vec<&B::Tensor> = self.grads.iter().collect();
         let owned_grads: Vec<&B::Tensor> = grads
             .iter()
@@ -387,7 +375,9 @@ impl<'b, B: BackendGrad> Learner<'b, B> {
             let shape = &self.shards[i].1.full_shape;
             let mut full = vec![0.0f32; shape.iter().product()];
             for (rank, piece) in pieces.iter().enumerate() {
-                all_shards[rank][i].1.place(&crate::dist::f32s_from_bytes(piece), &mut full);
+                all_shards[rank][i]
+                    .1
+                    .place(&crate::dist::f32s_from_bytes(piece), &mut full);
             }
             whole.push(HostTensor::from_f32(shape.clone(), &full));
         }
@@ -396,9 +386,15 @@ impl<'b, B: BackendGrad> Learner<'b, B> {
         }
         let mut tensors = whole.into_iter();
         let everything = config.shard(1, 0)?;
-        Ok(Some(Qwen2Params::try_build(config, &everything, |_, _, _| {
-            tensors.next().ok_or_else(|| anyhow::anyhow!("fewer tensors than parameters"))
-        })?))
+        Ok(Some(Qwen2Params::try_build(
+            config,
+            &everything,
+            |_, _, _| {
+                tensors
+                    .next()
+                    .ok_or_else(|| anyhow::anyhow!("fewer tensors than parameters"))
+            },
+        )?))
     }
 
     /// The compute weights' device memory (one span per parameter, checkpoint order), once all
@@ -512,6 +508,34 @@ pub fn zero_owners(shards: &[(String, ParamShard)], replicas: usize) -> Vec<usiz
         owner[i] = least;
     }
     owner
+}
+
+/// Per parameter of `model` (checkpoint order), whether this rank adds its gradient's squares to
+/// the global norm ([`counts_in_norm`]).
+pub fn norm_counts<B: crate::backend::Backend>(model: &Qwen2Model<B>) -> Vec<bool> {
+    Qwen2Params::<()>::shards(&model.config, &model.local)
+        .iter()
+        .map(|(_, shard)| counts_in_norm(shard, &model.config, &model.local))
+        .collect()
+}
+
+/// The global norm of the gradients of `model`'s tensor-parallel group, once they are complete
+/// ([`Qwen2Model::reduce_replicated_grads`]): each rank's counted squares ([`norm_counts`])
+/// summed over the group. Every rank of the group calls it and gets the same norm.
+pub fn global_grad_norm<B: BackendGrad>(
+    backend: &B,
+    model: &Qwen2Model<B>,
+    grads: &Qwen2Params<B::Tensor>,
+    counts: &[bool],
+) -> Result<f64> {
+    let mut squares = [0.0f64];
+    for (g, &counted) in grads.iter().zip(counts) {
+        if counted {
+            squares[0] += backend.sum_of_squares(g)?;
+        }
+    }
+    model.comm.all_reduce_f64(&mut squares, ReduceOp::Sum)?;
+    Ok(squares[0].sqrt())
 }
 
 /// Whether this rank adds a tensor's squares to the global gradient norm: the whole tensor is
