@@ -410,3 +410,161 @@ fn plan_refuses_bad_flags_naming_them() {
         assert!(stderr.contains(expected), "{args:?}: {stderr}");
     }
 }
+
+/// `swerve-bench ARGS --device cpu --tensor-parallel 2 --jsonl FILE` on the default preset (two
+/// ranks of one thread each): stdout and the records, after checking that it succeeded, that
+/// the table's header says TP 2 and that every record carries `tensor_parallel: 2`.
+fn run_at_tp2(args: &[&str]) -> (String, Vec<Value>) {
+    let dir = tempfile::tempdir().unwrap();
+    let jsonl = dir.path().join("bench.jsonl");
+    let out = Command::new(bin_path("swerve-bench"))
+        .args(args)
+        .args(["--device", "cpu", "--tensor-parallel", "2", "--jsonl"])
+        .arg(&jsonl)
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
+    assert!(
+        out.status.success(),
+        "{stdout}{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(
+        stdout.lines().any(|l| l.starts_with(
+            "TP 2 (2 ranks in lockstep, rank 0 on cpu (1 threads)): rank 0's wall times"
+        )),
+        "{stdout}"
+    );
+    let records = common::json_lines(&jsonl);
+    for record in &records {
+        assert_eq!(record["tensor_parallel"], 2, "{record}");
+        assert!(
+            record["key"].as_str().unwrap().ends_with(" tp=2"),
+            "{record}"
+        );
+    }
+    (stdout, records)
+}
+
+fn field(record: &Value, key: &str) -> f64 {
+    record[key]
+        .as_f64()
+        .unwrap_or_else(|| panic!("no {key} in {record}"))
+}
+
+/// `a` and `b` equal to a relative `1e-9` (the records' numbers are computed from each other).
+fn close(a: f64, b: f64) -> bool {
+    (a - b).abs() <= 1e-9 * a.abs().max(b.abs())
+}
+
+#[test]
+fn prefill_at_tp2_reports_rank_0s_times_and_flops_per_rank() {
+    let (_, records) = run_at_tp2(&["prefill", "--seq-lens", "16,48", "--reps", "1"]);
+    assert_eq!(records.len(), 2, "{records:?}");
+    let (config, _) = swerve::model::synthetic::preset("default").unwrap();
+    for (record, len) in records.iter().zip([16, 48]) {
+        assert_eq!(record["key"], format!("preset=default len={len} tp=2"));
+        let seconds = field(record, "median_ms") / 1e3;
+        assert!(seconds > 0.0, "{record}");
+        assert!(close(field(record, "tokens_per_s"), len as f64 / seconds));
+        // Half the whole model's work a rank.
+        let flops = swerve::bench::prefill_flops(&config, 1, len) / 2.0;
+        assert!(
+            close(field(record, "tflops"), flops / seconds / 1e12),
+            "{record}"
+        );
+    }
+}
+
+#[test]
+fn decode_at_tp2_reads_half_the_weights_a_rank() {
+    let (stdout, records) = run_at_tp2(&[
+        "decode",
+        "--batch-sizes",
+        "1,3",
+        "--context",
+        "40",
+        "--steps",
+        "2",
+    ]);
+    assert_eq!(records.len(), 2, "{records:?}");
+    let (config, _) = swerve::model::synthetic::preset("default").unwrap();
+    let whole = config.num_parameters() as f64 * 4.0;
+    for (record, batch) in records.iter().zip([1, 3]) {
+        assert_eq!(
+            record["key"],
+            format!("preset=default batch={batch} context=40 tp=2")
+        );
+        let seconds = field(record, "median_ms") / 1e3;
+        assert!(seconds > 0.0, "{record}");
+        assert!(close(field(record, "tokens_per_s"), batch as f64 / seconds));
+        // The rank's f32 shard (half the model, the norms whole) and its KV head's cache.
+        let bytes = field(record, "bytes_per_step");
+        assert!(
+            bytes > whole / 2.0 && bytes < whole / 2.0 * 1.01,
+            "{bytes} of {whole}"
+        );
+        assert_eq!(record["cuda_graphs"], false);
+    }
+    assert!(stdout.contains("MB/step"), "{stdout}");
+}
+
+#[test]
+fn train_at_tp2_runs_the_sequence_parallel_step() {
+    let (stdout, records) =
+        run_at_tp2(&["train", "--tokens", "32", "--seq-len", "16", "--reps", "1"]);
+    assert!(
+        stdout.contains("sequence-parallel over 2 ranks"),
+        "{stdout}"
+    );
+    assert_eq!(records.len(), 1, "{records:?}");
+    let record = &records[0];
+    assert_eq!(record["key"], "preset=default tokens=32 seq_len=16 tp=2");
+    let step = field(record, "step_ms") / 1e3;
+    assert!(field(record, "fwd_bwd_ms") > 0.0 && step >= field(record, "fwd_bwd_ms") / 1e3);
+    assert!(
+        close(field(record, "tokens_per_s"), 32.0 / step),
+        "{record}"
+    );
+    let (config, _) = swerve::model::synthetic::preset("default").unwrap();
+    let flops = swerve::bench::train::train_flops(&config, 32, 16) / 2.0;
+    assert!(
+        close(field(record, "tflops"), flops / step / 1e12),
+        "{record}"
+    );
+}
+
+#[test]
+fn tensor_parallel_refuses_what_cannot_be_split_naming_it() {
+    for (args, expected) in [
+        (
+            vec!["prefill", "--tensor-parallel", "0"],
+            "--tensor-parallel must be at least 1",
+        ),
+        (
+            vec!["decode", "--tensor-parallel", "16"],
+            "--tensor-parallel 16: tensor-parallel size 16 is more than num_attention_heads (8)",
+        ),
+        (
+            vec!["train", "--tensor-parallel", "9"],
+            "--tensor-parallel 9: tensor-parallel size 9 is more than num_attention_heads (8)",
+        ),
+        (
+            vec!["prefill", "--preset", "qwen2.5-72b-tp8", "--tensor-parallel", "2"],
+            "already one rank of tensor-parallel 8 (no collective): split the whole model instead (preset qwen2.5-72b --tensor-parallel 2)",
+        ),
+        (
+            vec!["train", "--preset", "qwen2.5-72b-tp8"],
+            "train the whole model's preset with --tensor-parallel 8",
+        ),
+    ] {
+        let out = Command::new(bin_path("swerve-bench"))
+            .args(&args)
+            .args(["--device", "cpu"])
+            .output()
+            .unwrap();
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(!out.status.success(), "{args:?} was accepted");
+        assert!(stderr.contains(expected), "{args:?}: {stderr}");
+    }
+}

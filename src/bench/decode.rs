@@ -11,7 +11,9 @@
 //!
 //! The roofline of a step is the bytes it must read once: every weight matrix (the embedding table
 //! only when it is also the LM head; otherwise `batch` rows of it), every norm weight, and the K/V
-//! of every cached token of every sequence, over the card's measured copy bandwidth.
+//! of every cached token of every sequence, over the card's measured copy bandwidth. With tensor
+//! parallelism, all of it per rank: the rank's shard of the weights (replicated norms and KV heads
+//! whole) and its KV heads' cache, against its time (which includes the collectives).
 
 use crate::backend::cuda::paged_attn::DevicePagedLayout;
 use crate::backend::cuda::{CudaBackend, DeviceDType};
@@ -19,7 +21,7 @@ use crate::backend::{Backend, PagedLayout, RowDraw};
 use crate::bench::kernels::{measure_ceilings, time_ms};
 use crate::engine::sampler::SampleRng;
 use crate::kvcache::DEFAULT_BLOCK_SIZE;
-use crate::model::{PagedKv, Qwen2Model};
+use crate::model::{PagedKv, Qwen2Model, Qwen2Params};
 use anyhow::{ensure, Result};
 use std::time::Instant;
 
@@ -44,9 +46,9 @@ impl DecodeRow {
     }
 }
 
-/// Bytes of one decode step that cannot be avoided: parameters (`elem_bytes` each; an untied
-/// embedding table contributes only the `batch` rows gathered) plus the K/V of `batch` sequences
-/// of `context` tokens.
+/// Bytes of one decode step that cannot be avoided, on one rank: the parameters of its shard
+/// (`elem_bytes` each; an untied embedding table contributes only the `batch` rows gathered)
+/// plus its K/V of `batch` sequences of `context` tokens.
 pub fn decode_bytes<B: Backend>(
     model: &Qwen2Model<B>,
     batch: usize,
@@ -55,7 +57,10 @@ pub fn decode_bytes<B: Backend>(
 ) -> f64 {
     let c = &model.config;
     let local = &model.local;
-    let mut params = c.num_parameters() / local.tp_size;
+    let mut params: usize = Qwen2Params::<()>::shards(c, local)
+        .iter()
+        .map(|(_, shard)| shard.local_shape().iter().product::<usize>())
+        .sum();
     if !c.tie_word_embeddings {
         params -= (local.vocab_local - batch.min(local.vocab_local)) * c.hidden_size;
     }
@@ -65,7 +70,9 @@ pub fn decode_bytes<B: Backend>(
 
 /// Times `steps` decode steps (after two warm-ups) of `batch` sequences that start `context`
 /// tokens deep; the median step is reported. With `cuda_graphs`, steps replay the backend's
-/// captured graph where it has one (as the engine's do); the first step captures it.
+/// captured graph where it has one (as the engine's do); the first step captures it. Every rank
+/// of `model`'s tensor-parallel group calls it (each samples the same tokens from the gathered
+/// logits); the times are this rank's.
 pub fn decode<B: Backend>(
     backend: &B,
     model: &Qwen2Model<B>,

@@ -26,26 +26,28 @@ pub struct PrefillRow {
     pub tflops: f64,
 }
 
-/// FLOPs of a prefill of one `seq_len`-token sequence on one rank: every GEMM (2 per
-/// multiply-add), causal attention (QK^T and PV over the lower triangle), and the LM head for the
-/// last token only (what serving computes).
+/// FLOPs of a prefill of one `seq_len`-token sequence on one rank of a tensor-parallel group of
+/// `tp_size`: the whole model's over the ranks. The model's: every GEMM (2 per multiply-add),
+/// causal attention (QK^T and PV over the lower triangle), and the LM head for the last token
+/// only (what serving computes).
 pub fn prefill_flops(config: &ModelConfig, tp_size: usize, seq_len: usize) -> f64 {
     let t = seq_len as f64;
     let d = config.hidden_size as f64;
     let hd = config.head_dim as f64;
-    let q = (config.num_attention_heads / tp_size) as f64 * hd;
-    let kv = (config.num_key_value_heads / tp_size) as f64 * hd;
-    let inter = (config.intermediate_size / tp_size) as f64;
+    let q = config.num_attention_heads as f64 * hd;
+    let kv = config.num_key_value_heads as f64 * hd;
+    let inter = config.intermediate_size as f64;
     let gemm_per_token = 2.0 * (d * q + 2.0 * d * kv + q * d + 3.0 * d * inter);
     let attention = 2.0 * 2.0 * q * t * (t + 1.0) / 2.0;
     let per_layer = gemm_per_token * t + attention;
-    let lm_head = 2.0 * d * (config.vocab_size / tp_size) as f64;
-    config.num_hidden_layers as f64 * per_layer + lm_head
+    let lm_head = 2.0 * d * config.vocab_size as f64;
+    (config.num_hidden_layers as f64 * per_layer + lm_head) / tp_size as f64
 }
 
 /// Times a one-sequence prefill (all layers, the final norm, the LM head of the last token) at
 /// each length: one warm-up, then the median of `reps` runs. Tokens are a fixed pseudo-random
-/// sequence, not zeros.
+/// sequence, not zeros. Every rank of `model`'s tensor-parallel group calls it (the collectives
+/// keep them in lockstep); the times are this rank's, the FLOPs per rank.
 pub fn prefill<B: Backend>(
     backend: &B,
     model: &Qwen2Model<B>,

@@ -3,7 +3,13 @@
 //! fused LM-head loss over every token (masked cross-entropy, all tokens actions), the backward,
 //! and the AdamW update of the f32 masters with the bf16 compute weights refreshed from them.
 //!
-//! Reported per step: tokens/s, model TFLOP/s and (given the card's measured GEMM rate) MFU. The
+//! With tensor parallelism (a model that is one rank's shard computing with its group) every
+//! rank runs the same step in lockstep, as [`crate::train::learner::Learner`] does: the
+//! sequence-parallel forward and backward, the replicated parameters' gradients summed over the
+//! ranks, the global norm over the group, AdamW on the rank's shard.
+//!
+//! Reported per step: tokens/s (the step's tokens: the whole model's throughput), TFLOP/s and
+//! (given the card's measured GEMM rate) MFU, per rank: the model's FLOPs over the ranks. The
 //! FLOPs are the usual `3 x forward` (forward + backward's two GEMMs per forward GEMM, causal
 //! attention's lower triangle, the LM head over every token); the recompute of checkpointed
 //! layers is work done but not counted, as in Megatron's MFU.
@@ -11,6 +17,7 @@
 use crate::backend::BackendGrad;
 use crate::config::ModelConfig;
 use crate::model::{PackedBatch, Qwen2Model};
+use crate::train::learner::{global_grad_norm, norm_counts};
 use crate::train::loss::{LossRows, Objective};
 use crate::train::optimizer::{AdamW, AdamWConfig};
 use anyhow::{ensure, Result};
@@ -54,8 +61,27 @@ pub fn train_flops(config: &ModelConfig, tokens: usize, seq_len: usize) -> f64 {
     3.0 * (config.num_hidden_layers as f64 * per_layer + lm_head)
 }
 
+/// `tokens` pseudo-random tokens packed as sequences of `seq_len`, and each row's target: the
+/// next token of its sequence (the last row wraps to the first).
+fn packed_tokens(vocab: usize, tokens: usize, seq_len: usize) -> (PackedBatch, Vec<u32>) {
+    let vocab = vocab as u64;
+    let sequences: Vec<Vec<u32>> = (0..tokens / seq_len)
+        .map(|s| {
+            (0..seq_len as u64)
+                .map(|i| (((s as u64 * 1_000_003 + i) * 2_654_435_761 + 12_345) % vocab) as u32)
+                .collect()
+        })
+        .collect();
+    let targets = sequences
+        .iter()
+        .flat_map(|s| s[1..].iter().chain(&s[..1]).copied())
+        .collect();
+    (PackedBatch::from_sequences(&sequences), targets)
+}
+
 /// Times `reps` training steps (after one warm-up) of `tokens` pseudo-random tokens packed as
-/// sequences of `seq_len`; the medians are reported.
+/// sequences of `seq_len`; the medians are reported. Every rank of `model`'s tensor-parallel
+/// group calls it (the same tokens on each); the times are this rank's.
 pub fn train_step<B: BackendGrad>(
     backend: &B,
     model: &mut Qwen2Model<B>,
@@ -72,20 +98,7 @@ pub fn train_step<B: BackendGrad>(
         "train bench: sequences of {seq_len} exceed the model's context of {}",
         model.config.max_context()
     );
-    let vocab = model.config.vocab_size as u64;
-    let sequences: Vec<Vec<u32>> = (0..tokens / seq_len)
-        .map(|s| {
-            (0..seq_len as u64)
-                .map(|i| (((s as u64 * 1_000_003 + i) * 2_654_435_761 + 12_345) % vocab) as u32)
-                .collect()
-        })
-        .collect();
-    let batch = PackedBatch::from_sequences(&sequences);
-    // Each row predicts the next token of its sequence (the last row wraps to the first).
-    let targets: Vec<u32> = sequences
-        .iter()
-        .flat_map(|s| s[1..].iter().chain(&s[..1]).copied())
-        .collect();
+    let (batch, targets) = packed_tokens(model.config.vocab_size, tokens, seq_len);
     let action_mask = vec![true; tokens];
     let rows = LossRows {
         targets: &targets,
@@ -102,6 +115,7 @@ pub fn train_step<B: BackendGrad>(
     let mut adamw = AdamW::new(backend, AdamWConfig::default(), &master_refs)?;
     drop(master_refs);
 
+    let counts = norm_counts(model);
     let mut fwd_bwd = Vec::new();
     let mut optimizer = Vec::new();
     for rep in 0..=reps.max(1) {
@@ -118,14 +132,16 @@ pub fn train_step<B: BackendGrad>(
             true,
             &mut grads,
         )?;
+        model.reduce_replicated_grads(backend, &mut grads)?;
         // The global norm reads every gradient back: the backward is done when it returns.
-        let grad_refs: Vec<&B::Tensor> = grads.iter().collect();
-        AdamW::global_norm(backend, &grad_refs)?;
+        let grad_norm = global_grad_norm(backend, model, &grads, &counts)?;
         let backward_done = Instant::now();
-        adamw.step(
+        let grad_refs: Vec<&B::Tensor> = grads.iter().collect();
+        adamw.apply(
             backend,
             &mut masters.iter_mut().collect::<Vec<_>>(),
             &grad_refs,
+            grad_norm,
             1e-6,
         )?;
         for (master, param) in masters.iter().zip(model.params.iter_mut()) {
@@ -150,7 +166,10 @@ pub fn train_step<B: BackendGrad>(
         fwd_bwd_seconds,
         optimizer_seconds,
         tokens_per_second: tokens as f64 / step,
-        tflops: train_flops(&model.config, tokens, seq_len) / step / 1e12,
+        tflops: train_flops(&model.config, tokens, seq_len)
+            / model.local.tp_size as f64
+            / step
+            / 1e12,
     })
 }
 

@@ -34,8 +34,8 @@ enum Command {
     /// bandwidth roofline on a GPU), and paged decode attention alone at long contexts.
     Decode(DecodeArgs),
     /// One training step (forward, fused loss, backward, AdamW) on packed tokens: tokens/s,
-    /// model TFLOP/s, MFU against the measured GEMM rate and device memory on a GPU.
-    /// Tensor-parallel size 1 presets only.
+    /// model TFLOP/s, MFU against the measured GEMM rate and device memory on a GPU. Not the
+    /// -tpN presets: --tensor-parallel N runs the learner's sequence-parallel step on N ranks.
     Train(TrainArgs),
     /// One RL iteration's time split (rollout, environment, grading, training, handoff) on a
     /// preset model, and the in-memory weight handoff against the size of the weights (GB/s).
@@ -57,6 +57,18 @@ struct PresetArg {
     /// (one rank of tensor-parallel 8, no collective). Weights are random.
     #[arg(long, default_value = "default")]
     preset: String,
+}
+
+/// `--tensor-parallel`, for the commands that time a model's steps.
+#[derive(clap::Args)]
+struct TensorParallelArg {
+    /// Split the model over N tensor-parallel ranks: threads, each with its own backend (a GPU
+    /// each, or a share of the CPU cores) and the group's collectives, running the same timed
+    /// loop in lockstep. Times are rank 0's wall times (the collectives included); FLOP/s,
+    /// MFU, bytes and roofline are per rank (the model's work over N). Not with a -tpN preset
+    /// (one rank's shapes already, without collectives).
+    #[arg(long, default_value_t = 1, value_name = "N")]
+    tensor_parallel: usize,
 }
 
 /// `--device`, for every command that picks a backend.
@@ -146,9 +158,12 @@ struct DecodeArgs {
     /// Contexts of the decode-attention rows (GPU only), comma-separated; 0 skips them.
     #[arg(long, value_delimiter = ',', default_values_t = [32768usize, 131072])]
     attention_contexts: Vec<usize>,
-    /// Run every step op by op instead of replaying captured CUDA graphs.
+    /// Run every step op by op instead of replaying captured CUDA graphs (always so with
+    /// --tensor-parallel above 1, as the engine's tensor-parallel steps).
     #[arg(long)]
     no_cuda_graphs: bool,
+    #[command(flatten)]
+    tensor_parallel: TensorParallelArg,
     #[command(flatten)]
     device: DeviceArg,
     #[command(flatten)]
@@ -168,6 +183,8 @@ struct TrainArgs {
     /// Timed steps per size (after one warm-up); the median is reported.
     #[arg(long, default_value_t = 3)]
     reps: usize,
+    #[command(flatten)]
+    tensor_parallel: TensorParallelArg,
     #[command(flatten)]
     device: DeviceArg,
     #[command(flatten)]
@@ -235,6 +252,8 @@ struct PrefillArgs {
     #[arg(long, default_value_t = 3)]
     reps: usize,
     #[command(flatten)]
+    tensor_parallel: TensorParallelArg,
+    #[command(flatten)]
     device: DeviceArg,
     #[command(flatten)]
     jsonl: JsonlArg,
@@ -251,6 +270,7 @@ fn main() -> Result<()> {
             device: a.device.device,
             seq_lens: a.seq_lens,
             reps: a.reps,
+            tensor_parallel: a.tensor_parallel.tensor_parallel,
             jsonl: a.jsonl.jsonl,
         }),
         Command::Plan(a) => commands::plan(&commands::PlanOptions {
@@ -289,6 +309,7 @@ fn main() -> Result<()> {
             steps: a.steps,
             attention_contexts: a.attention_contexts,
             cuda_graphs: !a.no_cuda_graphs,
+            tensor_parallel: a.tensor_parallel.tensor_parallel,
             jsonl: a.jsonl.jsonl,
         }),
         Command::Train(a) => commands::train(&commands::TrainOptions {
@@ -297,6 +318,7 @@ fn main() -> Result<()> {
             tokens: a.tokens,
             seq_len: a.seq_len,
             reps: a.reps,
+            tensor_parallel: a.tensor_parallel.tensor_parallel,
             jsonl: a.jsonl.jsonl,
         }),
         Command::Rl(a) => commands::rl(&commands::RlOptions {

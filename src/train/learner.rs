@@ -116,10 +116,7 @@ impl<'b, B: BackendGrad> Learner<'b, B> {
         }
         let owned: Vec<&B::Tensor> = masters.iter().flatten().collect();
         let adamw = AdamW::new(backend, config, &owned)?;
-        let counts_in_norm = shards
-            .iter()
-            .map(|(_, shard)| counts_in_norm(shard, &model.config, &model.local))
-            .collect();
+        let counts_in_norm = norm_counts(&model);
         Ok(Self {
             backend,
             model,
@@ -319,16 +316,7 @@ impl<'b, B: BackendGrad> Learner<'b, B> {
                 self.dp.all_reduce_sum(backend, g)?;
             }
         }
-        let mut squares = [0.0f64];
-        for (g, &counts) in self.grads.iter().zip(&self.counts_in_norm) {
-            if counts {
-                squares[0] += backend.sum_of_squares(g)?;
-            }
-        }
-        self.model
-            .comm
-            .all_reduce_f64(&mut squares, ReduceOp::Sum)?;
-        let grad_norm = squares[0].sqrt();
+        let grad_norm = global_grad_norm(backend, &self.model, &self.grads, &self.counts_in_norm)?;
         let grads: Vec<&B::Tensor> = self.grads.iter().collect();
         let owned_grads: Vec<&B::Tensor> = grads
             .iter()
@@ -520,6 +508,34 @@ pub fn zero_owners(shards: &[(String, ParamShard)], replicas: usize) -> Vec<usiz
         owner[i] = least;
     }
     owner
+}
+
+/// Per parameter of `model` (checkpoint order), whether this rank adds its gradient's squares to
+/// the global norm ([`counts_in_norm`]).
+pub fn norm_counts<B: crate::backend::Backend>(model: &Qwen2Model<B>) -> Vec<bool> {
+    Qwen2Params::<()>::shards(&model.config, &model.local)
+        .iter()
+        .map(|(_, shard)| counts_in_norm(shard, &model.config, &model.local))
+        .collect()
+}
+
+/// The global norm of the gradients of `model`'s tensor-parallel group, once they are complete
+/// ([`Qwen2Model::reduce_replicated_grads`]): each rank's counted squares ([`norm_counts`])
+/// summed over the group. Every rank of the group calls it and gets the same norm.
+pub fn global_grad_norm<B: BackendGrad>(
+    backend: &B,
+    model: &Qwen2Model<B>,
+    grads: &Qwen2Params<B::Tensor>,
+    counts: &[bool],
+) -> Result<f64> {
+    let mut squares = [0.0f64];
+    for (g, &counted) in grads.iter().zip(counts) {
+        if counted {
+            squares[0] += backend.sum_of_squares(g)?;
+        }
+    }
+    model.comm.all_reduce_f64(&mut squares, ReduceOp::Sum)?;
+    Ok(squares[0].sqrt())
 }
 
 /// Whether this rank adds a tensor's squares to the global gradient norm: the whole tensor is
