@@ -237,3 +237,105 @@ fn the_loop_runs_tensor_parallel_learner_and_engine() {
     let backend = swerve::backend::cpu::CpuBackend::new();
     swerve::model::Qwen2Model::load(&backend, &checkpoint).unwrap();
 }
+
+/// A port with the next few free too (the processes meet at it, their data-parallel groups at
+/// the ports after it).
+fn free_port_block() -> u16 {
+    loop {
+        let base = std::net::TcpListener::bind("127.0.0.1:0")
+            .unwrap()
+            .local_addr()
+            .unwrap()
+            .port();
+        if base < 65000
+            && (1..4).all(|i| std::net::TcpListener::bind(("127.0.0.1", base + i)).is_ok())
+        {
+            return base;
+        }
+    }
+}
+
+#[test]
+fn two_processes_share_the_rollouts_and_train_as_data_parallel_replicas() {
+    let dir = tempfile::tempdir().unwrap();
+    let args = |out: &std::path::Path| -> Vec<String> {
+        [
+            "--model",
+            "preset:toy",
+            "--tasks",
+            "builtin:toy",
+            "--seed",
+            "0",
+            "--iterations",
+            "2",
+        ]
+        .iter()
+        .map(|s| s.to_string())
+        .chain(["--out".to_string(), out.display().to_string()])
+        .collect()
+    };
+    let single = dir.path().join("one-process");
+    rl(&args(&single).iter().map(String::as_str).collect::<Vec<_>>());
+    let out = dir.path().join("two-processes");
+    let port = free_port_block();
+    let children: Vec<_> = (0..2)
+        .map(|rank| {
+            Command::new(bin_path("swerve-train"))
+                .arg("rl")
+                .args(args(&out))
+                .args(["--device", "cpu"])
+                .env("RANK", rank.to_string())
+                .env("WORLD_SIZE", "2")
+                .env("MASTER_ADDR", "127.0.0.1")
+                .env("MASTER_PORT", port.to_string())
+                .env_remove("SLURM_PROCID")
+                .env_remove("TORCHELASTIC_USE_AGENT_STORE")
+                .env_remove("SWERVE_RDZV_PORT")
+                .stderr(std::process::Stdio::piped())
+                .spawn()
+                .unwrap()
+        })
+        .collect();
+    for (rank, child) in children.into_iter().enumerate() {
+        let output = child.wait_with_output().unwrap();
+        assert!(
+            output.status.success(),
+            "process {rank}: {}",
+            String::from_utf8_lossy(&output.stderr)
+        );
+    }
+    let (got, want) = (
+        json_lines(&out.join("iterations.jsonl")),
+        json_lines(&single.join("iterations.jsonl")),
+    );
+    assert_eq!(got.len(), want.len(), "the lines are written once");
+    // The RFT phase's rollouts come from the same base model with the same seeds, wherever
+    // each episode ran: the same episodes.
+    for key in [
+        "episodes",
+        "reward_mean",
+        "resolved_rate",
+        "mean_turns",
+        "action_tokens",
+    ] {
+        assert_eq!(got[0][key], want[0][key], "rft phase: {key}");
+    }
+    // Then DAPO on every episode as two data-parallel replicas (gradients summed across the
+    // processes) against one: f32 noise apart, which changes no sampled token here (the CPU
+    // backend's rows do not depend on what else an engine step holds).
+    for (g, w) in got.iter().zip(&want) {
+        for key in [
+            "episodes",
+            "reward_mean",
+            "resolved_rate",
+            "trajectories_kept",
+        ] {
+            assert_eq!(g[key], w[key], "iteration {}: {key}", g["iteration"]);
+        }
+    }
+    let metrics = json_lines(&out.join("metrics.jsonl"));
+    assert_eq!(
+        metrics.len(),
+        json_lines(&single.join("metrics.jsonl")).len()
+    );
+}

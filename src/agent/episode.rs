@@ -50,7 +50,7 @@ impl Default for EpisodeConfig {
 }
 
 /// Why an episode ended.
-#[derive(Clone, Debug, PartialEq)]
+#[derive(Clone, Debug, PartialEq, serde::Serialize, serde::Deserialize)]
 pub enum Finish {
     Submitted,
     MaxTurns,
@@ -70,7 +70,9 @@ impl Finish {
     }
 }
 
-/// An episode's outcome with both forms of its trajectory.
+/// An episode's outcome with both forms of its trajectory (serialisable: the processes of a
+/// multi-node RL loop exchange their episodes).
+#[derive(serde::Serialize, serde::Deserialize)]
 pub struct Episode {
     pub task_id: String,
     pub sample: usize,

@@ -22,6 +22,7 @@ use crate::tokenizer::{Tokenizer, IM_END};
 use anyhow::{anyhow, bail, Result};
 use serde_json::{json, Value};
 
+#[derive(serde::Serialize, serde::Deserialize)]
 pub struct Transcript {
     pub tokens: Vec<u32>,
     pub action_mask: Vec<u8>,

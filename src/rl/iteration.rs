@@ -5,6 +5,7 @@ use super::{plot, shuffled, tasks_of_iteration, RlOptions};
 use crate::agent::episode::{Episode, EpisodeContext, Finish};
 use crate::agent::policy::ServerPolicy;
 use crate::agent::rollout::{episode_seed, run_episodes};
+use crate::dist::Collectives;
 use crate::engine::EngineHandle;
 use crate::env::Task;
 use crate::train::data::{group_advantages, GroupReward, TrainSequence, Trajectory};
@@ -107,6 +108,9 @@ pub(crate) struct Loop<'a, T: Trainer> {
     pub progress: Progress,
     /// Every iteration's line so far (for the reward plot).
     pub history: Vec<Value>,
+    /// The other processes of a multi-node run (one per node), which share each iteration's
+    /// rollouts; `None` in one process.
+    pub processes: Option<&'a dyn Collectives>,
 }
 
 impl<T: Trainer> Loop<'_, T> {
@@ -114,19 +118,63 @@ impl<T: Trainer> Loop<'_, T> {
         &self.options.agent.out
     }
 
+    /// Whether this process writes the run's files (the first of a multi-node run).
+    fn writer(&self) -> bool {
+        self.processes.is_none_or(|p| p.rank() == 0)
+    }
+
+    /// `group` episodes of every task, in the order [`run_episodes`] gives. Across processes each
+    /// runs the tasks `i` with `i % processes == rank` on its own engine, and they exchange their
+    /// episodes: every process ends with all of them, in the same order. An episode's seed
+    /// depends on its task and sample only, so where it runs changes nothing.
+    fn rollouts(
+        &self,
+        tasks: &[Task],
+        group: usize,
+        seed: u64,
+        label: &str,
+    ) -> Result<Vec<Episode>> {
+        let concurrency = self.options.agent.concurrency;
+        let Some(processes) = self.processes.filter(|p| p.size() > 1) else {
+            return Ok(run_episodes(
+                self.ctx,
+                tasks,
+                group,
+                concurrency,
+                seed,
+                label,
+            ));
+        };
+        let (rank, size) = (processes.rank(), processes.size());
+        let mine: Vec<Task> = tasks.iter().skip(rank).step_by(size).cloned().collect();
+        let episodes = run_episodes(self.ctx, &mine, group, concurrency, seed, label);
+        let bytes = serde_json::to_vec(&episodes).context("serialising this process's episodes")?;
+        let mut shares = Vec::with_capacity(size);
+        for (r, part) in processes.all_gather_bytes(&bytes)?.iter().enumerate() {
+            let share: Vec<Episode> = serde_json::from_slice(part)
+                .with_context(|| format!("the episodes of process {r}"))?;
+            shares.push(share.into_iter());
+        }
+        let mut all = Vec::with_capacity(tasks.len() * group);
+        for t in 0..tasks.len() {
+            let share = &mut shares[t % size];
+            for _ in 0..group {
+                all.push(
+                    share
+                        .next()
+                        .context("a process returned too few episodes")?,
+                );
+            }
+        }
+        Ok(all)
+    }
+
     /// `--rft-first K`: K rollouts per task with the base model, then RFT on the resolved ones;
     /// its line is iteration 0.
     pub fn rft_phase(&mut self, k: usize) -> Result<()> {
         let (options, agent) = (self.options, &self.options.agent);
         let started = Instant::now();
-        let episodes = run_episodes(
-            self.ctx,
-            self.tasks,
-            k,
-            agent.concurrency,
-            agent.seed ^ 0x0052_4654,
-            "rft rollouts",
-        );
+        let episodes = self.rollouts(self.tasks, k, agent.seed ^ 0x0052_4654, "rft rollouts")?;
         let rollout_s = started.elapsed().as_secs_f64();
         let resolved: Vec<TrainSequence> = episodes
             .iter()
@@ -152,12 +200,10 @@ impl<T: Trainer> Loop<'_, T> {
                         .step(&batch, &olds, &Objective::MaskedCe, options.rft_lr)?;
                 action_tokens += report.metrics["action_tokens"].as_u64().unwrap_or(0) as usize;
                 self.progress.step += 1;
-                append_step(
-                    &self.out().join("metrics.jsonl"),
-                    self.progress.step,
-                    0,
-                    report.metrics,
-                )?;
+                if self.writer() {
+                    let metrics = self.out().join("metrics.jsonl");
+                    append_step(&metrics, self.progress.step, 0, report.metrics)?;
+                }
             }
         }
         let training_s = train_started.elapsed().as_secs_f64();
@@ -174,7 +220,9 @@ impl<T: Trainer> Loop<'_, T> {
             &json!({"rollout": rollout_s, "environment": env_time(&episodes), "grading": grade_time(&episodes), "training": training_s, "handoff": handoff_s}),
             self.progress.weight_version,
         );
-        append_line(&self.out().join("iterations.jsonl"), &line)?;
+        if self.writer() {
+            append_line(&self.out().join("iterations.jsonl"), &line)?;
+        }
         self.history.push(line);
         self.checkpoint(0)?;
         Ok(())
@@ -196,14 +244,8 @@ impl<T: Trainer> Loop<'_, T> {
         let picked = dedup_groups(picked);
         let started = Instant::now();
         let label = format!("iteration {iteration}/{}", options.iterations);
-        let episodes = run_episodes(
-            self.ctx,
-            &picked,
-            agent.group,
-            agent.concurrency,
-            episode_seed(agent.seed, "iteration", iteration),
-            &label,
-        );
+        let seed = episode_seed(agent.seed, "iteration", iteration);
+        let episodes = self.rollouts(&picked, agent.group, seed, &label)?;
         let rollout_s = started.elapsed().as_secs_f64();
         let train_started = Instant::now();
         // The engine's KV cache gives its memory to the trainer while it runs.
@@ -231,7 +273,9 @@ impl<T: Trainer> Loop<'_, T> {
             &json!({"rollout": rollout_s, "environment": env_time(&episodes), "grading": grade_time(&episodes), "training": training_s, "handoff": handoff_s, "kv_cache_restore": kv_restore_s}),
             self.progress.weight_version,
         );
-        append_line(&self.out().join("iterations.jsonl"), &line)?;
+        if self.writer() {
+            append_line(&self.out().join("iterations.jsonl"), &line)?;
+        }
         eprintln!(
             "iteration {iteration}: reward {:.3} resolved {:.3} turns {:.2} kept {}/{} gap {:.1e} | rollout {:.1}s train {:.1}s handoff {:.3}s",
             line["reward_mean"].as_f64().unwrap_or(0.0),
@@ -245,8 +289,10 @@ impl<T: Trainer> Loop<'_, T> {
             handoff_s
         );
         self.history.push(line);
-        plot::write_reward_plot(&self.out().join("reward.png"), &self.history)?;
-        eprintln!("{}", plot::sparkline(&self.history));
+        if self.writer() {
+            plot::write_reward_plot(&self.out().join("reward.png"), &self.history)?;
+            eprintln!("{}", plot::sparkline(&self.history));
+        }
         if options.save_every > 0
             && (iteration.is_multiple_of(options.save_every) || iteration == options.iterations)
         {
@@ -297,12 +343,10 @@ impl<T: Trainer> Loop<'_, T> {
             };
             let report = self.learner.step(&batch, &batch_olds, &dapo, lr)?;
             action_tokens += report.metrics["action_tokens"].as_u64().unwrap_or(0) as usize;
-            append_step(
-                &self.out().join("metrics.jsonl"),
-                step,
-                iteration,
-                report.metrics,
-            )?;
+            if self.writer() {
+                let metrics = self.out().join("metrics.jsonl");
+                append_step(&metrics, step, iteration, report.metrics)?;
+            }
         }
         Ok(Trained {
             kept: kept.len(),

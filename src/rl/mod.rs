@@ -30,6 +30,9 @@ use crate::backend::grad::BackendGrad;
 use crate::backend::{select, DeviceChoice, Selected};
 use crate::chat::ChatTemplate;
 use crate::config::ModelConfig;
+use crate::dist::launch::ProcessGroupEnv;
+use crate::dist::tcp::TcpComm;
+use crate::dist::Collectives;
 use crate::engine::launch::{launch_engine, EngineLaunch};
 use crate::env::{builtin, load_tasks, Task};
 use crate::tokenizer::Tokenizer;
@@ -166,30 +169,75 @@ pub(crate) fn shuffled(n: usize, seed: u64) -> Vec<usize> {
 /// With `--tensor-parallel N` the learner's ranks run on threads of their own
 /// ([`LearnerGroup`]) and the engine is tensor-parallel too ([`crate::engine::TpEngine`]).
 pub fn run_on_device(device: DeviceChoice, options: &RlOptions) -> Result<()> {
-    let process = crate::dist::launch::ProcessGroupEnv::from_env()?;
+    let process = ProcessGroupEnv::from_env()?;
     if process.world_size > 1 {
-        bail!(
-            "swerve-train rl runs in one process ({process}): its rollouts are not yet spread over \
-             several processes. Run one process per RL loop (--tensor-parallel over the node's GPUs), \
-             or train collected rollouts across nodes with `swerve-train dapo` / `rft`"
-        );
+        return run_across_processes(device, options, process);
     }
     if options.tensor_parallel > 1 {
-        let setup = setup(options)?;
-        let spec = LearnerSpec {
-            model_dir: setup.model_dir.clone(),
-            adamw: adamw_config(options),
-            micro_batch_tokens: options.micro_batch_tokens,
-            checkpoint_layers: true,
-        };
-        let group = LearnerGroup::start(device, options.tensor_parallel, spec)?;
-        return run_loop(group, options, setup);
+        let setup = setup(options, true)?;
+        let spec = learner_spec(options, &setup);
+        let group = LearnerGroup::start(device, options.tensor_parallel, process, spec)?;
+        return run_loop(group, options, setup, None);
     }
     let (backend, line) = select(device)?;
     eprintln!("{line}");
     match backend {
         Selected::Cpu(b) => run(&b, options),
         Selected::Cuda(b) => run(&*b, options),
+    }
+}
+
+/// The loop with one process per node (torchrun's or Slurm's variables): each runs its own
+/// engine (`--tensor-parallel` over its GPUs) on its share of each iteration's tasks, the
+/// processes exchange the episodes, and every process trains on all of them as one replica of
+/// a data-parallel learner (gradients summed across nodes, ZeRO-1). The first process prepares
+/// OUT and the starting model and writes the logs; checkpoints are written together.
+fn run_across_processes(
+    device: DeviceChoice,
+    options: &RlOptions,
+    process: ProcessGroupEnv,
+) -> Result<()> {
+    if options.agent.server.is_some() {
+        bail!("--server with a multi-process launch: every process samples from its own engine; drop --server");
+    }
+    eprintln!("rl: {process}");
+    let (comm, _) = TcpComm::connect(&process, b"swerve-train rl")?;
+    let first = process.rank == 0;
+    // The others wait for the first to check OUT and write a preset's model.
+    let prepared = if first {
+        Some(setup(options, true))
+    } else {
+        None
+    };
+    let mut ok = vec![u8::from(prepared.as_ref().is_none_or(|p| p.is_ok()))];
+    comm.broadcast_bytes(&mut ok, 0)?;
+    let setup = match prepared {
+        Some(setup) => setup?,
+        None if ok == [1] => setup(options, false)?,
+        None => bail!("the first process could not prepare the run (its log says why)"),
+    };
+    // Every process must run the same loop on the same tasks.
+    let record = recorded_options(options, &setup.tasks_content, &setup.episode);
+    let mine = record.to_json().to_string();
+    let all = comm.all_gather_bytes(mine.as_bytes())?;
+    if let Some(r) = all.iter().position(|o| o.as_slice() != mine.as_bytes()) {
+        bail!(
+            "process {r} runs other options or tasks than process {}: {}",
+            process.rank,
+            String::from_utf8_lossy(&all[r])
+        );
+    }
+    let spec = learner_spec(options, &setup);
+    let group = LearnerGroup::start(device, options.tensor_parallel, process, spec)?;
+    run_loop(group, options, setup, Some(&comm))
+}
+
+fn learner_spec(options: &RlOptions, setup: &Setup) -> LearnerSpec {
+    LearnerSpec {
+        model_dir: setup.model_dir.clone(),
+        adamw: adamw_config(options),
+        micro_batch_tokens: options.micro_batch_tokens,
+        checkpoint_layers: true,
     }
 }
 
@@ -270,12 +318,15 @@ fn check_options(options: &RlOptions) -> Result<()> {
     Ok(())
 }
 
-/// Checks OUT (see [`run_dir`]), resolves the model (`preset:` into OUT/base-model), loads the
-/// tasks and the tokenizer, and sets the episodes' context from the model's.
-fn setup(options: &RlOptions) -> Result<Setup> {
+/// Checks OUT (see [`run_dir`]; only with `prepare_out`: the process that writes), resolves the
+/// model (`preset:` into OUT/base-model), loads the tasks and the tokenizer, and sets the
+/// episodes' context from the model's.
+fn setup(options: &RlOptions, prepare_out: bool) -> Result<Setup> {
     let agent = &options.agent;
     check_options(options)?;
-    run_dir::prepare(&agent.out, options.start)?;
+    if prepare_out {
+        run_dir::prepare(&agent.out, options.start)?;
+    }
     let model_arg = agent
         .model
         .as_ref()
@@ -320,6 +371,7 @@ fn resume<T: Trainer>(
     options: &RlOptions,
     record: &RecordedOptions,
     learner: &mut T,
+    writer: bool,
 ) -> Result<(usize, Progress, bool)> {
     let out = &options.agent.out;
     let (iterations_path, metrics_path) = (out.join("iterations.jsonl"), out.join("metrics.jsonl"));
@@ -329,7 +381,7 @@ fn resume<T: Trainer>(
     let Some(dir) = checkpoint::latest_named(out, "iteration-")? else {
         // Killed before its first checkpoint: nothing to continue, so start over.
         for path in [&iterations_path, &metrics_path] {
-            if path.exists() {
+            if writer && path.exists() {
                 std::fs::remove_file(path)
                     .with_context(|| format!("removing {}", path.display()))?;
             }
@@ -349,15 +401,17 @@ fn resume<T: Trainer>(
         step: state["step"].as_u64().unwrap_or(0),
         weight_version: state["weight_version"].as_u64().unwrap_or(0),
     };
-    keep_lines(&iterations_path, "iteration", done)?;
-    keep_lines(&metrics_path, "step", progress.step)?;
+    if writer {
+        keep_lines(&iterations_path, "iteration", done)?;
+        keep_lines(&metrics_path, "step", progress.step)?;
+    }
     eprintln!("rl: resuming after iteration {done} from {}", dir.display());
     Ok((done as usize + 1, progress, true))
 }
 
 /// Runs `rl` on the trainer's backend.
 pub fn run<B: BackendGrad>(backend: &B, options: &RlOptions) -> Result<()> {
-    let setup = setup(options)?;
+    let setup = setup(options, true)?;
     let learner = Learner::new(
         backend,
         &setup.model_dir,
@@ -365,14 +419,21 @@ pub fn run<B: BackendGrad>(backend: &B, options: &RlOptions) -> Result<()> {
         options.micro_batch_tokens,
         true,
     )?;
-    run_loop(learner, options, setup)
+    run_loop(learner, options, setup, None)
 }
 
-/// The loop over `learner`, whatever its parallelism.
-fn run_loop<T: Trainer>(mut learner: T, options: &RlOptions, setup: Setup) -> Result<()> {
+/// The loop over `learner`, whatever its parallelism; `processes`: the other processes of a
+/// multi-node run.
+fn run_loop<T: Trainer>(
+    mut learner: T,
+    options: &RlOptions,
+    setup: Setup,
+    processes: Option<&dyn Collectives>,
+) -> Result<()> {
     let agent = &options.agent;
     let record = recorded_options(options, &setup.tasks_content, &setup.episode);
-    let (first_iteration, progress, rft_done) = resume(options, &record, &mut learner)?;
+    let writer = processes.is_none_or(|p| p.rank() == 0);
+    let (first_iteration, progress, rft_done) = resume(options, &record, &mut learner, writer)?;
     let sampler = match &agent.server {
         Some(url) => Sampler::Server {
             policy: ServerPolicy::new(url, agent.api_key.clone(), setup.stop_ids.clone())?,
@@ -436,6 +497,7 @@ fn run_loop<T: Trainer>(mut learner: T, options: &RlOptions, setup: Setup) -> Re
         record: &record,
         progress,
         history: read_history(&agent.out.join("iterations.jsonl"))?,
+        processes,
     };
     if let (false, Some(k)) = (rft_done, options.rft_first) {
         run.rft_phase(k)?;

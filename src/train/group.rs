@@ -12,10 +12,12 @@
 //!
 //! Handing weights to the engine: one learner gives its compute weights' device spans (same
 //! GPU) or host tensors; a group gathers whole tensors on the host, which a tensor-parallel
-//! engine slices again per rank.
+//! engine slices again per rank. A group may be one replica of a data-parallel group spanning
+//! processes (a multi-node RL loop): its calls then run on every process together.
 
 use crate::backend::{BackendGrad, DeviceChoice, DeviceSpan};
 use crate::dist::grid::{GridSpec, RankPlace, RankTask};
+use crate::dist::launch::ProcessGroupEnv;
 use crate::dist::Groups;
 use crate::model::Qwen2Params;
 use crate::tensor::HostTensor;
@@ -198,12 +200,19 @@ fn serve_call<B: BackendGrad>(learner: &mut Learner<'_, B>, call: Call) -> Resul
 
 impl LearnerGroup {
     /// Starts `tensor_parallel` ranks on `device`'s backend kind (a thread each, a GPU each),
-    /// each loading its part of `spec.model_dir`; returns once every rank is built, or with the
-    /// first rank's own error.
-    pub fn start(device: DeviceChoice, tensor_parallel: usize, spec: LearnerSpec) -> Result<Self> {
+    /// each loading its part of `spec.model_dir`, as this process's replica of the data-parallel
+    /// group of `process` (one replica per process); returns once every rank is built, or with
+    /// the first rank's own error.
+    pub fn start(
+        device: DeviceChoice,
+        tensor_parallel: usize,
+        process: ProcessGroupEnv,
+        spec: LearnerSpec,
+    ) -> Result<Self> {
         let grid = GridSpec {
             tp: tensor_parallel,
-            ..GridSpec::single()
+            dp_local: 1,
+            process,
         };
         let mut ranks = Vec::with_capacity(tensor_parallel);
         let mut inboxes = Vec::with_capacity(tensor_parallel);

@@ -347,12 +347,9 @@ impl<'b, B: BackendGrad> Learner<'b, B> {
     }
 
     /// The compute weights as whole host tensors (HF names and shapes, checkpoint order),
-    /// gathered from the tensor-parallel ranks: `Some` on the first rank of the first replica,
-    /// `None` elsewhere. Every rank of the first replica calls it.
+    /// gathered from the tensor-parallel ranks of this replica (the replicas hold the same
+    /// weights): `Some` on each replica's first rank, `None` on the others. Every rank calls it.
     pub fn gather_compute_weights(&self) -> Result<Option<Qwen2Params<HostTensor<'static>>>> {
-        if self.dp.rank() != 0 {
-            return Ok(None);
-        }
         let backend = self.backend;
         let tp = &self.model.comm;
         let config = &self.model.config;
