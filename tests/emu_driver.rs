@@ -222,17 +222,28 @@ fn grid_and_block_limits_are_enforced() {
     );
 }
 
+/// In a child process: the corrupted slack stays behind the live allocation until it is freed,
+/// and the driver checks every allocation's slack after every launch, so the other tests'
+/// launches running beside this one in threads would be failed by it.
 #[test]
 fn a_write_past_the_end_of_an_allocation_fails_the_launch() {
-    let dev = device();
-    let f = dev.function("convert", "convert_f32_to_bf16").unwrap();
-    let input = alloc_f32(&dev, &[1.0; 64]);
-    // 10 bf16 = 20 bytes: the write of 64 lands in the NaN-filled slack before the guard page.
-    let out = dev.stream.alloc_zeros::<u16>(10).unwrap();
-    let (pi, po) = (ptr(&dev, &input), ptr(&dev, &out));
-    assert_eq!(
-        code(convert(&dev.stream, &f, po, pi, 64, config(1, 64, 0))),
-        CUresult::CUDA_ERROR_LAUNCH_FAILED
+    const CASE: &str = "a_write_past_the_end_of_an_allocation_fails_the_launch";
+    if std::env::var(CHILD).as_deref() == Ok(CASE) {
+        let dev = device();
+        let f = dev.function("convert", "convert_f32_to_bf16").unwrap();
+        let input = alloc_f32(&dev, &[1.0; 64]);
+        // 10 bf16 = 20 bytes: the write of 64 lands in the NaN-filled slack before the guard page.
+        let out = dev.stream.alloc_zeros::<u16>(10).unwrap();
+        let (pi, po) = (ptr(&dev, &input), ptr(&dev, &out));
+        let result = code(convert(&dev.stream, &f, po, pi, 64, config(1, 64, 0)));
+        eprintln!("launch result: {result:?}");
+        std::process::exit(i32::from(result != CUresult::CUDA_ERROR_LAUNCH_FAILED));
+    }
+    let (status, stderr) = in_child(CASE, &[]);
+    assert_eq!(status, Some(0), "{stderr}");
+    assert!(
+        stderr.contains("kernel convert_f32_to_bf16 wrote out of bounds"),
+        "{stderr}"
     );
 }
 
