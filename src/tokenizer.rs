@@ -39,6 +39,9 @@ pub struct Tokenizer {
     stop_ids: Vec<u32>,
     /// Contents of the added tokens, longest first (for matching at a position).
     added_tokens: Vec<String>,
+    /// The same tokenizer without its added tokens: text in which `<|im_end|>` is characters,
+    /// not a token (built on first use by [`Tokenizer::encode_plain`]).
+    plain: std::sync::OnceLock<std::result::Result<tokenizers::Tokenizer, String>>,
 }
 
 impl Tokenizer {
@@ -113,6 +116,7 @@ impl Tokenizer {
             chat_template,
             stop_ids,
             added_tokens,
+            plain: std::sync::OnceLock::new(),
         })
     }
 
@@ -123,6 +127,60 @@ impl Tokenizer {
             .encode(text, false)
             .map_err(|e| anyhow!("cannot encode text: {e}"))?;
         Ok(encoding.get_ids().to_vec())
+    }
+
+    /// Token ids of `text` read as plain characters: an added token's text (`<|im_end|>`,
+    /// `<tool_call>`) written in it becomes the ordinary tokens of those characters, never the
+    /// added token. For text the agent does not write (observations), so that a command's output
+    /// cannot forge a turn boundary or a tool call.
+    pub fn encode_plain(&self, text: &str) -> Result<Vec<u32>> {
+        let plain = self.plain.get_or_init(|| {
+            let json = self.inner.to_string(false).map_err(|e| e.to_string())?;
+            let mut value: Value = serde_json::from_str(&json).map_err(|e| e.to_string())?;
+            value["added_tokens"] = Value::Array(Vec::new());
+            tokenizers::Tokenizer::from_bytes(value.to_string().as_bytes())
+                .map_err(|e| e.to_string())
+        });
+        let plain = plain
+            .as_ref()
+            .map_err(|e| anyhow!("cannot build the plain-text tokenizer: {e}"))?;
+        let encoding = plain
+            .encode(text, false)
+            .map_err(|e| anyhow!("cannot encode text: {e}"))?;
+        Ok(encoding.get_ids().to_vec())
+    }
+
+    /// Token ids of `text` where the byte ranges in `plain` (sorted, disjoint) are read as plain
+    /// characters ([`Tokenizer::encode_plain`]) and added tokens elsewhere are tokens: a chat
+    /// template's structure around content nobody may turn into structure. Text between two
+    /// added tokens is encoded as one piece, as [`Tokenizer::encode`] would.
+    pub fn encode_with_plain_ranges(
+        &self,
+        text: &str,
+        plain: &[(usize, usize)],
+    ) -> Result<Vec<u32>> {
+        let mut ids = Vec::new();
+        let (mut piece_start, mut i) = (0, 0);
+        while i < text.len() {
+            if let Some(&(_, end)) = plain.iter().find(|&&(s, e)| s <= i && i < e) {
+                i = end;
+                continue;
+            }
+            if let Some(token) = self.added_token_at(&text[i..]) {
+                if piece_start < i {
+                    ids.extend(self.encode_plain(&text[piece_start..i])?);
+                }
+                ids.extend(self.encode(token)?);
+                i += token.len();
+                piece_start = i;
+            } else {
+                i += text[i..].chars().next().map_or(1, char::len_utf8);
+            }
+        }
+        if piece_start < text.len() {
+            ids.extend(self.encode_plain(&text[piece_start..])?);
+        }
+        Ok(ids)
     }
 
     /// Token ids of `text` with each token's byte span in `text`.
