@@ -29,7 +29,8 @@
 //! the context ([`kv_cache_bytes`]), one engine step of `step_tokens` rows over the cache
 //! (`Qwen2Model::forward_paged`: embedding, delta, one layer's buffers, hidden states; the split
 //! KV scratch of `WorkPlan`; f32 logits of the sampled rows), the decode buffers of the CUDA graph
-//! pool, and when colocated the trainer's resident state.
+//! pool, and when colocated the trainer's resident state (its weights, masters and moments: the
+//! RL loop gives the gradients' memory back while the rollouts run).
 //!
 //! Element sizes are parameters ([`Target`]): bf16 weights and activations on CUDA, f32
 //! everything on the CPU reference; gradients, masters, moments and the attention's logsumexp are
@@ -529,7 +530,8 @@ pub struct RolloutSetup {
     /// Sequences the scheduler runs at once (`max_num_seqs`).
     pub max_num_seqs: usize,
     pub block_size: usize,
-    /// The trainer shares the GPU (the RL loop): its weights, gradients, masters and moments stay.
+    /// The trainer shares the GPU (the RL loop): its weights, masters and moments stay (its
+    /// gradients are released during the rollouts).
     pub colocated_trainer: bool,
 }
 
@@ -563,7 +565,6 @@ pub fn rollout_plan(
     if setup.colocated_trainer {
         resident.extend([
             part("trainer's weights (colocated)", b(params, w)),
-            part("trainer's f32 gradients (colocated)", b(params, 4)),
             part(
                 format!("trainer's masters + 2 moments (ZeRO-1 / {})", setup.dp),
                 b(zero_share(config, &local, setup.dp), 12),

@@ -262,6 +262,9 @@ impl<T: Trainer> Loop<'_, T> {
         };
         let restore_started = Instant::now();
         if let Sampler::Engine(handle) = self.sampler {
+            // The trainer's gradients give their memory to the rollouts (the next step
+            // allocates them again).
+            self.learner.release_gradients()?;
             handle.restore_kv_cache()?;
         }
         let kv_restore_s = restore_started.elapsed().as_secs_f64();

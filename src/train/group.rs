@@ -49,6 +49,9 @@ pub trait Trainer {
     fn compute_weight_spans(&self) -> Result<Option<Vec<DeviceSpan>>>;
     /// The compute weights as whole host tensors (HF names and shapes, checkpoint order).
     fn whole_compute_weights(&self) -> Result<Qwen2Params<HostTensor<'static>>>;
+    /// Gives the gradient buffers' memory back until the next step (see
+    /// [`Learner::release_gradients`]).
+    fn release_gradients(&mut self) -> Result<()>;
 }
 
 impl<B: BackendGrad> Trainer for Learner<'_, B> {
@@ -80,6 +83,10 @@ impl<B: BackendGrad> Trainer for Learner<'_, B> {
         self.gather_compute_weights()?
             .ok_or_else(|| anyhow!("this rank does not gather the weights"))
     }
+    fn release_gradients(&mut self) -> Result<()> {
+        Learner::release_gradients(self);
+        Ok(())
+    }
 }
 
 /// A call every rank runs.
@@ -89,6 +96,7 @@ enum Call {
     Save(PathBuf, PathBuf, Value),
     Restore(PathBuf),
     Weights,
+    ReleaseGradients,
 }
 
 /// Rank 0's answer to a call.
@@ -195,6 +203,10 @@ fn serve_call<B: BackendGrad>(learner: &mut Learner<'_, B>, call: Call) -> Resul
             Answer::Restored(state, learner.updates())
         }
         Call::Weights => Answer::Weights(learner.gather_compute_weights()?),
+        Call::ReleaseGradients => {
+            learner.release_gradients();
+            Answer::Saved
+        }
     })
 }
 
@@ -346,6 +358,12 @@ impl Trainer for LearnerGroup {
     fn whole_compute_weights(&self) -> Result<Qwen2Params<HostTensor<'static>>> {
         match self.call(|| Call::Weights)? {
             Answer::Weights(Some(weights)) => Ok(weights),
+            _ => Err(unexpected()),
+        }
+    }
+    fn release_gradients(&mut self) -> Result<()> {
+        match self.call(|| Call::ReleaseGradients)? {
+            Answer::Saved => Ok(()),
             _ => Err(unexpected()),
         }
     }

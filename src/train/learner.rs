@@ -49,7 +49,9 @@ pub struct Learner<'b, B: BackendGrad> {
     masters: Vec<Option<B::Tensor>>,
     /// Moments of the owned parameters, in parameter order.
     adamw: AdamW<B::Tensor>,
-    grads: Qwen2Params<B::Tensor>,
+    /// The step's gradients; `None` between steps once [`Learner::release_gradients`] gave their
+    /// memory back (the RL loop does while the rollouts run).
+    grads: Option<Qwen2Params<B::Tensor>>,
     /// Whether this rank adds a parameter's squares to the global norm (a tensor several ranks
     /// hold counts once).
     counts_in_norm: Vec<bool>,
@@ -103,7 +105,7 @@ impl<'b, B: BackendGrad> Learner<'b, B> {
         let model = Qwen2Model::load_shard(backend, model_dir, groups.tp.clone())?;
         let shards = Qwen2Params::<()>::shards(&model.config, &model.local);
         let owner = zero_owners(&shards, groups.dp.size());
-        let grads = model.zero_grads(backend)?;
+        let grads = Some(model.zero_grads(backend)?);
         let mut masters = Vec::with_capacity(shards.len());
         for (i, param) in model.params.iter().enumerate() {
             masters.push(if owner[i] == groups.dp.rank() {
@@ -130,6 +132,14 @@ impl<'b, B: BackendGrad> Learner<'b, B> {
             checkpoint_layers,
             micro_batch_tokens,
         })
+    }
+
+    /// Gives the gradient buffers' memory back (the next step allocates them again): the RL
+    /// loop frees them while the rollouts run, for the engine's KV cache.
+    pub fn release_gradients(&mut self) {
+        if self.grads.take().is_some() {
+            self.backend.release_cached_memory();
+        }
     }
 
     /// Optimizer updates applied so far.
@@ -237,9 +247,15 @@ impl<'b, B: BackendGrad> Learner<'b, B> {
     ) -> Result<StepReport> {
         let backend = self.backend;
         let started = Instant::now();
-        for g in self.grads.iter_mut() {
-            backend.fill_zero(g)?;
+        match &mut self.grads {
+            Some(grads) => {
+                for g in grads.iter_mut() {
+                    backend.fill_zero(g)?;
+                }
+            }
+            None => self.grads = Some(self.model.zero_grads(backend)?),
         }
+        let grads = self.grads.as_mut().expect("allocated above");
         let lengths: Vec<usize> = batch.iter().map(|s| s.tokens.len()).collect();
         let micro_batches = data::pack_micro_batches(&lengths, self.micro_batch_tokens);
         let (replica, replicas) = (self.dp.rank(), self.dp.size());
@@ -268,7 +284,7 @@ impl<'b, B: BackendGrad> Learner<'b, B> {
                     objective,
                     num_action_tokens,
                     self.checkpoint_layers,
-                    &mut self.grads,
+                    grads,
                     &mut sums,
                 )?;
             }
@@ -309,15 +325,15 @@ impl<'b, B: BackendGrad> Learner<'b, B> {
     /// replicas), takes the global norm and updates the owned masters and every compute weight.
     fn update(&mut self, lr: f64) -> Result<crate::train::optimizer::StepReport> {
         let backend = self.backend;
-        self.model
-            .reduce_replicated_grads(backend, &mut self.grads)?;
+        let all_grads = self.grads.as_mut().expect("the step's gradients");
+        self.model.reduce_replicated_grads(backend, all_grads)?;
         if self.dp.size() > 1 {
-            for g in self.grads.iter_mut() {
+            for g in all_grads.iter_mut() {
                 self.dp.all_reduce_sum(backend, g)?;
             }
         }
-        let grad_norm = global_grad_norm(backend, &self.model, &self.grads, &self.counts_in_norm)?;
-        let grads: Vec<&B::Tensor> = self.grads.iter().collect();
+        let grad_norm = global_grad_norm(backend, &self.model, all_grads, &self.counts_in_norm)?;
+        let grads: Vec<&B::Tensor> = all_grads.iter().collect();
         let owned_grads: Vec<&B::Tensor> = grads
             .iter()
             .zip(&self.masters)
