@@ -193,7 +193,7 @@ fn grading_ignores_edits_to_the_tests() {
     let dir = tempfile::tempdir().unwrap();
     let tasks = load_tasks(&builtin::resolve_tasks("builtin:python-bugs").unwrap()).unwrap();
     let task = &tasks[0];
-    let test_module = task.grading_command();
+    let test_module = task.test_command().to_string();
     let module = test_module.rsplit(' ').next().unwrap().replace('.', "/");
     // The agent replaces the hidden test file with one that passes, then, in a second task
     // attempt, turns `tests` into a symlink to a folder of passing tests.

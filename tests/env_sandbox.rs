@@ -23,7 +23,7 @@ const FIXED: &str = "def div(a, b):\n    return a / b  # fixed\n";
 const REAL_TEST: &str = "import unittest\nfrom calc import div\n\n\nclass T(unittest.TestCase):\n    def test_div(self):\n        self.assertEqual(div(6, 3), 2)\n";
 const FAKE_TEST: &str =
     "import unittest\n\n\nclass T(unittest.TestCase):\n    def test_div(self):\n        pass\n";
-const TEST_COMMAND: &str = "python3 -m unittest -q tests.test_x";
+const TEST_COMMAND: &str = "python3 -m unittest -v tests.test_x";
 const SECOND: Duration = Duration::from_secs(1);
 
 fn limits() -> Limits {

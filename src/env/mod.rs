@@ -24,7 +24,9 @@
 pub mod builtin;
 pub mod docker;
 pub mod local;
+pub mod logs;
 pub mod output;
+pub mod repos;
 pub mod task;
 pub mod toy;
 
@@ -158,34 +160,43 @@ pub fn run_setup(sandbox: &mut dyn Sandbox, task: &Task, limits: &Limits) -> Res
 /// to them, then the test command decides (exit 0 within the task's timeout = resolved).
 pub fn grade(sandbox: &mut dyn Sandbox, task: &Task) -> Result<GradeResult> {
     let timeout = Duration::from_secs(task.timeout_s);
-    match &task.grading {
-        Grading::TestsFolder { tests, .. } => sandbox.copy_in(tests)?,
-        Grading::Command { .. } => {}
-        Grading::SweBench { test_patch, .. } => {
-            // The files the test patch touches go back to the repository's version first, so
-            // the patch applies whatever the agent did to them.
-            let files: Vec<String> = patch_files(test_patch)
-                .iter()
-                .map(|f| task::shell_quote(f))
-                .collect();
-            let command = format!(
-                "git checkout -q HEAD -- {} 2>/dev/null; git apply --whitespace=nowarn -",
-                files.join(" ")
+    let plan = match &task.grading {
+        Grading::Command { test_command } => {
+            let output = sandbox.run(test_command, None, timeout)?;
+            return Ok(GradeResult {
+                resolved: output.success(),
+                output,
+            });
+        }
+        Grading::Tests(plan) => plan,
+    };
+    if let Some(overlay) = &plan.overlay {
+        sandbox.copy_in(overlay)?;
+    }
+    if let Some(test_patch) = &plan.test_patch {
+        // The files the test patch touches go back to the repository's version first, so
+        // the patch applies whatever the agent did to them.
+        let files: Vec<String> = patch_files(test_patch)
+            .iter()
+            .map(|f| task::shell_quote(f))
+            .collect();
+        let command = format!(
+            "git checkout -q HEAD -- {} 2>/dev/null; git apply --whitespace=nowarn -",
+            files.join(" ")
+        );
+        let out = sandbox.run(&command, Some(test_patch.as_bytes()), timeout)?;
+        if !out.success() {
+            bail!(
+                "task {}: the test patch does not apply ({}):\n{}",
+                task.id,
+                describe_end(&out),
+                out.output
             );
-            let out = sandbox.run(&command, Some(test_patch.as_bytes()), timeout)?;
-            if !out.success() {
-                bail!(
-                    "task {}: the test patch does not apply ({}):\n{}",
-                    task.id,
-                    describe_end(&out),
-                    out.output
-                );
-            }
         }
     }
-    let output = sandbox.run(&task.grading_command(), None, timeout)?;
+    let output = sandbox.run(&plan.command, None, timeout)?;
     Ok(GradeResult {
-        resolved: output.success(),
+        resolved: plan.judge(&output.output, output.exit_code).resolved,
         output,
     })
 }
