@@ -244,6 +244,34 @@ fn make_policy(
     Ok((policy, engine))
 }
 
+/// Writes SWE-bench's predictions files, one per sample index (`OUT/predictions/sample-K.jsonl`,
+/// a line per task: `instance_id`, `model_name_or_path`, `model_patch`), so that each is one run
+/// of the official harness and pass@1 can be reported over several. Returns the paths.
+fn write_predictions(options: &AgentRunOptions, episodes: &[Episode]) -> Result<Vec<String>> {
+    let dir = options.out.join("predictions");
+    std::fs::create_dir_all(&dir).with_context(|| format!("creating {}", dir.display()))?;
+    let model = match &options.model {
+        Some(m) if options.policy == "model" => m.display().to_string(),
+        _ => format!("swerve-{}", options.policy),
+    };
+    let mut paths = Vec::new();
+    for sample in 0..options.group {
+        let path = dir.join(format!("sample-{sample}.jsonl"));
+        crate::jsonl::write_atomically(&path, |write| {
+            for e in episodes.iter().filter(|e| e.sample == sample) {
+                write(&json!({
+                    "instance_id": e.task_id,
+                    "model_name_or_path": model,
+                    "model_patch": e.patch.as_ref().map_or("", |d| d.patch.as_str()),
+                }))?;
+            }
+            Ok(())
+        })?;
+        paths.push(path.display().to_string());
+    }
+    Ok(paths)
+}
+
 /// Writes `OUT/trajectories.jsonl` and `OUT/{name}.json` and prints the summary.
 fn write_outputs(
     options: &AgentRunOptions,
@@ -273,6 +301,9 @@ fn write_outputs(
         .iter()
         .filter(|e| !options.only_resolved || e.resolved)
         .count());
+    if name == "eval" {
+        summary["predictions"] = json!(write_predictions(options, episodes)?);
+    }
     let summary_path = options.out.join(format!("{name}.json"));
     std::fs::write(
         &summary_path,

@@ -30,6 +30,19 @@ pub struct Editor {
     history: HashMap<String, Vec<String>>,
 }
 
+/// A failed file operation the agent caused (a read-only path, a file past the size limit): the
+/// agent is told, the run goes on.
+#[derive(Debug)]
+struct AgentFault(String);
+
+impl std::fmt::Display for AgentFault {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+impl std::error::Error for AgentFault {}
+
 /// What a file operation inside the sandbox found.
 enum Read {
     File(String),
@@ -65,7 +78,7 @@ impl Editor {
             format!("{workdir}/{raw_path}")
         };
         let mut io = SandboxFiles { sandbox, timeout };
-        match command {
+        let result = match command {
             "view" => self.view(&mut io, &path, args.get("view_range")),
             "create" => self.create(&mut io, &path, args),
             "str_replace" => self.str_replace(&mut io, &path, args),
@@ -74,6 +87,13 @@ impl Editor {
             other => Ok(format!(
                 "Error: unknown command `{other}`; use view, create, str_replace, insert or undo_edit."
             )),
+        };
+        match result {
+            Err(e) => match e.downcast::<AgentFault>() {
+                Ok(fault) => Ok(format!("Error: {fault}")),
+                Err(e) => Err(e),
+            },
+            ok => ok,
         }
     }
 
@@ -319,9 +339,11 @@ impl SandboxFiles<'_> {
                 }
                 if out.omitted_bytes > 0 {
                     // Editing a shortened copy would write the shortening back.
-                    anyhow::bail!(
-                        "{path} is larger than the output limit; the editor does not edit it"
-                    );
+                    return Err(AgentFault(format!(
+                        "{path} is larger than the editor's limit of {MAX_FILE_BYTES} bytes; \
+                         it does not edit it (use bash)"
+                    ))
+                    .into());
                 }
                 Ok(Read::File(out.output))
             }
@@ -337,7 +359,12 @@ impl SandboxFiles<'_> {
             self.timeout,
         )?;
         if !out.success() {
-            anyhow::bail!("writing {path} failed: {}", out.output.trim());
+            return Err(AgentFault(format!(
+                "writing {path} failed ({}): {}",
+                crate::env::describe_end(&out),
+                out.output.trim()
+            ))
+            .into());
         }
         Ok(())
     }

@@ -17,7 +17,10 @@ use super::prompt;
 use super::reward::reward;
 use super::transcript::Transcript;
 use crate::chat::ChatTemplate;
-use crate::env::{describe_end, grade, Environment, Sandbox, Task};
+use crate::env::diff::{filter_diff, raw_diff, snapshot, AgentDiff};
+use crate::env::grading::{grade_fresh, GradeResult};
+use crate::env::task::Verdict;
+use crate::env::{describe_end, grade_in_place, Environment, Grading, Sandbox, Task};
 use crate::tokenizer::Tokenizer;
 use crate::toolcall::{parse_tool_calls, ToolCall};
 use anyhow::Result;
@@ -35,6 +38,9 @@ pub struct EpisodeConfig {
     pub max_turn_tokens: usize,
     /// Most bytes of one tool result shown to the agent (the middle is cut with a marker).
     pub observation_bytes: usize,
+    /// Attempts after an infrastructure failure (sandbox start, daemon, grader crash, a policy
+    /// request that fails) before the episode is given up as an error.
+    pub infra_retries: usize,
 }
 
 impl Default for EpisodeConfig {
@@ -45,6 +51,7 @@ impl Default for EpisodeConfig {
             max_context: 65536,
             max_turn_tokens: 4096,
             observation_bytes: 16 * 1024,
+            infra_retries: 2,
         }
     }
 }
@@ -55,7 +62,8 @@ pub enum Finish {
     Submitted,
     MaxTurns,
     ContextFull,
-    /// The sandbox or the policy failed (not the agent): the message says how.
+    /// The infrastructure failed (sandbox, daemon, grader, policy server), not the agent, on
+    /// every attempt: the message says how. Never trained on.
     Error(String),
 }
 
@@ -90,7 +98,28 @@ pub struct Episode {
     pub grading_s: f64,
     /// Weight versions seen across the turns (first, last), where the policy reports them.
     pub weight_versions: Option<(u64, u64)>,
+    /// The agent's change as grading applied it (tasks with a repository).
+    pub patch: Option<AgentDiff>,
+    /// Grading's findings: per-test verdict, why the tests did not run, the log's tail.
+    pub grading: Option<GradingRecord>,
+    /// Attempts lost to infrastructure failures before this one.
+    pub infra_retries: usize,
 }
+
+/// What grading found, as a trajectory keeps it.
+#[derive(Clone, Debug, Default, serde::Serialize, serde::Deserialize)]
+pub struct GradingRecord {
+    pub verdict: Option<Verdict>,
+    /// Why the tests did not run (the agent's change does not apply, or cannot be read).
+    pub failure: Option<String>,
+    /// The end of the test log.
+    pub log_tail: String,
+    /// A cleanup that failed after the verdict.
+    pub cleanup_error: Option<String>,
+}
+
+/// Bytes of the test log a trajectory keeps.
+const LOG_TAIL_BYTES: usize = 8 * 1024;
 
 impl Episode {
     /// Action tokens (mask 1) of the trajectory.
@@ -119,6 +148,22 @@ impl Episode {
         if let Some((first, last)) = self.weight_versions {
             line["weight_version"] = json!([first, last]);
         }
+        if self.infra_retries > 0 {
+            line["infra_retries"] = json!(self.infra_retries);
+        }
+        if let Some(diff) = &self.patch {
+            line["patch"] = json!(diff.patch);
+            if !diff.dropped.is_empty() {
+                line["patch_dropped"] = json!(diff.dropped);
+            }
+            line["suspicious"] = json!(!diff.suspicious.is_empty());
+            if !diff.suspicious.is_empty() {
+                line["suspicious_reasons"] = json!(diff.suspicious);
+            }
+        }
+        if let Some(grading) = &self.grading {
+            line["grading"] = json!(grading);
+        }
         if let Some(t) = &self.transcript {
             line["tokens"] = json!(t.tokens);
             line["action_mask"] = json!(t.action_mask);
@@ -141,52 +186,81 @@ pub struct EpisodeContext<'a> {
     pub config: &'a EpisodeConfig,
 }
 
-/// Runs one episode to its end. Failures of the sandbox or the policy end it with
-/// [`Finish::Error`] (and reward 0) rather than stopping the run.
+/// Runs one episode to its end. An infrastructure failure (an `Err` from the sandbox, the
+/// grader or the policy) starts the episode again, up to `infra_retries` times; past that it
+/// ends with [`Finish::Error`] (reward 0, never trained on), keeping the tokens it had.
 pub fn run_episode(ctx: &EpisodeContext<'_>, task: &Task, sample: usize, seed: u64) -> Episode {
-    let mut episode = Episode {
-        task_id: task.id.clone(),
-        sample,
-        seed,
-        transcript: None,
-        turns: 0,
-        format_errors: 0,
-        generated: 0,
-        finish: Finish::Error(String::new()),
-        resolved: false,
-        reward: 0.0,
-        generation_s: 0.0,
-        environment_s: 0.0,
-        grading_s: 0.0,
-        weight_versions: None,
-    };
-    if let Err(e) = drive(ctx, task, &mut episode) {
+    let mut attempt = 0;
+    loop {
+        let mut episode = Episode {
+            task_id: task.id.clone(),
+            sample,
+            seed,
+            transcript: None,
+            turns: 0,
+            format_errors: 0,
+            generated: 0,
+            finish: Finish::Error(String::new()),
+            resolved: false,
+            reward: 0.0,
+            generation_s: 0.0,
+            environment_s: 0.0,
+            grading_s: 0.0,
+            weight_versions: None,
+            patch: None,
+            grading: None,
+            infra_retries: attempt,
+        };
+        let mut transcript = None;
+        let result = drive(ctx, task, &mut episode, &mut transcript);
+        episode.transcript = transcript;
+        let Err(e) = result else {
+            return episode;
+        };
+        if attempt < ctx.config.infra_retries {
+            attempt += 1;
+            eprintln!(
+                "\nepisode {} #{sample}: infrastructure failure, attempt {attempt} of {}: {e:#}",
+                task.id,
+                ctx.config.infra_retries + 1
+            );
+            continue;
+        }
         episode.finish = Finish::Error(format!("{e:#}"));
         episode.resolved = false;
         episode.reward = 0.0;
+        return episode;
     }
-    episode
 }
 
-fn drive(ctx: &EpisodeContext<'_>, task: &Task, episode: &mut Episode) -> Result<()> {
+fn drive(
+    ctx: &EpisodeContext<'_>,
+    task: &Task,
+    episode: &mut Episode,
+    transcript_slot: &mut Option<Transcript>,
+) -> Result<()> {
     let config = ctx.config;
     let name = format!(
         "{}-{}-{:08x}",
         task.id,
         episode.sample,
-        episode.seed as u32 ^ std::process::id()
+        (episode.seed as u32 ^ std::process::id()).wrapping_add(episode.infra_retries as u32)
     );
     let started = Instant::now();
     let mut sandbox = ctx.env.start(task, &name)?;
+    let baseline = match &task.grading {
+        Grading::Tests(_) => Some(snapshot(sandbox.as_mut())?),
+        Grading::Command { .. } => None,
+    };
     episode.environment_s += started.elapsed().as_secs_f64();
     let workdir = sandbox.workdir().to_string();
-    let mut transcript = Transcript::start(
+    let transcript = transcript_slot.insert(Transcript::start(
         ctx.template,
         ctx.tokenizer,
         &prompt::system_prompt(&workdir),
         &prompt::task_prompt(&task.problem_statement, &workdir),
         prompt::tools(),
-    )?;
+    )?);
     if transcript.len() >= config.max_context {
         anyhow::bail!(
             "task {}: the prompt alone is {} tokens, over --max-context {}",
@@ -201,7 +275,7 @@ fn drive(ctx: &EpisodeContext<'_>, task: &Task, episode: &mut Episode) -> Result
         let mut turn_state = TurnState {
             sandbox: sandbox.as_mut(),
             editor: &mut editor,
-            transcript: &mut transcript,
+            transcript,
             episode,
         };
         if let Some(end) = play_turn(ctx, task, turn, &mut turn_state)? {
@@ -209,15 +283,8 @@ fn drive(ctx: &EpisodeContext<'_>, task: &Task, episode: &mut Episode) -> Result
             break;
         }
     }
-    if finish == Finish::Submitted {
-        let t = Instant::now();
-        let graded = grade(sandbox.as_mut(), task)?;
-        episode.grading_s += t.elapsed().as_secs_f64();
-        episode.resolved = graded.resolved;
-    }
-    let t = Instant::now();
-    sandbox.close()?;
-    episode.environment_s += t.elapsed().as_secs_f64();
+    let graded = finish_episode(ctx, task, sandbox, baseline, &name, finish == Finish::Submitted, episode)?;
+    episode.resolved = graded.is_some_and(|g| g.resolved);
     episode.reward = reward(
         episode.resolved,
         episode.turns,
@@ -225,8 +292,80 @@ fn drive(ctx: &EpisodeContext<'_>, task: &Task, episode: &mut Episode) -> Result
         config.max_turns,
     );
     episode.finish = finish;
-    episode.transcript = Some(transcript);
     Ok(())
+}
+
+/// After the last turn: the agent's diff is read, its sandbox closed (every process it started
+/// gone), and a submitted episode graded: in a fresh sandbox for tasks with tests, in place for
+/// a command (the toy).
+fn finish_episode(
+    ctx: &EpisodeContext<'_>,
+    task: &Task,
+    mut sandbox: Box<dyn Sandbox>,
+    baseline: Option<String>,
+    name: &str,
+    submitted: bool,
+    episode: &mut Episode,
+) -> Result<Option<GradeResult>> {
+    let t = Instant::now();
+    let Grading::Tests(plan) = &task.grading else {
+        let graded = if submitted {
+            Some(grade_in_place(sandbox.as_mut(), task)?)
+        } else {
+            None
+        };
+        if let Err(e) = sandbox.close() {
+            eprintln!("\nepisode {name}: closing the sandbox failed (the episode is kept): {e:#}");
+        }
+        episode.grading_s += t.elapsed().as_secs_f64();
+        return Ok(graded);
+    };
+    let tree = baseline.expect("tasks with tests are snapshotted");
+    let diff = match raw_diff(sandbox.as_mut(), &tree)? {
+        Ok(raw) => Ok(filter_diff(&raw, &plan.owned_paths()?)),
+        Err(why) => Err(why),
+    };
+    if let Err(e) = sandbox.close() {
+        eprintln!("\nepisode {name}: closing the sandbox failed (the episode is kept): {e:#}");
+    }
+    episode.environment_s += t.elapsed().as_secs_f64();
+    let t = Instant::now();
+    let graded = match diff {
+        Err(why) => {
+            episode.grading = Some(GradingRecord {
+                failure: Some(why),
+                ..GradingRecord::default()
+            });
+            None
+        }
+        Ok(diff) => {
+            let graded = if submitted {
+                let g = grade_fresh(ctx.env, task, plan, &diff.patch, name)?;
+                episode.grading = Some(GradingRecord {
+                    verdict: g.verdict.clone(),
+                    failure: g.failure.clone(),
+                    log_tail: tail(&g.output.output, LOG_TAIL_BYTES),
+                    cleanup_error: g.cleanup_error.clone(),
+                });
+                Some(g)
+            } else {
+                None
+            };
+            episode.patch = Some(diff);
+            graded
+        }
+    };
+    episode.grading_s += t.elapsed().as_secs_f64();
+    Ok(graded)
+}
+
+/// The last `max_bytes` of `text` (on a character boundary).
+fn tail(text: &str, max_bytes: usize) -> String {
+    let mut start = text.len().saturating_sub(max_bytes);
+    while !text.is_char_boundary(start) {
+        start += 1;
+    }
+    text[start..].to_string()
 }
 
 /// What one turn reads and updates.

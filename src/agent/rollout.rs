@@ -128,6 +128,9 @@ pub fn summarize(tasks: &[Task], episodes: &[Episode], group: usize) -> Value {
         "mean_reward": episodes.iter().map(|e| e.reward).sum::<f64>() / n,
         "mean_turns": episodes.iter().map(|e| e.turns as f64).sum::<f64>() / n,
         "format_errors": episodes.iter().map(|e| e.format_errors).sum::<usize>(),
+        "infrastructure_failures": infrastructure_failures(episodes),
+        "infrastructure_retries": episodes.iter().map(|e| e.infra_retries).sum::<usize>(),
+        "suspicious": suspicious_count(episodes),
         "generated_tokens": episodes.iter().map(|e| e.generated).sum::<usize>(),
         "action_tokens": episodes.iter().map(Episode::action_tokens).sum::<usize>(),
         "finish": finishes,
@@ -145,6 +148,22 @@ pub fn summarize(tasks: &[Task], episodes: &[Episode], group: usize) -> Value {
         }
     }
     out
+}
+
+/// Episodes given up on an infrastructure failure (dropped from training).
+pub fn infrastructure_failures(episodes: &[Episode]) -> usize {
+    episodes
+        .iter()
+        .filter(|e| matches!(e.finish, super::episode::Finish::Error(_)))
+        .count()
+}
+
+/// Episodes whose change is flagged as a likely attempt at the reward.
+pub fn suspicious_count(episodes: &[Episode]) -> usize {
+    episodes
+        .iter()
+        .filter(|e| e.patch.as_ref().is_some_and(|d| !d.suspicious.is_empty()))
+        .count()
 }
 
 /// The per-task table and the headline figures, for the terminal.

@@ -135,6 +135,7 @@ fn iteration_options(
                 max_context: options.max_context,
                 max_turn_tokens: options.max_turn_tokens,
                 observation_bytes: 16 * 1024,
+                infra_retries: 2,
             },
             max_context: Some(options.max_context.min(model_max_context)),
             env: EnvKind::Local,

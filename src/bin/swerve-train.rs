@@ -281,6 +281,10 @@ struct SandboxArgs {
     /// Image for tasks that name none (docker).
     #[arg(long, default_value = "python:3.11-slim")]
     image: String,
+    /// Times an episode starts again after an infrastructure failure (sandbox or container
+    /// start, daemon, grader, policy server) before it is dropped as an error.
+    #[arg(long, default_value_t = 2)]
+    infra_retries: usize,
 }
 
 impl SandboxArgs {
@@ -362,6 +366,7 @@ impl AgentArgs {
                 max_context: self.max_context.unwrap_or(65_536),
                 max_turn_tokens: self.max_turn_tokens,
                 observation_bytes: self.observation_bytes,
+                infra_retries: self.sandbox.infra_retries,
             },
             max_context: self.max_context,
             env: self.sandbox.env,
@@ -472,6 +477,7 @@ impl RlArgs {
             max_context: self.max_context.unwrap_or(65_536),
             max_turn_tokens: self.max_turn_tokens.unwrap_or(d.max_turn_tokens),
             observation_bytes: self.observation_bytes,
+            infra_retries: self.sandbox.infra_retries,
         };
         RlOptions {
             agent: AgentRunOptions {

@@ -4,9 +4,10 @@
 //!   Environment::start(task) ──► Sandbox (one per episode: a fresh copy of the repo)
 //!        │                          ├─ run(command, stdin, timeout) ──► CommandOutput
 //!        │                          │    (agent actions; setup commands before the episode)
-//!        │                          ├─ copy_in(host folder)   tests before grading; oracle fixes
+//!        │                          ├─ copy_in(host folder)   a task's tests before grading
 //!        │                          └─ close()                every process gone, workspace deleted
-//!        └─ grade(sandbox, task): tests copied over the workspace, then the test command
+//!        └─ grading (grading.rs): the agent's diff (diff.rs) applied to a fresh sandbox of the
+//!           task, its tests restored over it, the tests run hardened, verdict per test (logs.rs)
 //! ```
 //!
 //! - [`local::LocalEnvironment`]: bubblewrap on this machine (read-only system, no network, own
@@ -22,7 +23,9 @@
 //! variables do not carry over, and nothing it started outlives it.
 
 pub mod builtin;
+pub mod diff;
 pub mod docker;
+pub mod grading;
 pub mod local;
 pub mod logs;
 pub mod output;
@@ -33,6 +36,7 @@ pub mod toy;
 use anyhow::{bail, Result};
 use std::path::Path;
 use std::time::Duration;
+pub use grading::GradeResult;
 pub use task::{load_tasks, Grading, RepoSource, Task};
 
 /// Resource limits of one episode's commands.
@@ -131,14 +135,6 @@ pub trait Environment: Send + Sync {
     fn limits(&self) -> &Limits;
 }
 
-/// What grading found.
-#[derive(Clone, Debug, PartialEq)]
-pub struct GradeResult {
-    pub resolved: bool,
-    /// The test command's output (truncated as any command's).
-    pub output: CommandOutput,
-}
-
 /// Runs `task`'s setup commands; the first that fails is an error with its output.
 pub fn run_setup(sandbox: &mut dyn Sandbox, task: &Task, limits: &Limits) -> Result<()> {
     for (i, command) in task.setup.iter().enumerate() {
@@ -156,53 +152,42 @@ pub fn run_setup(sandbox: &mut dyn Sandbox, task: &Task, limits: &Limits) -> Res
     Ok(())
 }
 
-/// Grades the workspace as the episode left it: the task's tests replace whatever the agent did
-/// to them, then the test command decides (exit 0 within the task's timeout = resolved).
-pub fn grade(sandbox: &mut dyn Sandbox, task: &Task) -> Result<GradeResult> {
-    let timeout = Duration::from_secs(task.timeout_s);
-    let plan = match &task.grading {
-        Grading::Command { test_command } => {
-            let output = sandbox.run(test_command, None, timeout)?;
-            return Ok(GradeResult {
-                resolved: output.success(),
-                output,
-            });
-        }
-        Grading::Tests(plan) => plan,
-    };
-    if let Some(overlay) = &plan.overlay {
-        sandbox.copy_in(overlay)?;
-    }
-    if let Some(test_patch) = &plan.test_patch {
-        // The files the test patch touches go back to the repository's version first, so
-        // the patch applies whatever the agent did to them.
-        let files: Vec<String> = patch_files(test_patch)
-            .iter()
-            .map(|f| task::shell_quote(f))
-            .collect();
-        let command = format!(
-            "git checkout -q HEAD -- {} 2>/dev/null; git apply --whitespace=nowarn -",
-            files.join(" ")
+/// Grades a command task (the toy) in its own sandbox: the command decides (exit 0 within the
+/// task's timeout = resolved). Tasks with tests are graded in a fresh sandbox
+/// ([`grading::grade_fresh`]).
+pub fn grade_in_place(sandbox: &mut dyn Sandbox, task: &Task) -> Result<GradeResult> {
+    let Grading::Command { test_command } = &task.grading else {
+        bail!(
+            "task {} ({}) has tests: it is graded in a fresh sandbox, not in place",
+            task.id,
+            task.origin
         );
-        let out = sandbox.run(&command, Some(test_patch.as_bytes()), timeout)?;
-        if !out.success() {
-            bail!(
-                "task {}: the test patch does not apply ({}):\n{}",
-                task.id,
-                describe_end(&out),
-                out.output
-            );
-        }
-    }
-    let output = sandbox.run(&plan.command, None, timeout)?;
+    };
+    let output = sandbox.run(test_command, None, Duration::from_secs(task.timeout_s))?;
     Ok(GradeResult {
-        resolved: plan.judge(&output.output, output.exit_code).resolved,
+        resolved: output.success(),
+        verdict: None,
+        failure: None,
         output,
+        cleanup_error: None,
     })
 }
 
+/// At most `max_bytes` of text that came from the agent's sandbox, for a message.
+pub(crate) fn agent_text(text: &str, max_bytes: usize) -> String {
+    let text = text.trim();
+    if text.len() <= max_bytes {
+        return text.to_string();
+    }
+    let mut end = max_bytes;
+    while !text.is_char_boundary(end) {
+        end -= 1;
+    }
+    format!("{}[... cut]", &text[..end])
+}
+
 /// The `b/` paths of a unified diff's `diff --git` headers.
-fn patch_files(patch: &str) -> Vec<String> {
+pub(crate) fn patch_files(patch: &str) -> Vec<String> {
     patch
         .lines()
         .filter_map(|l| l.strip_prefix("diff --git "))

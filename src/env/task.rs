@@ -76,7 +76,7 @@ pub struct TestPlan {
 }
 
 /// What a test log says about a task.
-#[derive(Clone, Debug, PartialEq, serde::Serialize)]
+#[derive(Clone, Debug, PartialEq, serde::Serialize, serde::Deserialize)]
 pub struct Verdict {
     pub resolved: bool,
     /// Tests the log reports passed (an expected failure included).

@@ -338,7 +338,9 @@ pub struct GroupReward<'a> {
 }
 
 /// DAPO advantages (RL-SPEC): per group of `G` trajectories, `A_i = (R_i - mean) / (std + 1e-6)`
-/// with the sample standard deviation (divide by `G - 1`; a group of one gets 0).
+/// with the sample standard deviation (divide by `G - 1`; a group of one gets 0). A group whose
+/// rewards are all equal carries no signal: its advantages are exactly 0 (so it is dropped), for
+/// any value; `(r - mean)` alone is not 0 when the mean of equal non-dyadic rewards rounds.
 /// `location(i)` names trajectory `i` in errors.
 pub fn group_advantages(
     trajectories: &[GroupReward<'_>],
@@ -369,7 +371,7 @@ pub fn group_advantages(
             .collect();
         let n = rewards.len() as f64;
         let mean = rewards.iter().sum::<f64>() / n;
-        if rewards.len() < 2 {
+        if rewards.len() < 2 || rewards.iter().all(|&r| r == rewards[0]) {
             continue;
         }
         let var = rewards.iter().map(|r| (r - mean) * (r - mean)).sum::<f64>() / (n - 1.0);
@@ -482,6 +484,32 @@ mod tests {
         assert_eq!(s.rollout_logprobs, vec![0.0, -0.5, -1.5, 0.0, 0.0]);
         assert_eq!(s.num_action_tokens(), 2);
         assert_eq!(t.num_action_tokens(), 2);
+    }
+
+    #[test]
+    fn uniform_groups_get_exactly_zero_whatever_the_value() {
+        // Ten rollouts resolved in 11 turns (reward 1 - 1/30 each): the mean of ten copies of a
+        // non-dyadic value is not that value in floating point.
+        let r = 1.0 - 1.0 / 30.0;
+        assert_ne!((0..10).map(|_| r).sum::<f64>() / 10.0, r);
+        for value in [r, 0.1, 1.0 / 3.0, -0.7, 0.0, 1.0] {
+            let data: Vec<GroupReward<'_>> = (0..10)
+                .map(|_| GroupReward {
+                    group: Some("g"),
+                    reward: Some(value),
+                })
+                .chain([GroupReward {
+                    group: Some("mixed"),
+                    reward: Some(value),
+                }, GroupReward {
+                    group: Some("mixed"),
+                    reward: Some(value + 0.5),
+                }])
+                .collect();
+            let a = group_advantages(&data, |i| format!("f:{i}")).unwrap();
+            assert!(a[..10].iter().all(|&x| x == 0.0), "{value}: {a:?}");
+            assert!(a[10] < 0.0 && a[11] > 0.0, "{a:?}");
+        }
     }
 
     #[test]
