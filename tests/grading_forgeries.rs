@@ -194,7 +194,13 @@ pub fn check_task(env: &dyn Environment, task: &Task, forgeries: Vec<(&'static s
     }
     // The oracle's change is its fix and nothing else, and it is not flagged.
     let oracle = episodes[0].1.to_json();
-    assert!(oracle["patch"].as_str().unwrap().contains("diff --git a/calc/"), "{oracle}");
+    assert!(
+        oracle["patch"]
+            .as_str()
+            .unwrap()
+            .contains("diff --git a/calc/"),
+        "{oracle}"
+    );
     assert_eq!(oracle["suspicious"], json!(false), "{oracle}");
 }
 
@@ -232,8 +238,15 @@ fn flagged_hacks_are_counted_and_named() {
     let forgeries = generic_forgeries("calc");
     let scripts = forgeries
         .into_iter()
-        .filter(|(name, _)| name.contains("atexit") || name.contains("TestCase.run") || name.contains("shadowing"))
-        .map(|(name, calls)| (name.to_string(), Script::Replay(HashMap::from([(String::new(), calls)]))))
+        .filter(|(name, _)| {
+            name.contains("atexit") || name.contains("TestCase.run") || name.contains("shadowing")
+        })
+        .map(|(name, calls)| {
+            (
+                name.to_string(),
+                Script::Replay(HashMap::from([(String::new(), calls)])),
+            )
+        })
         .collect();
     for (name, e) in run_scripts(&env, task, scripts) {
         let line = e.to_json();

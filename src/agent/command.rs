@@ -36,6 +36,8 @@ pub struct AgentRunOptions {
     pub limits: Limits,
     pub sandbox_binds: Vec<PathBuf>,
     pub docker_image: String,
+    /// The docker CLI (or `podman`).
+    pub docker_cli: PathBuf,
     pub concurrency: usize,
     pub seed: u64,
     /// `model`, `oracle`, `noop` or `replay:FILE`.
@@ -54,6 +56,7 @@ pub fn make_environment(
     limits: &Limits,
     binds: &[PathBuf],
     image: &str,
+    docker_cli: &Path,
 ) -> Result<Box<dyn Environment>> {
     Ok(match kind {
         EnvKind::Local => {
@@ -64,6 +67,7 @@ pub fn make_environment(
         EnvKind::Docker => {
             let mut config = DockerConfig::new(limits.clone());
             config.default_image = image.to_string();
+            config.docker = docker_cli.to_path_buf();
             Box::new(DockerEnvironment::new(config)?)
         }
     })
@@ -89,6 +93,7 @@ pub fn environment_for(tasks: &[Task], options: &AgentRunOptions) -> Result<Box<
         &options.limits,
         &options.sandbox_binds,
         &options.docker_image,
+        &options.docker_cli,
     )
 }
 

@@ -283,7 +283,15 @@ fn drive(
             break;
         }
     }
-    let graded = finish_episode(ctx, task, sandbox, baseline, &name, finish == Finish::Submitted, episode)?;
+    let graded = finish_episode(
+        ctx,
+        task,
+        sandbox,
+        baseline,
+        &name,
+        finish == Finish::Submitted,
+        episode,
+    )?;
     episode.resolved = graded.is_some_and(|g| g.resolved);
     episode.reward = reward(
         episode.resolved,

@@ -142,6 +142,7 @@ fn iteration_options(
             limits: Limits::default(),
             sandbox_binds: Vec::new(),
             docker_image: String::new(),
+            docker_cli: "docker".into(),
             concurrency: options.tasks_per_iteration * options.group,
             seed: 0,
             policy: "model".into(),

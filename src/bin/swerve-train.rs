@@ -281,6 +281,9 @@ struct SandboxArgs {
     /// Image for tasks that name none (docker).
     #[arg(long, default_value = "python:3.11-slim")]
     image: String,
+    /// The docker CLI (`podman` works as a drop-in).
+    #[arg(long, default_value = "docker")]
+    docker_cli: PathBuf,
     /// Times an episode starts again after an infrastructure failure (sandbox or container
     /// start, daemon, grader, policy server) before it is dropped as an error.
     #[arg(long, default_value_t = 2)]
@@ -373,6 +376,7 @@ impl AgentArgs {
             limits: self.sandbox.limits(),
             sandbox_binds: self.sandbox.sandbox_bind.clone(),
             docker_image: self.sandbox.image.clone(),
+            docker_cli: self.sandbox.docker_cli.clone(),
             concurrency: self.concurrency,
             seed: self.seed,
             policy: self.policy.clone(),
@@ -491,6 +495,7 @@ impl RlArgs {
                 limits: self.sandbox.limits(),
                 sandbox_binds: self.sandbox.sandbox_bind.clone(),
                 docker_image: self.sandbox.image.clone(),
+                docker_cli: self.sandbox.docker_cli.clone(),
                 concurrency: self.concurrency.unwrap_or(d.concurrency),
                 seed: self.seed,
                 policy: "model".into(),

@@ -322,7 +322,11 @@ impl Environment for DockerEnvironment {
     }
 
     fn start(&self, task: &Task, episode: &str) -> Result<Box<dyn Sandbox>> {
-        Ok(Box::new(self.start_sandbox(task, episode, None)?))
+        Ok(Box::new(self.start_sandbox(
+            task,
+            episode,
+            task.activate.as_deref(),
+        )?))
     }
 }
 

@@ -34,9 +34,9 @@ pub mod task;
 pub mod toy;
 
 use anyhow::{bail, Result};
+pub use grading::GradeResult;
 use std::path::Path;
 use std::time::Duration;
-pub use grading::GradeResult;
 pub use task::{load_tasks, Grading, RepoSource, Task};
 
 /// Resource limits of one episode's commands.

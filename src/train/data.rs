@@ -498,13 +498,16 @@ mod tests {
                     group: Some("g"),
                     reward: Some(value),
                 })
-                .chain([GroupReward {
-                    group: Some("mixed"),
-                    reward: Some(value),
-                }, GroupReward {
-                    group: Some("mixed"),
-                    reward: Some(value + 0.5),
-                }])
+                .chain([
+                    GroupReward {
+                        group: Some("mixed"),
+                        reward: Some(value),
+                    },
+                    GroupReward {
+                        group: Some("mixed"),
+                        reward: Some(value + 0.5),
+                    },
+                ])
                 .collect();
             let a = group_advantages(&data, |i| format!("f:{i}")).unwrap();
             assert!(a[..10].iter().all(|&x| x == 0.0), "{value}: {a:?}");
