@@ -157,7 +157,8 @@ pub fn run_setup(sandbox: &mut dyn Sandbox, task: &Task, limits: &Limits) -> Res
 }
 
 /// Grades the workspace as the episode left it: the task's tests replace whatever the agent did
-/// to them, then the test command decides (exit 0 within the task's timeout = resolved).
+/// to them, then the test command runs and its log decides ([`task::TestPlan::judge`]; the
+/// toy's `check`: exit 0).
 pub fn grade(sandbox: &mut dyn Sandbox, task: &Task) -> Result<GradeResult> {
     let timeout = Duration::from_secs(task.timeout_s);
     let plan = match &task.grading {
