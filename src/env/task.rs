@@ -290,7 +290,7 @@ fn parse_native(value: &Value, base: &Path, at: &str) -> Result<Task> {
         overlay: Some(tests),
         test_patch: None,
         base_commit: None,
-        safe_path: !runs_a_module(&command),
+        safe_path: safe_path_suits(&command),
         command,
         parser,
         fail_to_pass: optional_test_list(value, "FAIL_TO_PASS", at)?,
@@ -325,16 +325,21 @@ fn infer_parser(command: &str) -> Option<LogParser> {
     }
 }
 
-/// The command runs Python with `-m` (it imports from the working folder, which safe-path
-/// mode takes off sys.path).
-fn runs_a_module(command: &str) -> bool {
+/// Safe-path mode suits `command`: it runs no Python module with `-m` (which imports from the
+/// working folder) and no runner that imports its own folder's neighbours (Django's
+/// `tests/runtests.py`, sympy's `bin/test`).
+fn safe_path_suits(command: &str) -> bool {
     let words: Vec<&str> = command.split_whitespace().collect();
-    words.windows(2).any(|w| {
+    let runs_a_module = words.windows(2).any(|w| {
         w[0].rsplit('/')
             .next()
             .is_some_and(|p| p.starts_with("python"))
             && w[1] == "-m"
-    })
+    });
+    let own_folder = words
+        .iter()
+        .any(|w| w.ends_with("runtests.py") || *w == "bin/test" || w.ends_with("/bin/test"));
+    !runs_a_module && !own_folder
 }
 
 /// `{"id", "problem_statement", "toy": {"hidden", "low", "high"}}`: a number to guess.

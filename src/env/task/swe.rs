@@ -156,8 +156,7 @@ fn test_setup(
         let parser = own_parser
             .or(spec.as_ref().map(|s| s.parser))
             .unwrap_or(LogParser::Pytest);
-        let safe_path = !runs_a_module(&cmd) && !cmd.contains("runtests.py");
-        return Ok((command, parser, safe_path));
+        return Ok((command, parser, safe_path_suits(&cmd)));
     }
     if let Some(spec) = spec {
         let parser = own_parser.unwrap_or(spec.parser);

@@ -159,7 +159,7 @@ fn swe_bench_verified_sympy_line_gets_bin_test() {
         p.command,
         "PYTHONWARNINGS='ignore::UserWarning,ignore::SyntaxWarning' bin/test -C --verbose 'sympy/core/tests/test_basic.py'"
     );
-    assert_eq!(p.parser, LogParser::Sympy);
+    assert_eq!((p.parser, p.safe_path), (LogParser::Sympy, false));
     let log = "sympy/core/tests/test_basic.py[3] \ntest__aresame ok\ntest_structure ok\ntest_immutable F\n[FAIL]\n";
     let v = p.judge(log, Some(1));
     assert_eq!((v.resolved, v.passed, v.failed), (false, 2, 1));
@@ -203,6 +203,9 @@ fn swe_gym_extra_and_rebench_lines() {
     );
     assert_eq!(plan(&cmd_only).parser, LogParser::Pytest);
     assert_eq!(plan(&cmd_only).command, "tox -e py -- 't.py'");
+    assert!(plan(&cmd_only).safe_path);
+    assert!(!safe_path_suits("cd x && ./bin/test -C sympy/core"));
+    assert!(!safe_path_suits("/usr/bin/python3.11 -m pytest"));
 }
 
 #[test]
