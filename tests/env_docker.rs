@@ -5,14 +5,25 @@
 //! it can check that none of its containers is left (`docker ps -a --filter label=swerve.run=ID`).
 //! The argument-vector and hung-CLI tests need no daemon and always run.
 
+mod common;
+
+use common::forgeries::{bash, check_task, generic_forgeries, pytest_forgeries, write_pytest_task};
 use serde_json::json;
+use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::process::Command;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
+use swerve::agent::episode::{EpisodeConfig, EpisodeContext, Finish};
+use swerve::agent::policy::{Policy, Script, ScriptedPolicy, TurnInput, TurnOutput};
+use swerve::agent::rollout::run_episodes;
+use swerve::chat::ChatTemplate;
 use swerve::env::docker::{
     command_script, exec_args, new_run_id, run_args, sweep, DockerConfig, DockerEnvironment,
 };
-use swerve::env::{grade, load_tasks, Environment, Limits, Sandbox, Task};
+use swerve::env::{builtin, load_tasks, Environment, Limits, Sandbox, Task};
+use swerve::tokenizer::Tokenizer;
 
 const PYTHON: &str = "swerve-test-python:1";
 const SWEBENCH: &str = "swerve-test-swebench:1";
@@ -75,7 +86,7 @@ fn folder_task(dir: &Path) -> Task {
         "def div(a, b):\n    return a / b  # fixed\n",
     );
     let line = json!({"id": "div", "repo": "repo", "tests": "tests",
-        "problem_statement": "div multiplies", "test_command": "python3 -m unittest -q tests.test_x",
+        "problem_statement": "div multiplies", "test_command": "python3 -m unittest -v tests.test_x",
         "timeout_s": 60, "image": PYTHON});
     tasks(dir, &[line]).remove(0)
 }
@@ -237,10 +248,6 @@ fn a_folder_task_runs_and_grades() {
         )
         .unwrap();
     assert_eq!(out.output.trim(), "5");
-    assert!(!grade(sandbox.as_mut(), &task).unwrap().resolved);
-    sandbox.copy_in(&tmp.path().join("fixed")).unwrap();
-    let graded = grade(sandbox.as_mut(), &task).unwrap();
-    assert!(graded.resolved, "{:?}", graded.output);
     // Root without capabilities still runs git and pip.
     run_ok(
         sandbox.as_mut(),
@@ -256,56 +263,185 @@ fn a_folder_task_runs_and_grades() {
     assert_eq!(containers_of(&env.config().run_id), "");
 }
 
+/// Runs `script` on each task as one episode (group 1), `concurrency` at a time.
+fn episodes(
+    env: &dyn Environment,
+    policy: &dyn Policy,
+    tasks: &[Task],
+    concurrency: usize,
+    infra_retries: usize,
+) -> Vec<swerve::agent::episode::Episode> {
+    let tokenizer = Tokenizer::qwen25().unwrap();
+    let template = ChatTemplate::for_tokenizer(&tokenizer).unwrap();
+    let config = EpisodeConfig {
+        infra_retries,
+        ..EpisodeConfig::default()
+    };
+    let ctx = EpisodeContext {
+        env,
+        policy,
+        tokenizer: &tokenizer,
+        template: &template,
+        config: &config,
+    };
+    run_episodes(&ctx, tasks, 1, concurrency, 0, "docker")
+}
+
+fn scripted(script: Script) -> ScriptedPolicy {
+    ScriptedPolicy {
+        tokenizer: Arc::new(Tokenizer::qwen25().unwrap()),
+        script,
+    }
+}
+
 #[test]
 #[ignore = "needs a Docker daemon and the test images (scripts/docker-test-images.sh): .ci/run runs them with --ignored"]
-fn in_image_tasks_grade_swe_bench_and_django_style() {
+fn swe_bench_and_django_style_lines_end_to_end_oracle_resolved_noop_not() {
     let tmp = tempfile::tempdir().unwrap();
     let env = environment();
-    let base_commit = docker(&[
-        "image",
-        "inspect",
-        "-f",
-        "{{index .Config.Labels \"swerve.base_commit\"}}",
-        SWEBENCH,
-    ]);
-    assert_eq!(base_commit.len(), 40, "{base_commit:?}");
-    for task in in_image_tasks(tmp.path()) {
-        let mut sandbox = env.start(&task, &task.id).unwrap();
+    let tasks = in_image_tasks(tmp.path());
+    for task in &tasks {
+        let mut sandbox = env.start(task, &task.id).unwrap();
         assert_eq!(sandbox.workdir(), "/testbed");
-        let image = task.image.clone().unwrap();
-        let head = run_ok(
-            sandbox.as_mut(),
-            "git rev-parse HEAD && cat /swerve/base_commit",
-        );
         let label = docker(&[
             "image",
             "inspect",
             "-f",
             "{{index .Config.Labels \"swerve.base_commit\"}}",
-            &image,
+            task.image.as_deref().unwrap(),
         ]);
-        assert_eq!(head, format!("{label}\n{label}\n"));
-        let before = grade(sandbox.as_mut(), &task).unwrap();
-        assert!(!before.resolved, "{}: {:?}", task.id, before.output);
-        let gold = task.gold_patch.clone().unwrap();
-        let applied = sandbox
-            .run("git apply -", Some(gold.as_bytes()), 10 * SECOND)
-            .unwrap();
-        assert!(applied.success(), "{applied:?}");
-        let after = grade(sandbox.as_mut(), &task).unwrap();
-        assert!(after.resolved, "{}: {:?}", task.id, after.output);
-        if image == DJANGO {
-            let out = &after.output.output;
-            assert!(
-                out.contains("test_triangle (shapes_tests.tests.AreaTests) ... ok"),
-                "{out}"
-            );
-        }
+        assert_eq!(label.len(), 40, "{label:?}");
+        let head = run_ok(sandbox.as_mut(), "git rev-parse HEAD");
+        assert_eq!(head.trim(), label);
         sandbox.close().unwrap();
     }
-    assert_eq!(
-        base_commit,
-        docker(&["run", "--rm", SWEBENCH, "cat", "/swerve/base_commit"])
+    let oracle = episodes(&env, &scripted(Script::Oracle), &tasks, 2, 0);
+    let noop = episodes(&env, &scripted(Script::Noop), &tasks, 2, 0);
+    for (e, task) in oracle.iter().zip(&tasks) {
+        let line = e.to_json();
+        assert_eq!(e.finish, Finish::Submitted, "{line}");
+        assert!(e.resolved, "{}: {line}", task.id);
+        assert!(
+            line["patch"].as_str().unwrap().contains("diff --git"),
+            "{line}"
+        );
+        let verdict = &line["grading"]["verdict"];
+        assert_eq!(verdict["not_passing"], json!([]), "{line}");
+    }
+    for (e, task) in noop.iter().zip(&tasks) {
+        let line = e.to_json();
+        assert!(!e.resolved, "{}: {line}", task.id);
+        assert_eq!(line["patch"], json!(""), "{line}");
+        // The FAIL_TO_PASS test ran and failed; it is named.
+        let not_passing = line["grading"]["verdict"]["not_passing"].to_string();
+        assert!(
+            not_passing.contains("test_mean_of_fractions") || not_passing.contains("test_triangle"),
+            "{line}"
+        );
+    }
+    assert_eq!(containers_of(&env.config().run_id), "");
+}
+
+/// The forgeries a container invites on top of the generic ones: the grader's own binaries
+/// replaced, and a process left running to rewrite the tests after they are restored.
+fn container_forgeries() -> Vec<(&'static str, Vec<serde_json::Value>)> {
+    let passing =
+        "import unittest\nclass T(unittest.TestCase):\n    def test_ok(self):\n        pass\n";
+    vec![
+        (
+            "timeout replaced by true",
+            vec![bash("cp /bin/true /usr/bin/timeout && cp /bin/true \"$(command -v python3)\"; echo replaced")],
+        ),
+        (
+            "a setsid process rewriting the tests",
+            vec![bash(&format!(
+                "setsid sh -c 'while true; do for f in tests/test_*.py; do printf \"{passing}\" > \"$f\"; done; sleep 0.1; done' >/dev/null 2>&1 < /dev/null & echo started"
+            ))],
+        ),
+    ]
+}
+
+#[test]
+#[ignore = "needs a Docker daemon and the test images (scripts/docker-test-images.sh): .ci/run runs them with --ignored"]
+fn forgeries_in_containers_are_unresolved_and_the_oracle_resolved() {
+    let tmp = tempfile::tempdir().unwrap();
+    let env = environment();
+    let tasks = load_tasks(&builtin::resolve_tasks("builtin:python-bugs").unwrap()).unwrap();
+    let unittest_task = tasks.iter().find(|t| t.id == "calc-div-zero").unwrap();
+    let mut forgeries = generic_forgeries("calc");
+    forgeries.extend(container_forgeries());
+    check_task(&env, unittest_task, forgeries);
+    let pytest_task = write_pytest_task(tmp.path());
+    let mut forgeries = pytest_forgeries();
+    forgeries.extend(container_forgeries());
+    check_task(&env, &pytest_task, forgeries);
+    assert_eq!(containers_of(&env.config().run_id), "");
+}
+
+#[test]
+#[ignore = "needs a Docker daemon and the test images (scripts/docker-test-images.sh): .ci/run runs them with --ignored"]
+fn eight_concurrent_episodes_leave_no_container() {
+    let env = environment();
+    let tasks = load_tasks(&builtin::resolve_tasks("builtin:python-bugs").unwrap()).unwrap();
+    let eight: Vec<Task> = tasks.into_iter().take(8).collect();
+    let oracle = episodes(&env, &scripted(Script::Oracle), &eight, 8, 0);
+    for e in &oracle {
+        assert!(e.resolved, "{}", e.to_json());
+    }
+    assert_eq!(containers_of(&env.config().run_id), "");
+}
+
+/// Kills every container of the run during the second turn of the first attempt.
+struct KillingPolicy<'a> {
+    inner: ScriptedPolicy,
+    run: &'a str,
+    kills: AtomicUsize,
+}
+
+impl Policy for KillingPolicy<'_> {
+    fn name(&self) -> String {
+        "killing".into()
+    }
+
+    fn generate(&self, input: &TurnInput<'_>) -> anyhow::Result<TurnOutput> {
+        if input.turn == 2 && self.kills.fetch_add(1, Ordering::SeqCst) == 0 {
+            for id in containers_of(self.run).lines() {
+                docker(&["kill", id]);
+            }
+        }
+        self.inner.generate(input)
+    }
+}
+
+#[test]
+#[ignore = "needs a Docker daemon and the test images (scripts/docker-test-images.sh): .ci/run runs them with --ignored"]
+fn a_container_killed_mid_episode_is_retried_as_an_infrastructure_failure() {
+    let env = environment();
+    let tasks = load_tasks(&builtin::resolve_tasks("builtin:python-bugs").unwrap()).unwrap();
+    let task = tasks
+        .iter()
+        .find(|t| t.id == "calc-div-zero")
+        .unwrap()
+        .clone();
+    let calls = vec![bash("echo one"), bash("echo two")];
+    let policy = KillingPolicy {
+        inner: scripted(Script::Replay(HashMap::from([(task.id.clone(), calls)]))),
+        run: &env.config().run_id,
+        kills: AtomicUsize::new(0),
+    };
+    let retried = episodes(&env, &policy, std::slice::from_ref(&task), 1, 1);
+    let line = retried[0].to_json();
+    assert_eq!(retried[0].finish, Finish::Submitted, "{line}");
+    assert_eq!(retried[0].infra_retries, 1, "{line}");
+    // Without a retry left, the same failure drops the episode as an error, tokens kept.
+    policy.kills.store(0, Ordering::SeqCst);
+    let dropped = episodes(&env, &policy, std::slice::from_ref(&task), 1, 0);
+    let line = dropped[0].to_json();
+    assert!(matches!(dropped[0].finish, Finish::Error(_)), "{line}");
+    assert!(line["error"].as_str().unwrap().contains("gone"), "{line}");
+    assert!(
+        line["tokens"].as_array().is_some_and(|t| !t.is_empty()),
+        "{line}"
     );
     assert_eq!(containers_of(&env.config().run_id), "");
 }

@@ -12,9 +12,11 @@ use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
+use swerve::env::diff::{filter_diff, raw_diff, snapshot};
+use swerve::env::grading::grade_fresh;
 use swerve::env::local::{LocalConfig, LocalEnvironment};
 use swerve::env::{
-    describe_end, grade, load_tasks, CommandOutput, Environment, Limits, Sandbox, Task,
+    describe_end, load_tasks, CommandOutput, Environment, Grading, Limits, Sandbox, Task,
 };
 
 const BUGGY: &str = "def div(a, b):\n    return a * b\n";
@@ -575,11 +577,17 @@ fn close_removes_a_locked_workspace_and_refuses_commands() {
     fx.assert_nothing_left("");
 }
 
-/// Grades (an error fails the test: the agent's state must not stop grading) and says whether
-/// it resolved, checking the real test ran.
-fn resolved(sb: &mut Box<dyn Sandbox>, task: &Task) -> bool {
-    let g = grade(sb.as_mut(), task).unwrap();
-    assert_eq!(ok(sb, "cat tests/test_x.py"), REAL_TEST);
+/// Grades the agent's change in a fresh sandbox (an error fails the test: the agent's state
+/// must not stop grading) and says whether it resolved, checking the real test ran.
+fn resolved(fx: &Fx, sb: &mut Box<dyn Sandbox>, tree: &str) -> bool {
+    let Grading::Tests(plan) = &fx.task.grading else {
+        panic!("a task with tests")
+    };
+    let raw = raw_diff(sb.as_mut(), tree).unwrap().unwrap();
+    let diff = filter_diff(&raw, &plan.owned_paths().unwrap());
+    let g = grade_fresh(&fx.env, &fx.task, plan, &diff.patch, "grade").unwrap();
+    // The real test ran (the fake one has no `div` call to fail).
+    assert!(g.output.output.contains("test_div"), "{g:?}");
     assert!(
         g.resolved || g.output.output.contains("AssertionError"),
         "{g:?}"
@@ -599,11 +607,12 @@ fn put(sb: &mut Box<dyn Sandbox>, path: &str, text: &str) {
 fn grading_uses_the_real_tests_whatever_the_agent_did_to_them() {
     let fx = fixture(400_000, limits(), false);
     let mut sb = fx.start("ep");
-    assert!(!resolved(&mut sb, &fx.task));
+    let tree = snapshot(sb.as_mut()).unwrap();
+    assert!(!resolved(&fx, &mut sb, &tree));
     // Overwriting the test file passes the test command, but not grading.
     put(&mut sb, "tests/test_x.py", FAKE_TEST);
     ok(&mut sb, TEST_COMMAND);
-    assert!(!resolved(&mut sb, &fx.task));
+    assert!(!resolved(&fx, &mut sb, &tree));
     // Nor does replacing `tests` with a symlink to a folder of passing tests.
     ok(
         &mut sb,
@@ -611,13 +620,10 @@ fn grading_uses_the_real_tests_whatever_the_agent_did_to_them() {
     );
     put(&mut sb, "tests/test_x.py", FAKE_TEST);
     ok(&mut sb, TEST_COMMAND);
-    assert!(!resolved(&mut sb, &fx.task));
-    assert_eq!(
-        ok(&mut sb, "test -L tests || echo real folder"),
-        "real folder\n"
-    );
+    assert!(!resolved(&fx, &mut sb, &tree));
     // Nor read-only folders and files, nor a folder where the test file goes.
     let mut ro = fx.start("ep-ro");
+    let ro_tree = snapshot(ro.as_mut()).unwrap();
     ok(&mut ro, "mkdir tests && touch tests/__init__.py");
     put(&mut ro, "tests/test_x.py", FAKE_TEST);
     ok(
@@ -625,16 +631,16 @@ fn grading_uses_the_real_tests_whatever_the_agent_did_to_them() {
         "chmod 444 tests/test_x.py && chmod 555 tests /workspace",
     );
     ok(&mut ro, TEST_COMMAND);
-    assert!(!resolved(&mut ro, &fx.task));
+    assert!(!resolved(&fx, &mut ro, &ro_tree));
     ok(
         &mut ro,
-        "rm tests/test_x.py && mkdir -p tests/test_x.py/x && chmod 000 tests/test_x.py",
+        "chmod 755 /workspace && rm -rf tests && mkdir -p tests/test_x.py/x && chmod 000 tests/test_x.py",
     );
-    assert!(!resolved(&mut ro, &fx.task));
+    assert!(!resolved(&fx, &mut ro, &ro_tree));
     // A real fix, written through `run` with stdin, resolves in both.
-    for sandbox in [&mut sb, &mut ro] {
+    for (sandbox, tree) in [(&mut sb, &tree), (&mut ro, &ro_tree)] {
         put(sandbox, "calc.py", FIXED);
-        assert!(resolved(sandbox, &fx.task));
+        assert!(resolved(&fx, sandbox, tree));
     }
     drop((sb, ro));
     fx.assert_nothing_left("");

@@ -325,21 +325,15 @@ fn infer_parser(command: &str) -> Option<LogParser> {
     }
 }
 
-/// Safe-path mode suits `command`: it runs no Python module with `-m` (which imports from the
-/// working folder) and no runner that imports its own folder's neighbours (Django's
-/// `tests/runtests.py`, sympy's `bin/test`).
-fn safe_path_suits(command: &str) -> bool {
-    let words: Vec<&str> = command.split_whitespace().collect();
-    let runs_a_module = words.windows(2).any(|w| {
-        w[0].rsplit('/')
-            .next()
-            .is_some_and(|p| p.starts_with("python"))
-            && w[1] == "-m"
-    });
-    let own_folder = words
-        .iter()
-        .any(|w| w.ends_with("runtests.py") || *w == "bin/test" || w.ends_with("/bin/test"));
-    !runs_a_module && !own_folder
+/// Safe-path mode suits `command`: it runs no runner that imports its own folder's neighbours
+/// as top-level modules (Django's `tests/runtests.py`, sympy's `bin/test`). `python -m X` keeps
+/// it: the grader's sitecustomize puts the working folder on `sys.path` after the standard
+/// library and site-packages (src/env/grading.rs), so the package under test still imports but a
+/// `pytest.py` or `unittest/` in the workspace shadows nothing.
+pub(crate) fn safe_path_suits(command: &str) -> bool {
+    !command
+        .split_whitespace()
+        .any(|w| w.ends_with("runtests.py") || w == "bin/test" || w.ends_with("/bin/test"))
 }
 
 /// `{"id", "problem_statement", "toy": {"hidden", "low", "high"}}`: a number to guess.

@@ -46,7 +46,10 @@ fn native_lines_resolve_paths_and_defaults() {
     let p = plan(&tasks[0]);
     assert_eq!(p.command, "python3 -m unittest -v tests.test_a");
     assert_eq!(p.parser, LogParser::Unittest);
-    assert!(!p.safe_path, "python -m imports from the workdir");
+    assert!(
+        p.safe_path,
+        "python -m: the grader adds the workdir after site-packages"
+    );
     assert_eq!(p.overlay, Some(dir.path().join("t/tests")));
     assert_eq!(
         p.owned_paths().unwrap(),
@@ -197,7 +200,7 @@ fn swe_gym_extra_and_rebench_lines() {
         "python -m pytest -v 'tests/test_cli.py'"
     );
     assert_eq!(plan(&own).parser, LogParser::PytestV2);
-    assert!(!plan(&own).safe_path);
+    assert!(plan(&own).safe_path);
     let cmd_only = one(
         r#"{"instance_id": "o__r-1", "repo": "o/r", "problem_statement": "p", "test_patch": "diff --git a/t.py b/t.py\n", "FAIL_TO_PASS": ["t.py::a"], "test_cmd": "tox -e py --"}"#,
     );
@@ -205,7 +208,7 @@ fn swe_gym_extra_and_rebench_lines() {
     assert_eq!(plan(&cmd_only).command, "tox -e py -- 't.py'");
     assert!(plan(&cmd_only).safe_path);
     assert!(!safe_path_suits("cd x && ./bin/test -C sympy/core"));
-    assert!(!safe_path_suits("/usr/bin/python3.11 -m pytest"));
+    assert!(safe_path_suits("/usr/bin/python3.11 -m pytest"));
 }
 
 #[test]
