@@ -50,6 +50,8 @@ fn config() -> DockerConfig {
     config.default_image = PYTHON.to_string();
     config.tmp_bytes = 64 << 20;
     config.cli_timeout = Duration::from_secs(30);
+    // Unique within the process too: tests run in parallel threads and check their own
+    // containers by this label.
     config.run_id = format!("test-{}", new_run_id());
     config
 }
@@ -97,17 +99,30 @@ fn fixture_text(name: &str) -> String {
 
 /// The SWE-bench-shaped tasks of the two repository images.
 fn in_image_tasks(dir: &Path) -> Vec<Task> {
-    let swebench = json!({"instance_id": "swerve__mathx-1", "problem_statement": "mean floors",
+    // Through the per-repository table, as SWE-bench Verified's lines (which carry no test
+    // command) are: pytest-dev/pytest's command and parser, django/django 4.0's runner and
+    // dotted-module directives.
+    let label = |image: &str| {
+        docker(&[
+            "image",
+            "inspect",
+            "-f",
+            "{{index .Config.Labels \"swerve.base_commit\"}}",
+            image,
+        ])
+    };
+    let swebench = json!({"instance_id": "pytest-dev__pytest-1", "repo": "pytest-dev/pytest",
+        "version": "8.0", "base_commit": label(SWEBENCH), "problem_statement": "mean floors",
         "image_name": SWEBENCH, "test_patch": fixture_text("swebench/test.patch"),
         "patch": fixture_text("swebench/gold.patch"),
-        "FAIL_TO_PASS": ["tests/test_stats.py::test_mean_of_fractions"],
-        "PASS_TO_PASS": ["tests/test_stats.py::test_mean_of_integers"]});
-    let django = json!({"instance_id": "swerve__shapes-1", "problem_statement": "triangle area",
+        "FAIL_TO_PASS": "[\"tests/test_stats.py::test_mean_of_fractions\"]",
+        "PASS_TO_PASS": "[\"tests/test_stats.py::test_mean_of_integers\"]"});
+    let django = json!({"instance_id": "django__django-1", "repo": "django/django",
+        "version": "4.0", "base_commit": label(DJANGO), "problem_statement": "triangle area",
         "image_name": DJANGO, "test_patch": fixture_text("django/test.patch"),
         "patch": fixture_text("django/gold.patch"),
-        "test_cmd": "./tests/runtests.py --verbosity 2 --settings=test_sqlite --parallel 1",
-        "FAIL_TO_PASS": ["test_triangle (shapes_tests.tests.AreaTests)"],
-        "PASS_TO_PASS": ["test_square (shapes_tests.tests.AreaTests)"]});
+        "FAIL_TO_PASS": "[\"test_triangle (shapes_tests.tests.AreaTests)\"]",
+        "PASS_TO_PASS": "[\"test_square (shapes_tests.tests.AreaTests)\"]"});
     tasks(dir, &[swebench, django])
 }
 

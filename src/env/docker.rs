@@ -99,7 +99,10 @@ pub fn new_run_id() -> String {
         .duration_since(UNIX_EPOCH)
         .map(|d| d.as_millis())
         .unwrap_or(0);
-    format!("{}-{millis}", std::process::id())
+    // Two environments of one process made in the same millisecond still differ.
+    static NEXT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+    let n = NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    format!("{}-{millis}-{n}", std::process::id())
 }
 
 pub struct DockerEnvironment {
