@@ -609,7 +609,9 @@ fn grading_uses_the_real_tests_whatever_the_agent_did_to_them() {
     let mut sb = fx.start("ep");
     let tree = snapshot(sb.as_mut()).unwrap();
     assert!(!resolved(&fx, &mut sb, &tree));
-    // Overwriting the test file passes the test command, but not grading.
+    // Writing a passing test file where the hidden one goes passes the test command, but not
+    // grading (grading never touches this workspace: the tests are not here).
+    ok(&mut sb, "mkdir tests && touch tests/__init__.py");
     put(&mut sb, "tests/test_x.py", FAKE_TEST);
     ok(&mut sb, TEST_COMMAND);
     assert!(!resolved(&fx, &mut sb, &tree));
@@ -634,7 +636,7 @@ fn grading_uses_the_real_tests_whatever_the_agent_did_to_them() {
     assert!(!resolved(&fx, &mut ro, &ro_tree));
     ok(
         &mut ro,
-        "chmod 755 /workspace && rm -rf tests && mkdir -p tests/test_x.py/x && chmod 000 tests/test_x.py",
+        "chmod 755 /workspace tests && rm -rf tests && mkdir -p tests/test_x.py/x && chmod 000 tests/test_x.py",
     );
     assert!(!resolved(&fx, &mut ro, &ro_tree));
     // A real fix, written through `run` with stdin, resolves in both.

@@ -413,6 +413,9 @@ fn play_turn(
         episode.weight_versions = Some((first, v));
     }
     episode.turns = turn;
+    if out.tokens.is_empty() {
+        anyhow::bail!("the policy returned no token for turn {turn}");
+    }
     let body = if out.stopped {
         &out.tokens[..out.tokens.len() - 1]
     } else {

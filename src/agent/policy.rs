@@ -173,7 +173,19 @@ impl Policy for ServerPolicy {
                 tokens.len()
             );
         }
-        let stopped = choice.get("finish_reason").and_then(Value::as_str) != Some("length");
+        let finish = choice.get("finish_reason").and_then(Value::as_str);
+        if finish == Some("abort") {
+            // Aborted (a pause, a weight update, a shutdown): the last token may be cut, so
+            // the turn is not kept; the episode starts again as an infrastructure failure.
+            bail!(
+                "swerve-serve aborted the request after {} tokens",
+                tokens.len()
+            );
+        }
+        let stopped = finish != Some("length");
+        if stopped && tokens.is_empty() {
+            bail!("swerve-serve ended a reply with no token (finish_reason {finish:?})");
+        }
         Ok(TurnOutput {
             tokens,
             logprobs: Some(logprobs),

@@ -111,9 +111,10 @@ impl Transcript {
     }
 
     /// The ids an observation (tool results or a user message) adds, up to the next generation
-    /// prompt, without appending them. The observation's text is read as plain characters: an
+    /// prompt, without appending them. Tool results are read as plain characters: an
     /// `<|im_end|>` or `<tool_call>` a command printed never becomes that token, so output
-    /// cannot forge a turn or a call.
+    /// cannot forge a turn or a call (the chat form, re-rendered, would read them as tokens:
+    /// there the token form is the truth).
     pub fn observation_tokens(
         &self,
         template: &ChatTemplate,
@@ -127,7 +128,10 @@ impl Transcript {
         let mut contents = Vec::new();
         for (i, message) in observation.iter().enumerate() {
             let mut message = message.clone();
-            if let Some(Value::String(content)) = message.get("content") {
+            // Tool results are what commands printed; the scaffold's own messages (format
+            // errors, which show the <tool_call> syntax) are template text like any other.
+            let tool = message.get("role").and_then(Value::as_str) == Some("tool");
+            if let (true, Some(Value::String(content))) = (tool, message.get("content")) {
                 contents.push((placeholder(i), content.clone()));
                 message["content"] = Value::String(placeholder(i));
             }

@@ -218,7 +218,7 @@ const FRAMEWORK_MODULES: &[&str] = &[
 
 /// Text in added lines that reaches into the test framework, the exit path or the grader.
 const HACK_PATTERNS: &[(&str, &str)] = &[
-    ("._exit(", "ends the process from inside (os._exit)"),
+    ("._exit", "ends the process from inside (os._exit)"),
     ("atexit", "registers an exit hook (atexit)"),
     ("TestCase.run", "replaces unittest's TestCase.run"),
     ("TestResult", "reaches into unittest's TestResult"),

@@ -173,6 +173,11 @@ pub fn grade_in_place(sandbox: &mut dyn Sandbox, task: &Task) -> Result<GradeRes
     })
 }
 
+/// `s` as one single-quoted shell word.
+pub fn shell_quote(s: &str) -> String {
+    format!("'{}'", s.replace('\'', r"'\''"))
+}
+
 /// At most `max_bytes` of text that came from the agent's sandbox, for a message.
 pub(crate) fn agent_text(text: &str, max_bytes: usize) -> String {
     let text = text.trim();

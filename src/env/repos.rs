@@ -141,7 +141,7 @@ pub fn with_directives(test_cmd: &str, test_patch: Option<&str>, style: Directiv
         .unwrap_or_default()
     {
         command.push(' ');
-        command.push_str(&super::task::shell_quote(&directive));
+        command.push_str(&super::shell_quote(&directive));
     }
     command
 }

@@ -196,10 +196,7 @@ impl Task {
     }
 }
 
-/// `s` as one single-quoted shell word.
-pub fn shell_quote(s: &str) -> String {
-    format!("'{}'", s.replace('\'', r"'\''"))
-}
+pub use super::shell_quote;
 
 /// Reads a task file (either format, line by line). Ids must be unique; folders must exist.
 pub fn load_tasks(path: &Path) -> Result<Vec<Task>> {

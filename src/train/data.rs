@@ -277,8 +277,15 @@ pub fn read_trajectories(
     let mut packed = PackedTrajectories::new(path);
     let mut group_index = HashMap::new();
     let mut lines = jsonl::ObjectLines::open(path)?;
+    let mut infrastructure_errors = 0;
     while let Some((line_no, value)) = lines.next_object()? {
         let at = jsonl::at(path, line_no);
+        // A rollout episode given up on an infrastructure failure keeps its tokens in the file
+        // but is never trained on (as in the RL loop).
+        if value.get("finish").and_then(Value::as_str) == Some("error") {
+            infrastructure_errors += 1;
+            continue;
+        }
         // Token ids are the truth where a line has them (rollouts carry both forms); the chat
         // form is rendered only for lines without `tokens`.
         let trajectory = if value.get("messages").is_some() && value.get("tokens").is_none() {
@@ -320,6 +327,12 @@ pub fn read_trajectories(
             bail!("{at}: a trajectory needs at least 2 tokens");
         }
         packed.push(&trajectory, line_no, &mut group_index);
+    }
+    if infrastructure_errors > 0 {
+        eprintln!(
+            "{}: {infrastructure_errors} episodes that ended in an infrastructure error (`\"finish\": \"error\"`) are left out",
+            path.display()
+        );
     }
     if packed.is_empty() {
         bail!("{}: no trajectories", path.display());
@@ -484,6 +497,28 @@ mod tests {
         assert_eq!(s.rollout_logprobs, vec![0.0, -0.5, -1.5, 0.0, 0.0]);
         assert_eq!(s.num_action_tokens(), 2);
         assert_eq!(t.num_action_tokens(), 2);
+    }
+
+    #[test]
+    fn infrastructure_error_lines_are_left_out() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("rollouts.jsonl");
+        let lines = [
+            r#"{"tokens": [1, 2, 3], "action_mask": [0, 1, 1], "group": "a", "reward": 1.0, "finish": "submitted"}"#,
+            r#"{"tokens": [1, 2], "action_mask": [0, 0], "group": "a", "reward": 0.0, "finish": "error", "error": "docker run failed"}"#,
+            r#"{"tokens": [1, 2, 4], "action_mask": [0, 1, 1], "group": "a", "reward": 0.0, "finish": "max_turns"}"#,
+        ];
+        std::fs::write(&path, lines.join("\n")).unwrap();
+        let data = read_trajectories(&path, dir.path(), 10, 100, false).unwrap();
+        assert_eq!(data.trajectories.len(), 2);
+        std::fs::write(&path, lines[1]).unwrap();
+        let err = format!(
+            "{:#}",
+            read_trajectories(&path, dir.path(), 10, 100, false)
+                .err()
+                .unwrap()
+        );
+        assert!(err.contains("no trajectories"), "{err}");
     }
 
     #[test]
