@@ -154,7 +154,8 @@ fn argument_vectors_are_podman_compatible() {
         run,
         "run -d --name swerve-r1-task-3--2 --label swerve.run=r1 --label swerve.episode=task/3 #2 \
          --init --network none --cpus 2 --memory 1073741824 --memory-swap 1073741824 \
-         --pids-limit 64 --ulimit fsize=1048576:1048576 --ulimit core=0 --cap-drop ALL \
+         --pids-limit 64 --ulimit fsize=1048576:1048576 --ulimit core=0 \
+         --ulimit nofile=16384:16384 --ulimit nproc=32768:32768 --cap-drop ALL \
          --security-opt no-new-privileges \
          --tmpfs /tmp:rw,exec,nosuid,nodev,mode=1777,size=67108864 --storage-opt size=10737418240 \
          --workdir /testbed --entrypoint sleep img:1 infinity"

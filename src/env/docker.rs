@@ -39,7 +39,6 @@
 //! above is one podman's `run`, `exec`, `cp`, `rm`, `inspect` and `ps` accept.
 
 use super::output::run_captured;
-use super::task::shell_quote;
 use super::{run_setup, CommandOutput, Environment, Limits, RepoSource, Sandbox, Task};
 use anyhow::{bail, Context, Result};
 use std::io::Read;
@@ -164,7 +163,10 @@ impl DockerEnvironment {
             ),
         };
         let name = Self::container_name(&self.config.run_id, episode);
-        let args = run_args(&self.config, &name, episode, &image, &workdir);
+        // A folder task's workdir does not exist in the image yet: podman refuses a missing
+        // `--workdir` (docker creates it), so the container starts in `/` and it is made below.
+        let start_dir = if folder.is_some() { "/" } else { &workdir };
+        let args = run_args(&self.config, &name, episode, &image, start_dir);
         let docker = &self.config.docker;
         let out = match cli(docker, &args, self.config.start_timeout) {
             Ok(out) => out,
@@ -175,6 +177,8 @@ impl DockerEnvironment {
             }
         };
         if !out.status.success() {
+            // A failed run can leave the container created (podman does).
+            let _ = cli(docker, &rm_args(&name), self.config.cli_timeout);
             bail!(
                 "task {}: docker run {image} failed: {}",
                 task.id,
@@ -192,19 +196,8 @@ impl DockerEnvironment {
             closed: false,
         };
         if let Some(dir) = folder {
-            let mk = sandbox.run(
-                &format!("mkdir -p {}", shell_quote(&sandbox.workdir)),
-                None,
-                self.config.cli_timeout,
-            )?;
-            if !mk.success() {
-                bail!(
-                    "task {}: cannot create {}: {}",
-                    task.id,
-                    sandbox.workdir,
-                    mk.output
-                );
-            }
+            // `cp DIR/. CONTAINER:/workspace` creates the folder from outside: inside, root has
+            // no capabilities and an image's `/` may be read-only to it (podman keeps 0555).
             sandbox.copy_in(&dir)?;
         }
         run_setup(&mut sandbox, task, &self.config.limits)?;
@@ -246,6 +239,12 @@ pub fn run_args(
         &format!("fsize={0}:{0}", limits.file_bytes),
         "--ulimit",
         "core=0",
+        // Set explicitly: podman otherwise asks for limits some hosts refuse (the process count
+        // is bounded by --pids-limit; this only keeps the runtime's default out).
+        "--ulimit",
+        "nofile=16384:16384",
+        "--ulimit",
+        "nproc=32768:32768",
         "--cap-drop",
         "ALL",
         "--security-opt",
