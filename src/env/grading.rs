@@ -193,7 +193,8 @@ pub fn grader_script(task: &Task, plan: &TestPlan, nonce: &str) -> String {
         "unset PYTHONSAFEPATH"
     };
     format!(
-        r#"g="$HOME/.swerve-grader"
+        r#"exec 2>&1
+g="$HOME/.swerve-grader"
 cat > "$g/py/sitecustomize.py" <<'{end_of_file}'
 {SITECUSTOMIZE}
 {end_of_file}
@@ -221,15 +222,17 @@ pub fn between_markers(output: &str, nonce: &str) -> (String, Option<i32>) {
         return (output.to_string(), None);
     };
     let body = &output[s + start.len()..];
+    // The nonce is unknown to the code under test, so the marker counts wherever it is (a
+    // runner that leaves a line open puts it mid-line).
     match body.rfind(&end) {
-        Some(e) if e == 0 || body.as_bytes()[e - 1] == b'\n' => {
+        Some(e) => {
             let code = body[e + end.len()..]
                 .lines()
                 .next()
                 .and_then(|l| l.trim().parse().ok());
             (body[..e].to_string(), code)
         }
-        _ => (body.to_string(), None),
+        None => (body.to_string(), None),
     }
 }
 
@@ -251,6 +254,12 @@ mod tests {
         let (log, code) = between_markers(out, "ab");
         assert_eq!(log, "ok 1\n>>>>> swerve tests end zz 0\n");
         assert_eq!(code, Some(1));
+        // A line left open by the runner: the marker still ends the log.
+        let (log, code) = between_markers(
+            ">>>>> swerve tests start ab\ntest_x ... >>>>> swerve tests end ab 0\n",
+            "ab",
+        );
+        assert_eq!((log.as_str(), code), ("test_x ... ", Some(0)));
         let (log, code) = between_markers(">>>>> swerve tests start ab\nkilled mid-run", "ab");
         assert_eq!((log.as_str(), code), ("killed mid-run", None));
         let (log, code) = between_markers("no markers", "ab");
