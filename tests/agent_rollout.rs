@@ -529,4 +529,25 @@ fn eval_reports_pass_at_k() {
     assert_eq!(s["pass@1"], json!(1.0));
     assert_eq!(s["pass@2"], json!(1.0));
     assert_eq!(s["per_task"].as_array().unwrap().len(), 3);
+    // SWE-bench's predictions file per sample: every task once, its patch the oracle's fix.
+    let trajectories = json_lines(&out.join("trajectories.jsonl"));
+    for sample in 0..2 {
+        let predictions = json_lines(&out.join(format!("predictions/sample-{sample}.jsonl")));
+        assert_eq!(predictions.len(), 3);
+        for p in &predictions {
+            assert_eq!(p["model_name_or_path"], json!("swerve-oracle"));
+            let line = trajectories
+                .iter()
+                .find(|t| t["task"] == p["instance_id"] && t["sample"] == json!(sample))
+                .unwrap();
+            assert_eq!(p["model_patch"], line["patch"]);
+            assert!(
+                p["model_patch"]
+                    .as_str()
+                    .unwrap()
+                    .starts_with("diff --git a/"),
+                "{p}"
+            );
+        }
+    }
 }
