@@ -316,7 +316,7 @@ fn finish_episode(
     episode: &mut Episode,
 ) -> Result<Option<GradeResult>> {
     let t = Instant::now();
-    let Grading::Tests(plan) = &task.grading else {
+    let (Grading::Tests(plan), Some(tree)) = (&task.grading, baseline) else {
         let graded = if submitted {
             Some(grade_in_place(sandbox.as_mut(), task)?)
         } else {
@@ -328,11 +328,8 @@ fn finish_episode(
         episode.grading_s += t.elapsed().as_secs_f64();
         return Ok(graded);
     };
-    let tree = baseline.expect("tasks with tests are snapshotted");
-    let diff = match raw_diff(sandbox.as_mut(), &tree)? {
-        Ok(raw) => Ok(filter_diff(&raw, &plan.owned_paths()?)),
-        Err(why) => Err(why),
-    };
+    let owned = plan.owned_paths()?;
+    let diff = raw_diff(sandbox.as_mut(), &tree)?.map(|raw| filter_diff(&raw, &owned));
     if let Err(e) = sandbox.close() {
         eprintln!("\nepisode {name}: closing the sandbox failed (the episode is kept): {e:#}");
     }

@@ -163,7 +163,14 @@ fn install_tests(
     };
     let base = plan.base_commit.as_deref().unwrap_or("HEAD");
     let mut command = format!("set -e; base={}\n", shell_quote(base));
-    for file in super::patch_files(test_patch) {
+    // Both sides of every header: a file the patch renames or deletes goes back too.
+    let mut files: Vec<String> = super::repos::patch_paths(test_patch)
+        .into_iter()
+        .flat_map(|(a, b)| a.into_iter().chain(b))
+        .collect();
+    files.sort();
+    files.dedup();
+    for file in files {
         let q = shell_quote(&file);
         command.push_str(&format!(
             "if git cat-file -e \"$base:\"{q} 2>/dev/null; then git checkout -q \"$base\" -- {q}; else rm -rf -- {q}; fi\n"

@@ -191,15 +191,6 @@ pub(crate) fn agent_text(text: &str, max_bytes: usize) -> String {
     format!("{}[... cut]", &text[..end])
 }
 
-/// The `b/` paths of a unified diff's `diff --git` headers.
-pub(crate) fn patch_files(patch: &str) -> Vec<String> {
-    patch
-        .lines()
-        .filter_map(|l| l.strip_prefix("diff --git "))
-        .filter_map(|l| l.rsplit_once(" b/").map(|(_, b)| b.to_string()))
-        .collect()
-}
-
 /// "exit 1", "timed out after 120 s", ... for messages and observations.
 pub fn describe_end(out: &CommandOutput) -> String {
     if out.timed_out {
@@ -231,16 +222,5 @@ impl std::str::FromStr for EnvKind {
                 "unknown environment {other:?} (expected local or docker)"
             )),
         }
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn patch_files_reads_git_headers() {
-        let patch = "diff --git a/tests/test_a.py b/tests/test_a.py\nindex 1..2\n--- a/x\n+++ b/x\n@@\ndiff --git a/t b/t/new file.py\n";
-        assert_eq!(patch_files(patch), vec!["tests/test_a.py", "t/new file.py"]);
     }
 }

@@ -289,6 +289,12 @@ fn judge_with_lists_counts_xfail_and_names_what_did_not_pass() {
         vec!["t/a.py".to_string(), "t/b.py".to_string()]
     );
     assert_eq!(patch_paths("diff --git a/x b/x\n").len(), 1);
+    let patch = "diff --git a/tests/test_a.py b/tests/test_a.py\nindex 1..2\n--- a/x\n+++ b/x\n@@\ndiff --git a/t b/t/new file.py\n";
+    let b_sides: Vec<String> = patch_paths(patch)
+        .into_iter()
+        .filter_map(|(_, b)| b)
+        .collect();
+    assert_eq!(b_sides, vec!["tests/test_a.py", "t/new file.py"]);
 }
 
 #[test]
