@@ -262,7 +262,7 @@ fn the_field_policy_ignores_refuses_and_explains() {
         Some("max_token, vllm_xargs")
     );
     assert!(
-        server.stderr().contains("ignored request fields"),
+        server.stderr_comes_to_contain("ignored request fields"),
         "{}",
         server.stderr()
     );

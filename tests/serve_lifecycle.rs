@@ -262,7 +262,11 @@ fn sigterm_lets_requests_finish_within_the_grace_period_and_exits_zero() {
         std::net::TcpStream::connect(addr).is_err(),
         "still accepting after SIGTERM"
     );
-    assert!(server.stderr().contains("SIGTERM"), "{}", server.stderr());
+    assert!(
+        server.stderr_comes_to_contain("SIGTERM"),
+        "{}",
+        server.stderr()
+    );
 }
 
 /// A sequence generated across `/update_weights_from_disk` (SGLang's route; prime-rl, slime and

@@ -253,6 +253,18 @@ impl Server {
     pub fn stderr(&self) -> String {
         self.stderr.lock().unwrap().clone()
     }
+
+    /// Whether the server's log comes to contain `needle` within 10 s. The log is read by a
+    /// thread of its own, so a line written while a response was sent may arrive after it.
+    pub fn stderr_comes_to_contain(&self, needle: &str) -> bool {
+        for _ in 0..200 {
+            if self.stderr.lock().unwrap().contains(needle) {
+                return true;
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        false
+    }
 }
 
 impl Drop for Server {
