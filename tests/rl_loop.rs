@@ -230,8 +230,40 @@ fn the_loop_runs_tensor_parallel_learner_and_engine() {
         // forward is sequence-parallel and its loss vocabulary-parallel).
         let gap = line["logprob_gap_max"].as_f64().unwrap();
         assert!(gap < 1e-4, "logprob gap {gap}: {line}");
-        assert!(line["trajectories_kept"].as_u64().is_some(), "{line}");
     }
+    // The same run in one rank: the same episodes and, step by step, the same loss and
+    // gradient norm (a shard counted twice or missed in the norm or the loss would show).
+    let single = dir.path().join("toy-tp1");
+    rl(&[
+        "--model",
+        "preset:toy",
+        "--tasks",
+        "builtin:toy",
+        "--out",
+        single.to_str().unwrap(),
+        "--seed",
+        "0",
+        "--iterations",
+        "3",
+        "--save-every",
+        "3",
+    ]);
+    let want = json_lines(&single.join("iterations.jsonl"));
+    for (g, w) in iterations.iter().zip(&want) {
+        for key in [
+            "episodes",
+            "mean_reward",
+            "trajectories_kept",
+            "optimizer_steps",
+        ] {
+            assert_eq!(g[key], w[key], "iteration {}: {key}", w["iteration"]);
+        }
+    }
+    assert_same_steps(
+        &json_lines(&out.join("metrics.jsonl")),
+        &json_lines(&single.join("metrics.jsonl")),
+        "tensor-parallel 2",
+    );
     // The checkpoint holds whole tensors: it loads in one rank.
     let checkpoint = out.join("iteration-000003");
     let backend = swerve::backend::cpu::CpuBackend::new();
@@ -313,7 +345,7 @@ fn two_processes_share_the_rollouts_and_train_as_data_parallel_replicas() {
     // each episode ran: the same episodes.
     for key in [
         "episodes",
-        "reward_mean",
+        "mean_reward",
         "resolved_rate",
         "mean_turns",
         "action_tokens",
@@ -326,16 +358,38 @@ fn two_processes_share_the_rollouts_and_train_as_data_parallel_replicas() {
     for (g, w) in got.iter().zip(&want) {
         for key in [
             "episodes",
-            "reward_mean",
+            "mean_reward",
             "resolved_rate",
             "trajectories_kept",
         ] {
             assert_eq!(g[key], w[key], "iteration {}: {key}", g["iteration"]);
         }
     }
-    let metrics = json_lines(&out.join("metrics.jsonl"));
-    assert_eq!(
-        metrics.len(),
-        json_lines(&single.join("metrics.jsonl")).len()
+    assert_same_steps(
+        &json_lines(&out.join("metrics.jsonl")),
+        &json_lines(&single.join("metrics.jsonl")),
+        "two processes",
     );
+}
+
+/// Two runs' optimizer steps, step by step: the same batches (trajectories, action tokens) and
+/// the same loss and gradient norm up to f32 summation order. A data-parallel gradient summed
+/// twice doubles the norm, a per-rank `N_act` halves the loss: both fail here (Adam being nearly
+/// scale-invariant, rewards and resolved rates would not show either).
+fn assert_same_steps(got: &[Value], want: &[Value], what: &str) {
+    assert_eq!(got.len(), want.len(), "{what}: optimizer steps");
+    assert!(!want.is_empty(), "{what}: no optimizer step ran");
+    for (g, w) in got.iter().zip(want) {
+        let step = &w["step"];
+        for key in ["step", "iteration", "trajectories", "action_tokens", "lr"] {
+            assert_eq!(g[key], w[key], "{what}: step {step}: {key}");
+        }
+        for key in ["loss", "grad_norm"] {
+            let (a, b) = (g[key].as_f64().unwrap(), w[key].as_f64().unwrap());
+            assert!(
+                (a - b).abs() <= 1e-4 * b.abs().max(1e-3),
+                "{what}: step {step}: {key} {a} against {b} in one rank"
+            );
+        }
+    }
 }

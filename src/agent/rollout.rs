@@ -11,7 +11,7 @@ use super::episode::{run_episode, Episode, EpisodeContext, Finish};
 use crate::env::Task;
 use crate::progress::Progress;
 use crate::rng::{Rng, SplitMix64};
-use serde_json::{json, Value};
+use serde_json::{json, Map, Value};
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Mutex;
@@ -96,13 +96,48 @@ pub fn pass_at_k(n: usize, c: usize, k: usize) -> f64 {
     1.0 - fail
 }
 
-/// Counts, rates and times of a set of episodes, and a per-task table.
-pub fn summarize(tasks: &[Task], episodes: &[Episode], group: usize) -> Value {
+/// The figures every report of a set of episodes carries (`rollout.json`, `eval.json`, each line
+/// of `iterations.jsonl`): counts, rates, tokens and how episodes finished.
+pub fn episode_stats(episodes: &[Episode]) -> Map<String, Value> {
     let n = episodes.len().max(1) as f64;
     let mut finishes: BTreeMap<&str, usize> = BTreeMap::new();
     for e in episodes {
         *finishes.entry(e.finish.as_str()).or_default() += 1;
     }
+    let resolved = episodes.iter().filter(|e| e.resolved).count();
+    let stats = json!({
+        "episodes": episodes.len(),
+        "resolved": resolved,
+        "resolved_rate": resolved as f64 / n,
+        "mean_reward": episodes.iter().map(|e| e.reward).sum::<f64>() / n,
+        "mean_turns": episodes.iter().map(|e| e.turns as f64).sum::<f64>() / n,
+        "format_errors": episodes.iter().map(|e| e.format_errors).sum::<usize>(),
+        "infrastructure_failures": infrastructure_failures(episodes),
+        "infrastructure_retries": episodes.iter().map(|e| e.infra_retries).sum::<usize>(),
+        "suspicious": suspicious_count(episodes),
+        "generated_tokens": episodes.iter().map(|e| e.generated).sum::<usize>(),
+        "action_tokens": episodes.iter().map(Episode::action_tokens).sum::<usize>(),
+        "finish": finishes,
+    });
+    match stats {
+        Value::Object(map) => map,
+        _ => unreachable!("a JSON object literal"),
+    }
+}
+
+/// Seconds the episodes spent generating, in their environments and being graded (summed over
+/// episodes: concurrent ones count each).
+pub fn episode_times(episodes: &[Episode]) -> Map<String, Value> {
+    let sum = |f: fn(&Episode) -> f64| episodes.iter().map(f).sum::<f64>();
+    let mut times = Map::new();
+    times.insert("generation".into(), json!(sum(|e| e.generation_s)));
+    times.insert("environment".into(), json!(sum(|e| e.environment_s)));
+    times.insert("grading".into(), json!(sum(|e| e.grading_s)));
+    times
+}
+
+/// [`episode_stats`], times, pass@k and a per-task table.
+pub fn summarize(tasks: &[Task], episodes: &[Episode], group: usize) -> Value {
     let mut per_task = Vec::new();
     let mut pass = vec![0.0; group + 1];
     for task in tasks {
@@ -119,28 +154,12 @@ pub fn summarize(tasks: &[Task], episodes: &[Episode], group: usize) -> Value {
             "mean_reward": mine.iter().map(|e| e.reward).sum::<f64>() / mine.len().max(1) as f64,
         }));
     }
-    let mut out = json!({
-        "tasks": tasks.len(),
-        "group": group,
-        "episodes": episodes.len(),
-        "resolved": episodes.iter().filter(|e| e.resolved).count(),
-        "resolved_rate": episodes.iter().filter(|e| e.resolved).count() as f64 / n,
-        "mean_reward": episodes.iter().map(|e| e.reward).sum::<f64>() / n,
-        "mean_turns": episodes.iter().map(|e| e.turns as f64).sum::<f64>() / n,
-        "format_errors": episodes.iter().map(|e| e.format_errors).sum::<usize>(),
-        "infrastructure_failures": infrastructure_failures(episodes),
-        "infrastructure_retries": episodes.iter().map(|e| e.infra_retries).sum::<usize>(),
-        "suspicious": suspicious_count(episodes),
-        "generated_tokens": episodes.iter().map(|e| e.generated).sum::<usize>(),
-        "action_tokens": episodes.iter().map(Episode::action_tokens).sum::<usize>(),
-        "finish": finishes,
-        "time_s": {
-            "generation": episodes.iter().map(|e| e.generation_s).sum::<f64>(),
-            "environment": episodes.iter().map(|e| e.environment_s).sum::<f64>(),
-            "grading": episodes.iter().map(|e| e.grading_s).sum::<f64>(),
-        },
-        "per_task": per_task,
-    });
+    let mut out = json!({"tasks": tasks.len(), "group": group});
+    out.as_object_mut()
+        .expect("an object")
+        .extend(episode_stats(episodes));
+    out["time_s"] = Value::Object(episode_times(episodes));
+    out["per_task"] = json!(per_task);
     for k in 1..=group {
         // pass@1 and pass@group always; powers of two between.
         if k == 1 || k == group || k.is_power_of_two() {

@@ -167,7 +167,10 @@ fn iteration_options(
         start: crate::train::run_dir::RunStart::Fresh,
         rft_first: None,
         rft_lr: 5e-6,
+        rft_warmup_steps: 10,
+        rft_batch_size: 64,
         rft_epochs: 1,
+        save_rollouts: false,
         tensor_parallel: 1,
     }
 }

@@ -414,7 +414,8 @@ struct RlArgs {
     /// Peak learning rate of the DAPO steps (stage 1: 1e-6; the toy: 1e-3).
     #[arg(long, value_parser = positive_f64)]
     lr: Option<f64>,
-    /// Optimizer steps of linear warmup (stage 1: 10; the toy: 0).
+    /// Optimizer steps of linear warmup, counted from DAPO's first step (RFT's steps do not
+    /// count; stage 1: 10; the toy: 0).
     #[arg(long)]
     warmup_steps: Option<u64>,
     #[command(flatten)]
@@ -453,12 +454,23 @@ struct RlArgs {
     /// Skip the RFT phase the toy schedule has.
     #[arg(long)]
     no_rft_first: bool,
-    /// Learning rate of the RFT phase (stage 1: 5e-6; the toy: 1e-3).
+    /// Peak learning rate of the RFT phase, which decays by cosine to 0 over the phase's own
+    /// steps (stage 1: 5e-6; the toy: 1e-3).
     #[arg(long, value_parser = positive_f64)]
     rft_lr: Option<f64>,
+    /// Optimizer steps of linear warmup at the start of the RFT phase (stage 1: 10; the toy: 0).
+    #[arg(long)]
+    rft_warmup_steps: Option<u64>,
+    /// Trajectories per RFT optimizer step (stage 1: 64; the toy: 32).
+    #[arg(long, value_parser = clap::value_parser!(u64).range(1..))]
+    rft_batch_size: Option<u64>,
     /// Epochs over the RFT phase's resolved rollouts.
-    #[arg(long, default_value_t = 1)]
-    rft_epochs: usize,
+    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u64).range(1..))]
+    rft_epochs: u64,
+    /// Write every iteration's episodes with their advantages to OUT/rollouts/iteration-N.jsonl
+    /// (the `rollout` format plus `advantage` and `kept`; large at long context).
+    #[arg(long)]
+    save_rollouts: bool,
     /// Sample from a running swerve-serve (http://HOST:PORT), reloaded after each iteration.
     #[arg(long)]
     server: Option<String>,
@@ -524,7 +536,10 @@ impl RlArgs {
                 self.rft_first.or(d.rft_first)
             },
             rft_lr: self.rft_lr.unwrap_or(d.rft_lr),
-            rft_epochs: self.rft_epochs,
+            rft_warmup_steps: self.rft_warmup_steps.unwrap_or(d.rft_warmup_steps),
+            rft_batch_size: self.rft_batch_size.map_or(d.rft_batch_size, |n| n as usize),
+            rft_epochs: self.rft_epochs as usize,
+            save_rollouts: self.save_rollouts,
             tensor_parallel: self.tensor_parallel as usize,
         }
     }

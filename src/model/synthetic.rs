@@ -165,16 +165,52 @@ fn write_hf_config(config: &ModelConfig, dir: &Path) -> Result<()> {
 /// sampler and kernels, so tests can drive agent scaffolds and clients deterministically (an
 /// episode whose every turn is the same tool call, say). Other tokens get uniform logits.
 pub fn write_bigram_model(dir: &Path, successors: &[(u32, u32)], vocab_size: usize) -> Result<()> {
-    let mut sources: Vec<u32> = Vec::new();
     for &(token, next) in successors {
-        if token as usize >= vocab_size || next as usize >= vocab_size {
-            bail!("bigram ({token}, {next}) is outside the vocabulary of {vocab_size}");
-        }
         if let Some(&(_, other)) = successors.iter().find(|&&(t, n)| t == token && n != next) {
             bail!("token {token} is given two successors ({next} and {other})");
         }
+    }
+    let weighted: Vec<(u32, u32, f64)> = successors.iter().map(|&(t, n)| (t, n, 1.0)).collect();
+    write_branching_model(dir, &weighted, vocab_size)
+}
+
+/// [`write_bigram_model`] with chosen odds: `(token, next, p)` makes `next` follow `token` with
+/// probability `p` at temperature 1 (a token's listed `p` must sum to 1; each successor's logit
+/// is `40 + ln p`, so the odds hold up to the bf16 rounding of the LM head, about 0.06 nats).
+/// A policy that branches where a test needs it: a tool call or submit, a right or wrong fix.
+pub fn write_branching_model(
+    dir: &Path,
+    successors: &[(u32, u32, f64)],
+    vocab_size: usize,
+) -> Result<()> {
+    let mut sources: Vec<u32> = Vec::new();
+    for &(token, next, p) in successors {
+        if token as usize >= vocab_size || next as usize >= vocab_size {
+            bail!("bigram ({token}, {next}) is outside the vocabulary of {vocab_size}");
+        }
+        if !(p > 1e-6 && p <= 1.0) {
+            bail!("bigram ({token}, {next}): probability {p} is not in (1e-6, 1]");
+        }
+        if successors
+            .iter()
+            .filter(|&&(t, n, _)| t == token && n == next)
+            .count()
+            > 1
+        {
+            bail!("bigram ({token}, {next}) is listed twice");
+        }
         if !sources.contains(&token) {
             sources.push(token);
+        }
+    }
+    for &token in &sources {
+        let total: f64 = successors
+            .iter()
+            .filter(|&&(t, _, _)| t == token)
+            .map(|&(_, _, p)| p)
+            .sum();
+        if (total - 1.0).abs() > 1e-9 {
+            bail!("the successors of token {token} have probabilities summing to {total}, not 1");
         }
     }
     let d = sources.len().next_multiple_of(16).max(16);
@@ -196,7 +232,7 @@ pub fn write_bigram_model(dir: &Path, successors: &[(u32, u32)], vocab_size: usi
     };
     config.validate()?;
     // After the final RMSNorm a one-hot row is sqrt(d) at its column.
-    let weight = 40.0 / (d as f32).sqrt();
+    let scale = 1.0 / (d as f64).sqrt();
     let local = config.local_sizes(1)?;
     let mut tensors = Vec::new();
     Qwen2Params::<()>::try_build(&config, &local, |name, shape, shard| {
@@ -209,9 +245,9 @@ pub fn write_bigram_model(dir: &Path, successors: &[(u32, u32)], vocab_size: usi
                 }
             }
             ("lm_head.weight", _) => {
-                for &(token, next) in successors {
+                for &(token, next, p) in successors {
                     let column = sources.iter().position(|&t| t == token).expect("listed");
-                    values[next as usize * d + column] = weight;
+                    values[next as usize * d + column] = ((40.0 + p.ln()) * scale) as f32;
                 }
             }
             _ => {}

@@ -1,14 +1,15 @@
 //! One `rl` iteration and the RFT phase before the first: rollouts, the trainer's steps over
 //! them, the handoff of new weights to the rollouts, the iteration's line and checkpoint.
 
-use super::{plot, shuffled, tasks_of_iteration, RlOptions};
+use super::schedule::{shuffled, tasks_of_iteration, PhaseSchedule};
+use super::{plot, RlOptions};
 use crate::agent::episode::{Episode, EpisodeContext, Finish};
 use crate::agent::policy::ServerPolicy;
-use crate::agent::rollout::{episode_seed, run_episodes};
+use crate::agent::rollout::{episode_seed, episode_stats, episode_times, run_episodes};
 use crate::dist::Collectives;
 use crate::engine::EngineHandle;
 use crate::env::Task;
-use crate::train::data::{group_advantages, GroupReward, TrainSequence, Trajectory};
+use crate::train::data::{group_advantages, group_signal, GroupReward, TrainSequence, Trajectory};
 use crate::train::group::Trainer;
 use crate::train::loss::Objective;
 use crate::train::run_dir::RecordedOptions;
@@ -26,52 +27,80 @@ pub(crate) enum Sampler {
 }
 
 /// What training did with an iteration's episodes.
+#[derive(Default)]
 struct Trained {
+    /// Per episode: its advantage where it became a trajectory, `None` where it failed.
+    advantages: Vec<Option<f64>>,
     kept: usize,
+    /// Groups among the trajectories, and those dropped whole (every reward equal).
+    groups: usize,
+    uniform_groups: usize,
+    /// Trajectories dropped: in uniform groups; with A = 0 in a group with signal (a reward
+    /// equal to the group's mean).
+    dropped_uniform: usize,
+    dropped_zero_advantage: usize,
     action_tokens: usize,
+    /// Optimizer steps taken, and the learning rates of the first and the last.
+    steps: u64,
+    lr: Option<(f64, f64)>,
     /// max and mean rollout-vs-trainer logprob gap.
     gap: (f64, f64),
 }
 
-/// One iteration's line of `iterations.jsonl`.
+impl Trained {
+    fn took_step(&mut self, lr: f64, action_tokens: usize) {
+        self.steps += 1;
+        self.lr = Some((self.lr.map_or(lr, |(first, _)| first), lr));
+        self.action_tokens += action_tokens;
+    }
+}
+
+/// One iteration's line of `iterations.jsonl`: the episodes' figures ([`episode_stats`], the same
+/// as `rollout.json`'s), then what training kept and did, times and the weight version.
 fn iteration_line(
     (iteration, phase): (usize, &str),
     episodes: &[Episode],
-    trained: Trained,
-    times: &Value,
+    trained: &Trained,
+    times: Value,
     weight_version: u64,
 ) -> Value {
-    let Trained {
-        kept,
-        action_tokens,
-        gap,
-    } = trained;
-    let n = episodes.len().max(1) as f64;
-    let mut finish = serde_json::Map::new();
-    for e in episodes {
-        let count = finish.entry(e.finish.as_str()).or_insert(json!(0));
-        *count = json!(count.as_u64().unwrap_or(0) + 1);
-    }
-    json!({
-        "iteration": iteration,
-        "phase": phase,
-        "episodes": episodes.len(),
-        "reward_mean": episodes.iter().map(|e| e.reward).sum::<f64>() / n,
-        "resolved_rate": episodes.iter().filter(|e| e.resolved).count() as f64 / n,
-        "mean_turns": episodes.iter().map(|e| e.turns as f64).sum::<f64>() / n,
-        "format_errors": episodes.iter().map(|e| e.format_errors).sum::<usize>(),
-        "finish": finish,
-        "infrastructure_failures": crate::agent::rollout::infrastructure_failures(episodes),
-        "infrastructure_retries": episodes.iter().map(|e| e.infra_retries).sum::<usize>(),
-        "suspicious": crate::agent::rollout::suspicious_count(episodes),
-        "trajectories_kept": kept,
-        "trajectories_dropped": episodes.len() - kept,
-        "action_tokens": action_tokens,
-        "logprob_gap_max": gap.0,
-        "logprob_gap_mean": gap.1,
+    let mut line = json!({"iteration": iteration, "phase": phase});
+    line.as_object_mut()
+        .expect("an object")
+        .extend(episode_stats(episodes));
+    let failed = crate::agent::rollout::infrastructure_failures(episodes);
+    let more = json!({
+        "groups": trained.groups,
+        "groups_uniform": trained.uniform_groups,
+        "trajectories_kept": trained.kept,
+        "trajectories_dropped": episodes.len() - trained.kept,
+        "dropped": {
+            "uniform_group": trained.dropped_uniform,
+            "zero_advantage": trained.dropped_zero_advantage,
+            "infrastructure": failed,
+        },
+        "trained_action_tokens": trained.action_tokens,
+        "optimizer_steps": trained.steps,
+        "lr_first": trained.lr.map(|l| l.0),
+        "lr_last": trained.lr.map(|l| l.1),
+        "logprob_gap_max": trained.gap.0,
+        "logprob_gap_mean": trained.gap.1,
         "time_s": times,
         "weight_version": weight_version,
-    })
+    });
+    line.as_object_mut()
+        .expect("an object")
+        .extend(more.as_object().expect("an object").clone());
+    line
+}
+
+/// The iteration's wall-clock phases with the episodes' summed times.
+fn times(phases: &[(&str, f64)], episodes: &[Episode]) -> Value {
+    let mut times = episode_times(episodes);
+    for (name, seconds) in phases {
+        times.insert(name.to_string(), json!(seconds));
+    }
+    Value::Object(times)
 }
 
 /// An episode as the trainer's trajectory (its group is its task).
@@ -93,8 +122,10 @@ pub(crate) fn trajectory(e: &Episode) -> Option<Trajectory> {
 /// Where a run stands: what the next iteration starts from.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub(crate) struct Progress {
-    /// Optimizer steps taken (RFT's included).
+    /// Optimizer steps taken (RFT's included): the step numbers of `metrics.jsonl`.
     pub step: u64,
+    /// DAPO's optimizer steps taken: its schedule counts these.
+    pub dapo_step: u64,
     /// Weight updates handed to the rollouts since the base model.
     pub weight_version: u64,
 }
@@ -172,61 +203,72 @@ impl<T: Trainer> Loop<'_, T> {
         Ok(all)
     }
 
-    /// `--rft-first K`: K rollouts per task with the base model, then RFT on the resolved ones;
-    /// its line is iteration 0.
+    /// `--rft-first K`: K rollouts per task with the base model, then RFT on the resolved ones
+    /// on its own schedule ([`PhaseSchedule::rft`]); its line is iteration 0.
     pub fn rft_phase(&mut self, k: usize) -> Result<()> {
         let (options, agent) = (self.options, &self.options.agent);
         let started = Instant::now();
-        let episodes = self.rollouts(self.tasks, k, agent.seed ^ 0x0052_4654, "rft rollouts")?;
+        let seed = agent.seed ^ 0x0052_4654;
+        let episodes = self.rollouts(self.tasks, k, seed, "rft rollouts")?;
         let rollout_s = started.elapsed().as_secs_f64();
-        let resolved: Vec<TrainSequence> = episodes
-            .iter()
-            .filter(|e| e.resolved)
-            .filter_map(trajectory)
-            .map(|t| TrainSequence::from_trajectory(&t, 1.0))
-            .collect();
+        let mut trained = Trained::default();
+        let mut resolved = Vec::new();
+        for e in &episodes {
+            let t = trajectory(e);
+            trained.advantages.push(t.as_ref().map(|_| 1.0));
+            if let (true, Some(t)) = (e.resolved, t) {
+                resolved.push(TrainSequence::from_trajectory(&t, 1.0));
+            }
+        }
+        trained.kept = resolved.len();
         let train_started = Instant::now();
-        let mut action_tokens = 0;
+        let schedule = PhaseSchedule::rft(
+            options.rft_lr,
+            options.rft_warmup_steps,
+            options.rft_batch_size,
+            options.rft_epochs,
+            resolved.len(),
+        );
         if resolved.is_empty() {
             eprintln!("rl: --rft-first {k}: no rollout resolved its task; DAPO starts from the base model");
+        } else {
+            eprintln!(
+                "rl: RFT on {} resolved rollouts: {}",
+                resolved.len(),
+                schedule.describe()
+            );
         }
         for epoch in 0..options.rft_epochs {
-            if resolved.is_empty() {
-                break;
-            }
-            let order = shuffled(resolved.len(), agent.seed ^ 0x0052_4654 ^ epoch as u64);
-            for chunk in order.chunks(options.batch_size) {
+            let order = shuffled(resolved.len(), seed ^ epoch as u64);
+            for chunk in order.chunks(schedule.batch_size) {
                 let batch: Vec<&TrainSequence> = chunk.iter().map(|&i| &resolved[i]).collect();
                 let olds: Vec<&[f32]> = vec![&[]; batch.len()];
-                let report =
-                    self.learner
-                        .step(&batch, &olds, &Objective::MaskedCe, options.rft_lr)?;
-                action_tokens += report.metrics["action_tokens"].as_u64().unwrap_or(0) as usize;
+                let lr = schedule.lr(trained.steps + 1);
+                let report = self.learner.step(&batch, &olds, &Objective::MaskedCe, lr)?;
+                trained.took_step(lr, action_tokens(&report.metrics));
                 self.progress.step += 1;
-                if self.writer() {
-                    let metrics = self.out().join("metrics.jsonl");
-                    append_step(&metrics, self.progress.step, 0, report.metrics)?;
-                }
+                self.append_step(0, report.metrics)?;
             }
         }
         let training_s = train_started.elapsed().as_secs_f64();
         let handoff_s = handoff(&self.learner, self.sampler, self.model_dir, self.out())?;
         self.progress.weight_version += 1;
+        self.save_rollouts(0, &episodes, &trained)?;
         let line = iteration_line(
             (0, "rft"),
             &episodes,
-            Trained {
-                kept: resolved.len(),
-                action_tokens,
-                gap: (0.0, 0.0),
-            },
-            &json!({"rollout": rollout_s, "environment": env_time(&episodes), "grading": grade_time(&episodes), "training": training_s, "handoff": handoff_s}),
+            &trained,
+            times(
+                &[
+                    ("rollout", rollout_s),
+                    ("training", training_s),
+                    ("handoff", handoff_s),
+                ],
+                &episodes,
+            ),
             self.progress.weight_version,
         );
-        if self.writer() {
-            append_line(&self.out().join("iterations.jsonl"), &line)?;
-        }
-        self.history.push(line);
+        self.record_line(line)?;
         self.checkpoint(0)?;
         Ok(())
     }
@@ -271,30 +313,38 @@ impl<T: Trainer> Loop<'_, T> {
             handle.restore_kv_cache()?;
         }
         let kv_restore_s = restore_started.elapsed().as_secs_f64();
-        let (kept, gap) = (trained.kept, trained.gap);
+        self.save_rollouts(iteration, &episodes, &trained)?;
         let line = iteration_line(
             (iteration, "dapo"),
             &episodes,
-            trained,
-            &json!({"rollout": rollout_s, "environment": env_time(&episodes), "grading": grade_time(&episodes), "training": training_s, "handoff": handoff_s, "kv_cache_restore": kv_restore_s}),
+            &trained,
+            times(
+                &[
+                    ("rollout", rollout_s),
+                    ("training", training_s),
+                    ("handoff", handoff_s),
+                    ("kv_cache_restore", kv_restore_s),
+                ],
+                &episodes,
+            ),
             self.progress.weight_version,
         );
-        if self.writer() {
-            append_line(&self.out().join("iterations.jsonl"), &line)?;
-        }
         eprintln!(
-            "iteration {iteration}: reward {:.3} resolved {:.3} turns {:.2} kept {}/{} gap {:.1e} | rollout {:.1}s train {:.1}s handoff {:.3}s",
-            line["reward_mean"].as_f64().unwrap_or(0.0),
+            "iteration {iteration}: reward {:.3} resolved {:.3} turns {:.2} kept {}/{} ({} of {} groups uniform) steps {} gap {:.1e} | rollout {:.1}s train {:.1}s handoff {:.3}s",
+            line["mean_reward"].as_f64().unwrap_or(0.0),
             line["resolved_rate"].as_f64().unwrap_or(0.0),
             line["mean_turns"].as_f64().unwrap_or(0.0),
-            kept,
+            trained.kept,
             episodes.len(),
-            gap.0,
+            trained.uniform_groups,
+            trained.groups,
+            trained.steps,
+            trained.gap.0,
             rollout_s,
             training_s,
             handoff_s
         );
-        self.history.push(line);
+        self.record_line(line)?;
         if self.writer() {
             plot::write_reward_plot(&self.out().join("reward.png"), &self.history)?;
             eprintln!("{}", plot::sparkline(&self.history));
@@ -307,12 +357,13 @@ impl<T: Trainer> Loop<'_, T> {
         Ok(())
     }
 
-    /// DAPO over an iteration's episodes: group advantages, A = 0 dropped, `logp_old` the
-    /// trainer's own logprobs under the weights that produced the rollouts, then optimizer
-    /// steps in seeded batches.
+    /// DAPO over an iteration's episodes: group advantages, A = 0 dropped (whole groups whose
+    /// rewards are all equal), `logp_old` the trainer's own logprobs under the weights that
+    /// produced the rollouts, then optimizer steps in seeded batches on DAPO's schedule.
     fn train_on(&mut self, iteration: usize, episodes: &[Episode]) -> Result<Trained> {
         let (options, agent) = (self.options, &self.options.agent);
-        let trajectories: Vec<Trajectory> = episodes.iter().filter_map(trajectory).collect();
+        let per_episode: Vec<Option<Trajectory>> = episodes.iter().map(trajectory).collect();
+        let trajectories: Vec<&Trajectory> = per_episode.iter().flatten().collect();
         let groups: Vec<GroupReward<'_>> = trajectories
             .iter()
             .map(|t| GroupReward {
@@ -321,43 +372,103 @@ impl<T: Trainer> Loop<'_, T> {
             })
             .collect();
         let advantages = group_advantages(&groups, |i| trajectories[i].location.clone())?;
-        let kept: Vec<TrainSequence> = trajectories
-            .iter()
-            .zip(&advantages)
-            .filter(|(_, &a)| a != 0.0)
-            .map(|(t, &a)| TrainSequence::from_trajectory(t, a))
-            .collect();
+        let signal = group_signal(&groups);
+        let mut trained = Trained {
+            groups: signal.len(),
+            uniform_groups: signal.iter().filter(|(_, none)| *none).count(),
+            ..Trained::default()
+        };
+        let mut next = advantages.iter();
+        for t in &per_episode {
+            trained
+                .advantages
+                .push(t.as_ref().map(|_| *next.next().expect("one each")));
+        }
+        let mut kept = Vec::new();
+        for ((t, g), &a) in trajectories.iter().zip(&groups).zip(&advantages) {
+            if a != 0.0 {
+                kept.push(TrainSequence::from_trajectory(t, a));
+            } else if signal
+                .iter()
+                .any(|(name, none)| *none && Some(name.as_str()) == g.group)
+            {
+                trained.dropped_uniform += 1;
+            } else {
+                trained.dropped_zero_advantage += 1;
+            }
+        }
+        trained.kept = kept.len();
         let refs: Vec<&TrainSequence> = kept.iter().collect();
         let olds = self.learner.logprobs(&refs)?;
-        let gap = logprob_gap(&kept, &olds);
+        trained.gap = logprob_gap(&kept, &olds);
         let dapo = Objective::Dapo {
             eps_low: options.eps_low,
             eps_high: options.eps_high,
             tis_cap: options.tis_cap,
         };
+        let schedule = PhaseSchedule::dapo(options.lr, options.warmup_steps, options.batch_size);
         let order = shuffled(kept.len(), episode_seed(agent.seed, "batches", iteration));
-        let mut action_tokens = 0;
-        for chunk in order.chunks(options.batch_size) {
+        for chunk in order.chunks(schedule.batch_size) {
             let batch: Vec<&TrainSequence> = chunk.iter().map(|&i| &kept[i]).collect();
             let batch_olds: Vec<&[f32]> = chunk.iter().map(|&i| olds[i].as_slice()).collect();
-            self.progress.step += 1;
-            let step = self.progress.step;
-            let lr = if step <= options.warmup_steps {
-                options.lr * step as f64 / options.warmup_steps as f64
-            } else {
-                options.lr
-            };
+            self.progress.dapo_step += 1;
+            let lr = schedule.lr(self.progress.dapo_step);
             let report = self.learner.step(&batch, &batch_olds, &dapo, lr)?;
-            action_tokens += report.metrics["action_tokens"].as_u64().unwrap_or(0) as usize;
-            if self.writer() {
-                let metrics = self.out().join("metrics.jsonl");
-                append_step(&metrics, step, iteration, report.metrics)?;
-            }
+            trained.took_step(lr, action_tokens(&report.metrics));
+            self.progress.step += 1;
+            self.append_step(iteration, report.metrics)?;
         }
-        Ok(Trained {
-            kept: kept.len(),
-            action_tokens,
-            gap,
+        Ok(trained)
+    }
+
+    /// Appends a step's metrics to `metrics.jsonl` (the writing process only).
+    fn append_step(&self, iteration: usize, metrics: Value) -> Result<()> {
+        if !self.writer() {
+            return Ok(());
+        }
+        let mut line = json!({"step": self.progress.step, "iteration": iteration});
+        for (k, v) in metrics.as_object().expect("an object") {
+            line[k] = v.clone();
+        }
+        append_line(&self.out().join("metrics.jsonl"), &line)
+    }
+
+    /// Appends the iteration's line to `iterations.jsonl` (the writing process only) and to
+    /// the history the plot reads.
+    fn record_line(&mut self, line: Value) -> Result<()> {
+        if self.writer() {
+            append_line(&self.out().join("iterations.jsonl"), &line)?;
+        }
+        self.history.push(line);
+        Ok(())
+    }
+
+    /// With `--save-rollouts`: `OUT/rollouts/iteration-N.jsonl`, every episode as `rollout`
+    /// writes it plus `advantage` (`null` for one that failed) and `kept` (trained on).
+    fn save_rollouts(
+        &self,
+        iteration: usize,
+        episodes: &[Episode],
+        trained: &Trained,
+    ) -> Result<()> {
+        if !self.options.save_rollouts || !self.writer() {
+            return Ok(());
+        }
+        let dir = self.out().join("rollouts");
+        std::fs::create_dir_all(&dir).with_context(|| format!("creating {}", dir.display()))?;
+        let path = dir.join(format!("iteration-{iteration:06}.jsonl"));
+        crate::jsonl::write_atomically(&path, |write| {
+            for (e, advantage) in episodes.iter().zip(&trained.advantages) {
+                let mut line = e.to_json();
+                line["advantage"] = json!(advantage);
+                line["kept"] = json!(match advantage {
+                    Some(_) if iteration == 0 => e.resolved,
+                    Some(a) => *a != 0.0,
+                    None => false,
+                });
+                write(&line)?;
+            }
+            Ok(())
         })
     }
 
@@ -367,6 +478,7 @@ impl<T: Trainer> Loop<'_, T> {
         let state = json!({
             "iteration": iteration,
             "step": self.progress.step,
+            "dapo_step": self.progress.dapo_step,
             "updates": self.learner.updates(),
             "weight_version": self.progress.weight_version,
             "options": self.record.to_json(),
@@ -389,12 +501,9 @@ fn dedup_groups(mut tasks: Vec<Task>) -> Vec<Task> {
     tasks
 }
 
-fn env_time(episodes: &[Episode]) -> f64 {
-    episodes.iter().map(|e| e.environment_s).sum()
-}
-
-fn grade_time(episodes: &[Episode]) -> f64 {
-    episodes.iter().map(|e| e.grading_s).sum()
+/// The action tokens a step's metrics report.
+fn action_tokens(metrics: &Value) -> usize {
+    metrics["action_tokens"].as_u64().unwrap_or(0) as usize
 }
 
 /// max and mean |sampler logprob - trainer logprob| over action tokens with a sampler logprob.
@@ -415,14 +524,6 @@ fn logprob_gap(sequences: &[TrainSequence], olds: &[Vec<f32>]) -> (f64, f64) {
         }
     }
     (max, sum / count.max(1) as f64)
-}
-
-fn append_step(path: &Path, step: u64, iteration: usize, metrics: Value) -> Result<()> {
-    let mut line = json!({"step": step, "iteration": iteration});
-    for (k, v) in metrics.as_object().expect("an object") {
-        line[k] = v.clone();
-    }
-    append_line(path, &line)
 }
 
 /// New weights to the rollouts: in memory to the engine, or written and reloaded through the

@@ -21,11 +21,11 @@
 
 pub mod iteration;
 pub mod plot;
+pub mod schedule;
 
 use crate::agent::command::{environment_for, AgentRunOptions};
 use crate::agent::episode::{EpisodeConfig, EpisodeContext};
 use crate::agent::policy::{EnginePolicy, Policy, ServerPolicy};
-use crate::agent::rollout::episode_seed;
 use crate::backend::grad::BackendGrad;
 use crate::backend::{select, DeviceChoice, Selected};
 use crate::chat::ChatTemplate;
@@ -71,7 +71,13 @@ pub struct RlOptions {
     /// RFT first: rollouts per task with the base model, then RFT on the resolved ones.
     pub rft_first: Option<usize>,
     pub rft_lr: f64,
+    pub rft_warmup_steps: u64,
+    /// Trajectories per RFT optimizer step.
+    pub rft_batch_size: usize,
     pub rft_epochs: usize,
+    /// Write every iteration's episodes, with their advantages, to
+    /// `OUT/rollouts/iteration-N.jsonl`.
+    pub save_rollouts: bool,
     /// Tensor-parallel ranks of the learner and of the engine (`--tensor-parallel`).
     pub tensor_parallel: usize,
 }
@@ -93,6 +99,8 @@ pub struct RlDefaults {
     pub concurrency: usize,
     pub rft_first: Option<usize>,
     pub rft_lr: f64,
+    pub rft_warmup_steps: u64,
+    pub rft_batch_size: usize,
 }
 
 impl RlDefaults {
@@ -116,6 +124,8 @@ impl RlDefaults {
                 concurrency: 64,
                 rft_first: Some(64),
                 rft_lr: 1e-3,
+                rft_warmup_steps: 0,
+                rft_batch_size: 32,
             }
         } else {
             Self {
@@ -132,37 +142,11 @@ impl RlDefaults {
                 concurrency: 64,
                 rft_first: None,
                 rft_lr: 5e-6,
+                rft_warmup_steps: 10,
+                rft_batch_size: 64,
             }
         }
     }
-}
-
-/// The tasks of `iteration` (1-based): the next `per_iteration` of an endless sequence of seeded
-/// shuffles of the task file, one shuffle per pass.
-pub fn tasks_of_iteration(
-    n: usize,
-    per_iteration: usize,
-    seed: u64,
-    iteration: usize,
-) -> Vec<usize> {
-    let start = (iteration - 1) * per_iteration;
-    (start..start + per_iteration)
-        .map(|k| {
-            let pass = (k / n) as u64;
-            let order = shuffled(n, seed ^ pass.wrapping_mul(0xA076_1D64_78BD_642F));
-            order[k % n]
-        })
-        .collect()
-}
-
-pub(crate) fn shuffled(n: usize, seed: u64) -> Vec<usize> {
-    let mut state = seed;
-    let mut order: Vec<usize> = (0..n).collect();
-    for i in (1..n).rev() {
-        state = episode_seed(state, "shuffle", i);
-        order.swap(i, (state % (i as u64 + 1)) as usize);
-    }
-    order
 }
 
 /// `swerve-train rl`: picks the device (the trainer's and the engine's), then [`run`].
@@ -254,7 +238,8 @@ fn adamw_config(options: &RlOptions) -> AdamWConfig {
 /// iteration runs; `max-turns`, `turn-threshold`, `max-context` (as resolved from the model),
 /// `max-turn-tokens`, `observation-bytes` how they run and what they are rewarded; `batch-size`,
 /// `lr`, `warmup-steps`, `weight-decay`, `grad-clip`, `eps-low`, `eps-high`, `tis-cap`,
-/// `adamw` each update; `rft-first`, `rft-lr`, `rft-epochs` the phase before iteration 1.
+/// `adamw` each update; `rft-first`, `rft-lr`, `rft-warmup-steps`, `rft-batch-size`,
+/// `rft-epochs` the phase before iteration 1.
 ///
 /// Free to change: `--iterations` (nothing depends on the total: a resume may extend a run),
 /// `--save-every`, `--concurrency`, `--micro-batch-tokens`, `--device`, `--server`, and the
@@ -288,6 +273,8 @@ pub fn recorded_options(
         .with("tis-cap", options.tis_cap.map(decimal))
         .with("rft-first", options.rft_first)
         .with("rft-lr", options.rft_lr)
+        .with("rft-warmup-steps", options.rft_warmup_steps)
+        .with("rft-batch-size", options.rft_batch_size)
         .with("rft-epochs", options.rft_epochs)
         .with(
             "adamw",
@@ -307,8 +294,13 @@ struct Setup {
 }
 
 fn check_options(options: &RlOptions) -> Result<()> {
-    if options.iterations == 0 || options.tasks_per_iteration == 0 || options.batch_size == 0 {
-        bail!("--iterations, --tasks-per-iteration and --batch-size must be at least 1");
+    if options.iterations == 0
+        || options.tasks_per_iteration == 0
+        || options.batch_size == 0
+        || options.rft_batch_size == 0
+        || options.rft_epochs == 0
+    {
+        bail!("--iterations, --tasks-per-iteration, --batch-size, --rft-batch-size and --rft-epochs must be at least 1");
     }
     for (name, v) in [("--lr", options.lr), ("--rft-lr", options.rft_lr)] {
         if !(v.is_finite() && v > 0.0) {
@@ -399,6 +391,11 @@ fn resume<T: Trainer>(
         .context("trainer_state.json: no iteration")?;
     let progress = Progress {
         step: state["step"].as_u64().unwrap_or(0),
+        // Checkpoints from before DAPO counted its own steps: every step was DAPO's.
+        dapo_step: state["dapo_step"]
+            .as_u64()
+            .or(state["step"].as_u64())
+            .unwrap_or(0),
         weight_version: state["weight_version"].as_u64().unwrap_or(0),
     };
     if writer {
@@ -486,6 +483,25 @@ fn run_loop<T: Trainer>(
         options.lr,
         env.name(),
         setup.episode.max_context
+    );
+    if let (false, Some(k)) = (rft_done, options.rft_first) {
+        eprintln!(
+            "rl: RFT phase first: {k} rollouts per task with the base model, then {} epoch(s) over the resolved ones: {}",
+            options.rft_epochs,
+            schedule::PhaseSchedule::rft(
+                options.rft_lr,
+                options.rft_warmup_steps,
+                options.rft_batch_size,
+                options.rft_epochs,
+                0
+            )
+            .describe()
+        );
+    }
+    eprintln!(
+        "rl: DAPO schedule: {} (steps counted from DAPO's first)",
+        schedule::PhaseSchedule::dapo(options.lr, options.warmup_steps, options.batch_size)
+            .describe()
     );
     let mut run = Loop {
         options,

@@ -172,7 +172,7 @@ fn panel(
 
 /// Writes the plot of `history` (lines of `iterations.jsonl`) to `path`.
 pub fn write_reward_plot(path: &Path, history: &[Value]) -> Result<()> {
-    let reward = series(history, "reward_mean");
+    let reward = series(history, "mean_reward");
     let resolved = series(history, "resolved_rate");
     let turns = series(history, "mean_turns");
     let max_iteration = reward.iter().map(|p| p.0).fold(1.0, f64::max);
@@ -235,7 +235,7 @@ pub fn sparkline(history: &[Value]) -> String {
     };
     format!(
         "reward {}  resolved {}",
-        line("reward_mean", -1.0, 1.0),
+        line("mean_reward", -1.0, 1.0),
         line("resolved_rate", 0.0, 1.0)
     )
 }
@@ -312,7 +312,7 @@ mod tests {
     #[test]
     fn plot_is_a_png_with_the_series_drawn() {
         let history: Vec<Value> = (1..=5)
-            .map(|i| serde_json::json!({"iteration": i, "phase": "dapo", "reward_mean": i as f64 / 5.0 - 0.5, "resolved_rate": i as f64 / 5.0, "mean_turns": 6.0 - i as f64}))
+            .map(|i| serde_json::json!({"iteration": i, "phase": "dapo", "mean_reward": i as f64 / 5.0 - 0.5, "resolved_rate": i as f64 / 5.0, "mean_turns": 6.0 - i as f64}))
             .collect();
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("reward.png");

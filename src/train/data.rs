@@ -382,17 +382,41 @@ pub fn group_advantages(
             .iter()
             .map(|&i| trajectories[i].reward.expect("checked"))
             .collect();
-        let n = rewards.len() as f64;
-        let mean = rewards.iter().sum::<f64>() / n;
-        if rewards.len() < 2 || rewards.iter().all(|&r| r == rewards[0]) {
+        if carries_no_signal(&rewards) {
             continue;
         }
+        let n = rewards.len() as f64;
+        let mean = rewards.iter().sum::<f64>() / n;
         let var = rewards.iter().map(|r| (r - mean) * (r - mean)).sum::<f64>() / (n - 1.0);
         for (&i, r) in members.iter().zip(&rewards) {
             advantages[i] = (r - mean) / (var.sqrt() + 1e-6);
         }
     }
     Ok(advantages)
+}
+
+/// Whether a group's rewards carry no signal: a single member, or every reward equal (compared
+/// exactly, so a uniform group of non-dyadic rewards such as 1 - 1/30 is caught before any
+/// arithmetic). [`group_advantages`] gives such a group advantage exactly 0: it drops whole.
+pub fn carries_no_signal(rewards: &[f64]) -> bool {
+    rewards.len() < 2 || rewards.iter().all(|&r| r == rewards[0])
+}
+
+/// The groups of `trajectories` (in first-seen order) and, for each, whether it
+/// [`carries_no_signal`].
+pub fn group_signal(trajectories: &[GroupReward<'_>]) -> Vec<(String, bool)> {
+    let mut groups: Vec<(&str, Vec<f64>)> = Vec::new();
+    for t in trajectories {
+        let (group, reward) = (t.group.unwrap_or(""), t.reward.unwrap_or(0.0));
+        match groups.iter_mut().find(|(g, _)| *g == group) {
+            Some((_, rewards)) => rewards.push(reward),
+            None => groups.push((group, vec![reward])),
+        }
+    }
+    groups
+        .into_iter()
+        .map(|(g, rewards)| (g.to_string(), carries_no_signal(&rewards)))
+        .collect()
 }
 
 /// One trajectory in row form (see the module doc), ready for the loss.
