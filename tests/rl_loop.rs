@@ -393,3 +393,125 @@ fn assert_same_steps(got: &[Value], want: &[Value], what: &str) {
         }
     }
 }
+
+/// An iteration on tasks whose rewards are mixed within groups and non-dyadic (the coin policy:
+/// `1[resolved] - turns / 3`): every uniform group is dropped whole, the others get RL-SPEC's
+/// advantages, and the first DAPO step's loss equals a hand computation over the kept
+/// trajectories (at the rollout weights the ratio is exactly 1, so
+/// `L = -(sum_i A_i * n_i) / N_act` with `n_i` trajectory i's action tokens).
+#[test]
+fn mixed_groups_train_and_uniform_groups_drop_whole() {
+    let dir = tempfile::tempdir().unwrap();
+    let model = dir.path().join("coin-policy");
+    common::coin::write_coin_policy(&model, 0.1);
+    let tasks = common::coin::write_coin_tasks(&dir.path().join("tasks"), 3, 3, 4);
+    let out = dir.path().join("run");
+    rl(&[
+        "--model",
+        model.to_str().unwrap(),
+        "--tasks",
+        tasks.to_str().unwrap(),
+        "--out",
+        out.to_str().unwrap(),
+        "--iterations",
+        "1",
+        "--tasks-per-iteration",
+        "10",
+        "--group",
+        "5",
+        "--max-turns",
+        "3",
+        "--turn-threshold",
+        "0",
+        "--max-turn-tokens",
+        "32",
+        "--batch-size",
+        "64",
+        "--concurrency",
+        "10",
+        "--save-rollouts",
+    ]);
+    let line = &json_lines(&out.join("iterations.jsonl"))[0];
+    let episodes = json_lines(&out.join("rollouts/iteration-000001.jsonl"));
+    assert_eq!(episodes.len(), 50);
+    assert!(line["finish"].get("error").is_none(), "{line}");
+
+    // Groups by hand: rewards, uniform or not, RL-SPEC's advantages.
+    let mut groups: std::collections::BTreeMap<String, Vec<&Value>> = Default::default();
+    for e in &episodes {
+        let turns = e["turns"].as_f64().unwrap();
+        let resolved = if e["resolved"].as_bool().unwrap() {
+            1.0
+        } else {
+            0.0
+        };
+        assert_eq!(e["reward"].as_f64().unwrap(), resolved - turns / 3.0, "{e}");
+        groups
+            .entry(e["group"].as_str().unwrap().to_string())
+            .or_default()
+            .push(e);
+    }
+    let (mut uniform, mut uniform_non_dyadic, mut dropped) = (0, 0, 0);
+    let (mut weighted, mut action_tokens, mut kept) = (0.0f64, 0usize, 0usize);
+    for members in groups.values() {
+        let rewards: Vec<f64> = members
+            .iter()
+            .map(|e| e["reward"].as_f64().unwrap())
+            .collect();
+        if rewards.iter().all(|&r| r == rewards[0]) {
+            uniform += 1;
+            dropped += members.len();
+            // 2/3 or -1/3: not a binary fraction, so mean and std are not exact.
+            if (rewards[0] * 3.0).fract() == 0.0 && (rewards[0] * 2.0).fract() != 0.0 {
+                uniform_non_dyadic += 1;
+            }
+            for e in members {
+                assert_eq!(e["advantage"].as_f64(), Some(0.0), "{e}");
+                assert_eq!(e["kept"], Value::Bool(false), "{e}");
+            }
+            continue;
+        }
+        let n = rewards.len() as f64;
+        let mean = rewards.iter().sum::<f64>() / n;
+        let std = (rewards.iter().map(|r| (r - mean).powi(2)).sum::<f64>() / (n - 1.0)).sqrt();
+        for (e, r) in members.iter().zip(&rewards) {
+            let a = (r - mean) / (std + 1e-6);
+            assert!((e["advantage"].as_f64().unwrap() - a).abs() < 1e-12, "{e}");
+            assert_eq!(e["kept"], Value::Bool(true), "{e}");
+            let mask: Vec<u8> = serde_json::from_value(e["action_mask"].clone()).unwrap();
+            let n_i = mask.iter().filter(|&&m| m == 1).count();
+            weighted += a * n_i as f64;
+            action_tokens += n_i;
+            kept += 1;
+        }
+    }
+    assert!(
+        uniform_non_dyadic > 0,
+        "no uniform group of non-dyadic rewards: {line}"
+    );
+    assert!(kept > 0, "no mixed group: {line}");
+    assert_eq!(line["groups"], groups.len());
+    assert_eq!(line["groups_uniform"], uniform);
+    assert_eq!(line["dropped"]["uniform_group"], dropped);
+    assert_eq!(line["trajectories_kept"], kept);
+    assert_eq!(line["optimizer_steps"], 1);
+
+    // The first DAPO step, by hand.
+    let step = &json_lines(&out.join("metrics.jsonl"))[0];
+    eprintln!("{line}\n{step}");
+    assert_eq!(step["trajectories"], kept);
+    assert_eq!(step["action_tokens"], action_tokens);
+    let want = -weighted / action_tokens as f64;
+    let loss = step["loss"].as_f64().unwrap();
+    assert!(
+        (loss - want).abs() <= 1e-5 * want.abs().max(1e-3),
+        "loss {loss}, by hand {want}"
+    );
+    assert_eq!(step["clip_frac_low"].as_f64(), Some(0.0));
+    assert_eq!(step["clip_frac_high"].as_f64(), Some(0.0));
+    assert_eq!(
+        step["lr"].as_f64(),
+        Some(1e-7),
+        "DAPO's first warmup step: 1e-6 / 10"
+    );
+}

@@ -1,6 +1,7 @@
 //! Helpers shared by the integration tests: fixture paths and the oracle's expected outputs.
 #![allow(dead_code)]
 
+pub mod coin;
 pub mod forgeries;
 pub mod gpu;
 pub mod paged;
