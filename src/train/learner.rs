@@ -1,6 +1,7 @@
 //! A model being trained: the compute weights, their f32 masters, AdamW's moments and the
 //! gradient buffers, kept across optimizer steps. `rft`/`dapo` step it over a data file; the RL
-//! loop steps it over each iteration's rollouts and hands its weights to the engine.
+//! loop steps it over each iteration's rollouts and hands its weights to the engine
+//! ([`crate::train::handoff`]).
 //!
 //! ```text
 //!   step(batch):  N_act = the batch's action tokens (all-reduced over data-parallel replicas)
@@ -26,7 +27,6 @@ pub use crate::dist::Groups;
 use crate::dist::{Communicator, ReduceOp};
 use crate::model::params::ParamShard;
 use crate::model::{PackedBatch, Qwen2Model, Qwen2Params};
-use crate::tensor::HostTensor;
 use crate::train::checkpoint::{CheckpointWriter, OptimizerFile};
 use crate::train::data::{self, TrainSequence};
 use crate::train::loss::{LossRows, Objective};
@@ -348,79 +348,6 @@ impl<'b, B: BackendGrad> Learner<'b, B> {
             self.refresh_compute_weights()?;
         }
         Ok(report)
-    }
-
-    /// The compute weights as host tensors, in the checkpoint's order and names: what the
-    /// engine loads for the next rollouts (bit for bit what the trainer computes with). This
-    /// rank's slices.
-    pub fn compute_weights(&self) -> Result<Qwen2Params<HostTensor<'static>>> {
-        let backend = self.backend;
-        let mut values = self.model.params.iter().map(|p| backend.to_host(p));
-        Qwen2Params::try_build(&self.model.config, &self.model.local, |_, shape, _| {
-            let v = values.next().expect("one tensor per parameter")?;
-            Ok(HostTensor::from_f32(shape.to_vec(), &v))
-        })
-    }
-
-    /// The compute weights as whole host tensors (HF names and shapes, checkpoint order),
-    /// gathered from the tensor-parallel ranks of this replica (the replicas hold the same
-    /// weights): `Some` on each replica's first rank, `None` on the others. Every rank calls it.
-    pub fn gather_compute_weights(&self) -> Result<Option<Qwen2Params<HostTensor<'static>>>> {
-        let backend = self.backend;
-        let tp = &self.model.comm;
-        let config = &self.model.config;
-        let all_shards: Vec<Vec<(String, ParamShard)>> = config
-            .shards(tp.size())?
-            .iter()
-            .map(|local| Qwen2Params::<()>::shards(config, local))
-            .collect();
-        let mut whole = Vec::with_capacity(self.shards.len());
-        for (i, param) in self.model.params.iter().enumerate() {
-            let values = backend.to_host(param)?;
-            let pieces = if tp.size() > 1 {
-                tp.all_gather_bytes(bytemuck::cast_slice(&values))?
-            } else {
-                vec![bytemuck::cast_slice(&values).to_vec()]
-            };
-            if tp.rank() != 0 {
-                continue;
-            }
-            let shape = &self.shards[i].1.full_shape;
-            let mut full = vec![0.0f32; shape.iter().product()];
-            for (rank, piece) in pieces.iter().enumerate() {
-                all_shards[rank][i]
-                    .1
-                    .place(&crate::dist::f32s_from_bytes(piece), &mut full);
-            }
-            whole.push(HostTensor::from_f32(shape.clone(), &full));
-        }
-        if tp.rank() != 0 {
-            return Ok(None);
-        }
-        let mut tensors = whole.into_iter();
-        let everything = config.shard(1, 0)?;
-        Ok(Some(Qwen2Params::try_build(
-            config,
-            &everything,
-            |_, _, _| {
-                tensors
-                    .next()
-                    .ok_or_else(|| anyhow::anyhow!("fewer tensors than parameters"))
-            },
-        )?))
-    }
-
-    /// The compute weights' device memory (one span per parameter, checkpoint order), once all
-    /// queued work is done; `None` on a host backend.
-    pub fn compute_weight_spans(&self) -> Result<Option<Vec<crate::backend::DeviceSpan>>> {
-        let mut spans = Vec::new();
-        for param in self.model.params.iter() {
-            match self.backend.device_span(param)? {
-                Some(span) => spans.push(span),
-                None => return Ok(None),
-            }
-        }
-        Ok(Some(spans))
     }
 
     /// Writes masters and moments (resumable) and an HF-layout bf16 model to `dir`: whole
