@@ -12,10 +12,13 @@
 //! copies (`host_reduce_scatter`); nothing else is a fixed overhead (the baseline is taken after
 //! the data exists).
 
-use std::alloc::{GlobalAlloc, Layout, System};
+#[path = "common/counting_alloc.rs"]
+mod counting_alloc;
+
+use counting_alloc::{current, peak, reset_peak, Counting, MEASURING};
 use std::path::Path;
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::{Arc, Barrier, Mutex};
+use std::sync::{Arc, Barrier};
 use swerve::backend::cpu::CpuBackend;
 use swerve::bench::plan::{
     kv_cache_bytes, rollout_plan, training_plan, RolloutSetup, Target, TrainingSetup,
@@ -30,74 +33,8 @@ use swerve::train::learner::{Groups, Learner};
 use swerve::train::loss::Objective;
 use swerve::train::optimizer::AdamWConfig;
 
-/// `System`, counting the bytes live now and the most live since the last [`reset_peak`].
-struct Counting;
-
-static CURRENT: AtomicUsize = AtomicUsize::new(0);
-static PEAK: AtomicUsize = AtomicUsize::new(0);
-
-fn grew(bytes: usize) {
-    let now = CURRENT.fetch_add(bytes, Ordering::SeqCst) + bytes;
-    PEAK.fetch_max(now, Ordering::SeqCst);
-}
-
-fn shrank(bytes: usize) {
-    CURRENT.fetch_sub(bytes, Ordering::SeqCst);
-}
-
-// SAFETY: every call is forwarded to `System` unchanged; the counters only observe sizes.
-unsafe impl GlobalAlloc for Counting {
-    unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
-        let p = System.alloc(layout);
-        if !p.is_null() {
-            grew(layout.size());
-        }
-        p
-    }
-
-    unsafe fn alloc_zeroed(&self, layout: Layout) -> *mut u8 {
-        let p = System.alloc_zeroed(layout);
-        if !p.is_null() {
-            grew(layout.size());
-        }
-        p
-    }
-
-    unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
-        System.dealloc(ptr, layout);
-        shrank(layout.size());
-    }
-
-    unsafe fn realloc(&self, ptr: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
-        let p = System.realloc(ptr, layout, new_size);
-        if !p.is_null() {
-            if new_size >= layout.size() {
-                grew(new_size - layout.size());
-            } else {
-                shrank(layout.size() - new_size);
-            }
-        }
-        p
-    }
-}
-
 #[global_allocator]
 static ALLOCATOR: Counting = Counting;
-
-fn current() -> usize {
-    CURRENT.load(Ordering::SeqCst)
-}
-
-fn reset_peak() {
-    PEAK.store(current(), Ordering::SeqCst);
-}
-
-fn peak() -> usize {
-    PEAK.load(Ordering::SeqCst)
-}
-
-/// One measurement at a time: the tests of this binary share the counters.
-static MEASURING: Mutex<()> = Mutex::new(());
 
 /// Big enough that the model's memory dominates every fixed overhead (8.1 M parameters: 32 MB
 /// of f32 weights, 162 MB with gradients, masters and moments), with activations a large part of
