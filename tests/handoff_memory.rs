@@ -7,7 +7,10 @@
 //!   allocation peak over the handoff stays under one rank's shard in bf16, where the old
 //!   whole-model gather, measured in the same test as the meter's own check, peaks at more than
 //!   the whole model in f32; the engine then generates exactly (tokens and logprobs) as an
-//!   engine given the gathered whole weights.
+//!   engine given the gathered whole weights;
+//! - `release_gradients` gives every TP 4 rank's gradients back, and with the optimizer state
+//!   offloaded (`--offload-optimizer`) a run's losses, gradient norms, weights and checkpoint are
+//!   bit for bit those without.
 //!
 //! The model: hidden 512, 4 layers, 8 heads over 4 KV heads of 64, MLP 2048, vocabulary 2048,
 //! untied: 17,834,496 parameters (71.3 MB in f32). A TP 4 rank holds 4,462,080 of them (2 query
@@ -30,6 +33,7 @@ use swerve::model::synthetic;
 use swerve::rng::{Rng, SplitMix64};
 use swerve::train::data::TrainSequence;
 use swerve::train::group::{LearnerGroup, LearnerSpec, Trainer};
+use swerve::train::learner::Learner;
 use swerve::train::loss::Objective;
 use swerve::train::optimizer::AdamWConfig;
 
@@ -81,14 +85,19 @@ fn sequences(vocab: usize, seed: u64) -> Vec<TrainSequence> {
         .collect()
 }
 
-fn learner_group(dir: &Path) -> LearnerGroup {
-    let spec = LearnerSpec {
+fn spec(dir: &Path, offload_optimizer: bool) -> LearnerSpec {
+    LearnerSpec {
         model_dir: dir.to_path_buf(),
         adamw: AdamWConfig::default(),
         micro_batch_tokens: 4096,
         checkpoint_layers: true,
-    };
-    LearnerGroup::start(DeviceChoice::Cpu, TP, ProcessGroupEnv::single(), spec).unwrap()
+        offload_optimizer,
+    }
+}
+
+fn learner_group(dir: &Path, offload_optimizer: bool) -> LearnerGroup {
+    let process = ProcessGroupEnv::single();
+    LearnerGroup::start(DeviceChoice::Cpu, TP, process, spec(dir, offload_optimizer)).unwrap()
 }
 
 /// One optimizer step over [`sequences`] at a learning rate that moves every weight visibly.
@@ -194,7 +203,7 @@ fn a_tp4_handoff_holds_under_one_shard_in_host_memory_and_the_engine_computes_th
     let shard_bf16 = 2 * largest_shard;
     let whole_f32 = 4 * config.num_parameters();
 
-    let mut group = learner_group(dir.path());
+    let mut group = learner_group(dir.path(), false);
     train_step(&mut group, 1);
     let streamed = engine(dir.path());
     let base = outputs(&generate(&streamed));
@@ -240,4 +249,79 @@ fn a_tp4_handoff_holds_under_one_shard_in_host_memory_and_the_engine_computes_th
     let handed = outputs(&generate(&streamed));
     assert_eq!(handed, outputs(&generate(&gathered)));
     assert_ne!(handed, base, "the handoff changed nothing");
+}
+
+#[test]
+fn gradients_are_given_back_at_tp4_and_offloading_the_optimizer_changes_no_result() {
+    let _one = MEASURING.lock().unwrap_or_else(|e| e.into_inner());
+    let dir = tempfile::tempdir().unwrap();
+    let config = config();
+    synthetic::write_model_dir(&config, 4, dir.path()).unwrap();
+    // Every rank's f32 gradients (norms held whole on every rank).
+    let gradient_bytes: usize = (0..TP)
+        .map(|r| 4 * local_parameters(&config, &config.shard(TP, r).unwrap()))
+        .sum();
+    let mut runs = Vec::new();
+    for offload in [false, true] {
+        let mut group = learner_group(dir.path(), offload);
+        let first = train_step(&mut group, 1);
+        let (_, freed, ()) = measure(|| group.release_gradients().unwrap());
+        let freed = -freed;
+        eprintln!(
+            "offload {offload}: release_gradients gave back {:.2} MB; the gradients are {:.2} MB",
+            mb(freed as usize),
+            mb(gradient_bytes)
+        );
+        // On the CPU an offloaded state moves from host memory to host memory: only the
+        // gradients are freed, whichever the flag.
+        let slack = gradient_bytes / 100;
+        assert!(
+            (freed as usize).abs_diff(gradient_bytes) <= slack,
+            "offload {offload}: {freed} bytes freed for {gradient_bytes} of gradients"
+        );
+        // The next steps allocate the gradients again and bring the optimizer state back.
+        let second = train_step(&mut group, 2);
+        group.release_gradients().unwrap();
+        let third = train_step(&mut group, 3);
+        let weights = group.gather_compute_weights().unwrap();
+        let bits: Vec<Vec<u8>> = weights.iter().map(|t| t.bytes.to_vec()).collect();
+        runs.push(([first, second, third], bits));
+    }
+    assert_eq!(runs[0].0, runs[1].0, "losses and gradient norms");
+    assert!(runs[0].1 == runs[1].1, "the weights differ with offload");
+}
+
+#[test]
+fn a_checkpoint_saved_while_the_optimizer_state_is_offloaded_is_the_same() {
+    let _one = MEASURING.lock().unwrap_or_else(|e| e.into_inner());
+    let dir = tempfile::tempdir().unwrap();
+    let config = config();
+    synthetic::write_model_dir(&config, 5, dir.path()).unwrap();
+    let backend = swerve::backend::cpu::CpuBackend::with_threads(2);
+    let out = tempfile::tempdir().unwrap();
+    let mut files = Vec::new();
+    for offload in [false, true] {
+        let mut learner =
+            Learner::new(&backend, dir.path(), AdamWConfig::default(), 4096, true).unwrap();
+        learner.offload_optimizer = offload;
+        train_step(&mut learner, 1);
+        Trainer::release_gradients(&mut learner).unwrap();
+        assert_eq!(learner.optimizer_state_offloaded(), offload);
+        let saved = out.path().join(format!("offload-{offload}"));
+        let state = serde_json::json!({"updates": learner.updates()});
+        learner.save(dir.path(), &saved, &state).unwrap();
+        // A restore brings the state back from the file, offloaded or not.
+        learner.restore(&saved).unwrap();
+        assert!(!learner.optimizer_state_offloaded());
+        let after = train_step(&mut learner, 2);
+        let read = |name: &str| std::fs::read(saved.join(name)).unwrap();
+        files.push((
+            read("optimizer.safetensors"),
+            read("model.safetensors"),
+            after,
+        ));
+    }
+    assert!(files[0].0 == files[1].0, "the optimizer files differ");
+    assert!(files[0].1 == files[1].1, "the model files differ");
+    assert_eq!(files[0].2, files[1].2);
 }

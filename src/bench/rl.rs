@@ -170,6 +170,7 @@ fn iteration_options(
         rft_lr: 5e-6,
         rft_epochs: 1,
         tensor_parallel: 1,
+        offload_optimizer: false,
     }
 }
 

@@ -470,6 +470,11 @@ struct RlArgs {
     /// Tensor-parallel ranks of the learner and of the rollout engine, a thread (and GPU) each.
     #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u64).range(1..))]
     tensor_parallel: u64,
+    /// Move the optimizer state (f32 masters and AdamW moments) to host memory while the
+    /// rollouts run and back before the next step: more GPU memory for the KV cache, a copy each
+    /// way per iteration, the same results.
+    #[arg(long)]
+    offload_optimizer: bool,
 }
 
 impl RlArgs {
@@ -526,6 +531,7 @@ impl RlArgs {
             rft_lr: self.rft_lr.unwrap_or(d.rft_lr),
             rft_epochs: self.rft_epochs,
             tensor_parallel: self.tensor_parallel as usize,
+            offload_optimizer: self.offload_optimizer,
         }
     }
 }

@@ -54,8 +54,9 @@ pub trait Trainer {
     /// Sends every rank's compute weights into `out`: rank 0's shard one tensor at a time, then
     /// rank 1's, ... (see [`Learner::send_compute_weights`]).
     fn send_compute_weights(&self, out: &ShardSender) -> Result<()>;
-    /// Gives the gradient buffers' memory back until the next step (see
-    /// [`Learner::release_gradients`]).
+    /// Gives memory back while the rollouts run, until the next step: the gradient buffers, and
+    /// the optimizer state's device memory where the learner offloads it (see
+    /// [`Learner::release_training_memory`]).
     fn release_gradients(&mut self) -> Result<()>;
 }
 
@@ -88,8 +89,7 @@ impl<B: BackendGrad> Trainer for Learner<'_, B> {
         Learner::send_compute_weights(self, out)
     }
     fn release_gradients(&mut self) -> Result<()> {
-        Learner::release_gradients(self);
-        Ok(())
+        self.release_training_memory()
     }
 }
 
@@ -105,7 +105,7 @@ enum Call {
     SendWeights(ShardSender),
     /// Every rank's whole-model gather (rank 0 answers with the model).
     Weights,
-    ReleaseGradients,
+    ReleaseTrainingMemory,
 }
 
 /// Rank 0's answer to a call.
@@ -137,6 +137,8 @@ pub struct LearnerSpec {
     pub adamw: AdamWConfig,
     pub micro_batch_tokens: usize,
     pub checkpoint_layers: bool,
+    /// See [`Learner::offload_optimizer`].
+    pub offload_optimizer: bool,
 }
 
 /// A rank's end of its channels: calls in, answers out.
@@ -171,7 +173,8 @@ impl RankTask for Serve {
             &groups,
         );
         let mut learner = match built {
-            Ok(learner) => {
+            Ok(mut learner) => {
+                learner.offload_optimizer = spec.offload_optimizer;
                 let _ = answers.send(Ok(Answer::Saved));
                 learner
             }
@@ -218,8 +221,8 @@ fn serve_call<B: BackendGrad>(learner: &mut Learner<'_, B>, call: Call) -> Resul
             Answer::Saved
         }
         Call::Weights => Answer::Weights(learner.gather_compute_weights()?),
-        Call::ReleaseGradients => {
-            learner.release_gradients();
+        Call::ReleaseTrainingMemory => {
+            learner.release_training_memory()?;
             Answer::Saved
         }
     })
@@ -433,7 +436,7 @@ impl Trainer for LearnerGroup {
         Ok(())
     }
     fn release_gradients(&mut self) -> Result<()> {
-        match self.call(|| Call::ReleaseGradients)? {
+        match self.call(|| Call::ReleaseTrainingMemory)? {
             Answer::Saved => Ok(()),
             _ => Err(unexpected()),
         }
