@@ -12,92 +12,30 @@
 //! copies (`host_reduce_scatter`); nothing else is a fixed overhead (the baseline is taken after
 //! the data exists).
 
-use std::alloc::{GlobalAlloc, Layout, System};
+#[path = "common/counting_alloc.rs"]
+mod counting_alloc;
+
+use counting_alloc::{current, peak, reset_peak, Counting, MEASURING};
 use std::path::Path;
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::{Arc, Barrier, Mutex};
+use std::sync::{Arc, Barrier};
 use swerve::backend::cpu::CpuBackend;
 use swerve::bench::plan::{
-    kv_cache_bytes, rollout_plan, training_plan, RolloutSetup, Target, TrainingSetup,
+    kv_cache_bytes, kv_tokens_that_fit, rollout_plan, training_plan, zero_share, ColocatedTrainer,
+    RolloutSetup, Target, TrainingSetup,
 };
 use swerve::config::{ModelConfig, RopeConfig, RopeScaling};
 use swerve::dist::local::LocalGroup;
 use swerve::engine::{Engine, EngineConfig, GenerationRequest, SamplingParams};
-use swerve::model::{synthetic, Qwen2Model};
+use swerve::model::{synthetic, PagedKv, Qwen2Model};
 use swerve::rng::{Rng, SplitMix64};
 use swerve::train::data::TrainSequence;
 use swerve::train::learner::{Groups, Learner};
 use swerve::train::loss::Objective;
 use swerve::train::optimizer::AdamWConfig;
 
-/// `System`, counting the bytes live now and the most live since the last [`reset_peak`].
-struct Counting;
-
-static CURRENT: AtomicUsize = AtomicUsize::new(0);
-static PEAK: AtomicUsize = AtomicUsize::new(0);
-
-fn grew(bytes: usize) {
-    let now = CURRENT.fetch_add(bytes, Ordering::SeqCst) + bytes;
-    PEAK.fetch_max(now, Ordering::SeqCst);
-}
-
-fn shrank(bytes: usize) {
-    CURRENT.fetch_sub(bytes, Ordering::SeqCst);
-}
-
-// SAFETY: every call is forwarded to `System` unchanged; the counters only observe sizes.
-unsafe impl GlobalAlloc for Counting {
-    unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
-        let p = System.alloc(layout);
-        if !p.is_null() {
-            grew(layout.size());
-        }
-        p
-    }
-
-    unsafe fn alloc_zeroed(&self, layout: Layout) -> *mut u8 {
-        let p = System.alloc_zeroed(layout);
-        if !p.is_null() {
-            grew(layout.size());
-        }
-        p
-    }
-
-    unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
-        System.dealloc(ptr, layout);
-        shrank(layout.size());
-    }
-
-    unsafe fn realloc(&self, ptr: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
-        let p = System.realloc(ptr, layout, new_size);
-        if !p.is_null() {
-            if new_size >= layout.size() {
-                grew(new_size - layout.size());
-            } else {
-                shrank(layout.size() - new_size);
-            }
-        }
-        p
-    }
-}
-
 #[global_allocator]
 static ALLOCATOR: Counting = Counting;
-
-fn current() -> usize {
-    CURRENT.load(Ordering::SeqCst)
-}
-
-fn reset_peak() {
-    PEAK.store(current(), Ordering::SeqCst);
-}
-
-fn peak() -> usize {
-    PEAK.load(Ordering::SeqCst)
-}
-
-/// One measurement at a time: the tests of this binary share the counters.
-static MEASURING: Mutex<()> = Mutex::new(());
 
 /// Big enough that the model's memory dominates every fixed overhead (8.1 M parameters: 32 MB
 /// of f32 weights, 162 MB with gradients, masters and moments), with activations a large part of
@@ -304,7 +242,7 @@ fn an_engine_prefill_step_peaks_where_the_plan_says() {
         step_tokens: rows,
         max_num_seqs: 256,
         block_size: 16,
-        colocated_trainer: false,
+        colocated_trainer: ColocatedTrainer::Absent,
     };
     let planned = rollout_plan(&config, &setup, &Target::cpu(), 0)
         .unwrap()
@@ -319,4 +257,78 @@ fn an_engine_prefill_step_peaks_where_the_plan_says() {
         "prefill step off by {:.2}%",
         100.0 * error
     );
+}
+
+/// Qwen2.5-72B (`qwen2.5-72b-yarn4`) in the RL loop on 16 nodes x 8 H200 (TP 8 x DP 16, 140 GiB
+/// = 150,323,855,360 bytes a card; 10 rollouts at the full context, steps of 8,192 rows; a
+/// 1 GiB reserve): the KV cache rank 0's rollouts hold beside the rest, by what the colocated
+/// trainer keeps while they run (`swerve-bench plan --gpus 128 --gpu-memory 140` prints it).
+/// By hand:
+///
+/// - Rank 0's shard (8 of 64 heads, 1 of 8 KV heads, 3,696 of 29,568 MLP columns, 19,008 of
+///   152,064 vocabulary rows, d = 8,192): a layer holds q 1,024 x d + 1,024, k and v
+///   128 x d + 128 each, o d x 1,024, two norms 2d, gate/up/down 3 x 3,696 x d = 109,724,928;
+///   80 layers 8,777,994,240, embedding and LM head rows 2 x 19,008 x d = 311,427,072, final
+///   norm 8,192: P = 9,089,429,504 parameters.
+/// - The trainer's f32 gradients: 4P = 36,357,718,016 bytes.
+/// - Its masters + 2 moments: 12 bytes a parameter of the largest ZeRO-1 share. Dealt largest
+///   tensor first to the least loaded of 16 replicas, replica 2 ends with 16 MLP matrices
+///   (3,696 x d = 30,277,632), 9 q/o matrices (1,024 x d = 8,388,608) and 8 k/v matrices
+///   (128 x d = 1,048,576): S = 568,328,192, 12S = 6,819,938,304 bytes.
+/// - Always there: both copies of the bf16 weights 2 x 2P = 36,357,718,016; the engine step's
+///   bf16 activations at T = 8,192 rows (residual, delta, hidden states and two norm outputs
+///   5 [T, d]; q and attention out 2 [T, 8 x 128]; k, v 2 [T, 128]; gate, up, act
+///   3 [T, 3,696]) 890,503,168 and its 10 sampled rows (10 x d bf16 + 10 x (19,008 + 152,064)
+///   f32 logits) 7,006,720; two cuBLASLt workspaces 2 x 32 MiB = 67,108,864; the reserve
+///   1,073,741,824; the decode graph's buffers 17,177,088 (batch 16 with its split-KV scratch,
+///   read from the plan). Together 38,413,255,680 bytes.
+/// - KV: 2 (K, V) x 80 layers x 1 KV head x 128 x 2 bytes = 40,960 bytes a token, 655,360 a
+///   16-token block; tokens = (floor(room / 655,360) - 1 null block) x 16.
+///
+/// ```text
+///  trainer keeps                    beside the KV    room              tokens     at 131,072  at 65,536
+///  gradients + optimizer state      81,590,912,000    68,732,943,360   1,678,032          12         25
+///  optimizer state (rl's default)   45,233,193,984   105,090,661,376   2,565,664          19         39
+///  weights (--offload-optimizer)    38,413,255,680   111,910,599,680   2,732,176          20         41
+/// ```
+///
+/// Giving the gradients back wins 887,632 tokens (7 sequences at 131,072); offloading the
+/// optimizer state 166,512 more (1 sequence: with 16 replicas a rank's share is small).
+#[test]
+fn the_colocated_rollouts_at_72b_win_kv_cache_from_what_the_trainer_gives_back() {
+    use ColocatedTrainer::*;
+    let (config, _) = synthetic::preset("qwen2.5-72b-yarn4").unwrap();
+    let target = Target::cuda(132, 1 << 30);
+    let capacity = 140u64 << 30;
+    let local = config.shard(8, 0).unwrap();
+    assert_eq!(zero_share(&config, &local, 16), 568_328_192);
+    let per_token = PagedKv::<()>::bytes_per_token(&config, &local, 2) as u64;
+    assert_eq!(per_token, 40_960);
+    for (context, sequences_that_fit) in [(131_072, [12, 19, 20]), (65_536, [25, 39, 41])] {
+        let mut tokens = Vec::new();
+        for kept in [KeepsEverything, GradientsReleased, OptimizerOffloaded] {
+            let setup = RolloutSetup {
+                tp: 8,
+                dp: 16,
+                sequences: 10,
+                context,
+                step_tokens: 8192,
+                max_num_seqs: 256,
+                block_size: 16,
+                colocated_trainer: kept,
+            };
+            let plan = rollout_plan(&config, &setup, &target, 0).unwrap();
+            let beside = plan.peak().1 - plan.resident_named("KV cache");
+            let expected = match kept {
+                KeepsEverything => 81_590_912_000,
+                GradientsReleased => 45_233_193_984,
+                _ => 38_413_255_680,
+            };
+            assert_eq!(beside, expected, "{kept:?} at {context}");
+            tokens.push(kv_tokens_that_fit(&plan, capacity, per_token, 16));
+        }
+        assert_eq!(tokens, [1_678_032, 2_565_664, 2_732_176], "at {context}");
+        let sequences: Vec<u64> = tokens.iter().map(|t| t / context as u64).collect();
+        assert_eq!(sequences, sequences_that_fit, "at {context}");
+    }
 }

@@ -202,6 +202,11 @@ impl Backend for CpuBackend {
         Ok(tensor.data.clone())
     }
 
+    /// One copy of the f32 values (the default would make two).
+    fn to_host_tensor(&self, tensor: &CpuTensor) -> Result<HostTensor<'static>> {
+        Ok(HostTensor::from_f32(tensor.shape.clone(), &tensor.data))
+    }
+
     fn shape<'t>(&self, tensor: &'t CpuTensor) -> &'t [usize] {
         &tensor.shape
     }

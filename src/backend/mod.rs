@@ -185,6 +185,13 @@ pub trait Backend {
     }
     /// Every element as f32 on the host.
     fn to_host(&self, tensor: &Self::Tensor) -> Result<Vec<f32>>;
+    /// The tensor on the host in its own element type (bf16 weights on CUDA, f32 on the CPU):
+    /// what a weight handoff through host memory sends, one tensor at a time. Default: widened
+    /// to f32.
+    fn to_host_tensor(&self, tensor: &Self::Tensor) -> Result<HostTensor<'static>> {
+        let values = self.to_host(tensor)?;
+        Ok(HostTensor::from_f32(self.shape(tensor).to_vec(), &values))
+    }
     fn shape<'t>(&self, tensor: &'t Self::Tensor) -> &'t [usize];
     /// A copy of rows `range` of a tensor (first dimension).
     fn slice_rows(

@@ -29,8 +29,10 @@
 //! the context ([`kv_cache_bytes`]), one engine step of `step_tokens` rows over the cache
 //! (`Qwen2Model::forward_paged`: embedding, delta, one layer's buffers, hidden states; the split
 //! KV scratch of `WorkPlan`; f32 logits of the sampled rows), the decode buffers of the CUDA graph
-//! pool, and when colocated the trainer's resident state (its weights, masters and moments: the
-//! RL loop gives the gradients' memory back while the rollouts run).
+//! pool, and when colocated what the trainer keeps meanwhile ([`ColocatedTrainer`]: its weights,
+//! and its masters and moments unless `--offload-optimizer` moved them to host memory; the RL
+//! loop gives the gradients' memory back). [`kv_tokens_that_fit`] turns a plan into the KV cache
+//! a card holds beside the rest.
 //!
 //! Element sizes are parameters ([`Target`]): bf16 weights and activations on CUDA, f32
 //! everything on the CPU reference; gradients, masters, moments and the attention's logsumexp are
@@ -530,9 +532,22 @@ pub struct RolloutSetup {
     /// Sequences the scheduler runs at once (`max_num_seqs`).
     pub max_num_seqs: usize,
     pub block_size: usize,
-    /// The trainer shares the GPU (the RL loop): its weights, masters and moments stay (its
-    /// gradients are released during the rollouts).
-    pub colocated_trainer: bool,
+    /// What a trainer sharing the GPU (the RL loop) keeps on it during the rollouts.
+    pub colocated_trainer: ColocatedTrainer,
+}
+
+/// What a trainer sharing the GPUs with the rollouts keeps on them while they run.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ColocatedTrainer {
+    /// No trainer: the engine alone (`swerve-serve`).
+    Absent,
+    /// Everything it trains with: weights, f32 gradients, masters and moments.
+    KeepsEverything,
+    /// Weights, masters and moments: the RL loop gives the gradients back
+    /// (`Trainer::release_gradients`), `swerve-train rl`'s default.
+    GradientsReleased,
+    /// Weights only: `--offload-optimizer` moves the masters and moments to host memory too.
+    OptimizerOffloaded,
 }
 
 /// The rollout plan of tensor-parallel rank `tp_rank`.
@@ -562,15 +577,7 @@ pub fn rollout_plan(
     let w = target.weight_bytes;
     let weights = format!("engine's weights ({} parameters)", grouped(params));
     let mut resident = vec![part(weights, b(params, w))];
-    if setup.colocated_trainer {
-        resident.extend([
-            part("trainer's weights (colocated)", b(params, w)),
-            part(
-                format!("trainer's masters + 2 moments (ZeRO-1 / {})", setup.dp),
-                b(zero_share(config, &local, setup.dp), 12),
-            ),
-        ]);
-    }
+    resident.extend(colocated_trainer_parts(config, &local, setup, w));
     // One null block besides the sequences' own (`EngineConfig::num_blocks` counts it).
     let blocks = sequences * context.div_ceil(block_size) + 1;
     let per_token =
@@ -596,7 +603,8 @@ pub fn rollout_plan(
             ));
         }
     }
-    resident.extend(target.fixed(1 + u64::from(setup.colocated_trainer)));
+    let colocated = setup.colocated_trainer != ColocatedTrainer::Absent;
+    resident.extend(target.fixed(1 + u64::from(colocated)));
     let rows = setup.step_tokens.min(context);
     let sampled = running.min(rows);
     let what = format!(
@@ -615,6 +623,50 @@ pub fn rollout_plan(
         }],
     }
     .with_nonzero_parts())
+}
+
+/// What a colocated trainer keeps on one rank during the rollouts (nothing when absent).
+fn colocated_trainer_parts(
+    config: &ModelConfig,
+    local: &LocalSizes,
+    setup: &RolloutSetup,
+    weight_bytes: u64,
+) -> Vec<Component> {
+    use ColocatedTrainer::*;
+    let params = local_parameters(config, local);
+    let mut parts = Vec::new();
+    if setup.colocated_trainer == Absent {
+        return parts;
+    }
+    parts.push(part(
+        "trainer's weights (colocated)",
+        b(params, weight_bytes),
+    ));
+    if setup.colocated_trainer == KeepsEverything {
+        parts.push(part("trainer's f32 gradients (kept)", b(params, 4)));
+    }
+    if matches!(setup.colocated_trainer, KeepsEverything | GradientsReleased) {
+        parts.push(part(
+            format!("trainer's masters + 2 moments (ZeRO-1 / {})", setup.dp),
+            b(zero_share(config, local, setup.dp), 12),
+        ));
+    }
+    parts
+}
+
+/// The KV cache tokens one rank's rollouts could hold on a card of `capacity` bytes beside
+/// everything else `plan` (a [`rollout_plan`]) holds at its peak: whole blocks of `block_size`
+/// tokens of `bytes_per_token` each (`PagedKv::bytes_per_token`), the null block aside.
+pub fn kv_tokens_that_fit(
+    plan: &MemoryPlan,
+    capacity: u64,
+    bytes_per_token: u64,
+    block_size: usize,
+) -> u64 {
+    let others = plan.peak().1 - plan.resident_named("KV cache");
+    let block = bytes_per_token * block_size as u64;
+    let blocks = capacity.saturating_sub(others) / block.max(1);
+    blocks.saturating_sub(1) * block_size as u64
 }
 
 /// What one engine step computes.

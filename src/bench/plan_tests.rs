@@ -124,7 +124,7 @@ fn qwen_72b_at_tp8_on_h200s() {
         step_tokens: 8192,
         max_num_seqs: 256,
         block_size: 16,
-        colocated_trainer: false,
+        colocated_trainer: ColocatedTrainer::Absent,
     };
     let r = rollout_plan(&c, &rollouts, &target, 0).unwrap();
     assert_eq!(r.resident_named("KV cache"), (10 * 8192 + 1) * 16 * 40_960);

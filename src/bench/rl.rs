@@ -2,8 +2,9 @@
 //! handoff from the trainer to the engine against the size of the weights.
 //!
 //! ```text
-//!   handoff:    trainer compute weights -> host -> engine (prefix cache reset, version + 1),
-//!               timed `reps` times: seconds and GB/s of weights moved
+//!   handoff:    trainer compute weights -> engine, device to device on a GPU, one tensor at a
+//!               time through the host on the CPU (prefix cache reset, version + 1), timed
+//!               `reps` times: seconds and GB/s of weights moved
 //!   iteration:  `swerve-train rl` for one iteration on built-in Python tasks through the local
 //!               sandbox (the model is random, so its turns are format errors: the point is
 //!               the time split), read back from iterations.jsonl
@@ -86,8 +87,8 @@ fn measure_handoff<B: BackendGrad>(
         let started = Instant::now();
         match learner.compute_weight_spans()? {
             // SAFETY: the learner is not trained while the engine copies.
-            Some(spans) => unsafe { engine.update_weights_from_device(spans) }?,
-            None => engine.update_weights_from(learner.compute_weights()?)?,
+            Some(rank) => unsafe { engine.update_weights_from_device(vec![rank]) }?,
+            None => engine.update_weights_streamed(|out| learner.send_compute_weights(out))?,
         };
         seconds.push(started.elapsed().as_secs_f64());
     }
@@ -172,6 +173,7 @@ fn iteration_options(
         rft_epochs: 1,
         save_rollouts: false,
         tensor_parallel: 1,
+        offload_optimizer: false,
     }
 }
 

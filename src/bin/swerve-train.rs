@@ -482,6 +482,11 @@ struct RlArgs {
     /// Tensor-parallel ranks of the learner and of the rollout engine, a thread (and GPU) each.
     #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u64).range(1..))]
     tensor_parallel: u64,
+    /// Move the optimizer state (f32 masters and AdamW moments) to host memory while the
+    /// rollouts run and back before the next step: more GPU memory for the KV cache, a copy each
+    /// way per iteration, the same results.
+    #[arg(long)]
+    offload_optimizer: bool,
 }
 
 impl RlArgs {
@@ -541,6 +546,7 @@ impl RlArgs {
             rft_epochs: self.rft_epochs as usize,
             save_rollouts: self.save_rollouts,
             tensor_parallel: self.tensor_parallel as usize,
+            offload_optimizer: self.offload_optimizer,
         }
     }
 }

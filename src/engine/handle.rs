@@ -13,13 +13,13 @@
 //! on the engine. [`EngineHandle::pause`] stops stepping (requests keep their state and blocks;
 //! commands are still served) until [`EngineHandle::resume`].
 
-use crate::backend::DeviceSpan;
 use crate::engine::engine::{EngineEvent, EngineStats, FinalRecord, TokenEvent};
 use crate::engine::parallel::EngineCore;
 use crate::engine::prompt_logprobs::PromptLogprobs;
 use crate::engine::request::{GenerationRequest, RequestOptions};
 use crate::engine::sleep::Released;
 use crate::kvcache::RequestId;
+use crate::model::handoff::{shard_channel, RankSpans, ShardSender, ShardTensor};
 use crate::model::Qwen2Params;
 use crate::tensor::HostTensor;
 use anyhow::{anyhow, Result};
@@ -61,7 +61,8 @@ enum Command {
     Abort(RequestId),
     UpdateWeights(PathBuf, Sender<Result<u64>>),
     UpdateWeightsFrom(Arc<Qwen2Params<HostTensor<'static>>>, Sender<Result<u64>>),
-    UpdateWeightsFromDevice(Vec<DeviceSpan>, Sender<Result<u64>>),
+    UpdateWeightsFromDevice(Vec<RankSpans>, Sender<Result<u64>>),
+    UpdateWeightsStreamed(Receiver<ShardTensor>, Sender<Result<u64>>),
     ReleaseKv(Sender<Result<usize>>),
     RestoreKv(Sender<Result<()>>),
     Stats(Sender<EngineStats>),
@@ -215,15 +216,37 @@ impl EngineHandle {
         rx.recv().map_err(|_| anyhow!("the engine has stopped"))?
     }
 
-    /// Overwrites the engine's weights from another backend's device memory on the same device,
-    /// between steps (see [`Engine::update_weights_from_device`]); returns the new version.
+    /// Overwrites the engine's weights from another backend's device memory on the same
+    /// devices, between steps: each engine rank copies the spans of the trainer rank of the same
+    /// index (`ranks`, in rank order), device to device (see
+    /// [`crate::engine::Engine::update_weights_from_device`]); returns the new version.
     ///
     /// # Safety
     /// The spans' memory must stay live and unwritten until this returns.
-    pub unsafe fn update_weights_from_device(&self, spans: Vec<DeviceSpan>) -> Result<u64> {
+    pub unsafe fn update_weights_from_device(&self, ranks: Vec<RankSpans>) -> Result<u64> {
         let (tx, rx) = channel();
-        self.send(Command::UpdateWeightsFromDevice(spans, tx))?;
+        self.send(Command::UpdateWeightsFromDevice(ranks, tx))?;
         rx.recv().map_err(|_| anyhow!("the engine has stopped"))?
+    }
+
+    /// Overwrites the engine's weights, between steps, with the tensors `send` writes (on this
+    /// thread) into the sender it is given: every rank's shard in rank order, each in
+    /// checkpoint order ([`crate::model::handoff`]). The engine writes each tensor in place as
+    /// it takes it, so the host never holds more than a tensor or two of the model. Returns the
+    /// new version; where both fail, the engine's error (the cause) comes first.
+    pub fn update_weights_streamed(
+        &self,
+        send: impl FnOnce(&ShardSender) -> Result<()>,
+    ) -> Result<u64> {
+        let (tensors, stream) = shard_channel();
+        let (tx, rx) = channel();
+        self.send(Command::UpdateWeightsStreamed(stream, tx))?;
+        let sent = send(&tensors);
+        drop(tensors);
+        let updated = rx.recv().map_err(|_| anyhow!("the engine has stopped"))?;
+        let version = updated?;
+        sent?;
+        Ok(version)
     }
 
     /// Frees the KV cache's memory between steps (refused with requests in flight); the next
@@ -356,10 +379,16 @@ impl Thread {
             Command::UpdateWeightsFrom(host, reply) => {
                 let _ = reply.send(engine.update_weights_from_host(host));
             }
-            Command::UpdateWeightsFromDevice(spans, reply) => {
+            Command::UpdateWeightsFromDevice(ranks, reply) => {
                 // SAFETY: the caller of `update_weights_from_device` keeps the spans live
                 // and unwritten until it has the reply.
-                let _ = reply.send(unsafe { engine.update_weights_from_device(&spans) });
+                let _ = reply.send(unsafe { engine.update_weights_from_device(&ranks) });
+            }
+            Command::UpdateWeightsStreamed(stream, reply) => {
+                let result = engine.update_weights_streamed(&stream);
+                // Hang up first: a sender still sending learns that nobody takes more.
+                drop(stream);
+                let _ = reply.send(result);
             }
             Command::ReleaseKv(reply) => {
                 let _ = reply.send(engine.release_kv_cache());

@@ -9,6 +9,8 @@
 //!   of events per request, abort, weight updates, pause and resume.
 //! - [`launch`]: an engine for a model folder on the backend chosen at run time.
 //! - [`reload`]: weight updates in place between steps.
+//! - [`handoff`]: a trainer's weights in memory, each rank's shard to the engine rank of the same
+//!   index (device to device, or streamed one tensor at a time through the host).
 //! - [`parallel`]: a tensor-parallel group of engines stepped in lockstep ([`TpEngine`]) behind
 //!   the same thread and handle ([`EngineCore`]).
 //! - [`prompt_logprobs`]: logprobs of a prompt's own tokens (for `echo`), computed during the
@@ -19,6 +21,7 @@
 #[allow(clippy::module_inception)]
 pub mod engine;
 pub mod handle;
+pub mod handoff;
 pub mod launch;
 pub mod parallel;
 pub mod prompt_logprobs;

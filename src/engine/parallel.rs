@@ -15,14 +15,15 @@
 //! divergence is an error, never a silent mix). Decode steps run eagerly (no CUDA graphs across
 //! ranks yet).
 
-use crate::backend::{Backend, DeviceSpan};
+use crate::backend::Backend;
 use crate::engine::engine::{Engine, EngineEvent, EngineStats, FinalRecord};
 use crate::engine::request::{GenerationRequest, RequestOptions};
 use crate::engine::sleep::Released;
 use crate::kvcache::RequestId;
+use crate::model::handoff::{shard_channel, RankSpans, ShardTensor};
 use crate::model::Qwen2Params;
 use crate::tensor::HostTensor;
-use anyhow::{anyhow, bail, Result};
+use anyhow::{anyhow, bail, ensure, Context, Result};
 use std::path::PathBuf;
 use std::sync::mpsc::{channel, Receiver, Sender};
 use std::sync::Arc;
@@ -46,9 +47,15 @@ pub trait EngineCore {
         &mut self,
         host: Arc<Qwen2Params<HostTensor<'static>>>,
     ) -> Result<u64>;
+    /// Each rank's weights from the device memory of the trainer rank of the same index on the
+    /// same GPU (`ranks`: one per rank, in rank order), every rank at once.
+    ///
     /// # Safety
-    /// As [`Engine::update_weights_from_device`].
-    unsafe fn update_weights_from_device(&mut self, spans: &[DeviceSpan]) -> Result<u64>;
+    /// As [`Engine::update_weights_from_device`], for every rank's spans.
+    unsafe fn update_weights_from_device(&mut self, ranks: &[RankSpans]) -> Result<u64>;
+    /// Each rank's weights from `stream`: rank 0's shard one tensor at a time, then rank 1's, ...
+    /// (see [`crate::model::handoff`]); never more than a tensor or two on the host at once.
+    fn update_weights_streamed(&mut self, stream: &Receiver<ShardTensor>) -> Result<u64>;
     fn release_kv_cache(&mut self) -> Result<usize>;
     fn restore_kv_cache(&mut self) -> Result<()>;
     /// See [`Engine::sleep`].
@@ -85,9 +92,17 @@ impl<B: Backend> EngineCore for Engine<B> {
     ) -> Result<u64> {
         self.update_weights_from_whole(&host)
     }
-    unsafe fn update_weights_from_device(&mut self, spans: &[DeviceSpan]) -> Result<u64> {
+    unsafe fn update_weights_from_device(&mut self, ranks: &[RankSpans]) -> Result<u64> {
+        ensure!(
+            ranks.len() == 1,
+            "device spans of {} trainer ranks for a one-rank engine",
+            ranks.len()
+        );
         // SAFETY: forwarded from the caller.
-        unsafe { Engine::update_weights_from_device(self, spans) }
+        unsafe { self.update_weights_from_rank_spans(&ranks[0]) }
+    }
+    fn update_weights_streamed(&mut self, stream: &Receiver<ShardTensor>) -> Result<u64> {
+        Engine::update_weights_streamed(self, stream)
     }
     fn release_kv_cache(&mut self) -> Result<usize> {
         Engine::release_kv_cache(self)
@@ -119,6 +134,12 @@ enum RankOp {
     Step,
     Reload(PathBuf),
     ReloadFrom(Arc<Qwen2Params<HostTensor<'static>>>),
+    /// This rank's spans of a device-to-device handoff.
+    CopyFromDevice(RankSpans),
+    /// This rank's shard of a streamed handoff, relayed by rank 0.
+    OverwriteFromStream(Receiver<ShardTensor>),
+    /// The end of a streamed handoff.
+    FinishStreamedUpdate,
     ReleaseKv,
     RestoreKv,
     Sleep(u8),
@@ -134,6 +155,7 @@ enum RankDone {
     /// Every token sampled in the step, in event order.
     Stepped(Vec<(RequestId, u32)>),
     Version(u64),
+    Overwritten,
     Released(usize),
     Restored,
     Slept(Released),
@@ -213,18 +235,18 @@ impl<B: Backend> TpEngine<B> {
         Ok(Self { leader, followers })
     }
 
-    /// Sends `op` to every follower (they start at once), runs `mine` here, then checks each
-    /// follower's answer against `expected(mine's result)` (`None`: any success will do).
+    /// Sends `op(rank)` to every follower (they start at once), runs `mine` here, then checks
+    /// each follower's answer against `expected(mine's result)` (`None`: any success will do).
     /// Returns rank 0's result and the followers' answers.
     fn lockstep<R>(
         &mut self,
-        op: impl Fn() -> RankOp,
+        op: impl Fn(usize) -> RankOp,
         mine: impl FnOnce(&mut Engine<B>) -> Result<R>,
         expected: impl Fn(&R) -> Option<RankDone>,
     ) -> Result<(R, Vec<RankDone>)> {
         for f in &self.followers {
             if let Some(ops) = &f.ops {
-                ops.send(op())
+                ops.send(op(f.rank))
                     .map_err(|_| anyhow!("tensor-parallel rank {} has stopped", f.rank))?;
             }
         }
@@ -259,6 +281,37 @@ impl<B: Backend> TpEngine<B> {
             None => result.map(|r| (r, answers)),
         }
     }
+
+    /// Rank 0 takes its own shard from `stream`, then relays each follower's, rank by rank,
+    /// through a rendezvous channel of its own: one tensor in flight at a time.
+    fn overwrite_every_shard(&mut self, stream: &Receiver<ShardTensor>) -> Result<()> {
+        self.leader.overwrite_from_stream(stream)?;
+        let tensors = self.leader.model.params.iter().count();
+        for f in &self.followers {
+            let ops = f
+                .ops
+                .as_ref()
+                .ok_or_else(|| anyhow!("tensor-parallel rank {} has stopped", f.rank))?;
+            let (relay, shard) = shard_channel();
+            ops.send(RankOp::OverwriteFromStream(shard))
+                .map_err(|_| anyhow!("tensor-parallel rank {} has stopped", f.rank))?;
+            for _ in 0..tensors {
+                // A short stream, or a rank that stopped taking: its answer says which.
+                let Ok(tensor) = stream.recv() else { break };
+                if relay.send(tensor).is_err() {
+                    break;
+                }
+            }
+            drop(relay);
+            match f.done.recv() {
+                Ok(Ok(RankDone::Overwritten)) => {}
+                Ok(Ok(other)) => bail!("tensor-parallel rank {} answered {other:?}", f.rank),
+                Ok(Err(e)) => return Err(e.context(format!("tensor-parallel rank {}", f.rank))),
+                Err(_) => bail!("tensor-parallel rank {} has stopped", f.rank),
+            }
+        }
+        Ok(())
+    }
 }
 
 /// A follower's loop: each op on its engine, the answer back, until rank 0 hangs up.
@@ -280,6 +333,15 @@ fn follow<B: Backend>(
             RankOp::ReloadFrom(host) => engine
                 .update_weights_from_whole(&host)
                 .map(RankDone::Version),
+            // SAFETY: rank 0 waits for this answer before `update_weights_from_device` returns,
+            // and its caller keeps the spans live and unwritten until then.
+            RankOp::CopyFromDevice(spans) => {
+                unsafe { engine.update_weights_from_rank_spans(&spans) }.map(RankDone::Version)
+            }
+            RankOp::OverwriteFromStream(stream) => engine
+                .overwrite_from_stream(&stream)
+                .map(|()| RankDone::Overwritten),
+            RankOp::FinishStreamedUpdate => Ok(RankDone::Version(engine.finish_streamed_update())),
             RankOp::ReleaseKv => engine.release_kv_cache().map(RankDone::Released),
             RankOp::RestoreKv => engine.restore_kv_cache().map(|()| RankDone::Restored),
             RankOp::Sleep(level) => engine.sleep(level).map(RankDone::Slept),
@@ -328,14 +390,14 @@ impl<B: Backend> EngineCore for TpEngine<B> {
         request: GenerationRequest,
         options: RequestOptions,
     ) -> Result<RequestId> {
-        let op = || RankOp::Add(request.clone(), options.clone());
+        let op = |_| RankOp::Add(request.clone(), options.clone());
         let added = |&id: &RequestId| Some(RankDone::Added(id));
         let mine = |e: &mut Engine<B>| e.add_request_with(request.clone(), options.clone());
         Ok(self.lockstep(op, mine, added)?.0)
     }
     fn abort(&mut self, id: RequestId) -> Option<FinalRecord> {
         let aborted = |r: &Option<FinalRecord>| Some(RankDone::Aborted(r.is_some()));
-        let result = self.lockstep(|| RankOp::Abort(id), |e| Ok(e.abort(id)), aborted);
+        let result = self.lockstep(|_| RankOp::Abort(id), |e| Ok(e.abort(id)), aborted);
         result.ok().and_then(|(record, _)| record)
     }
     fn has_unfinished(&self) -> bool {
@@ -343,10 +405,12 @@ impl<B: Backend> EngineCore for TpEngine<B> {
     }
     fn step(&mut self) -> Result<Vec<EngineEvent>> {
         let same_tokens = |events: &Vec<EngineEvent>| Some(RankDone::Stepped(sampled(events)));
-        Ok(self.lockstep(|| RankOp::Step, |e| e.step(), same_tokens)?.0)
+        Ok(self
+            .lockstep(|_| RankOp::Step, |e| e.step(), same_tokens)?
+            .0)
     }
     fn update_weights(&mut self, dir: &std::path::Path) -> Result<u64> {
-        let op = || RankOp::Reload(dir.to_path_buf());
+        let op = |_| RankOp::Reload(dir.to_path_buf());
         let version = |&v: &u64| Some(RankDone::Version(v));
         Ok(self.lockstep(op, |e| e.update_weights(dir), version)?.0)
     }
@@ -354,22 +418,38 @@ impl<B: Backend> EngineCore for TpEngine<B> {
         &mut self,
         host: Arc<Qwen2Params<HostTensor<'static>>>,
     ) -> Result<u64> {
-        let op = || RankOp::ReloadFrom(host.clone());
+        let op = |_| RankOp::ReloadFrom(host.clone());
         let version = |&v: &u64| Some(RankDone::Version(v));
         Ok(self
             .lockstep(op, |e| e.update_weights_from_whole(&host), version)?
             .0)
     }
-    unsafe fn update_weights_from_device(&mut self, _spans: &[DeviceSpan]) -> Result<u64> {
-        bail!(
-            "a device-to-device weight handoff to a tensor-parallel engine is not supported: hand \
-             the weights over through the host (update_weights_from_host) or a checkpoint folder"
-        )
+    unsafe fn update_weights_from_device(&mut self, ranks: &[RankSpans]) -> Result<u64> {
+        let tp = self.followers.len() + 1;
+        ensure!(
+            ranks.len() == tp,
+            "device spans of {} trainer ranks for a {tp}-rank engine",
+            ranks.len()
+        );
+        let op = |rank: usize| RankOp::CopyFromDevice(ranks[rank].clone());
+        // SAFETY: forwarded from the caller; `lockstep` waits for every rank's copy.
+        let mine = |e: &mut Engine<B>| unsafe { e.update_weights_from_rank_spans(&ranks[0]) };
+        let version = |&v: &u64| Some(RankDone::Version(v));
+        Ok(self.lockstep(op, mine, version)?.0)
+    }
+    fn update_weights_streamed(&mut self, stream: &Receiver<ShardTensor>) -> Result<u64> {
+        self.overwrite_every_shard(stream)
+            .context("the weights may now be partly overwritten: hand them over again")?;
+        let finish = |e: &mut Engine<B>| Ok(e.finish_streamed_update());
+        let version = |&v: &u64| Some(RankDone::Version(v));
+        Ok(self
+            .lockstep(|_| RankOp::FinishStreamedUpdate, finish, version)?
+            .0)
     }
     /// The K and V elements freed on every rank together.
     fn release_kv_cache(&mut self) -> Result<usize> {
         let (mine, theirs) =
-            self.lockstep(|| RankOp::ReleaseKv, |e| e.release_kv_cache(), |_| None)?;
+            self.lockstep(|_| RankOp::ReleaseKv, |e| e.release_kv_cache(), |_| None)?;
         Ok(mine
             + theirs
                 .iter()
@@ -381,13 +461,13 @@ impl<B: Backend> EngineCore for TpEngine<B> {
     }
     fn restore_kv_cache(&mut self) -> Result<()> {
         let restored = |_: &()| Some(RankDone::Restored);
-        self.lockstep(|| RankOp::RestoreKv, |e| e.restore_kv_cache(), restored)?;
+        self.lockstep(|_| RankOp::RestoreKv, |e| e.restore_kv_cache(), restored)?;
         Ok(())
     }
     /// The bytes released on every rank together.
     fn sleep(&mut self, level: u8) -> Result<Released> {
         let (mut total, theirs) =
-            self.lockstep(|| RankOp::Sleep(level), |e| e.sleep(level), |_| None)?;
+            self.lockstep(|_| RankOp::Sleep(level), |e| e.sleep(level), |_| None)?;
         for done in theirs {
             if let RankDone::Slept(r) = done {
                 total.kv_cache_bytes += r.kv_cache_bytes;
@@ -400,14 +480,14 @@ impl<B: Backend> EngineCore for TpEngine<B> {
         self.leader.weights_released()
     }
     fn restore_weights(&mut self, dir: &std::path::Path) -> Result<u64> {
-        let op = || RankOp::RestoreWeights(dir.to_path_buf());
+        let op = |_| RankOp::RestoreWeights(dir.to_path_buf());
         let version = |&v: &u64| Some(RankDone::Version(v));
         Ok(self.lockstep(op, |e| e.restore_weights(dir), version)?.0)
     }
     fn reset_prefix_cache(&mut self) -> usize {
         let reset = |&n: &usize| Some(RankDone::Reset(n));
         let done = self.lockstep(
-            || RankOp::ResetPrefixCache,
+            |_| RankOp::ResetPrefixCache,
             |e| Ok(e.reset_prefix_cache()),
             reset,
         );

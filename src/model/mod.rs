@@ -2,6 +2,7 @@
 
 pub mod backward;
 mod decode_step;
+pub mod handoff;
 pub mod layer;
 pub mod model_arg;
 pub mod parallel;

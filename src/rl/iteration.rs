@@ -536,14 +536,17 @@ pub(crate) fn handoff<T: Trainer>(
 ) -> Result<f64> {
     let started = Instant::now();
     match sampler {
+        // Each learner rank's shard to the engine rank of the same index, never the whole model
+        // (crate::model::handoff).
         Sampler::Engine(handle) => match learner.compute_weight_spans()? {
-            // Same device: the engine copies the trainer's bf16 buffers device to device.
+            // Same GPUs: each engine rank copies its learner rank's bf16 buffers device to device.
             // SAFETY: the learner is borrowed (nothing trains) until the engine has replied.
-            Some(spans) => {
-                unsafe { handle.update_weights_from_device(spans) }?;
+            Some(ranks) => {
+                unsafe { handle.update_weights_from_device(ranks) }?;
             }
+            // Host memory: rank by rank, one tensor at a time, each written in place.
             None => {
-                handle.update_weights_from(learner.whole_compute_weights()?)?;
+                handle.update_weights_streamed(|out| learner.send_compute_weights(out))?;
             }
         },
         Sampler::Server { policy, url } => {

@@ -80,6 +80,9 @@ pub struct RlOptions {
     pub save_rollouts: bool,
     /// Tensor-parallel ranks of the learner and of the engine (`--tensor-parallel`).
     pub tensor_parallel: usize,
+    /// The optimizer state waits in host memory while the rollouts run (`--offload-optimizer`;
+    /// not recorded: it changes no result).
+    pub offload_optimizer: bool,
 }
 
 /// Settings `rl` uses where a flag is not given: the paper's stage 1 (RL-SPEC.md), or, for
@@ -222,6 +225,7 @@ fn learner_spec(options: &RlOptions, setup: &Setup) -> LearnerSpec {
         adamw: adamw_config(options),
         micro_batch_tokens: options.micro_batch_tokens,
         checkpoint_layers: true,
+        offload_optimizer: options.offload_optimizer,
     }
 }
 
@@ -242,7 +246,8 @@ fn adamw_config(options: &RlOptions) -> AdamWConfig {
 /// `rft-epochs` the phase before iteration 1.
 ///
 /// Free to change: `--iterations` (nothing depends on the total: a resume may extend a run),
-/// `--save-every`, `--concurrency`, `--micro-batch-tokens`, `--device`, `--server`, and the
+/// `--save-every`, `--concurrency`, `--micro-batch-tokens`, `--device`, `--server`,
+/// `--offload-optimizer` (an exact round trip through host memory), and the
 /// sandbox's settings (`--env`, limits, binds, image): where commands run, not the method.
 pub fn recorded_options(
     options: &RlOptions,
@@ -409,13 +414,14 @@ fn resume<T: Trainer>(
 /// Runs `rl` on the trainer's backend.
 pub fn run<B: BackendGrad>(backend: &B, options: &RlOptions) -> Result<()> {
     let setup = setup(options, true)?;
-    let learner = Learner::new(
+    let mut learner = Learner::new(
         backend,
         &setup.model_dir,
         adamw_config(options),
         options.micro_batch_tokens,
         true,
     )?;
+    learner.offload_optimizer = options.offload_optimizer;
     run_loop(learner, options, setup, None)
 }
 

@@ -10,15 +10,18 @@
 //!          ◄── rank 0's report ───────────┴──────────────────────────────────────────┘
 //! ```
 //!
-//! Handing weights to the engine: one learner gives its compute weights' device spans (same
-//! GPU) or host tensors; a group gathers whole tensors on the host, which a tensor-parallel
-//! engine slices again per rank. A group may be one replica of a data-parallel group spanning
-//! processes (a multi-node RL loop): its calls then run on every process together.
+//! Handing weights to the engine ([`crate::model::handoff`]): every rank gives its own shard,
+//! never the whole model: its compute weights' device spans (the engine rank on the same GPU
+//! copies them), or its tensors one at a time through host memory, rank after rank (a call to
+//! that rank alone: nothing collective). A group may be one replica of a data-parallel group
+//! spanning processes (a multi-node RL loop): its other calls then run on every process
+//! together.
 
-use crate::backend::{BackendGrad, DeviceChoice, DeviceSpan};
+use crate::backend::{BackendGrad, DeviceChoice};
 use crate::dist::grid::{GridSpec, RankPlace, RankTask};
 use crate::dist::launch::ProcessGroupEnv;
 use crate::dist::Groups;
+use crate::model::handoff::{RankSpans, ShardSender};
 use crate::model::Qwen2Params;
 use crate::tensor::HostTensor;
 use crate::train::data::TrainSequence;
@@ -45,12 +48,15 @@ pub trait Trainer {
     fn save(&self, model_dir: &Path, dir: &Path, state: &Value) -> Result<()>;
     fn restore(&mut self, dir: &Path) -> Result<Value>;
     fn updates(&self) -> u64;
-    /// The compute weights' device memory, when an engine on the same device can copy it.
-    fn compute_weight_spans(&self) -> Result<Option<Vec<DeviceSpan>>>;
-    /// The compute weights as whole host tensors (HF names and shapes, checkpoint order).
-    fn whole_compute_weights(&self) -> Result<Qwen2Params<HostTensor<'static>>>;
-    /// Gives the gradient buffers' memory back until the next step (see
-    /// [`Learner::release_gradients`]).
+    /// Every tensor-parallel rank's compute weights on its GPU (rank order), for an engine
+    /// whose rank r is on rank r's GPU to copy device to device; `None` on a host backend.
+    fn compute_weight_spans(&self) -> Result<Option<Vec<RankSpans>>>;
+    /// Sends every rank's compute weights into `out`: rank 0's shard one tensor at a time, then
+    /// rank 1's, ... (see [`Learner::send_compute_weights`]).
+    fn send_compute_weights(&self, out: &ShardSender) -> Result<()>;
+    /// Gives memory back while the rollouts run, until the next step: the gradient buffers, and
+    /// the optimizer state's device memory where the learner offloads it (see
+    /// [`Learner::release_training_memory`]).
     fn release_gradients(&mut self) -> Result<()>;
 }
 
@@ -76,16 +82,14 @@ impl<B: BackendGrad> Trainer for Learner<'_, B> {
     fn updates(&self) -> u64 {
         Learner::updates(self)
     }
-    fn compute_weight_spans(&self) -> Result<Option<Vec<DeviceSpan>>> {
-        Learner::compute_weight_spans(self)
+    fn compute_weight_spans(&self) -> Result<Option<Vec<RankSpans>>> {
+        Ok(Learner::compute_weight_spans(self)?.map(|rank| vec![rank]))
     }
-    fn whole_compute_weights(&self) -> Result<Qwen2Params<HostTensor<'static>>> {
-        self.gather_compute_weights()?
-            .ok_or_else(|| anyhow!("this rank does not gather the weights"))
+    fn send_compute_weights(&self, out: &ShardSender) -> Result<()> {
+        Learner::send_compute_weights(self, out)
     }
     fn release_gradients(&mut self) -> Result<()> {
-        Learner::release_gradients(self);
-        Ok(())
+        self.release_training_memory()
     }
 }
 
@@ -95,8 +99,13 @@ enum Call {
     Step(Arc<Vec<TrainSequence>>, Arc<Vec<Vec<f32>>>, Objective, f64),
     Save(PathBuf, PathBuf, Value),
     Restore(PathBuf),
+    /// Every rank's device spans.
+    Spans,
+    /// One rank's shard into the sender (a call to that rank alone).
+    SendWeights(ShardSender),
+    /// Every rank's whole-model gather (rank 0 answers with the model).
     Weights,
-    ReleaseGradients,
+    ReleaseTrainingMemory,
 }
 
 /// Rank 0's answer to a call.
@@ -105,6 +114,7 @@ enum Answer {
     Step(StepReport),
     Saved,
     Restored(Value, u64),
+    Spans(Option<RankSpans>),
     Weights(Option<Qwen2Params<HostTensor<'static>>>),
 }
 
@@ -127,6 +137,8 @@ pub struct LearnerSpec {
     pub adamw: AdamWConfig,
     pub micro_batch_tokens: usize,
     pub checkpoint_layers: bool,
+    /// See [`Learner::offload_optimizer`].
+    pub offload_optimizer: bool,
 }
 
 /// A rank's end of its channels: calls in, answers out.
@@ -161,7 +173,8 @@ impl RankTask for Serve {
             &groups,
         );
         let mut learner = match built {
-            Ok(learner) => {
+            Ok(mut learner) => {
+                learner.offload_optimizer = spec.offload_optimizer;
                 let _ = answers.send(Ok(Answer::Saved));
                 learner
             }
@@ -202,9 +215,14 @@ fn serve_call<B: BackendGrad>(learner: &mut Learner<'_, B>, call: Call) -> Resul
             let state = learner.restore(&dir)?;
             Answer::Restored(state, learner.updates())
         }
+        Call::Spans => Answer::Spans(learner.compute_weight_spans()?),
+        Call::SendWeights(out) => {
+            learner.send_compute_weights(&out)?;
+            Answer::Saved
+        }
         Call::Weights => Answer::Weights(learner.gather_compute_weights()?),
-        Call::ReleaseGradients => {
-            learner.release_gradients();
+        Call::ReleaseTrainingMemory => {
+            learner.release_training_memory()?;
             Answer::Saved
         }
     })
@@ -257,6 +275,38 @@ impl LearnerGroup {
 
     /// Sends `call()` to every rank and returns rank 0's answer (or the first rank's error).
     fn call(&self, call: impl Fn() -> Call) -> Result<Answer> {
+        self.send_all(call)?;
+        self.collect()
+    }
+
+    /// Sends `call()` to every rank and returns every rank's answer in rank order (or the first
+    /// rank's error, as [`Self::call`]).
+    fn call_all(&self, call: impl Fn() -> Call) -> Result<Vec<Answer>> {
+        self.send_all(call)?;
+        let mut answers = self.answers()?;
+        if let Some(at) = first_cause(&answers) {
+            // A rank's own error, not its echo of another's.
+            answers.swap_remove(at)?;
+        }
+        answers.into_iter().collect()
+    }
+
+    /// Sends `call` to rank `r` alone and returns its answer (a call with no collective in it).
+    fn call_one(&self, r: usize, call: Call) -> Result<Answer> {
+        let rank = &self.ranks[r];
+        let calls = rank
+            .calls
+            .as_ref()
+            .ok_or_else(|| anyhow!("learner rank {r} is gone"))?;
+        calls
+            .send(call)
+            .map_err(|_| anyhow!("learner rank {r} has stopped"))?;
+        rank.answers
+            .recv()
+            .map_err(|_| anyhow!("learner rank {r} has stopped"))?
+    }
+
+    fn send_all(&self, call: impl Fn() -> Call) -> Result<()> {
         for (r, rank) in self.ranks.iter().enumerate() {
             let calls = rank
                 .calls
@@ -266,10 +316,11 @@ impl LearnerGroup {
                 .send(call())
                 .map_err(|_| anyhow!("learner rank {r} has stopped"))?;
         }
-        self.collect()
+        Ok(())
     }
 
-    fn collect(&self) -> Result<Answer> {
+    /// Every rank's answer to the call in flight, in rank order.
+    fn answers(&self) -> Result<Vec<Result<Answer>>> {
         let mut answers = Vec::with_capacity(self.ranks.len());
         for (r, rank) in self.ranks.iter().enumerate() {
             answers.push(
@@ -278,15 +329,25 @@ impl LearnerGroup {
                     .map_err(|_| anyhow!("learner rank {r} has stopped"))?,
             );
         }
-        let is_echo = |e: &anyhow::Error| format!("{e:#}").contains("left the group");
-        if let Some(at) = answers
-            .iter()
-            .position(|a| matches!(a, Err(e) if !is_echo(e)))
-        {
+        Ok(answers)
+    }
+
+    /// Rank 0's answer to the call in flight, or the first rank's own error.
+    fn collect(&self) -> Result<Answer> {
+        let mut answers = self.answers()?;
+        if let Some(at) = first_cause(&answers) {
             return answers.swap_remove(at);
         }
         answers.swap_remove(0)
     }
+}
+
+/// The first answer that is a rank's own error (not its echo of another rank leaving).
+fn first_cause(answers: &[Result<Answer>]) -> Option<usize> {
+    let is_echo = |e: &anyhow::Error| format!("{e:#}").contains("left the group");
+    answers
+        .iter()
+        .position(|a| matches!(a, Err(e) if !is_echo(e)))
 }
 
 impl Drop for LearnerGroup {
@@ -352,18 +413,43 @@ impl Trainer for LearnerGroup {
     fn updates(&self) -> u64 {
         self.updates
     }
-    fn compute_weight_spans(&self) -> Result<Option<Vec<DeviceSpan>>> {
-        Ok(None)
+    fn compute_weight_spans(&self) -> Result<Option<Vec<RankSpans>>> {
+        let mut ranks = Vec::with_capacity(self.ranks.len());
+        for answer in self.call_all(|| Call::Spans)? {
+            match answer {
+                Answer::Spans(Some(rank)) => ranks.push(rank),
+                Answer::Spans(None) => return Ok(None),
+                _ => return Err(unexpected()),
+            }
+        }
+        Ok(Some(ranks))
     }
-    fn whole_compute_weights(&self) -> Result<Qwen2Params<HostTensor<'static>>> {
-        match self.call(|| Call::Weights)? {
-            Answer::Weights(Some(weights)) => Ok(weights),
+    /// Rank by rank: each rank streams its shard while the others wait, so the host holds one
+    /// rank's tensor in flight at a time.
+    fn send_compute_weights(&self, out: &ShardSender) -> Result<()> {
+        for r in 0..self.ranks.len() {
+            match self.call_one(r, Call::SendWeights(out.clone()))? {
+                Answer::Saved => {}
+                _ => return Err(unexpected()),
+            }
+        }
+        Ok(())
+    }
+    fn release_gradients(&mut self) -> Result<()> {
+        match self.call(|| Call::ReleaseTrainingMemory)? {
+            Answer::Saved => Ok(()),
             _ => Err(unexpected()),
         }
     }
-    fn release_gradients(&mut self) -> Result<()> {
-        match self.call(|| Call::ReleaseGradients)? {
-            Answer::Saved => Ok(()),
+}
+
+impl LearnerGroup {
+    /// The compute weights as whole f32 host tensors, gathered from every rank
+    /// ([`Learner::gather_compute_weights`]): the whole model in one host's memory, for tools
+    /// and tests (the RL loop hands over shards: [`Trainer::send_compute_weights`]).
+    pub fn gather_compute_weights(&self) -> Result<Qwen2Params<HostTensor<'static>>> {
+        match self.call(|| Call::Weights)? {
+            Answer::Weights(Some(weights)) => Ok(weights),
             _ => Err(unexpected()),
         }
     }

@@ -1,6 +1,9 @@
 //! A model being trained: the compute weights, their f32 masters, AdamW's moments and the
 //! gradient buffers, kept across optimizer steps. `rft`/`dapo` step it over a data file; the RL
-//! loop steps it over each iteration's rollouts and hands its weights to the engine.
+//! loop steps it over each iteration's rollouts and hands its weights to the engine
+//! ([`crate::train::handoff`]), and while the rollouts run takes the gradients' memory back and,
+//! with [`Learner::offload_optimizer`], keeps the masters and moments in host memory
+//! ([`crate::train::offload`]) until the next step.
 //!
 //! ```text
 //!   step(batch):  N_act = the batch's action tokens (all-reduced over data-parallel replicas)
@@ -26,10 +29,10 @@ pub use crate::dist::Groups;
 use crate::dist::{Communicator, ReduceOp};
 use crate::model::params::ParamShard;
 use crate::model::{PackedBatch, Qwen2Model, Qwen2Params};
-use crate::tensor::HostTensor;
 use crate::train::checkpoint::{CheckpointWriter, OptimizerFile};
 use crate::train::data::{self, TrainSequence};
 use crate::train::loss::{LossRows, Objective};
+use crate::train::offload::HostOptimizerState;
 use crate::train::optimizer::{AdamW, AdamWConfig};
 use anyhow::{bail, Context, Result};
 use serde_json::{json, Value};
@@ -49,6 +52,13 @@ pub struct Learner<'b, B: BackendGrad> {
     masters: Vec<Option<B::Tensor>>,
     /// Moments of the owned parameters, in parameter order.
     adamw: AdamW<B::Tensor>,
+    /// The masters and moments while they are in host memory ([`Learner::offload_optimizer_state`]):
+    /// `masters` is then all `None` and the moments empty, until the next step brings them back.
+    offloaded: Option<HostOptimizerState>,
+    /// [`Learner::release_training_memory`] moves the optimizer state to host memory too
+    /// (`--offload-optimizer`): more room for the rollouts' KV cache, a copy each way per
+    /// iteration, the same results.
+    pub offload_optimizer: bool,
     /// The step's gradients; `None` between steps once [`Learner::release_gradients`] gave their
     /// memory back (the RL loop does while the rollouts run).
     grads: Option<Qwen2Params<B::Tensor>>,
@@ -127,6 +137,8 @@ impl<'b, B: BackendGrad> Learner<'b, B> {
             owner,
             masters,
             adamw,
+            offloaded: None,
+            offload_optimizer: false,
             grads,
             counts_in_norm,
             checkpoint_layers,
@@ -142,6 +154,50 @@ impl<'b, B: BackendGrad> Learner<'b, B> {
         }
     }
 
+    /// What the RL loop gives back while the rollouts run: the gradients, and with
+    /// [`Learner::offload_optimizer`] the optimizer state's device memory too (moved to host
+    /// memory). The next step takes both back.
+    pub fn release_training_memory(&mut self) -> Result<()> {
+        self.release_gradients();
+        if self.offload_optimizer {
+            self.offload_optimizer_state()?;
+        }
+        Ok(())
+    }
+
+    /// Moves this replica's masters and moments to host memory, freeing their device memory
+    /// (see [`crate::train::offload`]); the next step or restore brings them back. Idempotent.
+    pub fn offload_optimizer_state(&mut self) -> Result<()> {
+        if self.offloaded.is_none() {
+            let host =
+                HostOptimizerState::offload(self.backend, &mut self.masters, &mut self.adamw)?;
+            self.offloaded = Some(host);
+        }
+        Ok(())
+    }
+
+    /// Whether the optimizer state is in host memory now.
+    pub fn optimizer_state_offloaded(&self) -> bool {
+        self.offloaded.is_some()
+    }
+
+    /// Uploads an offloaded optimizer state again (nothing to do otherwise).
+    fn bring_back_optimizer_state(&mut self) -> Result<()> {
+        let Some(host) = &self.offloaded else {
+            return Ok(());
+        };
+        let rank = self.dp.rank();
+        let shapes: Vec<Option<Vec<usize>>> = self
+            .shards
+            .iter()
+            .zip(&self.owner)
+            .map(|((_, shard), &owner)| (owner == rank).then(|| shard.local_shape()))
+            .collect();
+        host.restore(self.backend, &shapes, &mut self.masters, &mut self.adamw)?;
+        self.offloaded = None;
+        Ok(())
+    }
+
     /// Optimizer updates applied so far.
     pub fn updates(&self) -> u64 {
         self.adamw.steps_taken
@@ -151,6 +207,7 @@ impl<'b, B: BackendGrad> Learner<'b, B> {
     /// [`Learner::save`] (at any tensor-parallel degree: each rank reads its slices); returns its
     /// `trainer_state.json`.
     pub fn restore(&mut self, dir: &Path) -> Result<Value> {
+        self.bring_back_optimizer_state()?;
         let backend = self.backend;
         let state = crate::train::checkpoint::read_state(dir)?;
         self.adamw.steps_taken = state["updates"]
@@ -247,6 +304,7 @@ impl<'b, B: BackendGrad> Learner<'b, B> {
     ) -> Result<StepReport> {
         let backend = self.backend;
         let started = Instant::now();
+        self.bring_back_optimizer_state()?;
         match &mut self.grads {
             Some(grads) => {
                 for g in grads.iter_mut() {
@@ -350,79 +408,6 @@ impl<'b, B: BackendGrad> Learner<'b, B> {
         Ok(report)
     }
 
-    /// The compute weights as host tensors, in the checkpoint's order and names: what the
-    /// engine loads for the next rollouts (bit for bit what the trainer computes with). This
-    /// rank's slices.
-    pub fn compute_weights(&self) -> Result<Qwen2Params<HostTensor<'static>>> {
-        let backend = self.backend;
-        let mut values = self.model.params.iter().map(|p| backend.to_host(p));
-        Qwen2Params::try_build(&self.model.config, &self.model.local, |_, shape, _| {
-            let v = values.next().expect("one tensor per parameter")?;
-            Ok(HostTensor::from_f32(shape.to_vec(), &v))
-        })
-    }
-
-    /// The compute weights as whole host tensors (HF names and shapes, checkpoint order),
-    /// gathered from the tensor-parallel ranks of this replica (the replicas hold the same
-    /// weights): `Some` on each replica's first rank, `None` on the others. Every rank calls it.
-    pub fn gather_compute_weights(&self) -> Result<Option<Qwen2Params<HostTensor<'static>>>> {
-        let backend = self.backend;
-        let tp = &self.model.comm;
-        let config = &self.model.config;
-        let all_shards: Vec<Vec<(String, ParamShard)>> = config
-            .shards(tp.size())?
-            .iter()
-            .map(|local| Qwen2Params::<()>::shards(config, local))
-            .collect();
-        let mut whole = Vec::with_capacity(self.shards.len());
-        for (i, param) in self.model.params.iter().enumerate() {
-            let values = backend.to_host(param)?;
-            let pieces = if tp.size() > 1 {
-                tp.all_gather_bytes(bytemuck::cast_slice(&values))?
-            } else {
-                vec![bytemuck::cast_slice(&values).to_vec()]
-            };
-            if tp.rank() != 0 {
-                continue;
-            }
-            let shape = &self.shards[i].1.full_shape;
-            let mut full = vec![0.0f32; shape.iter().product()];
-            for (rank, piece) in pieces.iter().enumerate() {
-                all_shards[rank][i]
-                    .1
-                    .place(&crate::dist::f32s_from_bytes(piece), &mut full);
-            }
-            whole.push(HostTensor::from_f32(shape.clone(), &full));
-        }
-        if tp.rank() != 0 {
-            return Ok(None);
-        }
-        let mut tensors = whole.into_iter();
-        let everything = config.shard(1, 0)?;
-        Ok(Some(Qwen2Params::try_build(
-            config,
-            &everything,
-            |_, _, _| {
-                tensors
-                    .next()
-                    .ok_or_else(|| anyhow::anyhow!("fewer tensors than parameters"))
-            },
-        )?))
-    }
-
-    /// The compute weights' device memory (one span per parameter, checkpoint order), once all
-    /// queued work is done; `None` on a host backend.
-    pub fn compute_weight_spans(&self) -> Result<Option<Vec<crate::backend::DeviceSpan>>> {
-        let mut spans = Vec::new();
-        for param in self.model.params.iter() {
-            match self.backend.device_span(param)? {
-                Some(span) => spans.push(span),
-                None => return Ok(None),
-            }
-        }
-        Ok(Some(spans))
-    }
-
     /// Writes masters and moments (resumable) and an HF-layout bf16 model to `dir`: whole
     /// tensors, gathered one at a time from their owning replica and every tensor-parallel rank;
     /// only the writer ([`Groups::is_writer`]) touches the disk. Every rank calls it.
@@ -453,7 +438,6 @@ impl<'b, B: BackendGrad> Learner<'b, B> {
     /// Gathers each parameter's master and moments whole (see [`Self::save`]) and hands them to
     /// `writer` (the writer rank's; `None` elsewhere).
     fn write_tensors(&self, mut writer: Option<&mut CheckpointWriter>) -> Result<()> {
-        let backend = self.backend;
         let tp = &self.model.comm;
         let all_shards: Vec<Vec<(String, ParamShard)>> = self
             .model
@@ -465,20 +449,12 @@ impl<'b, B: BackendGrad> Learner<'b, B> {
         let mut moment = 0;
         for (i, (name, shard)) in self.shards.iter().enumerate() {
             // This shard's three parts on the owning replica, sent to replica 0.
-            let mut parts = match &self.masters[i] {
-                Some(master) => {
-                    let values = [
-                        master,
-                        &self.adamw.exp_avg[moment],
-                        &self.adamw.exp_avg_sq[moment],
-                    ]
-                    .map(|t| backend.to_host(t))
-                    .into_iter()
-                    .collect::<Result<Vec<_>>>()?;
-                    moment += 1;
-                    bytemuck::cast_slice(&values.concat()).to_vec()
-                }
-                None => Vec::new(),
+            let mut parts = if self.owner[i] == self.dp.rank() {
+                let values = self.optimizer_values(i, moment)?;
+                moment += 1;
+                bytemuck::cast_slice(&values).to_vec()
+            } else {
+                Vec::new()
             };
             if self.dp.size() > 1 {
                 self.dp.broadcast_bytes(&mut parts, self.owner[i])?;
@@ -500,6 +476,25 @@ impl<'b, B: BackendGrad> Learner<'b, B> {
             writer.put(name, &whole[0], &whole[1], &whole[2])?;
         }
         Ok(())
+    }
+
+    /// Owned parameter `i`'s master and moments (the `moment`th owned), concatenated, from the
+    /// device or from host memory while offloaded.
+    fn optimizer_values(&self, i: usize, moment: usize) -> Result<Vec<f32>> {
+        if let Some(host) = &self.offloaded {
+            return Ok(host.values(moment));
+        }
+        let master = self.masters[i].as_ref().context("an owned master")?;
+        let parts = [
+            master,
+            &self.adamw.exp_avg[moment],
+            &self.adamw.exp_avg_sq[moment],
+        ];
+        let mut values = Vec::new();
+        for t in parts {
+            values.extend(self.backend.to_host(t)?);
+        }
+        Ok(values)
     }
 }
 

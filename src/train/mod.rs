@@ -6,9 +6,11 @@
 pub mod checkpoint;
 pub mod data;
 pub mod group;
+pub mod handoff;
 pub mod learner;
 /// The fused LM-head loss lives with the backends that run it: [`crate::backend::loss`].
 pub use crate::backend::loss;
+pub mod offload;
 pub mod optimizer;
 pub mod run_dir;
 pub mod score;

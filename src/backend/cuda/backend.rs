@@ -394,6 +394,20 @@ impl Backend for CudaBackend {
         })
     }
 
+    /// The device bytes as they are: bf16 weights stay bf16.
+    fn to_host_tensor(&self, tensor: &CudaTensor) -> Result<HostTensor<'static>> {
+        let dtype = match tensor.dtype() {
+            DeviceDType::Bf16 => DType::BF16,
+            DeviceDType::F32 => DType::F32,
+            other => bail!("to_host_tensor of a {other:?} tensor"),
+        };
+        Ok(HostTensor {
+            dtype,
+            shape: tensor.shape().to_vec(),
+            bytes: std::borrow::Cow::Owned(self.read_bytes(tensor)?),
+        })
+    }
+
     fn shape<'t>(&self, tensor: &'t CudaTensor) -> &'t [usize] {
         tensor.shape()
     }

@@ -1,14 +1,15 @@
 //! `swerve-bench plan`: the per-GPU memory plan of training and rollouts ([`crate::bench::plan`])
 //! for a model, a number of GPUs of a given memory and the run's sizes, as tables; where training
 //! does not fit with tensor and sequence parallelism alone, the context-parallel degree that
-//! would make it fit. Nothing runs on a device.
+//! would make it fit; in `rl` mode, the KV cache the rollouts win by what the trainer gives back
+//! while they run. Nothing runs on a device.
 
 use crate::bench::plan::{
-    context_parallel_needed, grouped, largest_training_plan, rollout_plan, MemoryPlan,
-    RolloutSetup, Target, TrainingSetup,
+    context_parallel_needed, grouped, kv_tokens_that_fit, largest_training_plan, rollout_plan,
+    ColocatedTrainer, MemoryPlan, RolloutSetup, Target, TrainingSetup,
 };
 use crate::config::ModelConfig;
-use crate::model::synthetic;
+use crate::model::{synthetic, PagedKv};
 use anyhow::{anyhow, bail, Context, Result};
 use std::path::PathBuf;
 
@@ -123,12 +124,18 @@ pub fn plan(options: &PlanOptions) -> Result<()> {
             step_tokens: options.max_num_batched_tokens,
             max_num_seqs: options.max_num_seqs,
             block_size: crate::kvcache::DEFAULT_BLOCK_SIZE,
-            colocated_trainer: options.mode == PlanMode::Rl,
+            colocated_trainer: match options.mode {
+                PlanMode::Rl => ColocatedTrainer::GradientsReleased,
+                _ => ColocatedTrainer::Absent,
+            },
         };
         let rollouts = rollout_plan(&run.config, &setup, &run.target, 0)?;
         println!();
         print_plan(&rollouts, run.capacity);
         print_sequences_that_fit(&run, &setup, &rollouts)?;
+        if options.mode == PlanMode::Rl {
+            print_colocated_capacity(&run, &setup)?;
+        }
     }
     Ok(())
 }
@@ -335,4 +342,40 @@ fn print_sequences_that_fit(run: &Run, setup: &RolloutSetup, plan: &MemoryPlan) 
 
 fn plan_kv(plan: &MemoryPlan) -> u64 {
     plan.resident_named("KV cache")
+}
+
+/// The KV cache the colocated rollouts hold a GPU, by what the trainer keeps meanwhile: each
+/// row's gain over the row above is what giving that part back wins.
+fn print_colocated_capacity(run: &Run, setup: &RolloutSetup) -> Result<()> {
+    use ColocatedTrainer::*;
+    let local = run.config.shard(run.tp, 0)?;
+    let elem = run.target.activation_bytes as usize;
+    let per_token = PagedKv::<()>::bytes_per_token(&run.config, &local, elem) as u64;
+    println!("KV cache of the colocated rollouts a GPU, by what the trainer keeps while they run:");
+    let mut above: Option<u64> = None;
+    for kept in [KeepsEverything, GradientsReleased, OptimizerOffloaded] {
+        let setup = RolloutSetup {
+            colocated_trainer: kept,
+            ..*setup
+        };
+        let plan = rollout_plan(&run.config, &setup, &run.target, 0)?;
+        let tokens = kv_tokens_that_fit(&plan, run.capacity, per_token, setup.block_size);
+        let gain = match above {
+            Some(a) => format!(" (+{})", grouped(tokens.saturating_sub(a) as usize)),
+            None => String::new(),
+        };
+        let what = match kept {
+            KeepsEverything => "trainer keeps gradients and optimizer state",
+            GradientsReleased => "gradients given back (rl's default)",
+            _ => "and the optimizer state offloaded (--offload-optimizer)",
+        };
+        println!(
+            "  {what:<56}{:>11} tokens{gain}: {} sequences of {}",
+            grouped(tokens as usize),
+            tokens / run.context as u64,
+            grouped(run.context)
+        );
+        above = Some(tokens);
+    }
+    Ok(())
 }
