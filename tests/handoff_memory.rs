@@ -265,7 +265,7 @@ fn gradients_are_given_back_at_tp4_and_offloading_the_optimizer_changes_no_resul
     for offload in [false, true] {
         let mut group = learner_group(dir.path(), offload);
         let first = train_step(&mut group, 1);
-        let (_, freed, ()) = measure(|| group.release_gradients().unwrap());
+        let (_, freed, ()) = measure(|| group.release_training_memory().unwrap());
         let freed = -freed;
         eprintln!(
             "offload {offload}: release_gradients gave back {:.2} MB; the gradients are {:.2} MB",
@@ -281,7 +281,7 @@ fn gradients_are_given_back_at_tp4_and_offloading_the_optimizer_changes_no_resul
         );
         // The next steps allocate the gradients again and bring the optimizer state back.
         let second = train_step(&mut group, 2);
-        group.release_gradients().unwrap();
+        group.release_training_memory().unwrap();
         let third = train_step(&mut group, 3);
         let weights = group.gather_compute_weights().unwrap();
         let bits: Vec<Vec<u8>> = weights.iter().map(|t| t.bytes.to_vec()).collect();
@@ -305,7 +305,7 @@ fn a_checkpoint_saved_while_the_optimizer_state_is_offloaded_is_the_same() {
             Learner::new(&backend, dir.path(), AdamWConfig::default(), 4096, true).unwrap();
         learner.offload_optimizer = offload;
         train_step(&mut learner, 1);
-        Trainer::release_gradients(&mut learner).unwrap();
+        Trainer::release_training_memory(&mut learner).unwrap();
         assert_eq!(learner.optimizer_state_offloaded(), offload);
         let saved = out.path().join(format!("offload-{offload}"));
         let state = serde_json::json!({"updates": learner.updates()});

@@ -544,7 +544,7 @@ pub enum ColocatedTrainer {
     /// Everything it trains with: weights, f32 gradients, masters and moments.
     KeepsEverything,
     /// Weights, masters and moments: the RL loop gives the gradients back
-    /// (`Trainer::release_gradients`), `swerve-train rl`'s default.
+    /// (`Trainer::release_training_memory`), `swerve-train rl`'s default.
     GradientsReleased,
     /// Weights only: `--offload-optimizer` moves the masters and moments to host memory too.
     OptimizerOffloaded,

@@ -222,6 +222,7 @@ impl<T: Trainer> Loop<'_, T> {
         }
         trained.kept = resolved.len();
         let train_started = Instant::now();
+        self.memory_to_trainer()?;
         let schedule = PhaseSchedule::rft(
             options.rft_lr,
             options.rft_warmup_steps,
@@ -253,6 +254,7 @@ impl<T: Trainer> Loop<'_, T> {
         let training_s = train_started.elapsed().as_secs_f64();
         let handoff_s = handoff(&self.learner, self.sampler, self.model_dir, self.out())?;
         self.progress.weight_version += 1;
+        self.memory_to_rollouts()?;
         self.save_rollouts(0, &episodes, &trained)?;
         let line = iteration_line(
             (0, "rft"),
@@ -293,10 +295,7 @@ impl<T: Trainer> Loop<'_, T> {
         let episodes = self.rollouts(&picked, agent.group, seed, &label)?;
         let rollout_s = started.elapsed().as_secs_f64();
         let train_started = Instant::now();
-        // The engine's KV cache gives its memory to the trainer while it runs.
-        if let Sampler::Engine(handle) = self.sampler {
-            handle.release_kv_cache()?;
-        }
+        self.memory_to_trainer()?;
         let trained = self.train_on(iteration, &episodes)?;
         let training_s = train_started.elapsed().as_secs_f64();
         let handoff_s = if trained.kept == 0 {
@@ -306,12 +305,7 @@ impl<T: Trainer> Loop<'_, T> {
             handoff(&self.learner, self.sampler, self.model_dir, self.out())?
         };
         let restore_started = Instant::now();
-        if let Sampler::Engine(handle) = self.sampler {
-            // The trainer's gradients give their memory to the rollouts (the next step
-            // allocates them again).
-            self.learner.release_gradients()?;
-            handle.restore_kv_cache()?;
-        }
+        self.memory_to_rollouts()?;
         let kv_restore_s = restore_started.elapsed().as_secs_f64();
         self.save_rollouts(iteration, &episodes, &trained)?;
         let line = iteration_line(
@@ -419,6 +413,25 @@ impl<T: Trainer> Loop<'_, T> {
             self.append_step(iteration, report.metrics)?;
         }
         Ok(trained)
+    }
+
+    /// Before training: the engine's KV cache gives its memory to the trainer.
+    fn memory_to_trainer(&self) -> Result<()> {
+        if let Sampler::Engine(handle) = self.sampler {
+            handle.release_kv_cache()?;
+        }
+        Ok(())
+    }
+
+    /// After the handoff: the trainer's gradients (and, with `--offload-optimizer`, its
+    /// optimizer state) give their memory to the rollouts' KV cache; the next step takes them
+    /// back.
+    fn memory_to_rollouts(&mut self) -> Result<()> {
+        if let Sampler::Engine(handle) = self.sampler {
+            self.learner.release_training_memory()?;
+            handle.restore_kv_cache()?;
+        }
+        Ok(())
     }
 
     /// Appends a step's metrics to `metrics.jsonl` (the writing process only).

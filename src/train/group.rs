@@ -57,7 +57,7 @@ pub trait Trainer {
     /// Gives memory back while the rollouts run, until the next step: the gradient buffers, and
     /// the optimizer state's device memory where the learner offloads it (see
     /// [`Learner::release_training_memory`]).
-    fn release_gradients(&mut self) -> Result<()>;
+    fn release_training_memory(&mut self) -> Result<()>;
 }
 
 impl<B: BackendGrad> Trainer for Learner<'_, B> {
@@ -88,8 +88,8 @@ impl<B: BackendGrad> Trainer for Learner<'_, B> {
     fn send_compute_weights(&self, out: &ShardSender) -> Result<()> {
         Learner::send_compute_weights(self, out)
     }
-    fn release_gradients(&mut self) -> Result<()> {
-        self.release_training_memory()
+    fn release_training_memory(&mut self) -> Result<()> {
+        Learner::release_training_memory(self)
     }
 }
 
@@ -435,7 +435,7 @@ impl Trainer for LearnerGroup {
         }
         Ok(())
     }
-    fn release_gradients(&mut self) -> Result<()> {
+    fn release_training_memory(&mut self) -> Result<()> {
         match self.call(|| Call::ReleaseTrainingMemory)? {
             Answer::Saved => Ok(()),
             _ => Err(unexpected()),
