@@ -551,3 +551,78 @@ fn eval_reports_pass_at_k() {
         }
     }
 }
+
+/// pass@k on a policy that resolves some samples and not others (the coin policy: bash or
+/// submit at each reply, each at 1/2): eval's pass@k equals the unbiased estimator computed
+/// here a different way, by counting the k-subsets of each task's samples that hold a resolved
+/// one, from the trajectories alone.
+#[test]
+fn eval_pass_at_k_on_a_policy_that_resolves_some() {
+    let dir = tempfile::tempdir().unwrap();
+    let model = dir.path().join("coin-policy");
+    common::coin::write_coin_policy(&model, 0.5);
+    let tasks = common::coin::write_coin_tasks(&dir.path().join("tasks"), 1, 1, 3);
+    let out = dir.path().join("eval");
+    let group = 6;
+    train(&[
+        "eval",
+        "--model",
+        model.to_str().unwrap(),
+        "--tasks",
+        tasks.to_str().unwrap(),
+        "--group",
+        &group.to_string(),
+        "--max-turns",
+        "3",
+        "--max-turn-tokens",
+        "32",
+        "--concurrency",
+        "10",
+        "--out",
+        out.to_str().unwrap(),
+    ]);
+    let s = summary(&out, "eval");
+    let lines = json_lines(&out.join("trajectories.jsonl"));
+    assert_eq!(lines.len(), 5 * group);
+    let mut partly = 0;
+    let mut pass = vec![0.0f64; group + 1];
+    for t in s["per_task"].as_array().unwrap() {
+        let resolved: Vec<bool> = lines
+            .iter()
+            .filter(|l| l["task"] == t["task"])
+            .map(|l| l["resolved"].as_bool().unwrap())
+            .collect();
+        assert_eq!(resolved.len(), group);
+        let c = resolved.iter().filter(|&&r| r).count();
+        assert_eq!(t["resolved"], json!(c), "{t}");
+        if t["task"].as_str().unwrap().starts_with("never") {
+            assert_eq!(c, 0, "{t}");
+        }
+        partly += usize::from(c > 0 && c < group);
+        // Every k-subset of the samples, as a bit mask: the share holding a resolved one.
+        for (k, p) in pass.iter_mut().enumerate().skip(1) {
+            let subsets: Vec<u32> = (0u32..1 << group)
+                .filter(|m| m.count_ones() as usize == k)
+                .collect();
+            let hit = subsets
+                .iter()
+                .filter(|&&m| (0..group).any(|i| m & (1 << i) != 0 && resolved[i]))
+                .count();
+            *p += hit as f64 / subsets.len() as f64;
+        }
+    }
+    assert!(
+        partly >= 2,
+        "too few tasks resolved by some samples only: {s}"
+    );
+    for k in [1, 2, 4, group] {
+        let want = pass[k] / 5.0;
+        let got = s[format!("pass@{k}")].as_f64().unwrap();
+        assert!(
+            (got - want).abs() < 1e-12,
+            "pass@{k}: {got}, counted {want}"
+        );
+    }
+    let (p1, p2) = (s["pass@1"].as_f64().unwrap(), s["pass@2"].as_f64().unwrap());
+    assert!(0.0 < p1 && p1 < p2 && p2 < 1.0, "{s}");
+}
