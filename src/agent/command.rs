@@ -4,10 +4,10 @@
 use super::episode::{Episode, EpisodeConfig, EpisodeContext};
 use super::policy::{read_replay, EnginePolicy, Policy, Script, ScriptedPolicy, ServerPolicy};
 use super::rollout::{print_summary, run_episodes, summarize};
+use super::sampling::{launch_rollout_engine, ModelLimits};
 use crate::backend::DeviceChoice;
 use crate::chat::ChatTemplate;
 use crate::config::ModelConfig;
-use crate::engine::launch::{launch_engine, EngineLaunch};
 use crate::engine::EngineHandle;
 use crate::env::docker::{DockerConfig, DockerEnvironment};
 use crate::env::local::{LocalConfig, LocalEnvironment};
@@ -200,39 +200,28 @@ fn make_policy(
             let dir = model_dir.ok_or_else(|| {
                 anyhow::anyhow!("--policy model needs --model DIR or --model preset:NAME")
             })?;
-            let config = ModelConfig::from_dir(dir)?;
-            let stop_ids: Vec<u32> = tokenizer
-                .stop_ids()
-                .iter()
-                .copied()
-                .filter(|&t| (t as usize) < config.vocab_size)
-                .collect();
-            let model_context = config.max_context();
-            episode.max_context = match options.max_context {
-                Some(n) if n > model_context => bail!(
-                    "--max-context {n} is beyond the model's context of {model_context} tokens"
-                ),
-                Some(n) => n,
-                None => model_context.min(65_536),
-            };
+            let limits =
+                ModelLimits::new(&ModelConfig::from_dir(dir)?, tokenizer, options.max_context)?;
+            episode.max_context = limits.max_context;
             match &options.server {
-                Some(url) => Box::new(ServerPolicy::new(url, options.api_key.clone(), stop_ids)?),
+                Some(url) => Box::new(ServerPolicy::new(
+                    url,
+                    options.api_key.clone(),
+                    limits.stop_ids,
+                )?),
                 None => {
-                    let handle = Arc::new(launch_engine(&EngineLaunch {
-                        model: dir.clone(),
-                        device: options.device,
-                        max_model_len: episode.max_context,
-                        kv_cache_fraction: 0.9,
-                        num_kv_blocks: None,
-                        max_num_seqs: options.concurrency,
-                        max_num_batched_tokens: 8192,
-                        seed: options.seed,
-                        tensor_parallel: 1,
-                    })?);
+                    let handle = Arc::new(launch_rollout_engine(
+                        dir,
+                        options.device,
+                        limits.max_context,
+                        options.concurrency,
+                        options.seed,
+                        1,
+                    )?);
                     engine = Some(handle.clone());
                     Box::new(EnginePolicy {
                         engine: handle,
-                        stop_ids,
+                        stop_ids: limits.stop_ids,
                         temperature: 1.0,
                     })
                 }

@@ -6,23 +6,23 @@
 //!      ─► submit | max_turns | context_full ─► grade (submitted only) ─► reward ─► close
 //! ```
 //!
-//! A reply with no valid tool call (none, malformed JSON, an unknown tool, missing arguments, or
-//! cut by the per-turn token limit before its calls were complete) is a format error: kept in the context, masked from the loss,
-//! answered with a user message saying what was wrong. Several calls in one reply run in order;
-//! `submit` ends the episode at once.
+//! What a reply is (actions, a format error, the end of the context) and how it is masked and
+//! closed: [`super::turn`]. A format error is answered with a user message saying what was wrong.
+//! Several calls in one reply run in order; `submit` ends the episode at once.
 
 use super::editor::Editor;
 use super::policy::{Policy, TurnInput};
 use super::prompt;
 use super::reward::reward;
 use super::transcript::Transcript;
+use super::turn::{reply_body, Reply};
 use crate::chat::ChatTemplate;
 use crate::env::diff::{filter_diff, raw_diff, snapshot, AgentDiff};
 use crate::env::grading::{grade_fresh, GradeResult};
 use crate::env::task::Verdict;
 use crate::env::{describe_end, grade_in_place, Environment, Grading, Sandbox, Task};
 use crate::tokenizer::Tokenizer;
-use crate::toolcall::{parse_tool_calls, ToolCall};
+use crate::toolcall::ToolCall;
 use anyhow::Result;
 use serde_json::{json, Value};
 use std::time::Instant;
@@ -413,41 +413,21 @@ fn play_turn(
     if out.tokens.is_empty() {
         anyhow::bail!("the policy returned no token for turn {turn}");
     }
-    let body = if out.stopped {
-        &out.tokens[..out.tokens.len() - 1]
-    } else {
-        &out.tokens[..]
-    };
-    let text = ctx.tokenizer.decode(body, false)?;
-    let context_full = !out.stopped && transcript.len() + out.tokens.len() >= config.max_context;
-    if context_full {
-        // Kept as generated, not closed: nothing follows it (RL-SPEC: kept, not dropped).
-        transcript.push_assistant(&out.tokens, out.logprobs.as_deref(), &text, true, false);
-        return Ok(Some(Finish::ContextFull));
-    }
-    // A reply cut by the per-turn limit still counts when its tool calls are complete (it
-    // is closed with an <|im_end|> that was not generated, so not an action; the chat form
-    // would count that one token as an action); else it is a format error.
-    let calls = match parse_actions(&text) {
-        Ok(calls) => Ok(calls),
-        Err(_) if !out.stopped => Err(format!(
-            "Your reply was cut at {} tokens before it ended. Keep replies shorter.",
-            out.tokens.len()
-        )),
-        Err(message) => Err(message),
-    };
-    let observation = match calls {
-        Ok(calls) => {
-            transcript.push_assistant(&out.tokens, out.logprobs.as_deref(), &text, true, true);
+    let text = ctx.tokenizer.decode(reply_body(&out), false)?;
+    let reply = Reply::judge(&out, &text, transcript.len(), config.max_context);
+    let (trained, closed) = (reply.trained(), reply.closed());
+    transcript.push_assistant(&out.tokens, out.logprobs.as_deref(), &text, trained, closed);
+    let observation = match reply {
+        Reply::ContextFull => return Ok(Some(Finish::ContextFull)),
+        Reply::Actions(calls) => {
             let (observation, submitted) = run_tool_calls(ctx, &calls, state)?;
             if submitted {
                 return Ok(Some(Finish::Submitted));
             }
             observation
         }
-        Err(message) => {
+        Reply::FormatError(message) => {
             episode.format_errors += 1;
-            transcript.push_assistant(&out.tokens, out.logprobs.as_deref(), &text, false, true);
             vec![json!({"role": "user", "content": format!("Format error: {message}")})]
         }
     };
@@ -516,37 +496,6 @@ fn append_observation(
     Ok(true)
 }
 
-/// The reply's tool calls, or what is wrong with them.
-fn parse_actions(text: &str) -> std::result::Result<Vec<ToolCall>, String> {
-    let parsed = parse_tool_calls(text).map_err(|e| {
-        format!("{e}. Call a tool as <tool_call>\n{{\"name\": NAME, \"arguments\": {{...}}}}\n</tool_call>.")
-    })?;
-    if parsed.tool_calls.is_empty() {
-        return Err("your reply has no tool call. Every reply must call at least one tool (bash, str_replace_editor, or submit when you are done).".into());
-    }
-    for call in &parsed.tool_calls {
-        let required: &[&str] = match call.name.as_str() {
-            "bash" => &["command"],
-            "str_replace_editor" => &["command", "path"],
-            "submit" => &[],
-            other => {
-                return Err(format!(
-                    "unknown tool `{other}`; the tools are bash, str_replace_editor and submit."
-                ))
-            }
-        };
-        for arg in required {
-            if !call.arguments.get(*arg).is_some_and(Value::is_string) {
-                return Err(format!(
-                    "`{}` needs the string argument `{arg}`.",
-                    call.name
-                ));
-            }
-        }
-    }
-    Ok(parsed.tool_calls)
-}
-
 /// A bash result as the agent sees it.
 fn bash_observation(out: &crate::env::CommandOutput) -> String {
     let mut text = out.output.clone();
@@ -597,31 +546,6 @@ pub fn truncate_middle(text: &str, max_bytes: usize) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn format_errors_name_the_problem() {
-        assert!(parse_actions("just text")
-            .unwrap_err()
-            .contains("no tool call"));
-        assert!(parse_actions("<tool_call>\n{bad json\n</tool_call>")
-            .unwrap_err()
-            .contains("not a JSON object"));
-        assert!(
-            parse_actions("<tool_call>\n{\"name\": \"rm\", \"arguments\": {}}\n</tool_call>")
-                .unwrap_err()
-                .contains("unknown tool `rm`")
-        );
-        assert!(parse_actions(
-            "<tool_call>\n{\"name\": \"bash\", \"arguments\": {}}\n</tool_call>"
-        )
-        .unwrap_err()
-        .contains("`command`"));
-        let ok = parse_actions(
-            "x <tool_call>\n{\"name\": \"bash\", \"arguments\": {\"command\": \"ls\"}}\n</tool_call><tool_call>\n{\"name\": \"submit\", \"arguments\": {}}\n</tool_call>",
-        )
-        .unwrap();
-        assert_eq!(ok.len(), 2);
-    }
 
     #[test]
     fn truncation_keeps_both_ends_on_char_boundaries() {

@@ -6,8 +6,9 @@
 //! - [`transcript`]: an episode's token form (ids, action mask, logprobs) and chat form.
 //! - [`editor`]: `str_replace_editor` with SWE-agent's semantics, inside the sandbox.
 //! - [`policy`]: who writes the turns: the in-process engine, a `swerve-serve`, or a script
-//!   (oracle, noop, replay).
-//! - [`episode`]: one episode from setup to reward; [`reward`]: RL-SPEC's reward.
+//!   (oracle, noop, replay); [`sampling`]: a model's stop ids, context limit and engine.
+//! - [`episode`]: one episode from setup to reward; [`turn`]: a reply's rules; [`reward`]:
+//!   RL-SPEC's reward.
 //! - [`rollout`]: many episodes at once on worker threads; pass@k and summaries.
 //! - [`command`]: `swerve-train rollout` and `eval`.
 
@@ -18,4 +19,6 @@ pub mod policy;
 pub mod prompt;
 pub mod reward;
 pub mod rollout;
+pub mod sampling;
 pub mod transcript;
+pub mod turn;

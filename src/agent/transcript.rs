@@ -74,9 +74,8 @@ impl Transcript {
         self.tokens.is_empty()
     }
 
-    /// Appends a generated reply. `trained` false masks it (a format error). A reply that does
-    /// not end in `<|im_end|>` is closed with one (not generated: mask 0) unless `close` is
-    /// false (the context is full: nothing follows).
+    /// Appends a generated reply as [`super::turn::Reply`] judged it: `trained` false masks it,
+    /// `close` appends an `<|im_end|>` (mask 0) where the reply did not generate one.
     pub fn push_assistant(
         &mut self,
         generated: &[u32],

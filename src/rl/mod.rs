@@ -26,6 +26,7 @@ pub mod schedule;
 use crate::agent::command::{environment_for, AgentRunOptions};
 use crate::agent::episode::{EpisodeConfig, EpisodeContext};
 use crate::agent::policy::{EnginePolicy, Policy, ServerPolicy};
+use crate::agent::sampling::{launch_rollout_engine, ModelLimits};
 use crate::backend::grad::BackendGrad;
 use crate::backend::{select, DeviceChoice, Selected};
 use crate::chat::ChatTemplate;
@@ -33,7 +34,6 @@ use crate::config::ModelConfig;
 use crate::dist::launch::ProcessGroupEnv;
 use crate::dist::tcp::TcpComm;
 use crate::dist::Collectives;
-use crate::engine::launch::{launch_engine, EngineLaunch};
 use crate::env::{builtin, load_tasks, Task};
 use crate::tokenizer::Tokenizer;
 use crate::train::checkpoint;
@@ -334,22 +334,14 @@ fn setup(options: &RlOptions, prepare_out: bool) -> Result<Setup> {
     let tasks_content = crate::jsonl::hash_file(&tasks_path)?;
     let tokenizer = Arc::new(Tokenizer::for_model_dir(&model_dir)?);
     let template = ChatTemplate::for_tokenizer(&tokenizer)?;
-    let config = ModelConfig::from_dir(&model_dir)?;
+    let limits = ModelLimits::new(
+        &ModelConfig::from_dir(&model_dir)?,
+        &tokenizer,
+        agent.max_context,
+    )?;
     let mut episode: EpisodeConfig = agent.episode.clone();
-    episode.max_context = match agent.max_context {
-        Some(n) if n > config.max_context() => bail!(
-            "--max-context {n} is beyond the model's context of {} tokens",
-            config.max_context()
-        ),
-        Some(n) => n,
-        None => config.max_context().min(65_536),
-    };
-    let stop_ids: Vec<u32> = tokenizer
-        .stop_ids()
-        .iter()
-        .copied()
-        .filter(|&t| (t as usize) < config.vocab_size)
-        .collect();
+    episode.max_context = limits.max_context;
+    let stop_ids = limits.stop_ids;
     Ok(Setup {
         model_dir,
         tasks,
@@ -442,17 +434,14 @@ fn run_loop<T: Trainer>(
             policy: ServerPolicy::new(url, agent.api_key.clone(), setup.stop_ids.clone())?,
             url: url.clone(),
         },
-        None => Sampler::Engine(Arc::new(launch_engine(&EngineLaunch {
-            model: setup.model_dir.clone(),
-            device: agent.device,
-            max_model_len: setup.episode.max_context,
-            kv_cache_fraction: 0.9,
-            num_kv_blocks: None,
-            max_num_seqs: agent.concurrency,
-            max_num_batched_tokens: 8192,
-            seed: agent.seed,
-            tensor_parallel: options.tensor_parallel,
-        })?)),
+        None => Sampler::Engine(Arc::new(launch_rollout_engine(
+            &setup.model_dir,
+            agent.device,
+            setup.episode.max_context,
+            agent.concurrency,
+            agent.seed,
+            options.tensor_parallel,
+        )?)),
     };
     let env = environment_for(&setup.tasks, agent)?;
     if first_iteration > 1 {
