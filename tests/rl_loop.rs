@@ -437,9 +437,65 @@ fn mixed_groups_train_and_uniform_groups_drop_whole() {
     assert_eq!(episodes.len(), 50);
     assert!(line["finish"].get("error").is_none(), "{line}");
 
-    // Groups by hand: rewards, uniform or not, RL-SPEC's advantages.
+    let ByHand {
+        groups,
+        uniform,
+        uniform_inexact,
+        dropped,
+        weighted,
+        action_tokens,
+        kept,
+    } = groups_by_hand(&episodes);
+    assert!(
+        uniform_inexact > 0,
+        "no uniform group with an inexact mean: {line}"
+    );
+    assert!(kept > 0, "no mixed group: {line}");
+    assert_eq!(line["groups"], groups);
+    assert_eq!(line["groups_uniform"], uniform);
+    assert_eq!(line["dropped"]["uniform_group"], dropped);
+    assert_eq!(line["trajectories_kept"], kept);
+    assert_eq!(line["optimizer_steps"], 1);
+
+    // The first DAPO step, by hand.
+    let step = &json_lines(&out.join("metrics.jsonl"))[0];
+    eprintln!("{line}\n{step}");
+    assert_eq!(step["trajectories"], kept);
+    assert_eq!(step["action_tokens"], action_tokens);
+    let want = -weighted / action_tokens as f64;
+    let loss = step["loss"].as_f64().unwrap();
+    assert!(
+        (loss - want).abs() <= 1e-5 * want.abs().max(1e-3),
+        "loss {loss}, by hand {want}"
+    );
+    assert_eq!(step["clip_frac_low"].as_f64(), Some(0.0));
+    assert_eq!(step["clip_frac_high"].as_f64(), Some(0.0));
+    assert_eq!(
+        step["lr"].as_f64(),
+        Some(1e-7),
+        "DAPO's first warmup step: 1e-6 / 10"
+    );
+}
+
+/// What the iteration's groups should have been, computed here from its saved rollouts.
+struct ByHand {
+    groups: usize,
+    uniform: usize,
+    /// Uniform groups whose mean, computed, is not their reward.
+    uniform_inexact: usize,
+    /// Trajectories in uniform groups.
+    dropped: usize,
+    /// Over the kept trajectories: the sum of A_i * n_i, the sum of n_i, and their number.
+    weighted: f64,
+    action_tokens: usize,
+    kept: usize,
+}
+
+/// Rewards (`1[resolved] - turns / 30`), uniform groups (advantage 0, not kept) and RL-SPEC's
+/// advantages for the others, checked against each saved line.
+fn groups_by_hand(episodes: &[Value]) -> ByHand {
     let mut groups: std::collections::BTreeMap<String, Vec<&Value>> = Default::default();
-    for e in &episodes {
+    for e in episodes {
         let turns = e["turns"].as_f64().unwrap();
         let resolved = if e["resolved"].as_bool().unwrap() {
             1.0
@@ -490,33 +546,13 @@ fn mixed_groups_train_and_uniform_groups_drop_whole() {
             kept += 1;
         }
     }
-    assert!(
-        uniform_inexact > 0,
-        "no uniform group with an inexact mean: {line}"
-    );
-    assert!(kept > 0, "no mixed group: {line}");
-    assert_eq!(line["groups"], groups.len());
-    assert_eq!(line["groups_uniform"], uniform);
-    assert_eq!(line["dropped"]["uniform_group"], dropped);
-    assert_eq!(line["trajectories_kept"], kept);
-    assert_eq!(line["optimizer_steps"], 1);
-
-    // The first DAPO step, by hand.
-    let step = &json_lines(&out.join("metrics.jsonl"))[0];
-    eprintln!("{line}\n{step}");
-    assert_eq!(step["trajectories"], kept);
-    assert_eq!(step["action_tokens"], action_tokens);
-    let want = -weighted / action_tokens as f64;
-    let loss = step["loss"].as_f64().unwrap();
-    assert!(
-        (loss - want).abs() <= 1e-5 * want.abs().max(1e-3),
-        "loss {loss}, by hand {want}"
-    );
-    assert_eq!(step["clip_frac_low"].as_f64(), Some(0.0));
-    assert_eq!(step["clip_frac_high"].as_f64(), Some(0.0));
-    assert_eq!(
-        step["lr"].as_f64(),
-        Some(1e-7),
-        "DAPO's first warmup step: 1e-6 / 10"
-    );
+    ByHand {
+        groups: groups.len(),
+        uniform,
+        uniform_inexact,
+        dropped,
+        weighted,
+        action_tokens,
+        kept,
+    }
 }
