@@ -135,8 +135,9 @@ enum Command {
     /// task's own schedule. Writes OUT/iterations.jsonl, OUT/metrics.jsonl, OUT/reward.png and
     /// OUT/iteration-N checkpoints.
     Rl {
+        // Boxed: the largest variant by far (clippy's large_enum_variant).
         #[command(flatten)]
-        args: RlArgs,
+        args: Box<RlArgs>,
     },
     /// Resolved rate, pass@1 and pass@k (unbiased), mean turns and a per-task table; writes
     /// OUT/eval.json and OUT/trajectories.jsonl.
