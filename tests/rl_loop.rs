@@ -522,11 +522,12 @@ fn mixed_groups_train_and_uniform_groups_drop_whole() {
 }
 
 /// A policy whose every bash turn sleeps `seconds` (bash with probability 0.9, else submit),
-/// and `tasks` folder tasks it always resolves once it submits.
+/// and `tasks` folder tasks it never resolves: every reward is 0, so no group trains (a step
+/// of this model's 151,936-token head costs a minute here) and the rollouts are the test.
 fn sleepy_run(dir: &std::path::Path, seconds: &str, tasks: usize) -> (String, String) {
     let model = dir.join("sleepy-policy");
     common::coin::write_command_policy(&model, 0.9, &["sleep", " ", seconds]);
-    let tasks = common::coin::write_coin_tasks(&dir.join("tasks"), tasks, 0, 0);
+    let tasks = common::coin::write_coin_tasks(&dir.join("tasks"), 0, tasks, 0);
     (
         model.to_str().unwrap().to_string(),
         tasks.to_str().unwrap().to_string(),
@@ -578,7 +579,12 @@ fn the_rollout_deadline_drops_unfinished_episodes_and_ends_the_rollouts_promptly
     // stuck in a 2 s sleep at 1.5 s starts nothing more.
     assert!(stopped >= 1 && past > stopped, "{line}");
     assert_eq!(line["rollout_deadline_s"], 1.5);
-    assert_eq!(line["task_groups_by_process"], serde_json::json!([2]));
+    // One process; a second group is pulled only by a worker whose episode submitted at once.
+    let groups = line["task_groups_by_process"].as_array().unwrap();
+    assert!(
+        groups.len() == 1 && groups[0].as_u64().unwrap() >= 1,
+        "{line}"
+    );
     let dropped: u64 = [
         "uniform_group",
         "zero_advantage",
