@@ -136,7 +136,7 @@ enum Command {
     /// OUT/iteration-N checkpoints.
     Rl {
         #[command(flatten)]
-        args: RlArgs,
+        args: Box<RlArgs>,
     },
     /// Resolved rate, pass@1 and pass@k (unbiased), mean turns and a per-task table; writes
     /// OUT/eval.json and OUT/trajectories.jsonl.
