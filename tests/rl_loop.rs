@@ -1,7 +1,8 @@
 //! `swerve-train rl` end to end on the CPU: the toy task is learned (resolved rate from its
 //! random start to 0.9 or more), the rollout-vs-trainer logprob gap is exactly 0 on one backend,
-//! a killed and resumed run continues exactly, and an iteration on built-in Python tasks runs
-//! through the bubblewrap sandbox.
+//! a killed and resumed run continues exactly, an iteration on built-in Python tasks runs
+//! through the bubblewrap sandbox, `--rollout-deadline` drops the episodes it stops, and across
+//! processes the one with more room runs more task groups.
 
 mod common;
 

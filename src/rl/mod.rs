@@ -262,7 +262,8 @@ fn adamw_config(options: &RlOptions) -> AdamWConfig {
 ///
 /// Free to change: `--iterations` (nothing depends on the total: a resume may extend a run),
 /// `--save-every`, `--concurrency`, `--micro-batch-tokens`, `--device`, `--server`,
-/// `--offload-optimizer` (an exact round trip through host memory), and the
+/// `--offload-optimizer` (an exact round trip through host memory), `--rollout-deadline`
+/// (see [`RlOptions::rollout_deadline`]), and the
 /// sandbox's settings (`--env`, limits, binds, image): where commands run, not the method.
 pub fn recorded_options(
     options: &RlOptions,
