@@ -1,7 +1,8 @@
 //! `swerve-train rl` end to end on the CPU: the toy task is learned (resolved rate from its
 //! random start to 0.9 or more), the rollout-vs-trainer logprob gap is exactly 0 on one backend,
-//! a killed and resumed run continues exactly, and an iteration on built-in Python tasks runs
-//! through the bubblewrap sandbox.
+//! a killed and resumed run continues exactly, an iteration on built-in Python tasks runs
+//! through the bubblewrap sandbox, `--rollout-deadline` drops the episodes it stops, and across
+//! processes the one with more room runs more task groups.
 
 mod common;
 
@@ -555,4 +556,145 @@ fn groups_by_hand(episodes: &[Value]) -> ByHand {
         action_tokens,
         kept,
     }
+}
+
+/// A policy whose every bash turn sleeps `seconds` (bash with probability 0.9, else submit),
+/// and `tasks` folder tasks it never resolves: every reward is 0, so no group trains (a step
+/// of this model's 151,936-token head costs a minute here) and the rollouts are the test.
+fn sleepy_run(dir: &std::path::Path, seconds: &str, tasks: usize) -> (String, String) {
+    let model = dir.join("sleepy-policy");
+    common::coin::write_command_policy(&model, 0.9, &["sleep", " ", seconds]);
+    let tasks = common::coin::write_coin_tasks(&dir.join("tasks"), 0, tasks, 0);
+    (
+        model.to_str().unwrap().to_string(),
+        tasks.to_str().unwrap().to_string(),
+    )
+}
+
+/// `--rollout-deadline`: episodes that need ~2 s a turn for up to 5 turns (two waves of 4 on 4
+/// workers: up to ~20 s without a deadline) stop at their first turn after 1.5 s, episodes not
+/// started by then never start, and the iteration goes on with what finished.
+#[test]
+fn the_rollout_deadline_drops_unfinished_episodes_and_ends_the_rollouts_promptly() {
+    let dir = tempfile::tempdir().unwrap();
+    let (model, tasks) = sleepy_run(dir.path(), "2", 2);
+    let out = dir.path().join("run");
+    let started = std::time::Instant::now();
+    let stderr = rl(&[
+        "--model",
+        &model,
+        "--tasks",
+        &tasks,
+        "--out",
+        out.to_str().unwrap(),
+        "--iterations",
+        "1",
+        "--no-rft-first",
+        "--tasks-per-iteration",
+        "2",
+        "--group",
+        "4",
+        "--max-turns",
+        "5",
+        "--max-turn-tokens",
+        "32",
+        "--concurrency",
+        "4",
+        "--rollout-deadline",
+        "1.5",
+    ]);
+    let wall = started.elapsed().as_secs_f64();
+    let line = &json_lines(&out.join("iterations.jsonl"))[0];
+    let (finished, past, stopped) = (
+        line["episodes"].as_u64().unwrap(),
+        line["dropped"]["deadline"].as_u64().unwrap(),
+        line["episodes_past_deadline"].as_u64().unwrap(),
+    );
+    eprintln!("{line}\nwall {wall:.1} s");
+    assert_eq!(finished + past, 8, "{line}");
+    // The first wave ran bash (p 0.9 a turn) past 1.5 s unless it submitted at once; a worker
+    // stuck in a 2 s sleep at 1.5 s starts nothing more.
+    assert!(stopped >= 1 && past > stopped, "{line}");
+    assert_eq!(line["rollout_deadline_s"], 1.5);
+    // One process; a second group is pulled only by a worker whose episode submitted at once.
+    let groups = line["task_groups_by_process"].as_array().unwrap();
+    assert!(
+        groups.len() == 1 && groups[0].as_u64().unwrap() >= 1,
+        "{line}"
+    );
+    let dropped: u64 = [
+        "uniform_group",
+        "zero_advantage",
+        "infrastructure",
+        "deadline",
+    ]
+    .iter()
+    .map(|k| line["dropped"][k].as_u64().unwrap())
+    .sum();
+    assert_eq!(line["trajectories_dropped"].as_u64().unwrap(), dropped);
+    assert_eq!(
+        line["finish"].get("error"),
+        None,
+        "stopped is not failed: {line}"
+    );
+    let rollout_s = line["time_s"]["rollout"].as_f64().unwrap();
+    assert!(rollout_s < 6.0, "the rollouts took {rollout_s} s");
+    assert!(
+        stderr.contains("--rollout-deadline 1.5 s dropped"),
+        "{stderr}"
+    );
+}
+
+/// Two processes pull task groups from process 0's queue as they have room: the one with four
+/// workers takes more of the slow groups than the one with one, and every process still trains
+/// on all of them.
+#[test]
+fn a_process_with_more_room_takes_more_task_groups() {
+    let dir = tempfile::tempdir().unwrap();
+    let (model, tasks) = sleepy_run(dir.path(), "1", 8);
+    let out = dir.path().join("run");
+    let port = free_port_block();
+    let children: Vec<_> = [(0, "1"), (1, "4")]
+        .into_iter()
+        .map(|(rank, concurrency)| {
+            Command::new(bin_path("swerve-train"))
+                .arg("rl")
+                .args(["--model", &model, "--tasks", &tasks])
+                .args(["--out", out.to_str().unwrap()])
+                .args(["--iterations", "1", "--no-rft-first"])
+                .args(["--tasks-per-iteration", "8", "--group", "2"])
+                .args(["--max-turns", "2", "--max-turn-tokens", "32"])
+                .args(["--concurrency", concurrency, "--device", "cpu"])
+                .env("RANK", rank.to_string())
+                .env("WORLD_SIZE", "2")
+                .env("MASTER_ADDR", "127.0.0.1")
+                .env("MASTER_PORT", port.to_string())
+                .env_remove("SLURM_PROCID")
+                .env_remove("TORCHELASTIC_USE_AGENT_STORE")
+                .env_remove("SWERVE_RDZV_PORT")
+                .stderr(std::process::Stdio::piped())
+                .spawn()
+                .unwrap()
+        })
+        .collect();
+    let mut logs = Vec::new();
+    for (rank, child) in children.into_iter().enumerate() {
+        let output = child.wait_with_output().unwrap();
+        let stderr = String::from_utf8_lossy(&output.stderr).into_owned();
+        assert!(output.status.success(), "process {rank}: {stderr}");
+        logs.push(stderr);
+    }
+    let line = &json_lines(&out.join("iterations.jsonl"))[0];
+    let by_process: Vec<u64> = line["task_groups_by_process"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|c| c.as_u64().unwrap())
+        .collect();
+    eprintln!("{line}");
+    assert_eq!(by_process.iter().sum::<u64>(), 8, "{line}");
+    assert!(by_process[1] > by_process[0], "{by_process:?}");
+    assert_eq!(line["episodes"], 16, "every process has every episode");
+    let ran = format!("process 1 ran {} of 8 task groups", by_process[1]);
+    assert!(logs[1].contains(&ran), "{}", logs[1]);
 }

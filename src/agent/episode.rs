@@ -186,10 +186,34 @@ pub struct EpisodeContext<'a> {
     pub config: &'a EpisodeConfig,
 }
 
+/// When episodes must stop (the RL loop's `--rollout-deadline`); `Deadline(None)`: never.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct Deadline(pub Option<Instant>);
+
+impl Deadline {
+    pub fn passed(&self) -> bool {
+        self.0.is_some_and(|at| Instant::now() >= at)
+    }
+}
+
 /// Runs one episode to its end. An infrastructure failure (an `Err` from the sandbox, the
 /// grader or the policy) starts the episode again, up to `infra_retries` times; past that it
 /// ends with [`Finish::Error`] (reward 0, never trained on), keeping the tokens it had.
 pub fn run_episode(ctx: &EpisodeContext<'_>, task: &Task, sample: usize, seed: u64) -> Episode {
+    run_episode_until(ctx, task, sample, seed, Deadline(None)).expect("no deadline")
+}
+
+/// [`run_episode`], stopped once `deadline` passes: before its next turn (its sandbox closed),
+/// or at once when its generation is aborted ([`super::policy::Policy::abort_in_flight`]: the
+/// error that follows is not retried). `None`: stopped, nothing to keep. A tool command that is
+/// running finishes first (its sandbox's timeout bounds it), and so does grading.
+pub fn run_episode_until(
+    ctx: &EpisodeContext<'_>,
+    task: &Task,
+    sample: usize,
+    seed: u64,
+    deadline: Deadline,
+) -> Option<Episode> {
     let mut attempt = 0;
     loop {
         let mut episode = Episode {
@@ -212,11 +236,14 @@ pub fn run_episode(ctx: &EpisodeContext<'_>, task: &Task, sample: usize, seed: u
             infra_retries: attempt,
         };
         let mut transcript = None;
-        let result = drive(ctx, task, &mut episode, &mut transcript);
+        let result = drive(ctx, task, &mut episode, &mut transcript, deadline);
         episode.transcript = transcript;
         let Err(e) = result else {
-            return episode;
+            return Some(episode);
         };
+        if deadline.passed() {
+            return None;
+        }
         if attempt < ctx.config.infra_retries {
             attempt += 1;
             eprintln!(
@@ -229,7 +256,7 @@ pub fn run_episode(ctx: &EpisodeContext<'_>, task: &Task, sample: usize, seed: u
         episode.finish = Finish::Error(format!("{e:#}"));
         episode.resolved = false;
         episode.reward = 0.0;
-        return episode;
+        return Some(episode);
     }
 }
 
@@ -238,6 +265,7 @@ fn drive(
     task: &Task,
     episode: &mut Episode,
     transcript_slot: &mut Option<Transcript>,
+    deadline: Deadline,
 ) -> Result<()> {
     let config = ctx.config;
     let name = format!(
@@ -272,6 +300,11 @@ fn drive(
     let mut editor = Editor::default();
     let mut finish = Finish::MaxTurns;
     for turn in 1..=config.max_turns {
+        if deadline.passed() {
+            // Closed here, not graded: the caller drops the episode.
+            let _ = sandbox.close();
+            anyhow::bail!("stopped at the rollout deadline before turn {turn}");
+        }
         let mut turn_state = TurnState {
             sandbox: sandbox.as_mut(),
             editor: &mut editor,

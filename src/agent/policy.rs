@@ -37,6 +37,9 @@ pub struct TurnOutput {
 pub trait Policy: Send + Sync {
     fn name(&self) -> String;
     fn generate(&self, input: &TurnInput<'_>) -> Result<TurnOutput>;
+    /// Ends every generation in flight (their `generate` calls return an error); a policy that
+    /// cannot does nothing, and its episodes stop at their next turn instead.
+    fn abort_in_flight(&self) {}
 }
 
 /// The model through the in-process engine (RL-correct sampling: temperature 1, no filters).
@@ -49,6 +52,11 @@ pub struct EnginePolicy {
 impl Policy for EnginePolicy {
     fn name(&self) -> String {
         "model".into()
+    }
+
+    fn abort_in_flight(&self) {
+        // An engine that has stopped has nothing in flight.
+        let _ = self.engine.abort_all();
     }
 
     fn generate(&self, input: &TurnInput<'_>) -> Result<TurnOutput> {

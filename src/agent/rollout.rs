@@ -7,12 +7,12 @@
 //! Results come back in (task, sample) order whatever order they finish in; seeds depend on the
 //! task id, the sample index and `--seed` only.
 
-use super::episode::{run_episode, Episode, EpisodeContext, Finish};
+use super::episode::{run_episode_until, Deadline, Episode, EpisodeContext, Finish};
 use crate::env::Task;
 use crate::progress::Progress;
 use crate::rng::{Rng, SplitMix64};
 use serde_json::{json, Map, Value};
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, VecDeque};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Mutex;
 
@@ -38,47 +38,162 @@ pub fn run_episodes(
     seed: u64,
     label: &str,
 ) -> Vec<Episode> {
-    let jobs: Vec<(usize, usize)> = (0..tasks.len())
-        .flat_map(|t| (0..group).map(move |s| (t, s)))
-        .collect();
     let next = AtomicUsize::new(0);
-    let results: Mutex<Vec<Option<Episode>>> = Mutex::new((0..jobs.len()).map(|_| None).collect());
-    let progress = Progress::new(label, jobs.len());
+    let next_group = || -> anyhow::Result<Option<usize>> {
+        Ok(Some(next.fetch_add(1, Ordering::SeqCst)).filter(|&t| t < tasks.len()))
+    };
+    let plan = GroupPlan {
+        tasks,
+        group,
+        concurrency,
+        seed,
+        label,
+        deadline: Deadline(None),
+    };
+    let ran = run_task_groups(ctx, &plan, &next_group).expect("a local list never fails");
+    ran.groups
+        .into_values()
+        .flatten()
+        .map(|e| e.expect("no deadline"))
+        .collect()
+}
+
+/// What [`run_task_groups`] runs.
+pub struct GroupPlan<'a> {
+    pub tasks: &'a [Task],
+    /// Episodes per task.
+    pub group: usize,
+    /// Episodes at once (worker threads).
+    pub concurrency: usize,
+    pub seed: u64,
+    /// The progress line's label.
+    pub label: &'a str,
+    /// Past it no episode starts, and those running stop (see [`run_episode_until`]).
+    pub deadline: Deadline,
+}
+
+/// The task groups one process ran.
+pub struct GroupsRun {
+    /// Per task index: its episodes in sample order; `None` where the deadline stopped one or
+    /// came before it started.
+    pub groups: BTreeMap<usize, Vec<Option<Episode>>>,
+    /// Episodes the deadline stopped while they ran.
+    pub stopped: usize,
+}
+
+/// Runs whole task groups (a task with its `group` samples) as `next_group` hands them out:
+/// a worker that finds nothing queued here pulls the next group and queues its samples, so
+/// the group's shared prompt is computed once, and a process with idle workers pulls more.
+///
+/// ```text
+///   next_group() ─► task t ─► local queue (t,0) (t,1) ... (t,G-1) ◄─ idle workers take
+/// ```
+///
+/// Past `plan.deadline` no episode starts; while any still runs, the policy's generations are
+/// aborted every [`ABORT_SWEEP`] (episodes stop at their next turn at the latest). An error
+/// from `next_group` stops the pulling and is returned once the running episodes end.
+pub fn run_task_groups(
+    ctx: &EpisodeContext<'_>,
+    plan: &GroupPlan<'_>,
+    next_group: &(dyn Fn() -> anyhow::Result<Option<usize>> + Sync),
+) -> anyhow::Result<GroupsRun> {
+    let group = plan.group;
+    let local: Mutex<VecDeque<(usize, usize)>> = Mutex::new(VecDeque::new());
+    let results: Mutex<BTreeMap<usize, Vec<Option<Episode>>>> = Mutex::new(BTreeMap::new());
+    let failure: Mutex<Option<anyhow::Error>> = Mutex::new(None);
+    let (stopped, running) = (AtomicUsize::new(0), AtomicUsize::new(0));
+    let total = plan.tasks.len() * group;
+    let progress = Progress::new(plan.label, total);
     let tally = Mutex::new((0usize, 0usize, 0usize)); // done, resolved, generated tokens
+                                                      // The next (task, sample) of this process, pulling a group when none is queued here.
+    let next_job = || -> Option<(usize, usize)> {
+        if plan.deadline.passed() {
+            return None;
+        }
+        let mut queue = local.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(job) = queue.pop_front() {
+            return Some(job);
+        }
+        let mut failed = failure.lock().unwrap_or_else(|e| e.into_inner());
+        if failed.is_some() {
+            return None;
+        }
+        match next_group() {
+            Ok(Some(t)) => {
+                let slots = (0..group).map(|_| None).collect();
+                lock(&results).insert(t, slots);
+                queue.extend((0..group).map(|s| (t, s)));
+                queue.pop_front()
+            }
+            Ok(None) => None,
+            Err(e) => {
+                *failed = Some(e);
+                None
+            }
+        }
+    };
+    let workers = plan.concurrency.clamp(1, total.max(1));
+    running.store(workers, Ordering::SeqCst);
     std::thread::scope(|scope| {
-        for _ in 0..concurrency.clamp(1, jobs.len().max(1)) {
-            scope.spawn(|| loop {
-                let i = next.fetch_add(1, Ordering::SeqCst);
-                let Some(&(t, sample)) = jobs.get(i) else {
-                    break;
-                };
-                let task = &tasks[t];
-                let episode = run_episode(ctx, task, sample, episode_seed(seed, &task.id, sample));
-                let (done, resolved, tokens) = {
-                    let mut tally = tally.lock().unwrap_or_else(|e| e.into_inner());
-                    tally.0 += 1;
-                    tally.1 += episode.resolved as usize;
-                    tally.2 += episode.generated;
-                    *tally
-                };
-                if let Finish::Error(message) = &episode.finish {
-                    eprintln!("\nepisode {} #{sample} failed: {message}", task.id);
+        if plan.deadline.0.is_some() {
+            scope.spawn(|| {
+                while running.load(Ordering::SeqCst) > 0 {
+                    if plan.deadline.passed() {
+                        ctx.policy.abort_in_flight();
+                    }
+                    std::thread::sleep(ABORT_SWEEP);
                 }
-                results.lock().unwrap_or_else(|e| e.into_inner())[i] = Some(episode);
-                let rate = tokens as f64 / progress.elapsed().as_secs_f64().max(1e-9);
-                progress.update(done, &format!("resolved {resolved} · {rate:.0} tok/s"));
+            });
+        }
+        for _ in 0..workers {
+            scope.spawn(|| {
+                while let Some((t, sample)) = next_job() {
+                    let task = &plan.tasks[t];
+                    let seed = episode_seed(plan.seed, &task.id, sample);
+                    let Some(episode) = run_episode_until(ctx, task, sample, seed, plan.deadline)
+                    else {
+                        stopped.fetch_add(1, Ordering::SeqCst);
+                        continue;
+                    };
+                    let (done, resolved, tokens) = {
+                        let mut tally = tally.lock().unwrap_or_else(|e| e.into_inner());
+                        tally.0 += 1;
+                        tally.1 += episode.resolved as usize;
+                        tally.2 += episode.generated;
+                        *tally
+                    };
+                    if let Finish::Error(message) = &episode.finish {
+                        eprintln!("\nepisode {} #{sample} failed: {message}", task.id);
+                    }
+                    lock(&results).get_mut(&t).expect("pulled")[sample] = Some(episode);
+                    let rate = tokens as f64 / progress.elapsed().as_secs_f64().max(1e-9);
+                    progress.update(done, &format!("resolved {resolved} · {rate:.0} tok/s"));
+                }
+                running.fetch_sub(1, Ordering::SeqCst);
             });
         }
     });
-    let episodes: Vec<Episode> = results
-        .into_inner()
-        .unwrap_or_else(|e| e.into_inner())
-        .into_iter()
-        .map(|e| e.expect("every job ran"))
-        .collect();
-    let resolved = episodes.iter().filter(|e| e.resolved).count();
-    progress.finish(&format!("resolved {resolved} of {}", episodes.len()));
-    episodes
+    if let Some(e) = failure.into_inner().unwrap_or_else(|e| e.into_inner()) {
+        return Err(e);
+    }
+    let groups = results.into_inner().unwrap_or_else(|e| e.into_inner());
+    let (done, resolved, _) = tally.into_inner().unwrap_or_else(|e| e.into_inner());
+    let stopped = stopped.into_inner();
+    let past = if plan.deadline.passed() {
+        format!("; {stopped} stopped at the deadline")
+    } else {
+        String::new()
+    };
+    progress.finish(&format!("resolved {resolved} of {done}{past}"));
+    Ok(GroupsRun { groups, stopped })
+}
+
+/// How often generations are aborted once the deadline has passed, while episodes still run
+/// (one may submit its request just after a sweep).
+const ABORT_SWEEP: std::time::Duration = std::time::Duration::from_millis(50);
+
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|e| e.into_inner())
 }
 
 /// Unbiased pass@k from n samples with c successes (Chen et al., 2021): 1 - C(n-c, k) / C(n, k).

@@ -174,6 +174,7 @@ fn iteration_options(
         save_rollouts: false,
         tensor_parallel: 1,
         offload_optimizer: false,
+        rollout_deadline: None,
     }
 }
 

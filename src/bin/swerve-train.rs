@@ -488,6 +488,11 @@ struct RlArgs {
     /// way per iteration, the same results.
     #[arg(long)]
     offload_optimizer: bool,
+    /// Seconds from the start of each iteration's rollouts (and the RFT phase's) after which no
+    /// episode starts and unfinished ones are stopped and dropped from training (counted as
+    /// `dropped.deadline` in iterations.jsonl): stragglers never hold up the iteration.
+    #[arg(long, value_parser = positive_f64)]
+    rollout_deadline: Option<f64>,
 }
 
 impl RlArgs {
@@ -548,6 +553,7 @@ impl RlArgs {
             save_rollouts: self.save_rollouts,
             tensor_parallel: self.tensor_parallel as usize,
             offload_optimizer: self.offload_optimizer,
+            rollout_deadline: self.rollout_deadline,
         }
     }
 }

@@ -59,6 +59,7 @@ enum Command {
     WakeUp(WakeUp, Sender<Result<Woken>>),
     ResetPrefixCache(Sender<usize>),
     Abort(RequestId),
+    AbortAll(Sender<usize>),
     UpdateWeights(PathBuf, Sender<Result<u64>>),
     UpdateWeightsFrom(Arc<Qwen2Params<HostTensor<'static>>>, Sender<Result<u64>>),
     UpdateWeightsFromDevice(Vec<RankSpans>, Sender<Result<u64>>),
@@ -198,6 +199,14 @@ impl EngineHandle {
     /// Ends a request; its receiver gets `Finished` with reason `abort`.
     pub fn abort(&self, id: RequestId) -> Result<()> {
         self.send(Command::Abort(id))
+    }
+
+    /// Ends every request in flight (their receivers get `Finished` with reason `abort`);
+    /// returns how many. The RL loop's rollout deadline stops unfinished episodes this way.
+    pub fn abort_all(&self) -> Result<usize> {
+        let (tx, rx) = channel();
+        self.send(Command::AbortAll(tx))?;
+        rx.recv().map_err(|_| anyhow!("the engine has stopped"))
     }
 
     /// Swaps weights between steps; returns the new weight version.
@@ -370,6 +379,19 @@ impl Thread {
                         tx(RequestEvent::Finished(record));
                     }
                 }
+            }
+            Command::AbortAll(reply) => {
+                let ids: Vec<RequestId> = self.listeners.keys().copied().collect();
+                let mut aborted = 0;
+                for id in ids {
+                    if let Some(record) = engine.abort(id) {
+                        aborted += 1;
+                        if let Some(mut tx) = self.listeners.remove(&id) {
+                            tx(RequestEvent::Finished(record));
+                        }
+                    }
+                }
+                let _ = reply.send(aborted);
             }
             Command::Pause => self.paused = true,
             Command::Resume => self.paused = false,

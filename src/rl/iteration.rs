@@ -2,10 +2,13 @@
 //! them, the handoff of new weights to the rollouts, the iteration's line and checkpoint.
 
 use super::schedule::{shuffled, tasks_of_iteration, PhaseSchedule};
+use super::work_queue::{QueueAddress, QueueClient, QueueServer};
 use super::{plot, RlOptions};
-use crate::agent::episode::{Episode, EpisodeContext, Finish};
+use crate::agent::episode::{Deadline, Episode, EpisodeContext, Finish};
 use crate::agent::policy::ServerPolicy;
-use crate::agent::rollout::{episode_seed, episode_stats, episode_times, run_episodes};
+use crate::agent::rollout::{
+    episode_seed, episode_stats, episode_times, run_task_groups, GroupPlan,
+};
 use crate::dist::Collectives;
 use crate::engine::EngineHandle;
 use crate::env::Task;
@@ -14,11 +17,13 @@ use crate::train::group::Trainer;
 use crate::train::loss::Objective;
 use crate::train::run_dir::RecordedOptions;
 use crate::train::trainer::append_line;
-use anyhow::{Context, Result};
+use anyhow::{bail, Context, Result};
 use serde_json::{json, Value};
+use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 /// Where rollouts come from, and how new weights reach them.
 pub(crate) enum Sampler {
@@ -59,11 +64,12 @@ impl Trained {
 /// as `rollout.json`'s), then what training kept and did, times and the weight version.
 fn iteration_line(
     (iteration, phase): (usize, &str),
-    episodes: &[Episode],
+    rollouts: &Rollouts,
     trained: &Trained,
     times: Value,
     weight_version: u64,
 ) -> Value {
+    let episodes = &rollouts.episodes;
     let mut line = json!({"iteration": iteration, "phase": phase});
     line.as_object_mut()
         .expect("an object")
@@ -73,12 +79,16 @@ fn iteration_line(
         "groups": trained.groups,
         "groups_uniform": trained.uniform_groups,
         "trajectories_kept": trained.kept,
-        "trajectories_dropped": episodes.len() - trained.kept,
+        "trajectories_dropped": episodes.len() + rollouts.past_deadline - trained.kept,
         "dropped": {
             "uniform_group": trained.dropped_uniform,
             "zero_advantage": trained.dropped_zero_advantage,
             "infrastructure": failed,
+            "deadline": rollouts.past_deadline,
         },
+        "episodes_past_deadline": rollouts.stopped,
+        "rollout_deadline_s": rollouts.deadline_s,
+        "task_groups_by_process": rollouts.groups_by_process,
         "trained_action_tokens": trained.action_tokens,
         "optimizer_steps": trained.steps,
         "lr_first": trained.lr.map(|l| l.0),
@@ -130,6 +140,52 @@ pub(crate) struct Progress {
     pub weight_version: u64,
 }
 
+/// The other processes of a multi-node run (one per node), and where process 0 hands out
+/// the rollouts' task groups.
+#[derive(Clone, Copy)]
+pub(crate) struct Processes<'a> {
+    pub comm: &'a dyn Collectives,
+    pub queue: &'a QueueAddress,
+}
+
+/// An iteration's rollouts as every process ends up with them.
+pub(crate) struct Rollouts {
+    /// The episodes that finished, in (task, sample) order.
+    pub episodes: Vec<Episode>,
+    /// Episodes `--rollout-deadline` cost: stopped while running, or never started.
+    pub past_deadline: usize,
+    /// Of those, the ones that had started.
+    pub stopped: usize,
+    /// Task groups each process ran.
+    pub groups_by_process: Vec<usize>,
+    pub deadline_s: Option<f64>,
+}
+
+impl Rollouts {
+    /// The episodes of every task group in task order; a slot without an episode (or a group
+    /// nobody ran) counts as past the deadline.
+    fn gather(
+        tasks: usize,
+        group: usize,
+        mut groups: BTreeMap<usize, Vec<Option<Episode>>>,
+        stopped: usize,
+        groups_by_process: Vec<usize>,
+        deadline_s: Option<f64>,
+    ) -> Self {
+        let mut episodes = Vec::with_capacity(tasks * group);
+        for t in 0..tasks {
+            episodes.extend(groups.remove(&t).into_iter().flatten().flatten());
+        }
+        Self {
+            past_deadline: tasks * group - episodes.len(),
+            episodes,
+            stopped,
+            groups_by_process,
+            deadline_s,
+        }
+    }
+}
+
 /// The iterations' fixed parts and what they update.
 pub(crate) struct Loop<'a, T: Trainer> {
     pub options: &'a RlOptions,
@@ -144,7 +200,7 @@ pub(crate) struct Loop<'a, T: Trainer> {
     pub history: Vec<Value>,
     /// The other processes of a multi-node run (one per node), which share each iteration's
     /// rollouts; `None` in one process.
-    pub processes: Option<&'a dyn Collectives>,
+    pub processes: Option<Processes<'a>>,
 }
 
 impl<T: Trainer> Loop<'_, T> {
@@ -154,53 +210,112 @@ impl<T: Trainer> Loop<'_, T> {
 
     /// Whether this process writes the run's files (the first of a multi-node run).
     fn writer(&self) -> bool {
-        self.processes.is_none_or(|p| p.rank() == 0)
+        self.processes.is_none_or(|p| p.comm.rank() == 0)
     }
 
-    /// `group` episodes of every task, in the order [`run_episodes`] gives. Across processes each
-    /// runs the tasks `i` with `i % processes == rank` on its own engine, and they exchange their
-    /// episodes: every process ends with all of them, in the same order. An episode's seed
-    /// depends on its task and sample only, so where it runs changes nothing.
-    fn rollouts(
+    /// `group` episodes of every task, in (task, sample) order, less those that
+    /// `--rollout-deadline` cost. Across processes, process 0 hands out task groups (a task with
+    /// its `group` samples) from a queue ([`super::work_queue`]) and every process runs the next
+    /// one whenever a worker of its is idle, so a fast node takes more and no collective runs
+    /// while episodes do; once all have finished they exchange their episodes, and every process
+    /// ends with all of them in the same order. An episode's seed depends on its task and
+    /// sample only, so where it runs changes nothing.
+    ///
+    /// ```text
+    ///   process 0: queue + workers ─ pulls 0 3 4 ...  ┐  finished? ─► exchange the episodes
+    ///   process 1: workers ───────── pulls 1 2 5 ...  ┘  (all_gather, (task, sample) order)
+    /// ```
+    fn rollouts(&self, tasks: &[Task], group: usize, seed: u64, label: &str) -> Result<Rollouts> {
+        let rollouts = self.run_rollouts(tasks, group, seed, label)?;
+        if let (Some(s), true) = (rollouts.deadline_s, rollouts.past_deadline > 0) {
+            eprintln!(
+                "rl: {label}: --rollout-deadline {s} s dropped {} of {} episodes ({} stopped while running, the rest never started)",
+                rollouts.past_deadline,
+                tasks.len() * group,
+                rollouts.stopped
+            );
+        }
+        Ok(rollouts)
+    }
+
+    fn run_rollouts(
         &self,
         tasks: &[Task],
         group: usize,
         seed: u64,
         label: &str,
-    ) -> Result<Vec<Episode>> {
-        let concurrency = self.options.agent.concurrency;
-        let Some(processes) = self.processes.filter(|p| p.size() > 1) else {
-            return Ok(run_episodes(
-                self.ctx,
-                tasks,
+    ) -> Result<Rollouts> {
+        let deadline_s = self.options.rollout_deadline;
+        let plan = GroupPlan {
+            tasks,
+            group,
+            concurrency: self.options.agent.concurrency,
+            seed,
+            label,
+            deadline: Deadline(deadline_s.map(|s| Instant::now() + Duration::from_secs_f64(s))),
+        };
+        let Some(processes) = self.processes.filter(|p| p.comm.size() > 1) else {
+            let next = AtomicUsize::new(0);
+            let next_group = || -> Result<Option<usize>> {
+                Ok(Some(next.fetch_add(1, Ordering::SeqCst)).filter(|&t| t < tasks.len()))
+            };
+            let ran = run_task_groups(self.ctx, &plan, &next_group)?;
+            let groups_by_process = vec![ran.groups.len()];
+            return Ok(Rollouts::gather(
+                tasks.len(),
                 group,
-                concurrency,
-                seed,
-                label,
+                ran.groups,
+                ran.stopped,
+                groups_by_process,
+                deadline_s,
             ));
         };
-        let (rank, size) = (processes.rank(), processes.size());
-        let mine: Vec<Task> = tasks.iter().skip(rank).step_by(size).cloned().collect();
-        let episodes = run_episodes(self.ctx, &mine, group, concurrency, seed, label);
-        let bytes = serde_json::to_vec(&episodes).context("serialising this process's episodes")?;
-        let mut shares = Vec::with_capacity(size);
-        for (r, part) in processes.all_gather_bytes(&bytes)?.iter().enumerate() {
-            let share: Vec<Episode> = serde_json::from_slice(part)
+        let (rank, size) = (processes.comm.rank(), processes.comm.size());
+        let at = &processes.queue;
+        // The round is the rollout's seed: the RFT phase's and each iteration's differ.
+        let _server = match rank {
+            0 => Some(QueueServer::start(
+                &at.host,
+                at.port,
+                seed,
+                tasks.len(),
+                size,
+            )?),
+            _ => None,
+        };
+        let client = QueueClient::connect(&at.host, at.port, seed, rank, at.connect_timeout)?;
+        let ran = run_task_groups(self.ctx, &plan, &|| client.next_unit())?;
+        let groups_by_process = client.finish_and_wait()?;
+        eprintln!(
+            "rl: {label}: process {rank} ran {} of {} task groups (by process: {groups_by_process:?})",
+            ran.groups.len(),
+            tasks.len()
+        );
+        // Every process has finished: this exchange waits on nobody's episodes.
+        let mine: Vec<(usize, Vec<Option<Episode>>)> = ran.groups.into_iter().collect();
+        let bytes = serde_json::to_vec(&(ran.stopped, mine))
+            .context("serialising this process's episodes")?;
+        let (mut groups, mut stopped) = (BTreeMap::new(), 0);
+        for (r, part) in processes.comm.all_gather_bytes(&bytes)?.iter().enumerate() {
+            type Share = (usize, Vec<(usize, Vec<Option<Episode>>)>);
+            let (their_stopped, share): Share = serde_json::from_slice(part)
                 .with_context(|| format!("the episodes of process {r}"))?;
-            shares.push(share.into_iter());
-        }
-        let mut all = Vec::with_capacity(tasks.len() * group);
-        for t in 0..tasks.len() {
-            let share = &mut shares[t % size];
-            for _ in 0..group {
-                all.push(
-                    share
-                        .next()
-                        .context("a process returned too few episodes")?,
-                );
+            stopped += their_stopped;
+            for (t, episodes) in share {
+                if t >= tasks.len() || episodes.len() != group || groups.contains_key(&t) {
+                    bail!("process {r} returned task group {t} twice, or out of range, or not {group} long");
+                }
+                groups.insert(t, episodes);
             }
         }
-        Ok(all)
+        Ok(Rollouts::gather(
+            tasks.len(),
+            group,
+            groups,
+            stopped,
+            groups_by_process,
+            deadline_s,
+        ))
     }
 
     /// `--rft-first K`: K rollouts per task with the base model, then RFT on the resolved ones
@@ -209,11 +324,12 @@ impl<T: Trainer> Loop<'_, T> {
         let (options, agent) = (self.options, &self.options.agent);
         let started = Instant::now();
         let seed = agent.seed ^ 0x0052_4654;
-        let episodes = self.rollouts(self.tasks, k, seed, "rft rollouts")?;
+        let rollouts = self.rollouts(self.tasks, k, seed, "rft rollouts")?;
+        let episodes = &rollouts.episodes;
         let rollout_s = started.elapsed().as_secs_f64();
         let mut trained = Trained::default();
         let mut resolved = Vec::new();
-        for e in &episodes {
+        for e in episodes {
             let t = trajectory(e);
             trained.advantages.push(t.as_ref().map(|_| 1.0));
             if let (true, Some(t)) = (e.resolved, t) {
@@ -255,10 +371,10 @@ impl<T: Trainer> Loop<'_, T> {
         let handoff_s = handoff(&self.learner, self.sampler, self.model_dir, self.out())?;
         self.progress.weight_version += 1;
         self.memory_to_rollouts()?;
-        self.save_rollouts(0, &episodes, &trained)?;
+        self.save_rollouts(0, episodes, &trained)?;
         let line = iteration_line(
             (0, "rft"),
-            &episodes,
+            &rollouts,
             &trained,
             times(
                 &[
@@ -266,7 +382,7 @@ impl<T: Trainer> Loop<'_, T> {
                     ("training", training_s),
                     ("handoff", handoff_s),
                 ],
-                &episodes,
+                episodes,
             ),
             self.progress.weight_version,
         );
@@ -292,11 +408,12 @@ impl<T: Trainer> Loop<'_, T> {
         let started = Instant::now();
         let label = format!("iteration {iteration}/{}", options.iterations);
         let seed = episode_seed(agent.seed, "iteration", iteration);
-        let episodes = self.rollouts(&picked, agent.group, seed, &label)?;
+        let rollouts = self.rollouts(&picked, agent.group, seed, &label)?;
+        let episodes = &rollouts.episodes;
         let rollout_s = started.elapsed().as_secs_f64();
         let train_started = Instant::now();
         self.memory_to_trainer()?;
-        let trained = self.train_on(iteration, &episodes)?;
+        let trained = self.train_on(iteration, episodes)?;
         let training_s = train_started.elapsed().as_secs_f64();
         let handoff_s = if trained.kept == 0 {
             0.0
@@ -307,10 +424,10 @@ impl<T: Trainer> Loop<'_, T> {
         let restore_started = Instant::now();
         self.memory_to_rollouts()?;
         let kv_restore_s = restore_started.elapsed().as_secs_f64();
-        self.save_rollouts(iteration, &episodes, &trained)?;
+        self.save_rollouts(iteration, episodes, &trained)?;
         let line = iteration_line(
             (iteration, "dapo"),
-            &episodes,
+            &rollouts,
             &trained,
             times(
                 &[
@@ -319,7 +436,7 @@ impl<T: Trainer> Loop<'_, T> {
                     ("handoff", handoff_s),
                     ("kv_cache_restore", kv_restore_s),
                 ],
-                &episodes,
+                episodes,
             ),
             self.progress.weight_version,
         );

@@ -22,6 +22,7 @@
 pub mod iteration;
 pub mod plot;
 pub mod schedule;
+pub mod work_queue;
 
 use crate::agent::command::{environment_for, AgentRunOptions};
 use crate::agent::episode::{EpisodeConfig, EpisodeContext};
@@ -83,6 +84,15 @@ pub struct RlOptions {
     /// The optimizer state waits in host memory while the rollouts run (`--offload-optimizer`;
     /// not recorded: it changes no result).
     pub offload_optimizer: bool,
+    /// `--rollout-deadline SECS`: seconds after the start of an iteration's rollouts (the RFT
+    /// phase's too) past which no episode starts and those still running are stopped (their
+    /// generations aborted, their sandboxes closed) and dropped from training. Counted in each
+    /// line of `iterations.jsonl` (`dropped.deadline`, `episodes_past_deadline`, and the
+    /// deadline itself as `rollout_deadline_s`). Not among [`recorded_options`]: what it drops
+    /// depends on wall-clock time, so a resume could not repeat it anyway, and a resume may
+    /// need to change it when the cluster's speed changes; the lines say which iterations ran
+    /// under which deadline.
+    pub rollout_deadline: Option<f64>,
 }
 
 /// Settings `rl` uses where a flag is not given: the paper's stage 1 (RL-SPEC.md), or, for
@@ -175,8 +185,8 @@ pub fn run_on_device(device: DeviceChoice, options: &RlOptions) -> Result<()> {
 }
 
 /// The loop with one process per node (torchrun's or Slurm's variables): each runs its own
-/// engine (`--tensor-parallel` over its GPUs) on its share of each iteration's tasks, the
-/// processes exchange the episodes, and every process trains on all of them as one replica of
+/// engine (`--tensor-parallel` over its GPUs) on the task groups it takes from process 0's
+/// queue whenever it has room ([`work_queue`]), the processes exchange the episodes, and every process trains on all of them as one replica of
 /// a data-parallel learner (gradients summed across nodes, ZeRO-1). The first process prepares
 /// OUT and the starting model and writes the logs; checkpoints are written together.
 fn run_across_processes(
@@ -214,9 +224,14 @@ fn run_across_processes(
             String::from_utf8_lossy(&all[r])
         );
     }
+    let queue = work_queue::QueueAddress::for_process_group(&process, options.tensor_parallel)?;
     let spec = learner_spec(options, &setup);
     let group = LearnerGroup::start(device, options.tensor_parallel, process, spec)?;
-    run_loop(group, options, setup, Some(&comm))
+    let processes = iteration::Processes {
+        comm: &comm,
+        queue: &queue,
+    };
+    run_loop(group, options, setup, Some(processes))
 }
 
 fn learner_spec(options: &RlOptions, setup: &Setup) -> LearnerSpec {
@@ -247,7 +262,8 @@ fn adamw_config(options: &RlOptions) -> AdamWConfig {
 ///
 /// Free to change: `--iterations` (nothing depends on the total: a resume may extend a run),
 /// `--save-every`, `--concurrency`, `--micro-batch-tokens`, `--device`, `--server`,
-/// `--offload-optimizer` (an exact round trip through host memory), and the
+/// `--offload-optimizer` (an exact round trip through host memory), `--rollout-deadline`
+/// (see [`RlOptions::rollout_deadline`]), and the
 /// sandbox's settings (`--env`, limits, binds, image): where commands run, not the method.
 pub fn recorded_options(
     options: &RlOptions,
@@ -423,11 +439,11 @@ fn run_loop<T: Trainer>(
     mut learner: T,
     options: &RlOptions,
     setup: Setup,
-    processes: Option<&dyn Collectives>,
+    processes: Option<iteration::Processes<'_>>,
 ) -> Result<()> {
     let agent = &options.agent;
     let record = recorded_options(options, &setup.tasks_content, &setup.episode);
-    let writer = processes.is_none_or(|p| p.rank() == 0);
+    let writer = processes.is_none_or(|p| p.comm.rank() == 0);
     let (first_iteration, progress, rft_done) = resume(options, &record, &mut learner, writer)?;
     let sampler = match &agent.server {
         Some(url) => Sampler::Server {

@@ -36,6 +36,13 @@ fn special(tokenizer: &Tokenizer, text: &str) -> u32 {
 /// Writes the coin policy (Qwen2.5's vocabulary) into `dir`: bash with probability `p_bash`
 /// at each reply, else submit.
 pub fn write_coin_policy(dir: &Path, p_bash: f64) {
+    write_command_policy(dir, p_bash, &["echo", " ok", ">a", "ns", "wer"]);
+}
+
+/// The coin policy whose bash command is `command`, given as the one-token pieces it is made
+/// of (each must be one token, and none one of the policy's other tokens): `["sleep", " ",
+/// "2"]` makes every bash turn take two seconds (slow episodes for rollout deadlines).
+pub fn write_command_policy(dir: &Path, p_bash: f64, command: &[&str]) {
     let tokenizer = Tokenizer::qwen25().unwrap();
     let plain =
         |pieces: &[&str]| -> Vec<u32> { pieces.iter().map(|p| token(&tokenizer, p)).collect() };
@@ -47,7 +54,7 @@ pub fn write_coin_policy(dir: &Path, p_bash: f64) {
     // The generation prompt ends with "\n"; then `{"name":"` and the branch.
     let mut head = vec![token(&tokenizer, "\n"), open];
     head.extend(plain(&["{\"", "name", "\":\""]));
-    let bash: Vec<u32> = plain(&[
+    let mut bash_pieces = vec![
         "bash",
         "\",\"",
         "arguments",
@@ -55,13 +62,10 @@ pub fn write_coin_policy(dir: &Path, p_bash: f64) {
         "command",
         "\":",
         " \"",
-        "echo",
-        " ok",
-        ">a",
-        "ns",
-        "wer",
-        "\"}}",
-    ]);
+    ];
+    bash_pieces.extend(command);
+    bash_pieces.push("\"}}");
+    let bash: Vec<u32> = plain(&bash_pieces);
     let submit: Vec<u32> = plain(&["submit", "\"}"]);
     let mut successors: Vec<(u32, u32, f64)> = Vec::new();
     let mut chain = |path: &[u32]| {
