@@ -117,11 +117,18 @@ fn pause_after_in_flight_finishes_the_requests_in_flight_and_holds_the_new_ones(
     assert_eq!(handle.stats().unwrap().steps, steps);
     assert!(held.is_untouched() && later.is_untouched());
 
-    // A pause that finds nothing in flight returns at once.
-    handle.pause_after_in_flight().unwrap();
     handle.resume().unwrap();
     assert_eq!(held.finished().output_tokens.len(), 4);
     assert_eq!(later.finished().output_tokens.len(), 3);
+
+    // Without an earlier pause: one that finds nothing in flight returns at once, and holds
+    // what comes after it.
+    handle.pause_after_in_flight().unwrap();
+    let after = Submitted::new(&handle, greedy(2));
+    wait_held(&handle, 1);
+    assert!(after.is_untouched());
+    handle.resume().unwrap();
+    assert_eq!(after.finished().output_tokens.len(), 2);
 }
 
 #[test]

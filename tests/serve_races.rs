@@ -187,7 +187,13 @@ fn sleep_under_load_releases_the_kv_cache_and_refuses_requests_with_503() {
             0.0,
             "round {round}: the KV cache is allocated right after /sleep"
         );
+        // The held requests were refused, none entered the engine.
         assert_eq!(server.metric("swerve_engine_held"), 0.0);
+        assert_eq!(
+            server.metric("swerve_engine_waiting") + server.metric("swerve_engine_running"),
+            0.0,
+            "round {round}: requests entered the engine after /sleep"
+        );
         std::thread::sleep(Duration::from_millis(50));
         assert_eq!(server.metric("swerve_kv_cache_allocated"), 0.0);
         assert_eq!(server.get("/is_sleeping").json()["is_sleeping"], true);
