@@ -153,8 +153,7 @@ fn abort_all_ends_the_requests_in_the_engine_and_the_held_ones() {
 fn asleep_refusal(handle: &EngineHandle) -> EngineAsleep {
     let error = handle
         .submit(greedy(2))
-        .err()
-        .expect("a submission while asleep");
+        .expect_err("a submission while asleep");
     *error
         .downcast_ref::<EngineAsleep>()
         .unwrap_or_else(|| panic!("not an EngineAsleep refusal: {error:#}"))
