@@ -347,7 +347,7 @@ fn rss_bytes(pid: u32) -> u64 {
 
 /// `/sleep` level 1 then 2 and `/wake_up`: memory given back (reported, and measured as the
 /// process's resident memory), generation refused with 503 while asleep, sleeping refused with
-/// 409 while requests are in flight, and the same greedy tokens after the weights come back.
+/// 409 while a request is in the engine, and the same greedy tokens after the weights come back.
 #[test]
 fn sleep_and_wake_up_release_and_restore_memory() {
     let server = Server::start(&scripted_model(), &["--num-kv-blocks", "2048"]);
@@ -371,10 +371,9 @@ fn sleep_and_wake_up_release_and_restore_memory() {
     server.wait_idle();
     let rss_awake = rss_bytes(pid);
 
-    // In flight: 409, nothing released.
-    server.post("/pause?mode=keep", &json!({}));
+    // In the engine (frozen by a pause that keeps it): 409, nothing released.
     let addr = server.addr;
-    let body = json!({"prompt": [1, 2, 3], "max_tokens": 2});
+    let body = json!({"prompt": [1, 2, 3], "max_tokens": 400, "ignore_eos": true});
     let waiter = std::thread::spawn(move || {
         request(
             addr,
@@ -384,12 +383,14 @@ fn sleep_and_wake_up_release_and_restore_memory() {
             body.to_string().as_bytes(),
         )
     });
-    while server.metric("swerve_sequences_in_flight") < 1.0 {
+    while server.metric("swerve_engine_running") < 1.0 {
         std::thread::sleep(Duration::from_millis(10));
     }
+    server.post("/pause?mode=keep", &json!({}));
     server
         .post("/sleep?level=1", &json!({}))
         .assert_error(409, None);
+    assert_eq!(server.metric("swerve_kv_cache_allocated"), 1.0);
     server.post("/resume", &json!({}));
     assert_eq!(waiter.join().unwrap().status, 200);
     server.wait_idle();
@@ -399,6 +400,7 @@ fn sleep_and_wake_up_release_and_restore_memory() {
     let kv = r.json()["released"]["kv_cache_bytes"].as_u64().unwrap();
     // 2048 blocks x 16 tokens x 2 layers x (K + V) x 1 KV head x 16 dims x 4 bytes.
     assert_eq!(kv, 2048 * 16 * 2 * 2 * 16 * 4);
+    assert_eq!(server.metric("swerve_kv_cache_allocated"), 0.0);
     let rss_level1 = rss_bytes(pid);
     let r = server.post("/sleep", &json!({"level": 2}));
     assert_eq!(r.status, 200, "{}", r.text());

@@ -182,16 +182,22 @@ impl Policy for ServerPolicy {
             );
         }
         let finish = choice.get("finish_reason").and_then(Value::as_str);
-        if finish == Some("abort") {
+        let stopped = match finish {
+            Some("stop") => true,
+            Some("length") => false,
             // Aborted (a pause, a weight update, a shutdown): the last token may be cut, so
             // the turn is not kept; the episode starts again as an infrastructure failure.
-            bail!(
+            Some("abort") => bail!(
                 "swerve-serve aborted the request after {} tokens",
                 tokens.len()
-            );
-        }
-        let stopped = finish != Some("length");
-        if stopped && tokens.is_empty() {
+            ),
+            // No reason: nothing says the reply is whole.
+            other => bail!(
+                "swerve-serve ended a reply after {} tokens with finish_reason {other:?} (expected \"stop\" or \"length\")",
+                tokens.len()
+            ),
+        };
+        if tokens.is_empty() {
             bail!("swerve-serve ended a reply with no token (finish_reason {finish:?})");
         }
         Ok(TurnOutput {
@@ -371,3 +377,7 @@ pub fn read_replay(path: &Path) -> Result<HashMap<String, Vec<Value>>> {
     }
     Ok(out)
 }
+
+#[cfg(test)]
+#[path = "policy_tests.rs"]
+mod tests;

@@ -106,8 +106,14 @@ pub enum EngineEvent {
 pub struct EngineStats {
     pub running: usize,
     pub waiting: usize,
+    /// Submissions the engine thread holds while paused, not yet in the engine (they start on
+    /// resume; see [`crate::engine::handle`]). Always 0 from [`Engine::stats`].
+    pub held: usize,
     pub kv_used_blocks: usize,
     pub kv_total_blocks: usize,
+    /// The KV cache's memory is allocated (false while released: a sleep, or
+    /// [`Engine::release_kv_cache`]).
+    pub kv_cache_allocated: bool,
     pub prefix_query_tokens: u64,
     pub prefix_hit_tokens: u64,
     pub steps: u64,
@@ -271,6 +277,7 @@ impl<B: Backend> Engine<B> {
             running: self.scheduler.num_running(),
             waiting: self.scheduler.num_waiting(),
             kv_used_blocks: self.scheduler.kv.num_used_blocks(),
+            kv_cache_allocated: !self.kv_released,
             prefix_query_tokens: prefix.queries,
             prefix_hit_tokens: prefix.hits,
             ..self.stats.clone()

@@ -10,8 +10,25 @@
 //! A request whose receiver is dropped (its client went away) is aborted at the next event and
 //! its blocks return to the pool. [`EngineHandle::submit_with`] takes any [`EventSink`] (the
 //! server's is an async channel) and answers through a callback, so an async caller never blocks
-//! on the engine. [`EngineHandle::pause`] stops stepping (requests keep their state and blocks;
-//! commands are still served) until [`EngineHandle::resume`].
+//! on the engine.
+//!
+//! Pausing: from the moment the thread takes a pause command, new submissions are held outside
+//! the engine (they start on [`EngineHandle::resume`]), so what is in the engine is exactly what
+//! was in flight at the pause. [`EngineHandle::pause`] also stops stepping (those requests keep
+//! their state and blocks); [`EngineHandle::pause_after_in_flight`] lets them run to their end
+//! and returns then. Commands are served either way.
+//!
+//! ```text
+//!             submissions          in the engine        steps
+//!  running    added at once        run                  yes
+//!  pause      held until resume    frozen               no
+//!  pause_after_in_flight
+//!             held until resume    run to their end     until none is left
+//! ```
+//!
+//! Sleeping is one command: the thread releases the memory and refuses every later submission
+//! ([`EngineAsleep`]), and the held ones, before it serves the next command, so no submission
+//! can allocate the KV cache again in between.
 
 use crate::engine::engine::{EngineEvent, EngineStats, FinalRecord, TokenEvent};
 use crate::engine::parallel::EngineCore;
@@ -44,6 +61,27 @@ pub type EventSink = Box<dyn FnMut(RequestEvent) -> bool + Send>;
 /// Receives the outcome of a submission: the request's id, or why it was refused.
 pub type SubmitReply = Box<dyn FnOnce(Result<RequestId>) + Send>;
 
+/// The refusal of a submission while the engine is asleep ([`EngineHandle::sleep`]), as the
+/// error's source: callers tell it from a refusal of the request's fields with
+/// `error.downcast_ref::<EngineAsleep>()`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct EngineAsleep {
+    /// 1: the KV cache is released; 2: the weights too.
+    pub level: u8,
+}
+
+impl std::fmt::Display for EngineAsleep {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "the engine is asleep (sleep level {}: its memory is released): wake it up first",
+            self.level
+        )
+    }
+}
+
+impl std::error::Error for EngineAsleep {}
+
 /// What [`EngineHandle::wake_up`] did.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct Woken {
@@ -53,13 +91,21 @@ pub struct Woken {
     pub weight_version: u64,
 }
 
+/// A request as submitted: added to the engine at once, or held while paused.
+struct Submission {
+    request: GenerationRequest,
+    options: RequestOptions,
+    events: EventSink,
+    reply: SubmitReply,
+}
+
 enum Command {
-    Submit(GenerationRequest, RequestOptions, EventSink, SubmitReply),
+    Submit(Submission),
     Sleep(u8, Sender<Result<Released>>),
     WakeUp(WakeUp, Sender<Result<Woken>>),
     ResetPrefixCache(Sender<usize>),
     Abort(RequestId),
-    AbortAll(Sender<usize>),
+    AbortAll,
     UpdateWeights(PathBuf, Sender<Result<u64>>),
     UpdateWeightsFrom(Arc<Qwen2Params<HostTensor<'static>>>, Sender<Result<u64>>),
     UpdateWeightsFromDevice(Vec<RankSpans>, Sender<Result<u64>>),
@@ -68,6 +114,7 @@ enum Command {
     RestoreKv(Sender<Result<()>>),
     Stats(Sender<EngineStats>),
     Pause,
+    PauseAfterInFlight(Sender<Result<()>>),
     Resume,
     Shutdown,
 }
@@ -153,12 +200,19 @@ impl EngineHandle {
         sink: EventSink,
         reply: SubmitReply,
     ) -> Result<()> {
-        self.send(Command::Submit(request, options, sink, reply))
+        self.send(Command::Submit(Submission {
+            request,
+            options,
+            events: sink,
+            reply,
+        }))
     }
 
     /// Puts the engine to sleep between steps (see [`crate::engine::sleep`]): level 1 frees the
-    /// KV cache, level 2 the weights too; refused with requests in flight. Until
-    /// [`EngineHandle::wake_up`], submissions are refused. Returns the bytes freed.
+    /// KV cache, level 2 the weights too; refused with requests in the engine (running, waiting
+    /// or frozen). The submissions held by a pause, and every one the thread takes after this
+    /// command, are refused with [`EngineAsleep`] until [`EngineHandle::wake_up`]. Returns the
+    /// bytes freed.
     pub fn sleep(&self, level: u8) -> Result<Released> {
         let (tx, rx) = channel();
         self.send(Command::Sleep(level, tx))?;
@@ -186,12 +240,24 @@ impl EngineHandle {
     }
 
     /// Stops stepping after the current step: running and waiting requests keep their state and
-    /// blocks, new ones queue, and every command is still served. Idempotent.
+    /// blocks, new submissions are held until [`EngineHandle::resume`], and every command is
+    /// still served. Idempotent.
     pub fn pause(&self) -> Result<()> {
         self.send(Command::Pause)
     }
 
-    /// Steps again after [`EngineHandle::pause`]. Idempotent.
+    /// Pauses once the requests in flight have finished: from the moment the thread takes this
+    /// command new submissions are held until [`EngineHandle::resume`], while the requests
+    /// already in the engine (frozen ones too) run to their end; returns then. An error if a
+    /// resume came first.
+    pub fn pause_after_in_flight(&self) -> Result<()> {
+        let (tx, rx) = channel();
+        self.send(Command::PauseAfterInFlight(tx))?;
+        rx.recv().map_err(|_| anyhow!("the engine has stopped"))?
+    }
+
+    /// Steps again after a pause and starts the held submissions, in the order they came.
+    /// Idempotent.
     pub fn resume(&self) -> Result<()> {
         self.send(Command::Resume)
     }
@@ -201,12 +267,10 @@ impl EngineHandle {
         self.send(Command::Abort(id))
     }
 
-    /// Ends every request in flight (their receivers get `Finished` with reason `abort`);
-    /// returns how many. The RL loop's rollout deadline stops unfinished episodes this way.
-    pub fn abort_all(&self) -> Result<usize> {
-        let (tx, rx) = channel();
-        self.send(Command::AbortAll(tx))?;
-        rx.recv().map_err(|_| anyhow!("the engine has stopped"))
+    /// Ends every request in the engine and every held submission (the held ones enter the
+    /// engine only to be aborted): each receiver gets `Finished` with reason `abort`.
+    pub fn abort_all(&self) -> Result<()> {
+        self.send(Command::AbortAll)
     }
 
     /// Swaps weights between steps; returns the new weight version.
@@ -308,7 +372,14 @@ struct WakeUp {
 /// The engine thread's state beside the engine.
 struct Thread {
     listeners: HashMap<RequestId, EventSink>,
-    paused: bool,
+    /// No steps ([`EngineHandle::pause`]): the requests in the engine keep their state.
+    frozen: bool,
+    /// Paused: new submissions wait in `held`, outside the engine, until a resume.
+    holding: bool,
+    held: Vec<Submission>,
+    /// [`EngineHandle::pause_after_in_flight`] callers, answered once the engine has nothing
+    /// unfinished.
+    pausing_after_in_flight: Vec<Sender<Result<()>>>,
     /// Put to sleep and not fully woken: submissions are refused.
     asleep: bool,
 }
@@ -316,13 +387,17 @@ struct Thread {
 fn run<E: EngineCore>(mut engine: E, inbox: Receiver<Command>) {
     let mut thread = Thread {
         listeners: HashMap::new(),
-        paused: false,
+        frozen: false,
+        holding: false,
+        held: Vec::new(),
+        pausing_after_in_flight: Vec::new(),
         asleep: false,
     };
     loop {
-        // Block for work when idle or paused; otherwise take what has arrived and step.
+        thread.finish_pause_after_in_flight(&engine);
+        // Block for work when idle or frozen; otherwise take what has arrived and step.
         let mut commands = Vec::new();
-        if !engine.has_unfinished() || thread.paused {
+        if !engine.has_unfinished() || thread.frozen {
             match inbox.recv() {
                 Ok(c) => commands.push(c),
                 Err(_) => return,
@@ -334,7 +409,7 @@ fn run<E: EngineCore>(mut engine: E, inbox: Receiver<Command>) {
                 return;
             }
         }
-        if !engine.has_unfinished() || thread.paused {
+        if !engine.has_unfinished() || thread.frozen {
             continue;
         }
         match engine.step() {
@@ -358,43 +433,48 @@ impl Thread {
     /// Serves one command between steps; true when the thread must stop.
     fn handle<E: EngineCore>(&mut self, engine: &mut E, command: Command) -> bool {
         match command {
-            Command::Submit(request, options, events, reply) => {
-                if self.asleep {
-                    reply(Err(anyhow!(
-                        "the engine is asleep (its memory is released): wake it up first"
-                    )));
-                    return false;
-                }
-                match engine.add_request_with(request, options) {
-                    Ok(id) => {
-                        self.listeners.insert(id, events);
-                        reply(Ok(id));
-                    }
-                    Err(e) => reply(Err(e)),
+            Command::Submit(submission) => {
+                // Refused while asleep, never held: a wake-up may be a training step away.
+                if self.holding && !self.asleep {
+                    self.held.push(submission);
+                } else {
+                    self.add(engine, submission);
                 }
             }
-            Command::Abort(id) => {
-                if let Some(record) = engine.abort(id) {
-                    if let Some(mut tx) = self.listeners.remove(&id) {
-                        tx(RequestEvent::Finished(record));
+            Command::Abort(id) => self.abort(engine, id),
+            Command::AbortAll => {
+                for submission in std::mem::take(&mut self.held) {
+                    if let Some(id) = self.add(engine, submission) {
+                        self.abort(engine, id);
                     }
                 }
-            }
-            Command::AbortAll(reply) => {
                 let ids: Vec<RequestId> = self.listeners.keys().copied().collect();
-                let mut aborted = 0;
                 for id in ids {
-                    if let Some(record) = engine.abort(id) {
-                        aborted += 1;
-                        if let Some(mut tx) = self.listeners.remove(&id) {
-                            tx(RequestEvent::Finished(record));
-                        }
-                    }
+                    self.abort(engine, id);
                 }
-                let _ = reply.send(aborted);
             }
-            Command::Pause => self.paused = true,
-            Command::Resume => self.paused = false,
+            Command::Pause => {
+                self.frozen = true;
+                self.holding = true;
+            }
+            Command::PauseAfterInFlight(reply) => {
+                // Requests frozen by an earlier pause could never finish: they run too.
+                self.frozen = false;
+                self.holding = true;
+                self.pausing_after_in_flight.push(reply);
+            }
+            Command::Resume => {
+                self.frozen = false;
+                self.holding = false;
+                for reply in self.pausing_after_in_flight.drain(..) {
+                    let _ = reply.send(Err(anyhow!(
+                        "resumed before the requests in flight had finished"
+                    )));
+                }
+                for submission in std::mem::take(&mut self.held) {
+                    self.add(engine, submission);
+                }
+            }
             Command::UpdateWeights(dir, reply) => {
                 let _ = reply.send(engine.update_weights(&dir));
             }
@@ -419,8 +499,16 @@ impl Thread {
                 let _ = reply.send(engine.restore_kv_cache());
             }
             Command::Sleep(level, reply) => {
+                // Released and marked asleep in this one command: the next submission the
+                // thread takes is refused, never allocates the KV cache again.
                 let result = engine.sleep(level);
-                self.asleep |= result.is_ok();
+                if result.is_ok() {
+                    self.asleep = true;
+                    // Held by a pause, they never started: refused as any submission now.
+                    for submission in std::mem::take(&mut self.held) {
+                        self.add(engine, submission);
+                    }
+                }
                 let _ = reply.send(result);
             }
             Command::WakeUp(wake, reply) => {
@@ -430,7 +518,9 @@ impl Thread {
                 let _ = reply.send(engine.reset_prefix_cache());
             }
             Command::Stats(reply) => {
-                let _ = reply.send(engine.stats());
+                let mut stats = engine.stats();
+                stats.held = self.held.len();
+                let _ = reply.send(stats);
             }
             Command::Shutdown => {
                 for (id, mut tx) in self.listeners.drain() {
@@ -438,10 +528,59 @@ impl Thread {
                         tx(RequestEvent::Finished(record));
                     }
                 }
+                // Dropped unanswered: their callers hear that the engine has stopped.
+                self.held.clear();
                 return true;
             }
         }
         false
+    }
+
+    /// Adds a submission to the engine (refused while asleep, or for its fields); its id.
+    fn add<E: EngineCore>(&mut self, engine: &mut E, submission: Submission) -> Option<RequestId> {
+        let Submission {
+            request,
+            options,
+            events,
+            reply,
+        } = submission;
+        if self.asleep {
+            let level = if engine.weights_released() { 2 } else { 1 };
+            reply(Err(anyhow::Error::new(EngineAsleep { level })));
+            return None;
+        }
+        match engine.add_request_with(request, options) {
+            Ok(id) => {
+                self.listeners.insert(id, events);
+                reply(Ok(id));
+                Some(id)
+            }
+            Err(e) => {
+                reply(Err(e));
+                None
+            }
+        }
+    }
+
+    /// Ends a request; its listener gets `Finished` with reason `abort`.
+    fn abort<E: EngineCore>(&mut self, engine: &mut E, id: RequestId) {
+        if let Some(record) = engine.abort(id) {
+            if let Some(mut tx) = self.listeners.remove(&id) {
+                tx(RequestEvent::Finished(record));
+            }
+        }
+    }
+
+    /// Answers the [`EngineHandle::pause_after_in_flight`] callers once the requests in flight
+    /// at their pause have finished (new ones are held meanwhile), and stops stepping.
+    fn finish_pause_after_in_flight<E: EngineCore>(&mut self, engine: &E) {
+        if self.pausing_after_in_flight.is_empty() || engine.has_unfinished() {
+            return;
+        }
+        self.frozen = true;
+        for reply in self.pausing_after_in_flight.drain(..) {
+            let _ = reply.send(Ok(()));
+        }
     }
 
     /// Brings back what was asked for; awake again once the weights are loaded.

@@ -6,7 +6,8 @@
 //! - [`sampler`]: temperature / top-k / top-p / min-p sampling with exact logprobs.
 //! - [`engine`]: [`Engine`], synchronous: plan, paged forward, sample, events.
 //! - [`handle`]: [`EngineHandle`], the engine on its own thread behind channels: submit, a stream
-//!   of events per request, abort, weight updates, pause and resume.
+//!   of events per request, abort, weight updates, pause (new submissions held until resume)
+//!   and resume, sleep and wake-up.
 //! - [`launch`]: an engine for a model folder on the backend chosen at run time.
 //! - [`reload`]: weight updates in place between steps.
 //! - [`handoff`]: a trainer's weights in memory, each rank's shard to the engine rank of the same
@@ -32,7 +33,7 @@ pub mod scheduler;
 pub mod sleep;
 
 pub use engine::{Engine, EngineConfig, EngineEvent, EngineStats, FinalRecord, TokenEvent, Usage};
-pub use handle::{EngineHandle, EventSink, RequestEvent, SubmitReply};
+pub use handle::{EngineAsleep, EngineHandle, EventSink, RequestEvent, SubmitReply};
 pub use parallel::{EngineCore, TpEngine};
 pub use prompt_logprobs::PromptLogprobs;
 pub use request::{FinishReason, GenerationRequest, RequestOptions};

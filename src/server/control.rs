@@ -12,7 +12,16 @@
 //!
 //! While asleep, generation requests are refused with 503 (`POST /wake_up` first), never queued:
 //! the memory they need is given away, and a request held until a wake-up that may come after
-//! a long training step would look like a hung server to its client.
+//! a long training step would look like a hung server to its client. The engine thread marks
+//! itself asleep in the same command that releases the memory, so a request that passed the
+//! server's own check just before is refused by the engine, with the same 503.
+//!
+//! While paused (every mode), a new generation request is admitted but held outside the engine
+//! until `/resume`: no request starts after the pause. What differs is the requests in flight at
+//! the pause: `abort` ends them, `keep` freezes them, `wait` lets them finish and answers once
+//! they have (new ones cannot keep the wait going). `/sleep` is refused with 409 while requests
+//! are in the engine (running, or frozen by `keep`); the held ones never started and get the
+//! asleep 503, so `/pause` then `/sleep` works however many requests keep coming.
 
 use super::error::ApiError;
 use super::fields::Fields;
@@ -250,12 +259,14 @@ async fn reload_base_weights(State(state): Shared, headers: HeaderMap) -> Respon
     finish(&state, "/reload_weights", result)
 }
 
-/// The pause modes: what happens to requests in flight.
+/// The pause modes: what happens to requests in flight at the pause (new ones wait for the
+/// resume in every mode).
 #[derive(Clone, Copy, PartialEq, Eq)]
 enum PauseMode {
-    /// Abort them (their clients get an error to retry), then pause.
+    /// Abort them (their clients get an error to retry), with the requests held by an earlier
+    /// pause.
     Abort,
-    /// Let them finish, then pause.
+    /// Let them finish (frozen ones too); the pause answers once they have.
     Wait,
     /// Freeze them: they keep their state and continue on resume.
     Keep,
@@ -300,26 +311,29 @@ async fn pause(State(state): Shared, headers: HeaderMap, uri: Uri, body: Body) -
         };
         let clear_cache =
             as_bool("clear_cache", param(&query, &mut fields, "clear_cache"))?.unwrap_or(true);
+        state.paused.store(true, Ordering::SeqCst);
+        let stopped = |_| ApiError::unavailable("the engine has stopped");
         let aborted = match mode {
-            PauseMode::Abort => state.abort_all(),
+            PauseMode::Abort => {
+                // Paused first: the abort, served after it, ends everything that came before.
+                state.engine.pause().map_err(stopped)?;
+                state.abort_all()
+            }
             PauseMode::Wait => {
-                // Requests frozen by an earlier pause could never finish: let them run.
-                state
-                    .engine
-                    .resume()
-                    .map_err(|_| ApiError::unavailable("the engine has stopped"))?;
-                while state.admission.in_flight() > 0 {
-                    tokio::time::sleep(Duration::from_millis(20)).await;
-                }
+                // New requests are held from the engine's taking this command, so the wait ends
+                // with the requests in flight now, however many more arrive.
+                let engine = state.engine.clone();
+                tokio::task::spawn_blocking(move || engine.pause_after_in_flight())
+                    .await
+                    .map_err(|e| ApiError::internal(format!("the pause failed: {e}")))?
+                    .map_err(|e| ApiError::conflict(format!("{e:#}: the pause did not happen")))?;
                 0
             }
-            PauseMode::Keep => 0,
+            PauseMode::Keep => {
+                state.engine.pause().map_err(stopped)?;
+                0
+            }
         };
-        state
-            .engine
-            .pause()
-            .map_err(|_| ApiError::unavailable("the engine has stopped"))?;
-        state.paused.store(true, Ordering::SeqCst);
         if clear_cache && mode != PauseMode::Keep {
             reset_cache(&state).await?;
         }
@@ -597,11 +611,12 @@ async fn loads(State(state): Shared, headers: HeaderMap) -> Response {
             .ok()
             .and_then(Result::ok)
             .ok_or_else(|| ApiError::unavailable("the engine has stopped"))?;
+        let waiting = stats.waiting + stats.held;
         Ok(json_response(json!({"loads": [{
             "dp_rank": 0,
             "num_running_reqs": stats.running,
-            "num_waiting_reqs": stats.waiting,
-            "num_total_reqs": stats.running + stats.waiting,
+            "num_waiting_reqs": waiting,
+            "num_total_reqs": stats.running + waiting,
         }]})))
     }
     .await;

@@ -16,7 +16,9 @@ use super::detok::{find_stop_span, held_back, TextBuilder};
 use super::error::{from_engine_refusal, ApiError};
 use super::openai::Job;
 use super::state::{AppState, Permit};
-use crate::engine::{FinalRecord, FinishReason, PromptLogprobs, RequestEvent, TokenEvent};
+use crate::engine::{
+    EngineAsleep, FinalRecord, FinishReason, PromptLogprobs, RequestEvent, TokenEvent,
+};
 use crate::kvcache::RequestId;
 use crate::toolcall::OPEN as TOOL_CALL_OPEN;
 use std::sync::Arc;
@@ -143,7 +145,12 @@ pub async fn start(state: &Arc<AppState>, job: &Job) -> Result<(Inflight, Events
             }
             Ok(Err(e)) => {
                 inflight.done[choice] = true;
-                refusal.get_or_insert_with(|| from_engine_refusal(&e));
+                // Asleep: the engine took a /sleep after the check above (the server's flag is
+                // set once the engine has answered the sleep): 503 as for the flag.
+                refusal.get_or_insert_with(|| match e.downcast_ref::<EngineAsleep>() {
+                    Some(asleep) => ApiError::asleep(asleep.level),
+                    None => from_engine_refusal(&e),
+                });
             }
             Err(_) => {
                 inflight.done[choice] = true;

@@ -171,6 +171,12 @@ fn engine_queue_and_cache(engine: &EngineStats) -> Vec<Metric> {
             engine.running.to_string(),
         ),
         (
+            "swerve_engine_held",
+            "gauge",
+            "Requests held by a pause, not yet in the engine (they start on resume).",
+            engine.held.to_string(),
+        ),
+        (
             "swerve_kv_blocks_used",
             "gauge",
             "KV-cache blocks held by requests.",
@@ -181,6 +187,12 @@ fn engine_queue_and_cache(engine: &EngineStats) -> Vec<Metric> {
             "gauge",
             "Usable KV-cache blocks.",
             engine.kv_total_blocks.to_string(),
+        ),
+        (
+            "swerve_kv_cache_allocated",
+            "gauge",
+            "1 while the KV cache's memory is allocated, 0 while released (/sleep).",
+            (engine.kv_cache_allocated as u8).to_string(),
         ),
         (
             "swerve_prefix_cache_queried_tokens_total",

@@ -32,7 +32,7 @@ pub struct AppState {
     pub paused: AtomicBool,
     /// Set by SIGTERM: new generation requests get 503.
     pub stopping: AtomicBool,
-    /// Engine ids of every request a client is waiting on (for aborting them all at shutdown).
+    /// Engine ids of every request a client is waiting on (the count `abort_all` reports).
     pub live: Mutex<HashSet<RequestId>>,
     /// For response ids.
     pub next_response: AtomicU64,
@@ -112,17 +112,12 @@ impl AppState {
             .unwrap_or_else(|| self.weight_version().to_string())
     }
 
-    /// Aborts every request in flight (their clients get `finish_reason: "abort"`).
+    /// Aborts every request in flight, those held by a pause included (their clients get
+    /// `finish_reason: "abort"`); how many the server knew to be in the engine.
     pub fn abort_all(&self) -> usize {
-        let ids: Vec<RequestId> = self
-            .live
-            .lock()
-            .map(|l| l.iter().copied().collect())
-            .unwrap_or_default();
-        for &id in &ids {
-            let _ = self.engine.abort(id);
-        }
-        ids.len()
+        let known = self.live.lock().map(|l| l.len()).unwrap_or_default();
+        let _ = self.engine.abort_all();
+        known
     }
 }
 
