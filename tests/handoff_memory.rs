@@ -19,6 +19,9 @@
 
 #[path = "common/counting_alloc.rs"]
 mod counting_alloc;
+#[path = "common/rft_sequences.rs"]
+mod rft_sequences;
+use rft_sequences::rft_sequences;
 
 use counting_alloc::{current, peak, reset_peak, Counting, MEASURING};
 use std::path::Path;
@@ -30,7 +33,6 @@ use swerve::dist::launch::ProcessGroupEnv;
 use swerve::engine::launch::{launch_engine, EngineLaunch};
 use swerve::engine::{EngineHandle, FinalRecord, GenerationRequest, RequestEvent, SamplingParams};
 use swerve::model::synthetic;
-use swerve::rng::{Rng, SplitMix64};
 use swerve::train::data::TrainSequence;
 use swerve::train::group::{LearnerGroup, LearnerSpec, Trainer};
 use swerve::train::learner::Learner;
@@ -65,24 +67,7 @@ fn config() -> ModelConfig {
 
 /// Four RFT sequences of 48 random tokens, the second half of each the action.
 fn sequences(vocab: usize, seed: u64) -> Vec<TrainSequence> {
-    let mut rng = SplitMix64::new(seed);
-    (0..4)
-        .map(|i| {
-            let n = 48;
-            let tokens: Vec<u32> = (0..n).map(|_| rng.below(vocab) as u32).collect();
-            let mut targets = tokens[1..].to_vec();
-            targets.push(0);
-            TrainSequence {
-                location: format!("sequence {i}"),
-                tokens,
-                targets,
-                action_mask: (0..n).map(|r| r >= n / 2 && r + 1 < n).collect(),
-                advantage: 1.0,
-                rollout_logprobs: vec![0.0; n],
-                has_rollout_logprobs: false,
-            }
-        })
-        .collect()
+    rft_sequences(vocab, seed, 4, 48)
 }
 
 fn spec(dir: &Path, offload_optimizer: bool) -> LearnerSpec {

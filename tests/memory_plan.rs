@@ -14,6 +14,9 @@
 
 #[path = "common/counting_alloc.rs"]
 mod counting_alloc;
+#[path = "common/rft_sequences.rs"]
+mod rft_sequences;
+use rft_sequences::rft_sequences;
 
 use counting_alloc::{current, peak, reset_peak, Counting, MEASURING};
 use std::path::Path;
@@ -28,7 +31,6 @@ use swerve::config::{ModelConfig, RopeConfig, RopeScaling};
 use swerve::dist::local::LocalGroup;
 use swerve::engine::{Engine, EngineConfig, GenerationRequest, SamplingParams};
 use swerve::model::{synthetic, PagedKv, Qwen2Model};
-use swerve::rng::{Rng, SplitMix64};
 use swerve::train::data::TrainSequence;
 use swerve::train::learner::{Groups, Learner};
 use swerve::train::loss::Objective;
@@ -64,25 +66,9 @@ fn config() -> ModelConfig {
 /// Packed tokens of the step: one micro-batch of 4 sequences of 512.
 const TOKENS: usize = 2048;
 
+/// The step's batch: 4 sequences of 512 (seeded).
 fn sequences(vocab: usize) -> Vec<TrainSequence> {
-    let mut rng = SplitMix64::new(11);
-    (0..4)
-        .map(|i| {
-            let n = TOKENS / 4;
-            let tokens: Vec<u32> = (0..n).map(|_| rng.below(vocab) as u32).collect();
-            let mut targets = tokens[1..].to_vec();
-            targets.push(0);
-            TrainSequence {
-                location: format!("sequence {i}"),
-                tokens,
-                targets,
-                action_mask: (0..n).map(|r| r >= n / 2 && r + 1 < n).collect(),
-                advantage: 1.0,
-                rollout_logprobs: vec![0.0; n],
-                has_rollout_logprobs: false,
-            }
-        })
-        .collect()
+    rft_sequences(vocab, 11, 4, TOKENS / 4)
 }
 
 /// (measured resident bytes after `Learner::new_in`, measured peak of the step), both over the
