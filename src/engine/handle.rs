@@ -442,17 +442,7 @@ impl Thread {
                 }
             }
             Command::Abort(id) => self.abort(engine, id),
-            Command::AbortAll => {
-                for submission in std::mem::take(&mut self.held) {
-                    if let Some(id) = self.add(engine, submission) {
-                        self.abort(engine, id);
-                    }
-                }
-                let ids: Vec<RequestId> = self.listeners.keys().copied().collect();
-                for id in ids {
-                    self.abort(engine, id);
-                }
-            }
+            Command::AbortAll => self.abort_all(engine),
             Command::Pause => {
                 self.frozen = true;
                 self.holding = true;
@@ -463,18 +453,7 @@ impl Thread {
                 self.holding = true;
                 self.pausing_after_in_flight.push(reply);
             }
-            Command::Resume => {
-                self.frozen = false;
-                self.holding = false;
-                for reply in self.pausing_after_in_flight.drain(..) {
-                    let _ = reply.send(Err(anyhow!(
-                        "resumed before the requests in flight had finished"
-                    )));
-                }
-                for submission in std::mem::take(&mut self.held) {
-                    self.add(engine, submission);
-                }
-            }
+            Command::Resume => self.resume(engine),
             Command::UpdateWeights(dir, reply) => {
                 let _ = reply.send(engine.update_weights(&dir));
             }
@@ -499,17 +478,7 @@ impl Thread {
                 let _ = reply.send(engine.restore_kv_cache());
             }
             Command::Sleep(level, reply) => {
-                // Released and marked asleep in this one command: the next submission the
-                // thread takes is refused, never allocates the KV cache again.
-                let result = engine.sleep(level);
-                if result.is_ok() {
-                    self.asleep = true;
-                    // Held by a pause, they never started: refused as any submission now.
-                    for submission in std::mem::take(&mut self.held) {
-                        self.add(engine, submission);
-                    }
-                }
-                let _ = reply.send(result);
+                let _ = reply.send(self.sleep(engine, level));
             }
             Command::WakeUp(wake, reply) => {
                 let _ = reply.send(self.wake_up(engine, wake));
@@ -534,6 +503,47 @@ impl Thread {
             }
         }
         false
+    }
+
+    /// Ends every request in the engine and every held submission (the held ones enter the
+    /// engine only to be aborted, so each receiver hears `abort`).
+    fn abort_all<E: EngineCore>(&mut self, engine: &mut E) {
+        for submission in std::mem::take(&mut self.held) {
+            if let Some(id) = self.add(engine, submission) {
+                self.abort(engine, id);
+            }
+        }
+        let ids: Vec<RequestId> = self.listeners.keys().copied().collect();
+        for id in ids {
+            self.abort(engine, id);
+        }
+    }
+
+    /// Unfreezes, stops holding, and admits what was held; a pause still waiting for the
+    /// requests in flight is answered with an error.
+    fn resume<E: EngineCore>(&mut self, engine: &mut E) {
+        self.frozen = false;
+        self.holding = false;
+        for reply in self.pausing_after_in_flight.drain(..) {
+            let _ = reply.send(Err(anyhow!(
+                "resumed before the requests in flight had finished"
+            )));
+        }
+        for submission in std::mem::take(&mut self.held) {
+            self.add(engine, submission);
+        }
+    }
+
+    /// Releases memory and marks the thread asleep in this one command: the next submission it
+    /// takes is refused, never allocates the KV cache again. Submissions held by a pause never
+    /// started: refused now as any submission.
+    fn sleep<E: EngineCore>(&mut self, engine: &mut E, level: u8) -> Result<Released> {
+        let released = engine.sleep(level)?;
+        self.asleep = true;
+        for submission in std::mem::take(&mut self.held) {
+            self.add(engine, submission);
+        }
+        Ok(released)
     }
 
     /// Adds a submission to the engine (refused while asleep, or for its fields); its id.
