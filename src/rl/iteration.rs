@@ -486,7 +486,7 @@ impl<T: Trainer> Loop<'_, T> {
         let signal = group_signal(&groups);
         let mut trained = Trained {
             groups: signal.len(),
-            uniform_groups: signal.iter().filter(|(_, none)| *none).count(),
+            uniform_groups: signal.values().filter(|&&none| none).count(),
             ..Trained::default()
         };
         let mut next = advantages.iter();
@@ -499,10 +499,7 @@ impl<T: Trainer> Loop<'_, T> {
         for ((t, g), &a) in trajectories.iter().zip(&groups).zip(&advantages) {
             if a != 0.0 {
                 kept.push(TrainSequence::from_trajectory(t, a));
-            } else if signal
-                .iter()
-                .any(|(name, none)| *none && Some(name.as_str()) == g.group)
-            {
+            } else if signal[g.group.unwrap_or("")] {
                 trained.dropped_uniform += 1;
             } else {
                 trained.dropped_zero_advantage += 1;

@@ -402,20 +402,18 @@ pub fn carries_no_signal(rewards: &[f64]) -> bool {
     rewards.len() < 2 || rewards.iter().all(|&r| r == rewards[0])
 }
 
-/// The groups of `trajectories` (in first-seen order) and, for each, whether it
-/// [`carries_no_signal`].
-pub fn group_signal(trajectories: &[GroupReward<'_>]) -> Vec<(String, bool)> {
-    let mut groups: Vec<(&str, Vec<f64>)> = Vec::new();
+/// Every group of `trajectories` and whether it [`carries_no_signal`].
+pub fn group_signal<'a>(trajectories: &[GroupReward<'a>]) -> HashMap<&'a str, bool> {
+    let mut rewards: HashMap<&str, Vec<f64>> = HashMap::new();
     for t in trajectories {
-        let (group, reward) = (t.group.unwrap_or(""), t.reward.unwrap_or(0.0));
-        match groups.iter_mut().find(|(g, _)| *g == group) {
-            Some((_, rewards)) => rewards.push(reward),
-            None => groups.push((group, vec![reward])),
-        }
+        rewards
+            .entry(t.group.unwrap_or(""))
+            .or_default()
+            .push(t.reward.unwrap_or(0.0));
     }
-    groups
+    rewards
         .into_iter()
-        .map(|(g, rewards)| (g.to_string(), carries_no_signal(&rewards)))
+        .map(|(group, rewards)| (group, carries_no_signal(&rewards)))
         .collect()
 }
 
