@@ -60,14 +60,18 @@
 // On sm_90a the target is a wgmma + TMA version (FlashAttention 3's warp-specialised pipeline);
 // these mma.sync kernels are the portable, verified baselines that version must match.
 
-#include "common.cuh"
-#include "mma.cuh"
+#include "attn_tile.cuh"
 
 // Tile configuration per head dim. Shared memory: (kBlockM + 2 kBlockN) rows of head_dim + 8
-// bf16 (the 16-byte pad makes ldmatrix's eight 16-byte rows land in distinct bank groups).
-//   hd128: 128 x 64, 8 warps: 69,632 B smem, 203 registers: one block (8 warps) per SM.
-//   hd64:  128 x 64, 8 warps: 36,864 B smem, 153 registers: one block per SM (2 need 81,920).
-// (Registers: ptxas, CUDA 13.0, sm_90a; 256-thread blocks; 65,536 registers per SM.)
+// bf16 (the 16-byte pad makes ldmatrix's eight 16-byte rows land in distinct bank groups), then
+// the segment fold: each thread's head_dim / 2 fp32 of folded O (attn_tile.cuh), thread-private
+// and laid out [element][thread] so that a warp's accesses are conflict-free.
+//   hd128: 128 x 64, 8 warps: 69,632 + 65,536 = 135,168 B smem: one block (8 warps) per SM.
+//   hd64:  128 x 64, 8 warps: 36,864 + 32,768 = 69,632 B: one block per SM (registers).
+// (Registers: ptxas, CUDA 13.0, sm_90a; 256-thread blocks; 65,536 registers per SM.) The fold
+// costs one pass over the folded O per segment_keys / 64 tiles (8 at 512 keys) and shared memory
+// that hd128 cannot fit on sm_86 / sm_89 (99 KiB per block; the host refuses there with the
+// figures, as the backward already does).
 // Not yet tuned on a GPU: candidates to measure are kBlockN = 128 for hd64 and 4 warps x 32 rows.
 template <int kHeadDim_, int kBlockM_, int kBlockN_, int kWarps_>
 struct FlashFwdConfig {
@@ -77,9 +81,12 @@ struct FlashFwdConfig {
     static constexpr int kWarps = kWarps_;
     static constexpr int kThreads = kWarps * SWERVE_WARP;
     static constexpr int kSmemStride = kHeadDim + 8;  // bf16 elements per shared-memory row
-    static constexpr int kSmemBytes = (kBlockM + 2 * kBlockN) * kSmemStride * 2;
+    static constexpr int kTileBytes = (kBlockM + 2 * kBlockN) * kSmemStride * 2;
+    static constexpr int kFoldFloats = kHeadDim / 2;  // folded O per thread
+    static constexpr int kSmemBytes = kTileBytes + kThreads * kFoldFloats * 4;
     static_assert(kBlockM == 16 * kWarps, "each warp owns 16 query rows");
-    static_assert(kHeadDim % 16 == 0 && kBlockN % 16 == 0, "MMA tiles are 16 wide");
+    static_assert(kBlockN == kAttnKeyTile, "key tiles are the canonical tiles of attn_tile.cuh");
+    static_assert(kHeadDim % 16 == 0, "MMA tiles are 16 wide");
 };
 
 using FlashFwdHd128 = FlashFwdConfig<128, 128, 64, 8>;
@@ -107,9 +114,8 @@ template <typename Cfg>
 __device__ __forceinline__ void flash_attn_fwd(const __nv_bfloat16* __restrict__ q, const __nv_bfloat16* __restrict__ k,
                                                const __nv_bfloat16* __restrict__ v, __nv_bfloat16* __restrict__ out,
                                                float* __restrict__ lse, const int* __restrict__ cu_seqlens, int heads,
-                                               int kv_heads, float softmax_scale) {
+                                               int kv_heads, int segment_keys, float softmax_scale) {
     constexpr int D = Cfg::kHeadDim, BM = Cfg::kBlockM, BN = Cfg::kBlockN, S = Cfg::kSmemStride;
-    constexpr int kNTiles = BN / 8;  // 8-key MMA tiles per key tile
     constexpr int kDTiles = D / 8;   // 8-wide MMA tiles of the output
 
     const int m_block = gridDim.x - 1 - blockIdx.x;  // longest first
@@ -125,6 +131,8 @@ __device__ __forceinline__ void flash_attn_fwd(const __nv_bfloat16* __restrict__
     __nv_bfloat16* sQ = reinterpret_cast<__nv_bfloat16*>(flash_smem);
     __nv_bfloat16* sK = sQ + BM * S;
     __nv_bfloat16* sV = sK + BN * S;
+    // This thread's folded O: element i at fold_o[i * kThreads].
+    float* fold_o = reinterpret_cast<float*>(flash_smem + Cfg::kTileBytes) + threadIdx.x;
 
     const size_t q_stride = (size_t)heads * D, kv_stride = (size_t)kv_heads * D;
     const __nv_bfloat16* q_seq = q + (size_t)seq_start * q_stride + (size_t)head * D;
@@ -149,6 +157,12 @@ __device__ __forceinline__ void flash_attn_fwd(const __nv_bfloat16* __restrict__
     for (int i = 0; i < kDTiles; ++i) o_acc[i][0] = o_acc[i][1] = o_acc[i][2] = o_acc[i][3] = 0.0f;
     float row_max[2] = {-INFINITY, -INFINITY};  // rows group_row and group_row + 8, raw scores
     float row_sum[2] = {0.0f, 0.0f};            // this thread's part of each row's sum
+    float fold_max[2] = {-INFINITY, -INFINITY}, fold_sum[2] = {0.0f, 0.0f};
+#pragma unroll
+    for (int i = 0; i < Cfg::kFoldFloats; ++i) fold_o[i * Cfg::kThreads] = 0.0f;
+    int q_idx[2];
+#pragma unroll
+    for (int r = 0; r < 2; ++r) q_idx[r] = m0 + warp * 16 + group_row + r * 8;
 
     for (int j = 0; j < n_blocks; ++j) {
         const int n0 = j * BN;
@@ -165,39 +179,18 @@ __device__ __forceinline__ void flash_attn_fwd(const __nv_bfloat16* __restrict__
                 ldmatrix_x4(q_frag[kk], sQ + r * S + c);
             }
         }
-
-        // S = Q K^T for this warp's 16 rows and the BN keys of the tile.
-        float s_acc[kNTiles][4];
-#pragma unroll
-        for (int i = 0; i < kNTiles; ++i) s_acc[i][0] = s_acc[i][1] = s_acc[i][2] = s_acc[i][3] = 0.0f;
-#pragma unroll
-        for (int kk = 0; kk < D / 16; ++kk) {
-#pragma unroll
-            for (int np = 0; np < kNTiles / 2; ++np) {
-                uint32_t b[4];
-                const int r = np * 16 + (lane % 8) + (lane / 16) * 8;
-                const int c = kk * 16 + ((lane / 8) % 2) * 8;
-                ldmatrix_x4(b, sK + r * S + c);
-                mma_bf16_16816(s_acc[2 * np], q_frag[kk], b[0], b[1]);
-                mma_bf16_16816(s_acc[2 * np + 1], q_frag[kk], b[2], b[3]);
-            }
+        // A tile that starts a segment closes the previous one (attn_tile.cuh's order).
+        if (j > 0 && n0 % segment_keys == 0) {
+            fold_segment<kDTiles>(fold_o, Cfg::kThreads, fold_max, fold_sum, o_acc, row_max, row_sum, scale_log2);
         }
 
-        // Mask keys past the diagonal or the end of the sequence.
+        // S = Q K^T, keys past the diagonal or the end of the sequence masked, online softmax.
+        float s_acc[BN / 8][4];
+        attn_tile_scores<D>(s_acc, q_frag, sK, S, lane);
         if (n0 + BN > m0 || n0 + BN > seqlen) {
-#pragma unroll
-            for (int nt = 0; nt < kNTiles; ++nt) {
-#pragma unroll
-                for (int e = 0; e < 4; ++e) {
-                    const int q_idx = m0 + warp * 16 + group_row + (e / 2) * 8;
-                    const int k_idx = n0 + nt * 8 + group_col + (e % 2);
-                    if (k_idx > q_idx || k_idx >= seqlen) s_acc[nt][e] = -INFINITY;
-                }
-            }
+            mask_tile(s_acc, lane, [&](int r, int key) { return n0 + key > q_idx[r] || n0 + key >= seqlen; });
         }
-
-        // Online softmax: new row max, rescale O and the row sums, exponentiate the scores.
-        online_softmax_tile<kNTiles, kDTiles>(s_acc, o_acc, row_max, row_sum, scale_log2);
+        online_softmax_tile<BN / 8, kDTiles>(s_acc, o_acc, row_max, row_sum, scale_log2);
 
         __syncthreads();  // every warp is done reading sK
         if (j + 1 < n_blocks) load_tile<Cfg>(sK, k_seq, BN, n0 + BN, seqlen, kv_stride);
@@ -205,45 +198,26 @@ __device__ __forceinline__ void flash_attn_fwd(const __nv_bfloat16* __restrict__
         cp_async_wait<1>();  // V(j) has landed
         __syncthreads();
 
-        // O += P V: P's accumulator layout is the A-fragment layout of the next MMA.
-#pragma unroll
-        for (int kk = 0; kk < BN / 16; ++kk) {
-            uint32_t p_frag[4];
-            p_frag[0] = pack_bf16x2(s_acc[2 * kk][0], s_acc[2 * kk][1]);
-            p_frag[1] = pack_bf16x2(s_acc[2 * kk][2], s_acc[2 * kk][3]);
-            p_frag[2] = pack_bf16x2(s_acc[2 * kk + 1][0], s_acc[2 * kk + 1][1]);
-            p_frag[3] = pack_bf16x2(s_acc[2 * kk + 1][2], s_acc[2 * kk + 1][3]);
-#pragma unroll
-            for (int dp = 0; dp < D / 16; ++dp) {
-                uint32_t b[4];
-                const int r = kk * 16 + (lane % 8) + ((lane / 8) % 2) * 8;
-                const int c = dp * 16 + (lane / 16) * 8;
-                ldmatrix_x4_trans(b, sV + r * S + c);
-                mma_bf16_16816(o_acc[2 * dp], p_frag, b[0], b[1]);
-                mma_bf16_16816(o_acc[2 * dp + 1], p_frag, b[2], b[3]);
-            }
-        }
+        attn_tile_pv<D>(o_acc, s_acc, sV, S, lane);
         __syncthreads();  // every warp is done reading sV before the next V load
     }
+    fold_segment<kDTiles>(fold_o, Cfg::kThreads, fold_max, fold_sum, o_acc, row_max, row_sum, scale_log2);
 
-    // Epilogue: finish the row sums, normalise, write O (bf16) and the logsumexp.
+    // Epilogue: normalise the fold, write O (bf16) and the logsumexp.
 #pragma unroll
     for (int r = 0; r < 2; ++r) {
-        float sum = row_sum[r];
-        sum += __shfl_xor_sync(0xffffffffu, sum, 1);
-        sum += __shfl_xor_sync(0xffffffffu, sum, 2);
-        const int q_idx = m0 + warp * 16 + group_row + r * 8;
-        if (q_idx >= seqlen) continue;
-        const float inv_sum = sum > 0.0f ? 1.0f / sum : 0.0f;
-        __nv_bfloat16* out_row = out + (size_t)(seq_start + q_idx) * q_stride + (size_t)head * D;
+        if (q_idx[r] >= seqlen) continue;
+        const float inv_sum = attn_normalizer(fold_sum[r]);
+        __nv_bfloat16* out_row = out + (size_t)(seq_start + q_idx[r]) * q_stride + (size_t)head * D;
 #pragma unroll
         for (int dt = 0; dt < kDTiles; ++dt) {
             *reinterpret_cast<__nv_bfloat162*>(out_row + dt * 8 + group_col) =
-                __floats2bfloat162_rn(o_acc[dt][2 * r] * inv_sum, o_acc[dt][2 * r + 1] * inv_sum);
+                __floats2bfloat162_rn(__fmul_rn(fold_o[(dt * 4 + 2 * r) * Cfg::kThreads], inv_sum),
+                                      __fmul_rn(fold_o[(dt * 4 + 2 * r + 1) * Cfg::kThreads], inv_sum));
         }
         if (lane % 4 == 0) {
-            lse[(size_t)(seq_start + q_idx) * heads + head] =
-                sum > 0.0f ? row_max[r] * softmax_scale + logf(sum) : -INFINITY;
+            lse[(size_t)(seq_start + q_idx[r]) * heads + head] =
+                fold_sum[r] > 0.0f ? fold_max[r] * softmax_scale + logf(fold_sum[r]) : -INFINITY;
         }
     }
 }
@@ -252,8 +226,8 @@ __device__ __forceinline__ void flash_attn_fwd(const __nv_bfloat16* __restrict__
     extern "C" __global__ void __launch_bounds__(Cfg::kThreads, 1)                                                 \
         name(const __nv_bfloat16* __restrict__ q, const __nv_bfloat16* __restrict__ k,                             \
              const __nv_bfloat16* __restrict__ v, __nv_bfloat16* __restrict__ out, float* __restrict__ lse,         \
-             const int* __restrict__ cu_seqlens, int heads, int kv_heads, float softmax_scale) {                   \
-        flash_attn_fwd<Cfg>(q, k, v, out, lse, cu_seqlens, heads, kv_heads, softmax_scale);                      \
+             const int* __restrict__ cu_seqlens, int heads, int kv_heads, int segment_keys, float softmax_scale) { \
+        flash_attn_fwd<Cfg>(q, k, v, out, lse, cu_seqlens, heads, kv_heads, segment_keys, softmax_scale);        \
     }
 
 FLASH_FWD_ENTRY(flash_attn_fwd_hd128, FlashFwdHd128)

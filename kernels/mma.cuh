@@ -86,42 +86,7 @@ __device__ __forceinline__ uint32_t pack_bf16x2(float lo, float hi) {
     return *reinterpret_cast<uint32_t*>(&v);
 }
 
-// One online-softmax update for a warp's 16 rows (FlashAttention 2's), on mma.sync fragments:
-// each thread holds rows group_row and group_row + 8 (r = 0, 1) of the scores `s_acc` (raw
-// q.k, -inf where masked) and of the output accumulator `o_acc`. The row max is taken over the
-// 4 threads sharing a row; O and this thread's part of the row sum are rescaled by
-// exp(old max - new max); the scores become exp(scale * s - scale * max) in place (the P of the
-// next MMA). A row with no visible key yet keeps max -inf and contributes zeros.
-template <int kNTiles, int kDTiles>
-__device__ __forceinline__ void online_softmax_tile(float (&s_acc)[kNTiles][4], float (&o_acc)[kDTiles][4],
-                                                    float (&row_max)[2], float (&row_sum)[2], float scale_log2) {
-#pragma unroll
-    for (int r = 0; r < 2; ++r) {
-        float tile_max = -INFINITY;
-#pragma unroll
-        for (int nt = 0; nt < kNTiles; ++nt) tile_max = fmaxf(tile_max, fmaxf(s_acc[nt][2 * r], s_acc[nt][2 * r + 1]));
-        tile_max = fmaxf(tile_max, __shfl_xor_sync(0xffffffffu, tile_max, 1));
-        tile_max = fmaxf(tile_max, __shfl_xor_sync(0xffffffffu, tile_max, 2));
-        const float new_max = fmaxf(row_max[r], tile_max);
-        const float max_scaled = new_max == -INFINITY ? 0.0f : new_max * scale_log2;
-        const float correction = exp2f(row_max[r] * scale_log2 - max_scaled);
-        row_max[r] = new_max;
-        row_sum[r] *= correction;
-#pragma unroll
-        for (int dt = 0; dt < kDTiles; ++dt) {
-            o_acc[dt][2 * r] *= correction;
-            o_acc[dt][2 * r + 1] *= correction;
-        }
-#pragma unroll
-        for (int nt = 0; nt < kNTiles; ++nt) {
-            const float p0 = exp2f(s_acc[nt][2 * r] * scale_log2 - max_scaled);
-            const float p1 = exp2f(s_acc[nt][2 * r + 1] * scale_log2 - max_scaled);
-            s_acc[nt][2 * r] = p0;
-            s_acc[nt][2 * r + 1] = p1;
-            row_sum[r] += p0 + p1;
-        }
-    }
-}
+// The attention tile routine and its online softmax: attn_tile.cuh.
 
 // addr[0] += a, addr[1] += b (fp32, relaxed, device scope): one vector reduction on sm_90 (8-byte
 // aligned address), two scalar ones before.

@@ -1,7 +1,8 @@
 // Paged attention for serving: writes of new K/V rows into the paged cache, and causal GQA
 // attention of one engine step's query rows (decode rows and chunked-prefill rows alike) over
-// their sequences' cached context, read through block tables. Long contexts are split along the
-// keys (flash-decoding) and the partial results merged by logsumexp.
+// their sequences' cached context, read through block tables, in the canonical reduction order of
+// attn_tile.cuh (the trainer's flash_attn.cu follows it too: a token's logprob is the same bits
+// whether it was sampled in a decode step or scored by the trainer).
 //
 //   write_kv_bf16: k_cache[slot_mapping[t]] = k[t], v_cache[slot_mapping[t]] = v[t]
 //     k, v [T, kv_heads, head_dim]; caches [num_blocks, block_size, kv_heads, head_dim] seen as
@@ -14,106 +15,108 @@
 //       out[r, h, :] = sum_{j <= p} softmax_j(scale q[r, h] . K[s, j, h / group]) V[s, j, h / group]
 //     where key j of sequence s lives in cache row
 //       block_tables[s * max_blocks_per_seq + j / block_size] * block_size + j % block_size.
-//   paged_attn_merge_hd*: combines the partitions of rows whose keys were split.
-//   paged_attn_decode_hd128_2stage: the decode kernel with a 2-stage ring, for GPUs whose
-//   shared memory per block cannot hold the 3-stage one (see the tile configurations).
+//   paged_attn_merge_hd*: folds the segments of rows whose keys were split, left to right.
 //
 // Shapes: q, out [rows, heads, head_dim] bf16; cu_query [num_seqs + 1], context_lens [num_seqs],
 // block_tables [num_seqs, max_blocks_per_seq] i32. Scratch (only for split rows) fp32:
-// part_o [scratch_rows, heads, head_dim] and part_lse [scratch_rows, heads] (log2 units).
+// part_o [scratch_rows, heads, head_dim] (a segment's unnormalised O) and part_stats
+// [scratch_rows, heads] float2 (its raw max and sum).
 //
 // Work decomposition (the host builds it, src/backend/cuda/paged_attn.rs):
 //   * GQA grouping: the M dimension of the MMAs is the flattened (query row, head of the group)
-//     pair, m = local_row * group + g, so one block holds every query head that shares a kv head
-//     and each K/V tile is read from HBM once per group, never once per query head.
-//   * A work item is (sequence, tile of kBlockM flat rows, key partition); the grid is one block
-//     per (item, kv head), kv heads adjacent: blockIdx.x = item * kv_heads + kv_head. A partition
-//     is `partition_keys` keys, a multiple of kBlockN chosen on the host: 512, doubled while the
-//     grid still has about 4 blocks per SM, so one 131k-token decode row becomes 256 blocks per
-//     kv head while a large batch is not split at all. Items are sorted longest first.
-//   * A row whose whole context fits one partition (p < partition_keys) is written straight to
-//     `out`; a split row writes, per partition, its normalised partial output and logsumexp to
-//     the scratch (row_plan[r] = {first scratch row, partitions}), and paged_attn_merge (one block
-//     per split row and head) adds the partitions up weighted by exp(lse - max lse).
-//   * decode kernel: sequences with rows * group <= 16 (decode, short speculative chunks): one
-//     16-row MMA tile; the block's 4 warps split each 64-key tile four ways (16 keys each) and
-//     their running (max, sum, O) are merged through shared memory at the end. Tensor-core MMAs
-//     even here: 7 of 16 rows used for group 7, but the kernel is bound by HBM, not by the MMAs.
-//   * prefill kernel: longer chunks (e.g. a new turn over a long cached history): 4 warps x 16
-//     flat rows, each warp sees the whole 64-key tile, like flash_attn.cu.
+//     pair, m = local_row * group + g, so each K/V tile is read from HBM once per group, never
+//     once per query head. Which MMA row a (row, head) lands in never changes its bits.
+//   * Segments: keys in segments of `segment_keys` (the canonical segment of attn_tile.cuh, fixed:
+//     never chosen from the batch or the GPU). A row whose context spans one segment is finished
+//     by the kernel that computed it; a split row leaves one partial per segment in the scratch
+//     (row_plan[r] = {first scratch row, segments}) and paged_attn_merge folds them in order.
+//   * decode kernel: sequences with rows * group <= 16 (decode, short speculative chunks). One
+//     WARP per work item (sequence, 16 flat rows, segment), each with its own cp.async ring in
+//     its own slice of shared memory, so that every warp walks whole 64-key tiles exactly as the
+//     trainer's warps do; kWarps independent items per block (no block barrier). A lone
+//     131k-token decode row is 256 items per kv head at 512 keys per segment.
+//   * prefill kernel: longer chunks. kWarps warps x 16 flat rows walk every key tile together
+//     (one ring, one barrier per tile); whole-context items (segment -1) fold their segments in
+//     the kernel like flash_attn.cu (the folded O thread-private in shared memory); the host
+//     splits a step's prefill items per segment instead when they are too few to fill the GPU.
 //
-// Inside a block, per 64-key tile (kStages-deep cp.async ring of K and V tiles, one barrier per
-// tile; the block-table entries of the tile after next are fetched into registers one tile ahead,
-// so the paged address never stalls the copy):
-//   wait tile t | issue tile t + kStages - 1 | S = Q K^T (mma.sync m16n8k16 bf16, fp32 acc) |
-//   causal / range mask | online softmax in fp32 (exp2, running max and sum) | O += P V (P bf16)
+// Inside a warp, per 64-key tile (kStages-deep cp.async ring of K and V tiles):
+//   wait tile t | issue tile t + kStages - 1 | attn_tile (attn_tile.cuh): S = Q K^T, mask,
+//   online softmax, O += P V | at a segment boundary (prefill): fold_segment
 //
-// Never materialised: the [rows, context] score or probability matrix (scores live in registers,
-// one tile at a time), a gathered contiguous copy of a sequence's K/V, or per-query-head copies of
-// a kv head's K/V.
+// Never materialised: the [rows, context] score or probability matrix, a gathered contiguous
+// copy of a sequence's K/V, or per-query-head copies of a kv head's K/V.
 //
 // Bytes (decode, per layer): every cached K and V byte of every sequence is read once (per kv
-// head, for the whole group), plus q and out, plus for split rows 2 x (head_dim + 1) x 4 bytes per
-// (row, head, partition) of scratch: about 2 group / partition_keys of the K/V traffic (3% at
-// group 8, 512 keys).
+// head, for the whole group), plus q and out, plus for split rows (head_dim + 2) x 4 x 2 bytes per
+// (row, head, segment) of scratch written and read: about 2 group / segment_keys of the K/V
+// traffic (3% at group 8 and 512 keys).
 
-#include "common.cuh"
-#include "mma.cuh"
+#include "attn_tile.cuh"
 
 // ---- tile configurations -----------------------------------------------------------------------
-// Shared memory: Q (kBlockM rows) + kStages x (K and V tiles of kBlockN rows), rows of head_dim + 8
-// bf16 (16-byte pad: ldmatrix rows land in distinct bank groups); the fp32 epilogue (per-warp O,
-// rows of head_dim + 8 floats) reuses the ring.
-//   decode  hd128: 16 x 64 keys, 4 warps (1 x 4), 3 stages: 109,312 B -> 2 blocks (8 warps) per SM
-//                  with 2 tiles (64 KB) in flight per block: far above the ~30 KB per SM that
-//                  Little's law asks for at 3.3-4.8 TB/s. Above the 101,376 B (99 KiB) a block
-//                  may opt into on sm_86 / sm_89 (A10, L4, L40S, RTX 30/40, which run the compute_80
-//                  PTX): there the host picks paged_attn_decode_hd128_2stage, 2 stages: 74,496 B
-//                  (one tile in flight; ~1 block per SM of their 100 KB). The host reads the
-//                  device's opt-in limit and takes the first variant that fits (paged_attn.rs).
-//   decode  hd64:  same shape, 58,112 B -> 3 blocks per SM (fits every sm_80+ opt-in limit).
-//   prefill hd128: 64 x 64 keys, 4 warps (4 x 1), 2 stages: 87,552 B -> 2 blocks per SM.
-// Not yet measured on a GPU. Candidates: decode with kBlockN = 128 and 8 warps (1 x 8); 4 stages
-// for hd <= 64; prefill with 8 warps x 16 rows (as flash_attn.cu) for chunks of thousands of rows.
-template <int kHeadDim_, int kWarpsM_, int kWarpsN_, int kBlockN_, int kStages_>
-struct PagedAttnConfig {
+// Rows of head_dim + 8 bf16 in shared memory (the 16-byte pad puts ldmatrix's eight rows in
+// distinct bank groups). Not yet measured on a GPU.
+//   decode hd128: per warp Q (16 rows) + 2 stages x (K and V tiles of 64 rows) = 73,984 B;
+//                 2 warps per block: 147,968 B (sm_80: 163 KiB, sm_90: 227 KiB opt-in), one
+//                 block per SM with 4 tiles (128 KB) in flight, far above the ~30 KB per SM
+//                 Little's law asks for at 3.3-4.8 TB/s. `_1warp` (73,984 B) for sm_86 / sm_89
+//                 (99 KiB per block).
+//   decode hd64:  39,168 B per warp: 4 warps 156,672 B; `_2warp` 78,336 B for 99 KiB GPUs.
+//   decode hd32 / hd16: 4 warps: 87,040 / 52,224 B.
+//   prefill hd128: 4 warps x 16 rows: Q 17,408 + 2 stages 69,632 + fold 32,768 = 119,808 B;
+//                 `_2warp` (2 x 16 rows: 94,464 B) for 99 KiB GPUs: the same per-warp
+//                 arithmetic, so the same bits.
+// Candidates to measure: 3 decode warps at hd128 on sm_90 (221,952 B); 3 stages per warp.
+template <int kHeadDim_, int kWarps_, int kStages_>
+struct PagedDecodeConfig {
     static constexpr int kHeadDim = kHeadDim_;
-    static constexpr int kWarpsM = kWarpsM_;  // warps along the flat rows (16 each)
-    static constexpr int kWarpsN = kWarpsN_;  // warps along the keys of a tile
-    static constexpr int kWarps = kWarpsM * kWarpsN;
+    static constexpr int kWarps = kWarps_;  // independent work items per block
     static constexpr int kThreads = kWarps * SWERVE_WARP;
-    static constexpr int kBlockM = 16 * kWarpsM;
-    static constexpr int kBlockN = kBlockN_;
-    static constexpr int kWarpKeys = kBlockN / kWarpsN;
+    static constexpr int kBlockN = kAttnKeyTile;
     static constexpr int kStages = kStages_;
-    static constexpr int kSmemStride = kHeadDim + 8;  // bf16 per shared-memory row
-    static constexpr int kOStride = kHeadDim + 8;     // fp32 per epilogue row
-    static constexpr int kQBytes = kBlockM * kSmemStride * 2;
-    static constexpr int kStatsBytes = 2 * kWarpsN * kBlockM * 4;
+    static constexpr int kSmemStride = kHeadDim + 8;
+    static constexpr int kQElems = 16 * kSmemStride;
     static constexpr int kTileElems = kBlockN * kSmemStride;  // one K or V tile
-    static constexpr int kRingBytes = kStages * 2 * kTileElems * 2;
-    static constexpr int kEpilogueBytes = kWarpsN * kBlockM * kOStride * 4;
-    static constexpr int kSmemBytes =
-        kQBytes + kStatsBytes + (kRingBytes > kEpilogueBytes ? kRingBytes : kEpilogueBytes);
+    static constexpr int kWarpElems = kQElems + kStages * 2 * kTileElems;
+    static constexpr int kSmemBytes = kWarps * kWarpElems * 2;
     static constexpr int kChunks = kHeadDim / 8;  // 16-byte chunks per row
-    static constexpr int kRowsPerPass = kThreads / kChunks;
-    static constexpr int kPasses = kBlockN / kRowsPerPass;  // rows of a tile each thread copies
-    static_assert(kWarpKeys % 16 == 0, "each warp's keys form whole 16-key MMA steps");
-    static_assert(kHeadDim % 16 == 0, "MMA tiles are 16 wide");
-    static_assert(kThreads % kChunks == 0 && kBlockN % kRowsPerPass == 0, "whole rows per copy pass");
+    static constexpr int kCopyThreads = SWERVE_WARP;
+    static_assert(kHeadDim % 16 == 0 && SWERVE_WARP % kChunks == 0, "whole rows per copy pass");
     static_assert(kStages >= 2, "at least double buffering");
-    static_assert(kQBytes % 16 == 0 && kStatsBytes % 16 == 0, "16-byte aligned regions");
+};
+
+template <int kHeadDim_, int kWarps_, int kStages_>
+struct PagedPrefillConfig {
+    static constexpr int kHeadDim = kHeadDim_;
+    static constexpr int kWarps = kWarps_;  // 16 flat rows each
+    static constexpr int kThreads = kWarps * SWERVE_WARP;
+    static constexpr int kBlockM = 16 * kWarps;
+    static constexpr int kBlockN = kAttnKeyTile;
+    static constexpr int kStages = kStages_;
+    static constexpr int kSmemStride = kHeadDim + 8;
+    static constexpr int kQElems = kBlockM * kSmemStride;
+    static constexpr int kTileElems = kBlockN * kSmemStride;
+    static constexpr int kFoldFloats = kHeadDim / 2;  // folded O per thread
+    static constexpr int kFoldOffset = (kQElems + kStages * 2 * kTileElems) * 2;
+    static constexpr int kSmemBytes = kFoldOffset + kThreads * kFoldFloats * 4;
+    static constexpr int kChunks = kHeadDim / 8;
+    static constexpr int kCopyThreads = kThreads;
+    static_assert(kHeadDim % 16 == 0 && kThreads % kChunks == 0, "whole rows per copy pass");
+    static_assert(kStages >= 2, "at least double buffering");
 };
 
 template <int D>
-using PagedDecode = PagedAttnConfig<D, 1, 4, 64, 3>;
+using PagedDecode = PagedDecodeConfig<D, (D >= 128 ? 2 : 4), 2>;
 template <int D>
-using PagedDecode2Stage = PagedAttnConfig<D, 1, 4, 64, 2>;  // for GPUs with 99 KiB per block
+using PagedDecodeSmall = PagedDecodeConfig<D, (D >= 128 ? 1 : 2), 2>;  // for GPUs with 99 KiB per block
 template <int D>
-using PagedPrefill = PagedAttnConfig<D, 4, 1, 64, 2>;
+using PagedPrefill = PagedPrefillConfig<D, 4, 2>;
+template <int D>
+using PagedPrefillSmall = PagedPrefillConfig<D, 2, 2>;  // for GPUs with 99 KiB per block
 
-// The merge: one block of kMergeThreads per (row, head); threads split the partitions.
-constexpr int kMergeThreads = 256;
+// The merge: one block of kMergeThreads per (row, head); thread d folds element d.
+constexpr int kMergeThreads = 128;
 
 // ---- write_kv ----------------------------------------------------------------------------------
 
@@ -139,43 +142,55 @@ extern "C" __global__ void __launch_bounds__(256)
 
 // ---- paged attention ---------------------------------------------------------------------------
 
-// Everything a block knows about its work item.
+// Everything a warp knows about its work item.
 struct PagedWork {
-    int seq, kv_head, group, part;
-    int row_start;  // first packed query row of the sequence
-    int first_pos;  // context position of the sequence's first query row
-    int m0, m_end;  // flat rows [m0, m_end) of this tile (flat = local_row * group + g)
-    int n_begin, n_end;  // keys of this partition, already cut at the tile's last position
-    const int* table;    // the sequence's block table
+    int seq, kv_head, group;
+    int segment;        // the one segment of a split item, -1: every key (fold in the kernel)
+    int row_start;      // first packed query row of the sequence
+    int first_pos;      // context position of the sequence's first query row
+    int m0, m_end;      // flat rows [m0, m_end) of this item (flat = local_row * group + g)
+    int n_begin, n_end;  // keys of the item, cut at its last row's position
+    const int* table;   // the sequence's block table
 };
 
-// Physical cache blocks of the kPasses rows this thread copies for the tile at key n0 (-1: past
-// the partition, zero-filled). Loaded a tile ahead of their use.
-template <typename Cfg>
-__device__ __forceinline__ void lookup_blocks(int ids[Cfg::kPasses], const PagedWork& w, int n0, int block_size) {
-    const int r0 = threadIdx.x / Cfg::kChunks;
-#pragma unroll
-    for (int i = 0; i < Cfg::kPasses; ++i) {
-        const int j = n0 + r0 + i * Cfg::kRowsPerPass;
-        ids[i] = j < w.n_end ? __ldg(w.table + j / block_size) : -1;
-    }
+// Reads item `index` and cuts its keys; false when the item has no key (a CUDA graph's item past
+// its sequence's context).
+__device__ __forceinline__ bool paged_work(PagedWork& w, const int4* items, int index, int kv_head, int block_m,
+                                           const int* cu_query, const int* context_lens, const int* block_tables,
+                                           int max_blocks_per_seq, int heads, int kv_heads, int segment_keys) {
+    const int4 item = items[index];
+    w.seq = item.x;
+    w.m0 = item.y;
+    w.segment = item.z;
+    w.kv_head = kv_head;
+    w.group = heads / kv_heads;
+    w.row_start = cu_query[w.seq];
+    const int rows = cu_query[w.seq + 1] - w.row_start;
+    w.first_pos = context_lens[w.seq] - rows;
+    w.m_end = min(w.m0 + block_m, rows * w.group);
+    const int p_last = w.first_pos + (w.m_end - 1) / w.group;
+    w.n_begin = w.segment < 0 ? 0 : w.segment * segment_keys;
+    w.n_end = w.segment < 0 ? p_last + 1 : min(w.n_begin + segment_keys, p_last + 1);
+    w.table = block_tables + (size_t)w.seq * max_blocks_per_seq;
+    return w.m0 < w.m_end && w.n_begin < w.n_end;
 }
 
-// Copies the K and V rows of the tile at key n0 into one ring stage (cp.async, 16 bytes each).
+// Copies the K and V rows of the tile at key n0 into one ring stage (cp.async, 16 bytes each),
+// split over kCopyThreads threads (`tid` is this thread's index among them); keys past the item
+// are zero-filled.
 template <typename Cfg>
 __device__ __forceinline__ void issue_tile(__nv_bfloat16* sK, __nv_bfloat16* sV, const __nv_bfloat16* k_cache,
-                                           const __nv_bfloat16* v_cache, const int ids[Cfg::kPasses],
-                                           const PagedWork& w, int n0, int block_size, int kv_heads) {
-    constexpr int D = Cfg::kHeadDim, S = Cfg::kSmemStride;
-    const int r0 = threadIdx.x / Cfg::kChunks, c = (threadIdx.x % Cfg::kChunks) * 8;
-#pragma unroll
-    for (int i = 0; i < Cfg::kPasses; ++i) {
-        const int r = r0 + i * Cfg::kRowsPerPass;
+                                           const __nv_bfloat16* v_cache, const PagedWork& w, int n0, int block_size,
+                                           int kv_heads, int tid) {
+    constexpr int D = Cfg::kHeadDim, S = Cfg::kSmemStride, kRowsPerPass = Cfg::kCopyThreads / Cfg::kChunks;
+    const int r0 = tid / Cfg::kChunks, c = (tid % Cfg::kChunks) * 8;
+#pragma unroll 4
+    for (int r = r0; r < Cfg::kBlockN; r += kRowsPerPass) {
         const int j = n0 + r;
-        const bool valid = ids[i] >= 0;
+        const bool valid = j < w.n_end;
         size_t off = 0;
         if (valid) {
-            const size_t slot = (size_t)ids[i] * block_size + (j % block_size);
+            const size_t slot = (size_t)__ldg(w.table + j / block_size) * block_size + (j % block_size);
             off = (slot * kv_heads + w.kv_head) * D + c;
         }
         cp_async_16(sK + r * S + c, k_cache + off, valid);
@@ -183,333 +198,297 @@ __device__ __forceinline__ void issue_tile(__nv_bfloat16* sK, __nv_bfloat16* sV,
     }
 }
 
-template <typename Cfg>
-__device__ __forceinline__ void paged_attn(const __nv_bfloat16* __restrict__ q, const __nv_bfloat16* __restrict__ k_cache,
-                                           const __nv_bfloat16* __restrict__ v_cache, __nv_bfloat16* __restrict__ out,
-                                           float* __restrict__ part_o, float* __restrict__ part_lse,
-                                           const int* __restrict__ cu_query, const int* __restrict__ context_lens,
-                                           const int* __restrict__ block_tables, const int4* __restrict__ items,
-                                           const int2* __restrict__ row_plan, int max_blocks_per_seq, int block_size,
-                                           int heads, int kv_heads, int partition_keys, float softmax_scale) {
-    constexpr int D = Cfg::kHeadDim, BM = Cfg::kBlockM, BN = Cfg::kBlockN, S = Cfg::kSmemStride;
-    constexpr int WN = Cfg::kWarpsN, kStages = Cfg::kStages;
-    constexpr int kNTiles = Cfg::kWarpKeys / 8;  // 8-key MMA tiles per warp per key tile
-    constexpr int kDTiles = D / 8;
-
-    // ---- the work item
-    // The kv heads of one item are adjacent blocks: they read neighbouring bytes of the same
-    // cache blocks at about the same time.
-    const int4 item = items[blockIdx.x / kv_heads];
-    PagedWork w;
-    w.seq = item.x;
-    w.m0 = item.y;
-    w.part = item.z;
-    w.kv_head = blockIdx.x % kv_heads;
-    w.group = heads / kv_heads;
-    w.row_start = cu_query[w.seq];
-    const int rows = cu_query[w.seq + 1] - w.row_start;
-    w.first_pos = context_lens[w.seq] - rows;
-    w.m_end = min(w.m0 + BM, rows * w.group);
-    const int p_first = w.first_pos + w.m0 / w.group;
-    const int p_last = w.first_pos + (w.m_end - 1) / w.group;
-    w.n_begin = w.part * partition_keys;
-    w.n_end = min(w.n_begin + partition_keys, p_last + 1);
-    w.table = block_tables + (size_t)w.seq * max_blocks_per_seq;
-    const int n_tiles = (w.n_end - w.n_begin + BN - 1) / BN;
-    const int mask_from = min(w.n_end, p_first + 1);  // a tile reaching past this key needs a mask
-
-    extern __shared__ __align__(16) unsigned char paged_smem[];
-    __nv_bfloat16* sQ = reinterpret_cast<__nv_bfloat16*>(paged_smem);
-    float* sMax = reinterpret_cast<float*>(paged_smem + Cfg::kQBytes);  // [WN][BM], log2 units
-    float* sSum = sMax + WN * BM;                                        // [WN][BM]
-    unsigned char* ring = paged_smem + Cfg::kQBytes + Cfg::kStatsBytes;
-    auto stage_k = [&](int stage) { return reinterpret_cast<__nv_bfloat16*>(ring) + stage * 2 * Cfg::kTileElems; };
-
-    const int warp = threadIdx.x / SWERVE_WARP, lane = threadIdx.x % SWERVE_WARP;
-    const int warp_m = warp / WN, warp_n = warp % WN;
-    const int group_row = lane / 4, group_col = 2 * (lane % 4);  // MMA fragment coordinates
-    const float scale_log2 = softmax_scale * 1.4426950408889634f;
-
-    // ---- Q: the tile's flat rows, gathered from [rows, heads, D] (a group's heads are adjacent)
-    const size_t q_stride = (size_t)heads * D;
-    for (int i = threadIdx.x; i < BM * Cfg::kChunks; i += Cfg::kThreads) {
-        const int m = i / Cfg::kChunks, c = (i % Cfg::kChunks) * 8;
-        const int flat = w.m0 + m;
+// Copies the item's 16 flat query rows starting at `m` (gathered from [rows, heads, D]: a group's
+// heads are adjacent) into sQ, split over `threads` threads.
+template <int D>
+__device__ __forceinline__ void issue_q(__nv_bfloat16* sQ, const __nv_bfloat16* q, const PagedWork& w, int m_first,
+                                        int m_count, int heads, int tid, int threads) {
+    constexpr int S = D + 8, kChunks = D / 8;
+    for (int i = tid; i < m_count * kChunks; i += threads) {
+        const int m = i / kChunks, c = (i % kChunks) * 8;
+        const int flat = m_first + m;
         const bool valid = flat < w.m_end;
         const __nv_bfloat16* src = q;
         if (valid) {
-            src = q + (size_t)(w.row_start + flat / w.group) * q_stride +
-                  (size_t)(w.kv_head * w.group + flat % w.group) * D + c;
+            src = q + (size_t)(w.row_start + flat / w.group) * heads * D + (size_t)(w.kv_head * w.group + flat % w.group) * D + c;
         }
         cp_async_16(sQ + m * S + c, src, valid);
     }
+}
 
-    // ---- prologue: tiles 0 .. kStages - 2 in flight (Q rides with tile 0)
-    int ids[Cfg::kPasses];
+// What a warp does with its rows once its keys are done: rows whose whole context was folded
+// here (`whole`, or a context of one segment) are normalised and written to `out`; a split row
+// writes this segment's raw (max, sum, O) to the scratch for paged_attn_merge. `m_warp`: the
+// warp's first flat row. Every lane must call this (quad sums).
+template <int D>
+__device__ __forceinline__ void finish_rows(const PagedWork& w, int m_warp, bool whole, float* fold_o, int fold_stride,
+                                            float (&fold_max)[2], float (&fold_sum)[2], float (&o_acc)[D / 8][4],
+                                            float (&row_max)[2], float (&row_sum)[2], __nv_bfloat16* out,
+                                            float* part_o, float2* part_stats, const int2* row_plan, int heads,
+                                            int segment_keys, float scale_log2, int lane) {
+    constexpr int kDTiles = D / 8;
+    const int group_row = lane / 4, group_col = 2 * (lane % 4);
+    float seg_sum[2];
+#pragma unroll
+    for (int r = 0; r < 2; ++r) seg_sum[r] = quad_sum(row_sum[r]);
+    // Split rows first: fold_segment below consumes the segment's state.
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+        const int flat = m_warp + group_row + r * 8;
+        const int pos = w.first_pos + flat / w.group;
+        if (whole || flat >= w.m_end || pos < segment_keys || pos < w.n_begin) continue;
+        const int row = w.row_start + flat / w.group, head = w.kv_head * w.group + flat % w.group;
+        const size_t idx = (size_t)(row_plan[row].x + w.segment) * heads + head;
+#pragma unroll
+        for (int dt = 0; dt < kDTiles; ++dt) {
+            *reinterpret_cast<float2*>(part_o + idx * D + dt * 8 + group_col) = make_float2(o_acc[dt][2 * r], o_acc[dt][2 * r + 1]);
+        }
+        if (lane % 4 == 0) part_stats[idx] = make_float2(row_max[r], seg_sum[r]);
+    }
+    fold_segment<kDTiles>(fold_o, fold_stride, fold_max, fold_sum, o_acc, row_max, row_sum, scale_log2);
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+        const int flat = m_warp + group_row + r * 8;
+        const int pos = w.first_pos + flat / w.group;
+        // (A split item finishes only the rows of one segment, and only from segment 0.)
+        if (flat >= w.m_end || (!whole && (pos >= segment_keys || w.segment != 0))) continue;
+        const int row = w.row_start + flat / w.group, head = w.kv_head * w.group + flat % w.group;
+        const float inv = attn_normalizer(fold_sum[r]);
+        __nv_bfloat16* out_row = out + ((size_t)row * heads + head) * D;
+#pragma unroll
+        for (int dt = 0; dt < kDTiles; ++dt) {
+            *reinterpret_cast<__nv_bfloat162*>(out_row + dt * 8 + group_col) =
+                __floats2bfloat162_rn(__fmul_rn(fold_o[(dt * 4 + 2 * r) * fold_stride], inv),
+                                      __fmul_rn(fold_o[(dt * 4 + 2 * r + 1) * fold_stride], inv));
+        }
+    }
+}
+
+// The arguments every paged-attention kernel takes.
+#define PAGED_ATTN_PARAMS                                                                                          \
+    const __nv_bfloat16 *__restrict__ q, const __nv_bfloat16 *__restrict__ k_cache,                              \
+        const __nv_bfloat16 *__restrict__ v_cache, __nv_bfloat16 *__restrict__ out, float *__restrict__ part_o,   \
+        float2 *__restrict__ part_stats, const int *__restrict__ cu_query, const int *__restrict__ context_lens,  \
+        const int *__restrict__ block_tables, const int4 *__restrict__ items, int num_items,                     \
+        const int2 *__restrict__ row_plan, int max_blocks_per_seq, int block_size, int heads, int kv_heads,      \
+        int segment_keys, float softmax_scale
+#define PAGED_ATTN_ARGS                                                                                       \
+    q, k_cache, v_cache, out, part_o, part_stats, cu_query, context_lens, block_tables, items, num_items, row_plan, \
+        max_blocks_per_seq, block_size, heads, kv_heads, segment_keys, softmax_scale
+
+// Decode: each warp one item (one segment of <= 16 flat rows), blocks of kWarps items of one kv
+// head: blockIdx.x = item_block * kv_heads + kv_head.
+template <typename Cfg>
+__device__ __forceinline__ void paged_decode(PAGED_ATTN_PARAMS) {
+    constexpr int D = Cfg::kHeadDim, BN = Cfg::kBlockN, S = Cfg::kSmemStride, kStages = Cfg::kStages;
+    constexpr int kDTiles = D / 8;
+    const int warp = threadIdx.x / SWERVE_WARP, lane = threadIdx.x % SWERVE_WARP;
+    const int index = (blockIdx.x / kv_heads) * Cfg::kWarps + warp;
+    if (index >= num_items) return;  // warps are independent: no block barrier below
+    PagedWork w;
+    if (!paged_work(w, items, index, blockIdx.x % kv_heads, 16, cu_query, context_lens, block_tables,
+                    max_blocks_per_seq, heads, kv_heads, segment_keys)) {
+        return;
+    }
+    const int n_tiles = (w.n_end - w.n_begin + BN - 1) / BN;
+    const float scale_log2 = softmax_scale * 1.4426950408889634f;
+
+    extern __shared__ __align__(16) unsigned char paged_smem[];
+    __nv_bfloat16* sQ = reinterpret_cast<__nv_bfloat16*>(paged_smem) + warp * Cfg::kWarpElems;
+    auto stage_k = [&](int stage) { return sQ + Cfg::kQElems + stage * 2 * Cfg::kTileElems; };
+
+    issue_q<D>(sQ, q, w, w.m0, 16, heads, lane, SWERVE_WARP);
 #pragma unroll
     for (int s = 0; s < kStages - 1; ++s) {
         if (s < n_tiles) {
-            lookup_blocks<Cfg>(ids, w, w.n_begin + s * BN, block_size);
-            issue_tile<Cfg>(stage_k(s), stage_k(s) + Cfg::kTileElems, k_cache, v_cache, ids, w, w.n_begin + s * BN,
-                            block_size, kv_heads);
+            issue_tile<Cfg>(stage_k(s), stage_k(s) + Cfg::kTileElems, k_cache, v_cache, w, w.n_begin + s * BN,
+                            block_size, kv_heads, lane);
         }
         cp_async_commit();
     }
-    if (kStages - 1 < n_tiles) lookup_blocks<Cfg>(ids, w, w.n_begin + (kStages - 1) * BN, block_size);
 
-    // This thread's two flat rows (group_row, group_row + 8 of its warp) and their positions;
-    // padding rows past the tile see every key of the partition and are never written.
-    int pos[2];
+    const int group_row = lane / 4;
+    int pos[2];  // this thread's rows' positions; padding rows see every key and are never written
 #pragma unroll
     for (int r = 0; r < 2; ++r) {
-        const int flat = w.m0 + warp_m * 16 + group_row + r * 8;
+        const int flat = w.m0 + group_row + r * 8;
         pos[r] = flat < w.m_end ? w.first_pos + flat / w.group : 0x7fffffff;
     }
+    const int mask_from = min(w.n_end, w.first_pos + w.m0 / w.group + 1);
 
     uint32_t q_frag[D / 16][4];
     float o_acc[kDTiles][4];
 #pragma unroll
     for (int i = 0; i < kDTiles; ++i) o_acc[i][0] = o_acc[i][1] = o_acc[i][2] = o_acc[i][3] = 0.0f;
-    float row_max[2] = {-INFINITY, -INFINITY};  // raw scores
-    float row_sum[2] = {0.0f, 0.0f};            // this thread's part of each row's sum
-    const int key0 = warp_n * Cfg::kWarpKeys;   // this warp's keys within a tile
+    float row_max[2] = {-INFINITY, -INFINITY}, row_sum[2] = {0.0f, 0.0f};
 
     for (int t = 0; t < n_tiles; ++t) {
-        cp_async_wait<kStages - 2>();  // tile t (and Q) have landed for this thread...
-        __syncthreads();               // ...and for all; stage (t - 1) % kStages is free again
+        cp_async_wait<kStages - 2>();  // tile t (and Q) have landed for this lane...
+        __syncwarp();                  // ...and for the warp; stage (t - 1) % kStages is free again
         const int t_next = t + kStages - 1;
         if (t_next < n_tiles) {
             __nv_bfloat16* sK_next = stage_k(t_next % kStages);
-            issue_tile<Cfg>(sK_next, sK_next + Cfg::kTileElems, k_cache, v_cache, ids, w, w.n_begin + t_next * BN,
-                            block_size, kv_heads);
-            if (t_next + 1 < n_tiles) lookup_blocks<Cfg>(ids, w, w.n_begin + (t_next + 1) * BN, block_size);
+            issue_tile<Cfg>(sK_next, sK_next + Cfg::kTileElems, k_cache, v_cache, w, w.n_begin + t_next * BN,
+                            block_size, kv_heads, lane);
         }
         cp_async_commit();  // possibly empty: keeps the group count uniform
-
         if (t == 0) {
 #pragma unroll
             for (int kk = 0; kk < D / 16; ++kk) {
-                const int r = warp_m * 16 + (lane % 8) + ((lane / 8) % 2) * 8;
-                const int c = kk * 16 + (lane / 16) * 8;
-                ldmatrix_x4(q_frag[kk], sQ + r * S + c);
+                ldmatrix_x4(q_frag[kk], sQ + ((lane % 8) + ((lane / 8) % 2) * 8) * S + kk * 16 + (lane / 16) * 8);
             }
         }
         const __nv_bfloat16* sK = stage_k(t % kStages);
-        const __nv_bfloat16* sV = sK + Cfg::kTileElems;
         const int n0 = w.n_begin + t * BN;
-
-        // S = Q K^T for this warp's 16 rows and its kWarpKeys keys.
-        float s_acc[kNTiles][4];
-#pragma unroll
-        for (int i = 0; i < kNTiles; ++i) s_acc[i][0] = s_acc[i][1] = s_acc[i][2] = s_acc[i][3] = 0.0f;
-#pragma unroll
-        for (int kk = 0; kk < D / 16; ++kk) {
-#pragma unroll
-            for (int np = 0; np < kNTiles / 2; ++np) {
-                uint32_t b[4];
-                const int r = key0 + np * 16 + (lane % 8) + (lane / 16) * 8;
-                const int c = kk * 16 + ((lane / 8) % 2) * 8;
-                ldmatrix_x4(b, sK + r * S + c);
-                mma_bf16_16816(s_acc[2 * np], q_frag[kk], b[0], b[1]);
-                mma_bf16_16816(s_acc[2 * np + 1], q_frag[kk], b[2], b[3]);
-            }
-        }
-
-        // Causal and partition-end mask, only on tiles that reach past the first row's position.
-        if (n0 + BN > mask_from) {
-#pragma unroll
-            for (int nt = 0; nt < kNTiles; ++nt) {
-#pragma unroll
-                for (int e = 0; e < 4; ++e) {
-                    const int k_idx = n0 + key0 + nt * 8 + group_col + (e % 2);
-                    if (k_idx >= w.n_end || k_idx > pos[e / 2]) s_acc[nt][e] = -INFINITY;
-                }
-            }
-        }
-
-        // Online softmax over the 4 threads sharing a row.
-        online_softmax_tile<kNTiles, kDTiles>(s_acc, o_acc, row_max, row_sum, scale_log2);
-
-        // O += P V over this warp's keys: the score accumulator is the next MMA's A fragment.
-#pragma unroll
-        for (int kk = 0; kk < Cfg::kWarpKeys / 16; ++kk) {
-            uint32_t p_frag[4];
-            p_frag[0] = pack_bf16x2(s_acc[2 * kk][0], s_acc[2 * kk][1]);
-            p_frag[1] = pack_bf16x2(s_acc[2 * kk][2], s_acc[2 * kk][3]);
-            p_frag[2] = pack_bf16x2(s_acc[2 * kk + 1][0], s_acc[2 * kk + 1][1]);
-            p_frag[3] = pack_bf16x2(s_acc[2 * kk + 1][2], s_acc[2 * kk + 1][3]);
-#pragma unroll
-            for (int dp = 0; dp < D / 16; ++dp) {
-                uint32_t b[4];
-                const int r = key0 + kk * 16 + (lane % 8) + ((lane / 8) % 2) * 8;
-                const int c = dp * 16 + (lane / 16) * 8;
-                ldmatrix_x4_trans(b, sV + r * S + c);
-                mma_bf16_16816(o_acc[2 * dp], p_frag, b[0], b[1]);
-                mma_bf16_16816(o_acc[2 * dp + 1], p_frag, b[2], b[3]);
-            }
-        }
-    }
-
-    // ---- epilogue: per-warp (max, sum, O) to shared memory, merged across the key-split warps
-#pragma unroll
-    for (int r = 0; r < 2; ++r) {
-        float sum = row_sum[r];
-        sum += __shfl_xor_sync(0xffffffffu, sum, 1);
-        sum += __shfl_xor_sync(0xffffffffu, sum, 2);
-        if (lane % 4 == 0) {
-            const int m = warp_m * 16 + group_row + r * 8;
-            sMax[warp_n * BM + m] = row_max[r] == -INFINITY ? -INFINITY : row_max[r] * scale_log2;
-            sSum[warp_n * BM + m] = sum;
-        }
+        attn_tile<D>(o_acc, row_max, row_sum, q_frag, sK, sK + Cfg::kTileElems, S, lane, scale_log2,
+                     n0 + BN > mask_from,
+                     [&](int r, int key) { return n0 + key >= w.n_end || n0 + key > pos[r]; });
     }
     cp_async_wait<0>();
-    __syncthreads();  // every warp is done with the ring and no copy is still landing in it
-    float* sO = reinterpret_cast<float*>(ring);  // [WN][BM][kOStride]
-#pragma unroll
-    for (int dt = 0; dt < kDTiles; ++dt) {
-#pragma unroll
-        for (int r = 0; r < 2; ++r) {
-            const int m = warp_m * 16 + group_row + r * 8;
-            *reinterpret_cast<float2*>(sO + (warp_n * BM + m) * Cfg::kOStride + dt * 8 + group_col) =
-                make_float2(o_acc[dt][2 * r], o_acc[dt][2 * r + 1]);
-        }
-    }
-    __syncthreads();
 
-    for (int i = threadIdx.x; i < BM * (D / 4); i += Cfg::kThreads) {
-        const int m = i / (D / 4), c = (i % (D / 4)) * 4;
-        const int flat = w.m0 + m;
-        if (flat >= w.m_end) continue;
-        const int local_row = flat / w.group;
-        const int p = w.first_pos + local_row;
-        if (p < w.n_begin) continue;  // this row's context ends before the partition
-        float mx = -INFINITY;
+    float fold_o[kDTiles * 4];
 #pragma unroll
-        for (int wn = 0; wn < WN; ++wn) mx = fmaxf(mx, sMax[wn * BM + m]);
-        float sum = 0.0f;
-        float4 acc = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-#pragma unroll
-        for (int wn = 0; wn < WN; ++wn) {
-            const float wm = sMax[wn * BM + m];
-            const float f = wm == -INFINITY ? 0.0f : exp2f(wm - mx);
-            sum += f * sSum[wn * BM + m];
-            const float4 o = *reinterpret_cast<const float4*>(sO + (wn * BM + m) * Cfg::kOStride + c);
-            acc.x += f * o.x;
-            acc.y += f * o.y;
-            acc.z += f * o.z;
-            acc.w += f * o.w;
-        }
-        const float inv = 1.0f / sum;  // > 0: key n_begin <= p is in this partition
-        const int row = w.row_start + local_row;
-        const int head = w.kv_head * w.group + flat % w.group;
-        if (p < partition_keys) {
-            // The row's whole context is this one partition: the final output.
-            __nv_bfloat162 lo = __floats2bfloat162_rn(acc.x * inv, acc.y * inv);
-            __nv_bfloat162 hi = __floats2bfloat162_rn(acc.z * inv, acc.w * inv);
-            uint2 packed;
-            packed.x = *reinterpret_cast<uint32_t*>(&lo);
-            packed.y = *reinterpret_cast<uint32_t*>(&hi);
-            *reinterpret_cast<uint2*>(out + ((size_t)row * heads + head) * D + c) = packed;
-        } else {
-            const size_t idx = (size_t)(row_plan[row].x + w.part) * heads + head;
-            *reinterpret_cast<float4*>(part_o + idx * D + c) =
-                make_float4(acc.x * inv, acc.y * inv, acc.z * inv, acc.w * inv);
-            if (c == 0) part_lse[idx] = mx + __log2f(sum);
-        }
-    }
+    for (int i = 0; i < kDTiles * 4; ++i) fold_o[i] = 0.0f;
+    float fold_max[2] = {-INFINITY, -INFINITY}, fold_sum[2] = {0.0f, 0.0f};
+    finish_rows<D>(w, w.m0, false, fold_o, 1, fold_max, fold_sum, o_acc, row_max, row_sum, out, part_o, part_stats,
+                   row_plan, heads, segment_keys, scale_log2, lane);
 }
 
-#define PAGED_ATTN_ENTRY(name, Cfg)                                                                               \
-    extern "C" __global__ void __launch_bounds__(Cfg::kThreads, 2)                                               \
-        name(const __nv_bfloat16* __restrict__ q, const __nv_bfloat16* __restrict__ k_cache,                     \
-             const __nv_bfloat16* __restrict__ v_cache, __nv_bfloat16* __restrict__ out, float* __restrict__ part_o, \
-             float* __restrict__ part_lse, const int* __restrict__ cu_query, const int* __restrict__ context_lens, \
-             const int* __restrict__ block_tables, const int4* __restrict__ items,                                \
-             const int2* __restrict__ row_plan, int max_blocks_per_seq, int block_size, int heads, int kv_heads,  \
-             int partition_keys, float softmax_scale) {                                                           \
-        paged_attn<Cfg>(q, k_cache, v_cache, out, part_o, part_lse, cu_query, context_lens, block_tables, items,  \
-                        row_plan, max_blocks_per_seq, block_size, heads, kv_heads, partition_keys, softmax_scale); \
+// Prefill: a block of kWarps x 16 flat rows walks the item's keys (all of them, folding segments
+// here, or one segment of a split item); blockIdx.x = item * kv_heads + kv_head.
+template <typename Cfg>
+__device__ __forceinline__ void paged_prefill(PAGED_ATTN_PARAMS) {
+    constexpr int D = Cfg::kHeadDim, BM = Cfg::kBlockM, BN = Cfg::kBlockN, S = Cfg::kSmemStride;
+    constexpr int kStages = Cfg::kStages, kDTiles = D / 8;
+    const int index = blockIdx.x / kv_heads;
+    if (index >= num_items) return;
+    PagedWork w;
+    if (!paged_work(w, items, index, blockIdx.x % kv_heads, BM, cu_query, context_lens, block_tables,
+                    max_blocks_per_seq, heads, kv_heads, segment_keys)) {
+        return;  // the same for every thread of the block
+    }
+    const bool whole = w.segment < 0;
+    const int n_tiles = (w.n_end - w.n_begin + BN - 1) / BN;
+    const float scale_log2 = softmax_scale * 1.4426950408889634f;
+    const int warp = threadIdx.x / SWERVE_WARP, lane = threadIdx.x % SWERVE_WARP;
+
+    extern __shared__ __align__(16) unsigned char paged_smem[];
+    __nv_bfloat16* sQ = reinterpret_cast<__nv_bfloat16*>(paged_smem);
+    auto stage_k = [&](int stage) { return sQ + Cfg::kQElems + stage * 2 * Cfg::kTileElems; };
+    float* fold_o = reinterpret_cast<float*>(paged_smem + Cfg::kFoldOffset) + threadIdx.x;
+
+    issue_q<D>(sQ, q, w, w.m0, BM, heads, threadIdx.x, Cfg::kThreads);
+#pragma unroll
+    for (int s = 0; s < kStages - 1; ++s) {
+        if (s < n_tiles) {
+            issue_tile<Cfg>(stage_k(s), stage_k(s) + Cfg::kTileElems, k_cache, v_cache, w, w.n_begin + s * BN,
+                            block_size, kv_heads, threadIdx.x);
+        }
+        cp_async_commit();
     }
 
-PAGED_ATTN_ENTRY(paged_attn_decode_hd128, PagedDecode<128>)
-PAGED_ATTN_ENTRY(paged_attn_decode_hd128_2stage, PagedDecode2Stage<128>)  // sm_86 / sm_89
-PAGED_ATTN_ENTRY(paged_attn_decode_hd64, PagedDecode<64>)
-PAGED_ATTN_ENTRY(paged_attn_decode_hd32, PagedDecode<32>)  // small test models
-PAGED_ATTN_ENTRY(paged_attn_decode_hd16, PagedDecode<16>)  // small test models
-PAGED_ATTN_ENTRY(paged_attn_prefill_hd128, PagedPrefill<128>)
-PAGED_ATTN_ENTRY(paged_attn_prefill_hd64, PagedPrefill<64>)
-PAGED_ATTN_ENTRY(paged_attn_prefill_hd32, PagedPrefill<32>)
-PAGED_ATTN_ENTRY(paged_attn_prefill_hd16, PagedPrefill<16>)
+    const int m_warp = w.m0 + warp * 16, group_row = lane / 4;
+    int pos[2];
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+        const int flat = m_warp + group_row + r * 8;
+        pos[r] = flat < w.m_end ? w.first_pos + flat / w.group : 0x7fffffff;
+    }
+    const int mask_from = min(w.n_end, w.first_pos + w.m0 / w.group + 1);
+
+    uint32_t q_frag[D / 16][4];
+    float o_acc[kDTiles][4];
+#pragma unroll
+    for (int i = 0; i < kDTiles; ++i) o_acc[i][0] = o_acc[i][1] = o_acc[i][2] = o_acc[i][3] = 0.0f;
+    float row_max[2] = {-INFINITY, -INFINITY}, row_sum[2] = {0.0f, 0.0f};
+    float fold_max[2] = {-INFINITY, -INFINITY}, fold_sum[2] = {0.0f, 0.0f};
+#pragma unroll
+    for (int i = 0; i < Cfg::kFoldFloats; ++i) fold_o[i * Cfg::kThreads] = 0.0f;
+
+    for (int t = 0; t < n_tiles; ++t) {
+        cp_async_wait<kStages - 2>();
+        __syncthreads();
+        const int t_next = t + kStages - 1;
+        if (t_next < n_tiles) {
+            __nv_bfloat16* sK_next = stage_k(t_next % kStages);
+            issue_tile<Cfg>(sK_next, sK_next + Cfg::kTileElems, k_cache, v_cache, w, w.n_begin + t_next * BN,
+                            block_size, kv_heads, threadIdx.x);
+        }
+        cp_async_commit();
+        if (t == 0) {
+#pragma unroll
+            for (int kk = 0; kk < D / 16; ++kk) {
+                const int r = warp * 16 + (lane % 8) + ((lane / 8) % 2) * 8;
+                ldmatrix_x4(q_frag[kk], sQ + r * S + kk * 16 + (lane / 16) * 8);
+            }
+        }
+        const int n0 = w.n_begin + t * BN;
+        if (t > 0 && n0 % segment_keys == 0) {
+            fold_segment<kDTiles>(fold_o, Cfg::kThreads, fold_max, fold_sum, o_acc, row_max, row_sum, scale_log2);
+        }
+        const __nv_bfloat16* sK = stage_k(t % kStages);
+        attn_tile<D>(o_acc, row_max, row_sum, q_frag, sK, sK + Cfg::kTileElems, S, lane, scale_log2,
+                     n0 + BN > mask_from,
+                     [&](int r, int key) { return n0 + key >= w.n_end || n0 + key > pos[r]; });
+    }
+    cp_async_wait<0>();
+    finish_rows<D>(w, m_warp, whole, fold_o, Cfg::kThreads, fold_max, fold_sum, o_acc, row_max, row_sum, out, part_o,
+                   part_stats, row_plan, heads, segment_keys, scale_log2, lane);
+}
+
+#define PAGED_DECODE_ENTRY(name, Cfg) \
+    extern "C" __global__ void __launch_bounds__(Cfg::kThreads, 1) name(PAGED_ATTN_PARAMS) { paged_decode<Cfg>(PAGED_ATTN_ARGS); }
+#define PAGED_PREFILL_ENTRY(name, Cfg)                                            \
+    extern "C" __global__ void __launch_bounds__(Cfg::kThreads) name(PAGED_ATTN_PARAMS) { \
+        paged_prefill<Cfg>(PAGED_ATTN_ARGS);                                       \
+    }
+
+PAGED_DECODE_ENTRY(paged_attn_decode_hd128, PagedDecode<128>)
+PAGED_DECODE_ENTRY(paged_attn_decode_hd128_small, PagedDecodeSmall<128>)  // sm_86 / sm_89
+PAGED_DECODE_ENTRY(paged_attn_decode_hd64, PagedDecode<64>)
+PAGED_DECODE_ENTRY(paged_attn_decode_hd64_small, PagedDecodeSmall<64>)  // sm_86 / sm_89
+PAGED_DECODE_ENTRY(paged_attn_decode_hd32, PagedDecode<32>)  // small test models
+PAGED_DECODE_ENTRY(paged_attn_decode_hd16, PagedDecode<16>)  // small test models
+PAGED_PREFILL_ENTRY(paged_attn_prefill_hd128, PagedPrefill<128>)
+PAGED_PREFILL_ENTRY(paged_attn_prefill_hd128_small, PagedPrefillSmall<128>)  // sm_86 / sm_89
+PAGED_PREFILL_ENTRY(paged_attn_prefill_hd64, PagedPrefill<64>)
+PAGED_PREFILL_ENTRY(paged_attn_prefill_hd32, PagedPrefill<32>)
+PAGED_PREFILL_ENTRY(paged_attn_prefill_hd16, PagedPrefill<16>)
 
 // ---- merge of split rows -----------------------------------------------------------------------
 
-__device__ __forceinline__ float block_max(float x, float* scratch) {
-    const int lane = threadIdx.x % SWERVE_WARP, warp = threadIdx.x / SWERVE_WARP;
-    const int warps = blockDim.x / SWERVE_WARP;
-#pragma unroll
-    for (int offset = SWERVE_WARP / 2; offset > 0; offset /= 2) x = fmaxf(x, __shfl_xor_sync(0xffffffffu, x, offset));
-    __syncthreads();
-    if (lane == 0) scratch[warp] = x;
-    __syncthreads();
-    x = lane < warps ? scratch[lane] : -INFINITY;
-#pragma unroll
-    for (int offset = SWERVE_WARP / 2; offset > 0; offset /= 2) x = fmaxf(x, __shfl_xor_sync(0xffffffffu, x, offset));
-    return x;
-}
-
-// out[r, h] = sum_k 2^(lse_k - L) o_k, L = log2 sum_k 2^lse_k, over the row's partitions k.
-// One block per (split row, head): row split_rows[blockIdx.x / heads], head blockIdx.x % heads
-// (rows written directly get no block). kMergeThreads threads: thread t adds up the 4-float chunk
-// t % (D / 4) of the partitions k = t / (D / 4) (mod kLanes), then the lanes are summed.
+// out[r, h] = the left-to-right fold (attn_tile.cuh) of the row's segments k = 0 .. parts - 1,
+// normalised. One block per (split row, head): row split_rows[blockIdx.x / heads], head
+// blockIdx.x % heads (rows written directly get no block, or return at once in a CUDA graph's
+// fixed plan); thread d folds element d, every thread the sums (the same arithmetic, redundantly).
 template <int D>
 __device__ __forceinline__ void paged_attn_merge(__nv_bfloat16* __restrict__ out, const float* __restrict__ part_o,
-                                                 const float* __restrict__ part_lse,
+                                                 const float2* __restrict__ part_stats,
                                                  const int2* __restrict__ row_plan,
-                                                 const int* __restrict__ split_rows, int heads) {
-    constexpr int kChunks = D / 4, kLanes = kMergeThreads / kChunks;
+                                                 const int* __restrict__ split_rows, int heads, float softmax_scale) {
     const int row = split_rows[blockIdx.x / heads], head = blockIdx.x % heads;
     const int2 plan = row_plan[row];
-    const int parts = plan.y;
-    // A row of one partition was written straight to `out` (CUDA-graph plans list every row here
-    // and say per step which ones were split).
-    if (parts <= 1) return;
-    __shared__ float scratch[kMergeThreads / SWERVE_WARP];
-    __shared__ __align__(16) float acc_smem[kLanes][D];
-    const float* lse = part_lse + (size_t)plan.x * heads + head;  // partition k at lse[k * heads]
-
-    float mx = -INFINITY;
-    for (int k = threadIdx.x; k < parts; k += kMergeThreads) mx = fmaxf(mx, lse[(size_t)k * heads]);
-    mx = block_max(mx, scratch);
-    float sum = 0.0f;
-    for (int k = threadIdx.x; k < parts; k += kMergeThreads) sum += exp2f(lse[(size_t)k * heads] - mx);
-    sum = block_sum(sum, scratch);
-
-    const int c = (threadIdx.x % kChunks) * 4, lane_k = threadIdx.x / kChunks;
-    float4 acc = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-#pragma unroll 4
-    for (int k = lane_k; k < parts; k += kLanes) {
-        const float wk = exp2f(lse[(size_t)k * heads] - mx);
-        const float4 o = __ldg(reinterpret_cast<const float4*>(part_o + ((size_t)(plan.x + k) * heads + head) * D + c));
-        acc.x += wk * o.x;
-        acc.y += wk * o.y;
-        acc.z += wk * o.z;
-        acc.w += wk * o.w;
-    }
-    *reinterpret_cast<float4*>(&acc_smem[lane_k][c]) = acc;
-    __syncthreads();
-    if (threadIdx.x < D) {
-        float total = 0.0f;
-#pragma unroll
-        for (int l = 0; l < kLanes; ++l) total += acc_smem[l][threadIdx.x];
-        out[((size_t)row * heads + head) * D + threadIdx.x] = f32_to_bf16(total / sum);
+    if (plan.y <= 1) return;  // one segment: written straight to `out`
+    const float scale_log2 = softmax_scale * 1.4426950408889634f;
+    for (int d = threadIdx.x; d < D; d += blockDim.x) {
+        float fold_max = -INFINITY, fold_sum = 0.0f, fold_o = 0.0f;
+        for (int k = 0; k < plan.y; ++k) {
+            const size_t idx = (size_t)(plan.x + k) * heads + head;
+            const float2 stats = __ldg(part_stats + idx);
+            const SegmentWeights w = segment_weights(fold_max, stats.x, scale_log2);
+            fold_sum = fold_value(fold_sum, stats.y, w);
+            fold_o = fold_value(fold_o, __ldg(part_o + idx * D + d), w);
+            fold_max = w.max;
+        }
+        out[((size_t)row * heads + head) * D + d] = f32_to_bf16(__fmul_rn(fold_o, attn_normalizer(fold_sum)));
     }
 }
 
-#define PAGED_MERGE_ENTRY(name, D)                                                                                 \
-    extern "C" __global__ void __launch_bounds__(kMergeThreads)                                                   \
-        name(__nv_bfloat16* __restrict__ out, const float* __restrict__ part_o, const float* __restrict__ part_lse, \
-             const int2* __restrict__ row_plan, const int* __restrict__ split_rows, int heads) {                   \
-        paged_attn_merge<D>(out, part_o, part_lse, row_plan, split_rows, heads);                                  \
+#define PAGED_MERGE_ENTRY(name, D)                                                                                   \
+    extern "C" __global__ void __launch_bounds__(kMergeThreads)                                                     \
+        name(__nv_bfloat16* __restrict__ out, const float* __restrict__ part_o, const float2* __restrict__ part_stats, \
+             const int2* __restrict__ row_plan, const int* __restrict__ split_rows, int heads, float softmax_scale) { \
+        paged_attn_merge<D>(out, part_o, part_stats, row_plan, split_rows, heads, softmax_scale);                   \
     }
 
 PAGED_MERGE_ENTRY(paged_attn_merge_hd128, 128)

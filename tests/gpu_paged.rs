@@ -1,7 +1,7 @@
 //! The paged-attention kernels (kernels/paged_attn.cu) against the CPU reference backend:
 //! attention over shuffled, non-contiguous block tables with decode rows of very different
 //! context lengths, multi-row chunks over cached prefixes, GQA 1/2/4/7, head dims 16/32/64/128,
-//! partition boundaries, and the small-shared-memory variant. Outputs are poisoned (NaN bytes)
+//! segment boundaries, and the small-shared-memory variant. Outputs are poisoned (NaN bytes)
 //! before each launch. Cache writes and equality with the prefill flash kernel over a cache
 //! `write_kv` filled are tested in tests/gpu_paged_cache.rs; how the work is planned (host-only
 //! work plans, the CUDA-graph decode plan, per-step layout uploads) in tests/gpu_paged_plan.rs;
@@ -30,19 +30,19 @@ use swerve::backend::cuda::{CudaBackend, DeviceDType};
 use swerve::backend::{Backend, PagedLayout};
 use swerve::bench::kernels::{max_abs_diff, random_bf16};
 
-/// What a case forces at the device level: the key partition (small ones exercise the merge) and
-/// the shared-memory limit the kernel variant is chosen for (a small one picks the fallback with
-/// fewer pipeline stages, as a GPU with less shared memory would).
+/// What a case forces at the device level: the key segment (small ones exercise the merge on
+/// short contexts) and the shared-memory limit the kernel variant is chosen for (a small one picks
+/// the fallback with fewer warps per block, as a GPU with less shared memory would).
 #[derive(Clone, Copy, Debug, Default)]
 struct Forced {
-    partition_keys: Option<usize>,
+    segment_keys: Option<usize>,
     smem_limit: Option<usize>,
 }
 
 impl Forced {
-    fn partition(p: usize) -> Self {
+    fn segment(p: usize) -> Self {
         Self {
-            partition_keys: Some(p),
+            segment_keys: Some(p),
             ..Self::default()
         }
     }
@@ -82,12 +82,12 @@ fn run_paged(
     let scale = 1.0 / (hd as f32).sqrt();
     let mut out = poisoned(gpu, &[rows, heads, hd], DeviceDType::Bf16);
     let kernel_layout = kernel_layout.unwrap_or(layout);
-    if forced.partition_keys.is_none() && forced.smem_limit.is_none() {
+    if forced.segment_keys.is_none() && forced.smem_limit.is_none() {
         gpu.paged_attention(&q, &k_cache, &v_cache, kernel_layout, scale, &mut out)
             .unwrap();
     } else {
         let mut device_layout = DevicePagedLayout::upload(gpu, kernel_layout).unwrap();
-        device_layout.partition_keys = forced.partition_keys;
+        device_layout.segment_keys = forced.segment_keys;
         device_layout.smem_limit = forced.smem_limit;
         gpu.device
             .paged_attention(
@@ -214,7 +214,7 @@ fn a_swapped_block_table_entry_of_the_long_row_fails_the_row_check() {
     let (layout, num_blocks) = shuffled_layout(16, &rows, &SWAP_CONTEXTS, 700);
     let swapped = swap_first_and_last_block(&layout, 2);
     let check = Rows::heads(SWAP_HEADS.0, SWAP_HEADS.2);
-    for forced in [Forced::default(), Forced::partition(128)] {
+    for forced in [Forced::default(), Forced::segment(128)] {
         let run = |kernel_layout| {
             run_paged(
                 &gpu,
@@ -314,7 +314,8 @@ fn chunks_over_cached_prefixes_mixed_with_decode_rows_match_cpu_reference() {
             4000 + 10 * i as u64,
         );
     }
-    // A long chunk alone over a long prefix: 63 prefill tiles, each split into partitions.
+    // A long chunk alone over a long prefix: 63 prefill tiles, split per segment on a GPU of more
+    // SMs than 63 blocks, folded in the kernel on a smaller one.
     let (layout, num_blocks) = shuffled_layout(16, &[500], &[3000], 210);
     check_paged(
         &gpu,
@@ -333,14 +334,14 @@ fn chunks_over_cached_prefixes_mixed_with_decode_rows_match_cpu_reference() {
     not(swerve_emu),
     ignore = "needs a CUDA GPU (or a SWERVE_EMU=1 build: the emulated device)"
 )]
-fn partition_boundaries_and_many_partitions_match_cpu_reference() {
+fn segment_boundaries_and_many_segments_match_cpu_reference() {
     let (gpu, cpu) = (gpu(), CpuBackend::new());
     let heads = (8, 2, 128);
-    // The partition the backend picks for a small batch, and contexts at its multiples +- 1, plus
-    // a 70-row chunk whose rows straddle the boundary at 2P.
+    // The canonical segment, and contexts at its multiples +- 1, plus a 70-row chunk whose rows
+    // straddle the boundary at 2P.
     let p = WorkPlan::build(&[0, 1], &[4096], 4, 2, gpu.device.num_sms as usize, None)
         .unwrap()
-        .partition_keys;
+        .segment_keys;
     let contexts = [
         p - 1,
         p,
@@ -368,10 +369,7 @@ fn partition_boundaries_and_many_partitions_match_cpu_reference() {
         None,
     )
     .unwrap();
-    assert_eq!(
-        plan.partition_keys, p,
-        "the batch keeps the smallest partition"
-    );
+    assert_eq!(plan.segment_keys, p, "the segment never depends on the batch");
     let (layout, num_blocks) = shuffled_layout(16, &rows, &contexts, 300);
     check_paged(
         &gpu,
@@ -383,8 +381,8 @@ fn partition_boundaries_and_many_partitions_match_cpu_reference() {
         Forced::default(),
         5000,
     );
-    // Forced small partitions: hundreds of partials per row through the merge, boundaries at
-    // multiples of 64 and 128 +- 1, a chunk whose rows have different partition counts.
+    // Forced small segments: hundreds of partials per row through the merge, boundaries at
+    // multiples of 64 and 128 +- 1, a chunk whose rows have different segment counts.
     let contexts = [63, 64, 65, 127, 128, 129, 40_000, 1000];
     let mut rows = vec![1; contexts.len()];
     rows[7] = 100;
@@ -394,21 +392,21 @@ fn partition_boundaries_and_many_partitions_match_cpu_reference() {
             check_paged(
                 &gpu,
                 &cpu,
-                "forced partitions",
+                "forced segments",
                 &layout,
                 num_blocks,
                 h,
-                Forced::partition(forced),
+                Forced::segment(forced),
                 5100 + 10 * (3 * j + k) as u64,
             );
         }
     }
 }
 
-/// The 2-stage hd128 decode kernel a GPU with 99 KiB of shared memory per block runs (sm_86,
+/// The one-warp hd128 decode kernel a GPU with 99 KiB of shared memory per block runs (sm_86,
 /// sm_89: A10, L4, L40S, RTX 30/40), forced here by the limit the variant is chosen for: decode
 /// rows of different contexts, a 4-row chunk at group 4 (16 flat rows: still the decode kernel),
-/// split rows through the merge. The 3-stage kernel over the same inputs for comparison.
+/// split rows through the merge. The two-warp kernel over the same inputs for comparison.
 #[test]
 #[cfg_attr(
     not(swerve_emu),
@@ -418,7 +416,7 @@ fn the_small_shared_memory_decode_variant_matches_the_reference() {
     let (gpu, cpu) = (gpu(), CpuBackend::new());
     assert_eq!(
         attention_variant(128, false, SM89_SMEM).unwrap().name,
-        "paged_attn_decode_hd128_2stage"
+        "paged_attn_decode_hd128_small"
     );
     let device_limit = gpu.device.max_shared_memory_per_block_optin().unwrap();
     println!(
@@ -426,7 +424,7 @@ fn the_small_shared_memory_decode_variant_matches_the_reference() {
         attention_variant(128, false, device_limit).unwrap().name
     );
     let (layout, num_blocks) = shuffled_layout(16, &[1, 1, 4, 1], &[1, 70, 200, 333], 800);
-    for (i, partition) in [None, Some(64)].into_iter().enumerate() {
+    for (i, segment) in [None, Some(64)].into_iter().enumerate() {
         for smem_limit in [SM89_SMEM, SM90_SMEM.min(device_limit)] {
             check_paged(
                 &gpu,
@@ -436,7 +434,7 @@ fn the_small_shared_memory_decode_variant_matches_the_reference() {
                 num_blocks,
                 (8, 2, 128),
                 Forced {
-                    partition_keys: partition,
+                    segment_keys: segment,
                     smem_limit: Some(smem_limit),
                 },
                 8000 + i as u64,
@@ -454,8 +452,11 @@ fn every_paged_kernel_loads() {
     let gpu = gpu();
     gpu.device.function("paged_attn", "write_kv_bf16").unwrap();
     gpu.device
-        .function("paged_attn", "paged_attn_decode_hd128_2stage")
+        .function("paged_attn", "paged_attn_decode_hd128_small")
         .unwrap();
+    for name in ["paged_attn_decode_hd64_small", "paged_attn_prefill_hd128_small"] {
+        gpu.device.function("paged_attn", name).unwrap();
+    }
     for hd in [16, 32, 64, 128] {
         for kind in ["decode", "prefill", "merge"] {
             gpu.device
@@ -493,9 +494,9 @@ fn bad_inputs_are_errors() {
     assert!(gpu
         .paged_attention(&q, &c3, &c3, &layout, 0.125, &mut out)
         .is_err());
-    // A forced partition that is not a whole number of key tiles.
+    // A forced segment that is not a whole number of key tiles.
     let mut device_layout = DevicePagedLayout::upload(&gpu, &layout).unwrap();
-    device_layout.partition_keys = Some(100);
+    device_layout.segment_keys = Some(100);
     assert!(gpu
         .device
         .paged_attention(

@@ -1,5 +1,5 @@
 //! How paged attention's work is planned (`WorkPlan`, `src/backend/cuda/paged_attn.rs`): the
-//! host-only work plans (every key covered once, partitions that grow with the batch, kernel
+//! host-only work plans (every key covered once, fixed canonical segments, kernel
 //! variants that fit each GPU's shared memory; these run everywhere, CI included), the fixed plan
 //! a CUDA-graph decode step replays, and the per-step scope that uploads each layout once. The
 //! kernels' numbers against the references are tested in tests/gpu_paged.rs.
@@ -15,19 +15,19 @@ use common::paged::{
 };
 use swerve::backend::cuda::graphs::decode_graph_attention_inputs;
 use swerve::backend::cuda::paged_attn::{
-    attention_variant, AttentionVariant, WorkPlan, DECODE_BLOCK_M, MIN_PARTITION_KEYS,
+    attention_variant, AttentionVariant, WorkPlan, DECODE_BLOCK_M, SEGMENT_KEYS,
     PREFILL_BLOCK_M,
 };
 use swerve::backend::cuda::DeviceDType;
 use swerve::backend::{Backend, PagedLayout};
 
 /// What a CUDA-graph decode step's attention computes (`cuda/graphs.rs`): the fixed plan, with
-/// every sequence cut into partitions up to its table's capacity (those past a sequence's context
-/// do nothing, and the merge skips rows of one partition) and padding rows (context 1 over the
+/// every sequence cut into segments up to its table's capacity (those past a sequence's context
+/// do nothing, and the merge skips rows of one segment) and padding rows (context 1 over the
 /// null block), written by the graph's own input code (`decode_graph_attention_inputs`: the
 /// `StaticInputs` a replay uses), launched at the device level with NaN-poisoned output and
-/// scratch. Every row, padding included, against f64 attention over the padded layout; plans
-/// sized for this device and for 132 SMs (4 partitions of 512 keys here).
+/// scratch. Every row, padding included, against f64 attention over the padded layout (4
+/// segments of 512 keys here).
 #[test]
 #[cfg_attr(
     not(swerve_emu),
@@ -36,11 +36,11 @@ use swerve::backend::{Backend, PagedLayout};
 fn the_fixed_decode_graph_plan_matches_the_reference() {
     let gpu = gpu();
     let (batch, table_blocks, bs) = (4, 128, 16);
-    // Three sequences of 1, 2 and 3 partitions of 512 keys, and one padding row.
+    // Three sequences of 1, 2 and 3 segments of 512 keys, and one padding row.
     let contexts = [3, 600, 1500];
     let (layout, num_blocks) = shuffled_layout(bs, &[1; 3], &contexts, 900);
     for (i, &(heads, kv_heads, hd)) in [(8, 2, 64), (7, 1, 128)].iter().enumerate() {
-        for num_sms in [None, Some(132)] {
+        {
             let (device_layout, padded) = decode_graph_attention_inputs(
                 &gpu,
                 &layout,
@@ -49,26 +49,23 @@ fn the_fixed_decode_graph_plan_matches_the_reference() {
                 heads / kv_heads,
                 kv_heads,
                 num_blocks,
-                num_sms,
             )
             .unwrap();
             assert_eq!(padded.num_seqs(), batch);
             assert_eq!(padded.context_lens, [3, 600, 1500, 1]);
             assert!(padded.block_table(3).iter().all(|&b| b == 0), "null block");
-            let p = device_layout.partition_keys.unwrap();
-            let partitions = (table_blocks * bs).div_ceil(p);
-            if num_sms.is_some() {
-                assert_eq!((p, partitions), (512, 4), "the plan this case is built for");
-            }
+            let p = device_layout.segment_keys.unwrap();
+            let segments = (table_blocks * bs).div_ceil(p);
+            assert_eq!((p, segments), (512, 4), "the plan this case is built for");
             let seed = 9000 + 10 * i as u64;
             let (q, q_cpu) = random(&gpu, &[batch, heads, hd], seed, 2.0);
             let cache_shape = [num_blocks, bs, kv_heads, hd];
             let (k_cache, k_cpu) = random(&gpu, &cache_shape, seed + 1, 2.0);
             let (v_cache, v_cpu) = random(&gpu, &cache_shape, seed + 2, 1.0);
-            // The scratch the call takes from the pool: NaN until a partition writes it.
+            // The scratch the call takes from the pool: NaN until a segment writes it.
             let scratch = poisoned(
                 &gpu,
-                &[batch * partitions * heads * (hd + 1)],
+                &[batch * segments * heads * (hd + 2)],
                 DeviceDType::F32,
             );
             gpu.device.synchronize().unwrap();
@@ -90,7 +87,7 @@ fn the_fixed_decode_graph_plan_matches_the_reference() {
             let exact = paged_attention_f64(qd, kd, vd, &padded, heads, kv_heads, hd);
             let naive = naive_paged_attention(qd, kd, vd, &padded, heads, kv_heads, hd);
             check_within_naive(
-                &format!("graph plan heads {heads}/{kv_heads} hd {hd}: {p}-key partitions x {partitions}"),
+                &format!("graph plan heads {heads}/{kv_heads} hd {hd}: {p}-key segments x {segments}"),
                 &gpu.to_host(&out).unwrap(),
                 &exact,
                 &naive,
@@ -146,7 +143,12 @@ fn a_step_scope_uploads_each_layout_once_and_keeps_them_apart() {
 /// Every (query row, head, key) triple is covered by exactly one block, and the scratch rows
 /// of split rows are dense and disjoint.
 fn check_coverage(cu: &[u32], ctx: &[u32], group: usize, plan: &WorkPlan) {
-    let p = plan.partition_keys;
+    let p = plan.segment_keys;
+    // Sequences whose prefill tiles fold their segments in the kernel (segment -1): no scratch.
+    let whole: Vec<usize> = (plan.prefill.iter())
+        .filter(|item| item[2] < 0)
+        .map(|item| item[0] as usize)
+        .collect();
     // seen[row * group + g][j]: how many blocks give row `row`, head g of the group, key j.
     let mut seen: Vec<Vec<u32>> = Vec::new();
     for (w, &c) in cu.windows(2).zip(ctx) {
@@ -160,12 +162,15 @@ fn check_coverage(cu: &[u32], ctx: &[u32], group: usize, plan: &WorkPlan) {
         (&plan.prefill, PREFILL_BLOCK_M),
     ] {
         for &[s, m0, part, keys] in items.iter() {
-            let (s, m0, part) = (s as usize, m0 as usize, part as usize);
+            let (s, m0) = (s as usize, m0 as usize);
             let n = (cu[s + 1] - cu[s]) as usize;
             let first_pos = ctx[s] as usize - n;
             let m_end = (m0 + block_m).min(n * group);
             let p_last = first_pos + (m_end - 1) / group;
-            let (n_begin, n_end) = (part * p, (part * p + p).min(p_last + 1));
+            let (n_begin, n_end) = match usize::try_from(part) {
+                Ok(part) => (part * p, (part * p + p).min(p_last + 1)),
+                Err(_) => (0, p_last + 1),
+            };
             assert_eq!(keys as usize, n_end - n_begin);
             for flat in m0..m_end {
                 let position = first_pos + flat / group;
@@ -182,7 +187,9 @@ fn check_coverage(cu: &[u32], ctx: &[u32], group: usize, plan: &WorkPlan) {
     let mut next = 0;
     for (row, &[base, parts]) in plan.rows.iter().enumerate() {
         let position = seen[row * group].len() - 1;
-        assert_eq!(parts as usize, (position + 1).div_ceil(p));
+        let seq = cu.windows(2).position(|w| (w[0]..w[1]).contains(&(row as u32))).unwrap();
+        let expect = if whole.contains(&seq) { 1 } else { (position + 1).div_ceil(p) };
+        assert_eq!(parts as usize, expect, "row {row}");
         if parts > 1 {
             assert_eq!(base as usize, next);
             assert!(plan.split_rows.contains(&(row as i32)));
@@ -209,57 +216,62 @@ fn work_plans_cover_every_key_once_without_a_gpu() {
 }
 
 #[test]
-fn work_plan_partitions_grow_with_the_batch_without_a_gpu() {
-    // One 131k decode row on 132 SMs: the minimum partition, 256 blocks per kv head.
-    let one = WorkPlan::build(&[0, 1], &[131_072], 8, 1, 132, None).unwrap();
-    assert_eq!(one.partition_keys, MIN_PARTITION_KEYS);
-    assert_eq!(one.decode.len(), 256);
-    // 256 rows of 32k: partitions grow until about 4 blocks per SM remain.
+fn work_plans_cut_keys_into_the_canonical_segments_without_a_gpu() {
+    // One 131k decode row: 256 segments of 512 keys, one warp each, whatever the GPU.
+    for sms in [1, 132, 1000] {
+        let one = WorkPlan::build(&[0, 1], &[131_072], 8, 1, sms, None).unwrap();
+        assert_eq!(one.segment_keys, SEGMENT_KEYS);
+        assert_eq!(one.decode.len(), 256);
+        assert_eq!(one.scratch_rows, 256);
+    }
+    // 256 rows of 32k: the same segments (never chosen from the batch).
     let cu: Vec<u32> = (0..=256).collect();
     let many = WorkPlan::build(&cu, &[32_768; 256], 8, 1, 132, None).unwrap();
-    assert!(many.partition_keys > MIN_PARTITION_KEYS);
-    assert!(many.decode.len() >= 132 * 2, "{}", many.decode.len());
+    assert_eq!(many.segment_keys, SEGMENT_KEYS);
+    assert_eq!(many.decode.len(), 256 * 64);
     assert!(many.decode.windows(2).all(|w| w[0][3] >= w[1][3]));
-    // A long prefill chunk is parallel enough on its own: no split, no scratch.
+    // A long prefill chunk is parallel enough on its own: folded in the kernel, no scratch.
     let chunk = WorkPlan::build(&[0, 8192], &[131_072], 8, 4, 132, None).unwrap();
     assert_eq!(chunk.scratch_rows, 0);
     assert!(chunk.decode.is_empty() && chunk.prefill.len() == 8192 * 8 / PREFILL_BLOCK_M);
+    assert!(chunk.prefill.iter().all(|item| item[2] == -1));
+    // A short chunk over a long history would be a handful of blocks: split per segment.
+    let short = WorkPlan::build(&[0, 20], &[3000], 4, 1, 132, None).unwrap();
+    assert_eq!(short.prefill.len(), 2 * 3000usize.div_ceil(SEGMENT_KEYS));
+    assert!(short.prefill.iter().all(|item| item[2] >= 0));
+    assert_eq!(short.split_rows.len(), 20);
     assert!(WorkPlan::build(&[0, 2], &[1], 1, 1, 132, None).is_err());
     assert!(WorkPlan::build(&[0, 1], &[10], 1, 1, 132, Some(100)).is_err());
 }
 
 #[test]
-fn paged_kernels_fit_two_blocks_per_sm_without_a_gpu() {
+fn paged_kernels_fit_hopper_shared_memory_without_a_gpu() {
     for hd in [16, 32, 64, 128] {
         for prefill in [false, true] {
             let v = attention_variant(hd, prefill, SM90_SMEM).unwrap();
-            assert!(2 * (v.smem + 1024) <= 228 * 1024, "{v:?}");
+            assert!(v.smem as usize + 1024 <= SM90_SMEM, "{v:?}");
         }
     }
-    assert_eq!(
-        attention_variant(128, false, SM90_SMEM).unwrap().smem,
-        109_312
-    );
+    let decode = attention_variant(128, false, SM90_SMEM).unwrap();
+    assert_eq!((decode.smem, decode.warps), (147_968, 2));
+    let prefill = attention_variant(128, true, SM90_SMEM).unwrap();
+    assert_eq!((prefill.smem, prefill.warps), (119_808, 4));
     assert!(attention_variant(80, false, SM90_SMEM).is_err());
 }
 
-/// hd128 decode needs 109,312 B with its 3-stage ring: more than sm_86 / sm_89 let a block have
-/// (99 KiB), where the 2-stage variant runs instead. Every other kernel fits every sm_80+ GPU.
+/// On sm_86 / sm_89 (99 KiB per block) the hd128 kernels and hd64 decode run with fewer warps per
+/// block (the same per-warp arithmetic, so the same bits); every other kernel fits every sm_80+
+/// GPU as it is.
 #[test]
 fn paged_kernel_variants_fit_each_gpus_shared_memory_without_a_gpu() {
-    for (limit, decode128) in [
-        (SM90_SMEM, "paged_attn_decode_hd128"),
-        (SM80_SMEM, "paged_attn_decode_hd128"),
-        (SM89_SMEM, "paged_attn_decode_hd128_2stage"),
-    ] {
-        let v = attention_variant(128, false, limit).unwrap();
-        assert_eq!(v.name, decode128, "limit {limit}");
-        assert!(v.smem as usize <= limit);
+    for limit in [SM90_SMEM, SM80_SMEM, SM89_SMEM] {
         for hd in [16, 32, 64, 128] {
             for prefill in [false, true] {
                 let v = attention_variant(hd, prefill, limit).unwrap();
                 assert!(v.smem as usize <= limit, "{v:?} at {limit}");
-                if hd != 128 || prefill {
+                let small = limit == SM89_SMEM && (hd == 128 || (hd == 64 && !prefill));
+                assert_eq!(v.name.ends_with("_small"), small, "{v:?} at {limit}");
+                if !small {
                     assert_eq!(v, attention_variant(hd, prefill, SM90_SMEM).unwrap());
                 }
             }
@@ -268,15 +280,15 @@ fn paged_kernel_variants_fit_each_gpus_shared_memory_without_a_gpu() {
     assert_eq!(
         attention_variant(128, false, SM89_SMEM).unwrap(),
         AttentionVariant {
-            name: "paged_attn_decode_hd128_2stage".into(),
-            smem: 74_496,
-            stages: 2
+            name: "paged_attn_decode_hd128_small".into(),
+            smem: 73_984,
+            warps: 1
         }
     );
     let err = attention_variant(128, false, 64 * 1024).unwrap_err();
     assert!(
         format!("{err}")
-            .contains("needs 74496 B of shared memory per block; this GPU allows 65536 B"),
+            .contains("needs 73984 B of shared memory per block; this GPU allows 65536 B"),
         "{err}"
     );
 }

@@ -1,19 +1,23 @@
 //! Launches of `kernels/flash_attn.cu`'s forward: causal GQA attention over packed
 //! variable-length sequences, with the per-row logsumexp (`[T, heads]` f32) saved for the backward
-//! pass. The backward's launches are in `attention_grad.rs`.
+//! pass. The backward's launches are in `attention_grad.rs`. The forward follows the canonical
+//! reduction order of `kernels/attn_tile.cuh` with the engine's segment ([`SEGMENT_KEYS`]), so
+//! the trainer's attention output of a row is the bits the engine computed for it.
 
 use super::tensor::{CudaTensor, DeviceDType, DeviceUpload};
+use super::paged_attn::SEGMENT_KEYS;
 use super::{as_i32, CudaDevice};
 use anyhow::{bail, ensure, Result};
 use cudarc::driver::sys::CUfunction_attribute;
 use cudarc::driver::{LaunchConfig, PushKernelArg};
 
-/// Mirrors `FlashFwdConfig` in the kernel: (kernel, kBlockM, threads, shared-memory bytes).
+/// Mirrors `FlashFwdConfig` in the kernel: (kernel, kBlockM, threads, shared-memory bytes): the
+/// Q, K and V tiles and each thread's folded O (head_dim / 2 fp32).
 fn forward_variant(head_dim: usize) -> Result<(&'static str, usize, u32, u32)> {
     const BLOCK_M: usize = 128;
     const BLOCK_N: usize = 64;
     const THREADS: u32 = 256;
-    let smem = |d: usize| ((BLOCK_M + 2 * BLOCK_N) * (d + 8) * 2) as u32;
+    let smem = |d: usize| ((BLOCK_M + 2 * BLOCK_N) * (d + 8) * 2 + THREADS as usize * d * 2) as u32;
     Ok(match head_dim {
         128 => ("flash_attn_fwd_hd128", BLOCK_M, THREADS, smem(128)),
         64 => ("flash_attn_fwd_hd64", BLOCK_M, THREADS, smem(64)),
@@ -136,6 +140,7 @@ impl CudaDevice {
         )?;
         as_i32("tokens", layout.total_tokens)?;
         let (heads_i, kv_i) = (as_i32("heads", heads)?, as_i32("kv_heads", kv_heads)?);
+        let segment_keys = SEGMENT_KEYS as i32;
         let cfg = LaunchConfig {
             grid_dim: (
                 // Derived from the host cu_seqlens when the layout was made.
@@ -164,6 +169,7 @@ impl CudaDevice {
             .arg(&cp)
             .arg(&heads_i)
             .arg(&kv_i)
+            .arg(&segment_keys)
             .arg(&softmax_scale);
         // SAFETY: argument order and types match the kernel; sizes checked above.
         unsafe { launch.launch(cfg) }?;

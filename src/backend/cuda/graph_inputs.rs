@@ -4,15 +4,12 @@
 //! from `graphs.rs` so that [`super::CudaBackend`], which holds the graphs, does not depend on the
 //! code that runs it.
 
-use super::paged_attn::{DevicePagedLayout, WorkPlan, DECODE_BLOCK_M, MIN_PARTITION_KEYS};
+use super::paged_attn::{DevicePagedLayout, WorkPlan, DECODE_BLOCK_M, SEGMENT_KEYS};
 use super::tensor::{Arena, CudaTensor, DeviceDType, DeviceUpload};
 use crate::backend::{PagedLayout, RowDraw};
 use anyhow::{anyhow, ensure, Context, Result};
 use cudarc::driver::CudaGraph;
 use std::collections::HashMap;
-
-/// Blocks per SM the graph's partition size aims at (as the eager plan's).
-const BLOCKS_PER_SM_TARGET: usize = 4;
 
 #[derive(Clone, Copy, Debug, Hash, PartialEq, Eq)]
 pub(super) struct GraphKey {
@@ -68,8 +65,8 @@ pub(super) struct StaticInputs {
     pub(super) batch: usize,
     pub(super) table_blocks: usize,
     pub(super) block_size: usize,
-    pub(super) partition_keys: usize,
-    pub(super) partitions: usize,
+    pub(super) segment_keys: usize,
+    pub(super) segments: usize,
     /// Plan items (static) and rows (per step), as the plan tensor holds them.
     pub(super) items: Vec<[i32; 4]>,
     pub(super) tokens: CudaTensor,
@@ -101,22 +98,16 @@ impl StaticInputs {
         table_blocks: usize,
         block_size: usize,
         group: usize,
-        kv_heads: usize,
-        num_sms: usize,
     ) -> Result<Self> {
+        // Every sequence is cut into the canonical segments up to its table's capacity (the
+        // eager plan's cut, so a replay gives the eager step's bits).
         let keys = table_blocks * block_size;
-        let work = batch * keys * kv_heads;
-        let target = num_sms.max(1) * BLOCKS_PER_SM_TARGET;
-        let mut partition_keys = MIN_PARTITION_KEYS;
-        while partition_keys < keys && 2 * partition_keys * target <= work {
-            partition_keys *= 2;
-        }
-        let partitions = keys.div_ceil(partition_keys);
+        let (segment_keys, segments) = (SEGMENT_KEYS, keys.div_ceil(SEGMENT_KEYS));
         let mut items = Vec::new();
         for s in 0..batch {
             for m0 in (0..group).step_by(DECODE_BLOCK_M) {
-                for part in 0..partitions {
-                    items.push([s, m0, part, partition_keys].map(|x| x as i32));
+                for segment in 0..segments {
+                    items.push([s, m0, segment, segment_keys].map(|x| x as i32));
                 }
             }
         }
@@ -144,8 +135,8 @@ impl StaticInputs {
             batch,
             table_blocks,
             block_size,
-            partition_keys,
-            partitions,
+            segment_keys,
+            segments,
             items,
             tokens: take(0)?,
             positions: take(1)?,
@@ -227,9 +218,9 @@ impl StaticInputs {
         step.temperatures.resize(b, 0.0);
         step.uniforms.resize(b, 0.0);
         for (s, &context) in step.layout.context_lens.iter().enumerate() {
-            let parts = (context as usize).div_ceil(self.partition_keys).max(1);
+            let parts = (context as usize).div_ceil(self.segment_keys).max(1);
             step.plan_rows
-                .push([(s * self.partitions) as i32, parts as i32]);
+                .push([(s * self.segments) as i32, parts as i32]);
         }
         Ok(step)
     }
@@ -274,12 +265,12 @@ impl StaticInputs {
     /// The device layout over these buffers, with the graph's plan.
     pub(super) fn device_layout(&self, group: usize, kv_heads: usize) -> Result<DevicePagedLayout> {
         let plan = WorkPlan {
-            partition_keys: self.partition_keys,
+            segment_keys: self.segment_keys,
             decode: self.items.clone(),
             prefill: Vec::new(),
             rows: vec![[0, 1]; self.batch],
             split_rows: (0..self.batch as i32).collect(),
-            scratch_rows: self.batch * self.partitions,
+            scratch_rows: self.batch * self.segments,
         };
         Ok(DevicePagedLayout::for_graph(
             self.block_size,

@@ -23,9 +23,10 @@
 //!   pre-filled with these buffers for the host arrays passed in, so no op uploads anything. A
 //!   host copy inside a capture is refused, which fails the capture rather than baking a stale
 //!   input.
-//! - **The attention plan** is fixed per graph: every sequence gets `ceil(T * block_size / P)`
-//!   partitions of `P` keys; a partition past a sequence's context does nothing, and the merge
-//!   skips rows that fit one partition. Only the per-row partition counts change between replays.
+//! - **The attention plan** is fixed per graph: every sequence gets `ceil(T * block_size / 512)`
+//!   canonical segments (`SEGMENT_KEYS`, as the eager plan: a replay's bits are the eager step's);
+//!   a segment past a sequence's context does nothing, and the merge skips rows of one segment.
+//!   Only the per-row segment counts change between replays.
 //! - **Intermediate buffers** come from the backend's graph pool, which eager work never uses; a
 //!   graph's intermediates may be reused by another graph's, which is safe because replays run
 //!   one at a time on one stream and read nothing a previous replay left behind.
@@ -186,8 +187,6 @@ impl CudaBackend {
             key.table_blocks,
             layout.block_size,
             group,
-            kv_heads,
-            self.device.num_sms as usize,
         )?;
         let step = inputs.host_step(tokens, positions, layout, draws, model.cache_blocks(kv))?;
         inputs.write(self, &step)?;
@@ -269,9 +268,8 @@ impl CudaBackend {
 
 /// The attention inputs a decode graph of `batch` sequences with tables of `table_blocks` blocks
 /// holds for the decode rows of `layout`, written exactly as a replay writes them (padding rows:
-/// context 1 over the null block; the fixed plan: every sequence split into partitions up to the
-/// table's capacity), and the device layout the graph's attention runs on. `num_sms` sizes the
-/// partitions as a device of that many SMs would (`None`: this one). Returns it with the padded
+/// context 1 over the null block; the fixed plan: every sequence split into segments up to the
+/// table's capacity), and the device layout the graph's attention runs on. Returns it with the padded
 /// host layout it was written from. For kernel-level tests of what a replay computes
 /// (`tests/gpu_paged.rs`).
 #[allow(clippy::too_many_arguments)]
@@ -283,7 +281,6 @@ pub fn decode_graph_attention_inputs(
     group: usize,
     kv_heads: usize,
     num_blocks: usize,
-    num_sms: Option<usize>,
 ) -> Result<(DevicePagedLayout, PagedLayout)> {
     let n = layout.num_seqs();
     ensure!(
@@ -300,8 +297,6 @@ pub fn decode_graph_attention_inputs(
         table_blocks,
         layout.block_size,
         group,
-        kv_heads,
-        num_sms.unwrap_or(backend.device.num_sms as usize),
     )?;
     let positions: Vec<u32> = layout
         .context_lens

@@ -1,17 +1,20 @@
 //! Launches of `kernels/paged_attn.cu`: K/V writes into the paged cache and attention of a step's
-//! query rows over block tables.
+//! query rows over block tables, in the canonical reduction order of `kernels/attn_tile.cuh`.
 //!
-//! The attention is cut into blocks on the host ([`WorkPlan`]): each sequence's flat rows
-//! (query row x query head of a kv head's group) in tiles, each tile's keys in partitions, so a
-//! lone 131k-token decode row still fills the GPU. Rows whose context spans several partitions
-//! leave one fp32 partial per partition in a pooled scratch buffer, merged by a second kernel.
+//! The attention is cut into work items on the host ([`WorkPlan`]): each sequence's flat rows
+//! (query row x query head of a kv head's group) in tiles, each decode tile's keys in the
+//! canonical segments of [`SEGMENT_KEYS`] (one warp each, so a lone 131k-token decode row still
+//! fills the GPU). Rows whose context spans several segments leave one fp32 partial per segment
+//! in a pooled scratch buffer, folded left to right by a second kernel. Prefill tiles walk all
+//! their keys in one block and fold in the kernel, unless they are too few to fill the GPU: then
+//! they are split per segment like decode. Either way every row gets the same bits.
 //!
 //! ```text
 //!  sequence s, kv head g:   keys 0 ............................................ p_last
-//!  tile of flat rows  ──►   [ partition 0 ][ partition 1 ][ partition 2 ][ ... ]
-//!                              block          block          block     (one per kv head, adjacent)
-//!  row r (position p):      partials 0 ..= p / P  ──► merge (logsumexp) ──► out[r]
-//!                           (p < P: one partition, written straight to out, no merge)
+//!  tile of flat rows  ──►   [ segment 0   ][ segment 1   ][ segment 2   ][ ... ]    (512 keys each)
+//!  decode:                     warp           warp           warp      (items of one kv head)
+//!  row r (position p):      partials 0 ..= p / 512 ──► merge (fold in order) ──► out[r]
+//!                           (p < 512: one segment, written straight to out, no merge)
 //! ```
 
 use super::tensor::{BufferPool, CudaTensor, DeviceDType, DeviceUpload};
@@ -22,29 +25,29 @@ use cudarc::driver::sys::{CUdeviceptr, CUfunction_attribute};
 use cudarc::driver::{LaunchConfig, PushKernelArg};
 use std::sync::{Arc, Mutex};
 
-/// Keys of one tile of both attention kernels (`kBlockN`); partitions are multiples of it.
+/// Keys of one tile of every attention kernel (`kAttnKeyTile`); segments are multiples of it.
 pub const KEY_TILE: usize = 64;
-/// The smallest key partition of a split row.
-pub const MIN_PARTITION_KEYS: usize = 512;
-/// Flat rows of a decode-kernel block: sequences with `rows * group` up to this use it.
+/// Keys of one canonical segment (`kernels/attn_tile.cuh`): the unit decode parallelises over
+/// and every other attention path folds in the same order. A constant, never a function of the
+/// batch or the GPU: changing it changes the bits of every logprob (rollouts and trainer alike).
+pub const SEGMENT_KEYS: usize = 512;
+/// Flat rows of a decode-kernel work item: sequences with `rows * group` up to this use it.
 pub const DECODE_BLOCK_M: usize = 16;
 /// Flat rows of a prefill-kernel block.
 pub const PREFILL_BLOCK_M: usize = 64;
-/// Blocks per SM the partition size aims at: 2 resident x 2 waves, so long and short sequences
-/// balance.
-const BLOCKS_PER_SM_TARGET: usize = 4;
-const ATTN_THREADS: u32 = 128;
-const MERGE_THREADS: u32 = 256;
+const MERGE_THREADS: u32 = 128;
 
-/// Mirrors `PagedAttnConfig` in the kernel: the dynamic shared memory of one variant.
-fn smem_bytes(head_dim: usize, warps_m: usize, warps_n: usize, stages: usize) -> u32 {
+/// Mirrors `PagedDecodeConfig` / `PagedPrefillConfig` in the kernel: the dynamic shared memory of
+/// one variant with `warps` warps and a `stages`-deep ring.
+fn smem_bytes(head_dim: usize, prefill: bool, warps: usize, stages: usize) -> u32 {
     let stride = head_dim + 8;
-    let block_m = 16 * warps_m;
-    let q = block_m * stride * 2;
-    let stats = 2 * warps_n * block_m * 4;
-    let ring = stages * 2 * KEY_TILE * stride * 2;
-    let epilogue = warps_n * block_m * stride * 4;
-    (q + stats + ring.max(epilogue)) as u32
+    let tile = KEY_TILE * stride;
+    let bytes = if prefill {
+        (16 * warps * stride + stages * 2 * tile) * 2 + 32 * warps * (head_dim / 2) * 4
+    } else {
+        warps * (16 * stride + stages * 2 * tile) * 2
+    };
+    bytes as u32
 }
 
 /// One compiled configuration of an attention kernel.
@@ -53,18 +56,18 @@ pub struct AttentionVariant {
     pub name: String,
     /// Dynamic shared memory per block.
     pub smem: u32,
-    /// Depth of the K/V `cp.async` ring.
-    pub stages: usize,
+    /// Warps per block: decode, independent work items; prefill, 16 flat rows each.
+    pub warps: usize,
 }
 
 /// The shared-memory opt-in limit of the smallest GPUs the compute_80 PTX runs on (sm_86, sm_89:
 /// 99 KiB); sm_80 allows 163 KiB, sm_90 227 KiB.
 pub const SMALLEST_SMEM_OPTIN: usize = 101_376;
 
-/// The decode (`prefill == false`) or prefill kernel for `head_dim`: the fastest compiled
-/// configuration whose shared memory fits `smem_limit` (the device's opt-in limit per block).
-/// Decode at head dim 128 has a 2-stage fallback (`paged_attn_decode_hd128_2stage`) for GPUs
-/// with 99 KiB; the other kernels fit every sm_80+ GPU as they are.
+/// The decode (`prefill == false`) or prefill kernel for `head_dim`: the configuration with the
+/// most warps whose shared memory fits `smem_limit` (the device's opt-in limit per block). The
+/// `_small` variants (fewer warps) are for GPUs with 99 KiB; every variant runs the same per-warp
+/// arithmetic, so the choice never changes a bit.
 pub fn attention_variant(
     head_dim: usize,
     prefill: bool,
@@ -73,21 +76,21 @@ pub fn attention_variant(
     if ![16, 32, 64, 128].contains(&head_dim) {
         bail!("paged attention: head_dim {head_dim} has no kernel (16, 32, 64, 128)");
     }
-    // (name suffix, warps along rows, warps along keys, stages), fastest first: `PagedDecode`,
-    // `PagedDecode2Stage` and `PagedPrefill` in the kernel.
-    let candidates: &[(&str, usize, usize, usize)] = match (prefill, head_dim) {
-        (true, _) => &[("", 4, 1, 2)],
-        (false, 128) => &[("", 1, 4, 3), ("_2stage", 1, 4, 2)],
-        (false, _) => &[("", 1, 4, 3)],
+    // (name suffix, warps), most warps first: `PagedDecode`, `PagedDecodeSmall`, `PagedPrefill`
+    // and `PagedPrefillSmall` in the kernel (2 stages each).
+    let candidates: &[(&str, usize)] = match (prefill, head_dim) {
+        (true, 128) => &[("", 4), ("_small", 2)],
+        (true, _) => &[("", 4)],
+        (false, 128) => &[("", 2), ("_small", 1)],
+        (false, 64) => &[("", 4), ("_small", 2)],
+        (false, _) => &[("", 4)],
     };
     let kind = if prefill { "prefill" } else { "decode" };
-    let variants = candidates
-        .iter()
-        .map(|&(suffix, warps_m, warps_n, stages)| AttentionVariant {
-            name: format!("paged_attn_{kind}_hd{head_dim}{suffix}"),
-            smem: smem_bytes(head_dim, warps_m, warps_n, stages),
-            stages,
-        });
+    let variants = candidates.iter().map(|&(suffix, warps)| AttentionVariant {
+        name: format!("paged_attn_{kind}_hd{head_dim}{suffix}"),
+        smem: smem_bytes(head_dim, prefill, warps, 2),
+        warps,
+    });
     let smallest = variants.clone().map(|v| v.smem).min().unwrap_or(0);
     variants
         .into_iter()
@@ -100,33 +103,37 @@ pub fn attention_variant(
         })
 }
 
-/// How one step's attention is cut into blocks, for one `(group, kv_heads)`.
+/// How one step's attention is cut into work items, for one `(group, kv_heads)`.
 #[derive(Clone, Debug, PartialEq)]
 pub struct WorkPlan {
-    /// Keys per partition (a multiple of [`KEY_TILE`]).
-    pub partition_keys: usize,
-    /// `[sequence, first flat row, partition, keys]` per decode-kernel block, most keys first.
+    /// Keys per segment ([`SEGMENT_KEYS`] unless a test forced another multiple of [`KEY_TILE`]).
+    pub segment_keys: usize,
+    /// `[sequence, first flat row, segment, keys]` per decode-kernel item (one warp), most keys
+    /// first.
     pub decode: Vec<[i32; 4]>,
-    /// The same for the prefill kernel.
+    /// The same for the prefill kernel (one block); segment -1: every key of the tile, folded in
+    /// the kernel.
     pub prefill: Vec<[i32; 4]>,
-    /// Per query row: `[first scratch row, partitions]`; a row of one partition has no scratch.
+    /// Per query row: `[first scratch row, segments]`; a row of one segment, or of a prefill tile
+    /// folded in the kernel, has no scratch.
     pub rows: Vec<[i32; 2]>,
-    /// Query rows of more than one partition: the merge kernel's rows.
+    /// Query rows with partials: the merge kernel's rows.
     pub split_rows: Vec<i32>,
-    /// Scratch rows (one per split row and partition).
+    /// Scratch rows (one per split row and segment).
     pub scratch_rows: usize,
 }
 
 impl WorkPlan {
-    /// Builds the plan. `partition_keys`: forced (tests), else the smallest power-of-two multiple
-    /// of [`MIN_PARTITION_KEYS`] that still gives about [`BLOCKS_PER_SM_TARGET`] blocks per SM.
+    /// Builds the plan. `segment_keys`: forced (tests of the merge), else [`SEGMENT_KEYS`].
+    /// Prefill tiles fold their segments in the kernel unless they make fewer blocks than the
+    /// GPU has SMs; then they are split per segment too.
     pub fn build(
         cu_query: &[u32],
         context_lens: &[u32],
         group: usize,
         kv_heads: usize,
         num_sms: usize,
-        partition_keys: Option<usize>,
+        segment_keys: Option<usize>,
     ) -> Result<Self> {
         ensure!(
             group > 0 && cu_query.len() == context_lens.len() + 1,
@@ -134,8 +141,14 @@ impl WorkPlan {
             cu_query.len(),
             context_lens.len()
         );
+        let segment_keys = segment_keys.unwrap_or(SEGMENT_KEYS);
+        ensure!(
+            segment_keys > 0 && segment_keys % KEY_TILE == 0,
+            "paged attention: segment of {segment_keys} keys is not a multiple of {KEY_TILE}"
+        );
         // (decode?, sequence, first flat row, keys the tile sees)
         let mut tiles = Vec::new();
+        let mut decode_seq = Vec::with_capacity(context_lens.len());
         for (s, (w, &context)) in cu_query.windows(2).zip(context_lens).enumerate() {
             let rows = w[1].checked_sub(w[0]).unwrap_or(u32::MAX) as usize;
             let context = context as usize;
@@ -145,6 +158,7 @@ impl WorkPlan {
             );
             let (flat, first_pos) = (rows * group, context - rows);
             let decode = flat <= DECODE_BLOCK_M;
+            decode_seq.push(decode);
             let block_m = if decode {
                 DECODE_BLOCK_M
             } else {
@@ -155,43 +169,31 @@ impl WorkPlan {
                 tiles.push((decode, s, m0, first_pos + last / group + 1));
             }
         }
-        let partition_keys = match partition_keys {
-            Some(p) => {
-                ensure!(
-                    p > 0 && p % KEY_TILE == 0,
-                    "paged attention: partition of {p} keys is not a multiple of {KEY_TILE}"
-                );
-                p
-            }
-            None => {
-                let work = tiles.iter().map(|t| t.3).sum::<usize>() * kv_heads;
-                let longest = tiles.iter().map(|t| t.3).max().unwrap_or(0);
-                let target = num_sms.max(1) * BLOCKS_PER_SM_TARGET;
-                let mut p = MIN_PARTITION_KEYS;
-                while p < longest && 2 * p * target <= work {
-                    p *= 2;
-                }
-                p
-            }
-        };
+        let prefill_blocks = tiles.iter().filter(|t| !t.0).count() * kv_heads;
+        let split_prefill = prefill_blocks < num_sms.max(1);
         let (mut decode, mut prefill) = (Vec::new(), Vec::new());
         for &(is_decode, s, m0, keys) in &tiles {
+            if !is_decode && !split_prefill {
+                prefill.push([s as i32, m0 as i32, -1, keys as i32]);
+                continue;
+            }
             let list = if is_decode { &mut decode } else { &mut prefill };
-            for part in 0..keys.div_ceil(partition_keys) {
-                let part_keys = partition_keys.min(keys - part * partition_keys);
-                list.push([s, m0, part, part_keys].map(|x| x as i32));
+            for segment in 0..keys.div_ceil(segment_keys) {
+                let segment_len = segment_keys.min(keys - segment * segment_keys);
+                list.push([s, m0, segment, segment_len].map(|x| x as i32));
             }
         }
         // Longest first, so the long blocks do not end up in the last wave.
         decode.sort_by_key(|item| std::cmp::Reverse(item[3]));
         prefill.sort_by_key(|item| std::cmp::Reverse(item[3]));
         let (mut rows, mut split_rows, mut scratch_rows) = (Vec::new(), Vec::new(), 0usize);
-        for (w, &context) in cu_query.windows(2).zip(context_lens) {
+        for (s, (w, &context)) in cu_query.windows(2).zip(context_lens).enumerate() {
             let n = (w[1] - w[0]) as usize;
+            let split = decode_seq[s] || split_prefill;
             for local in 0..n {
                 let position = context as usize - n + local;
-                let parts = (position + 1).div_ceil(partition_keys);
-                if parts > 1 {
+                let parts = (position + 1).div_ceil(segment_keys);
+                if split && parts > 1 {
                     split_rows.push(rows.len() as i32);
                     rows.push([scratch_rows as i32, parts as i32]);
                     scratch_rows += parts;
@@ -203,7 +205,7 @@ impl WorkPlan {
         as_i32("paged attention scratch rows", scratch_rows)?;
         as_i32("paged attention blocks", decode.len().max(prefill.len()))?;
         Ok(Self {
-            partition_keys,
+            segment_keys,
             decode,
             prefill,
             rows,
@@ -234,9 +236,10 @@ pub struct DevicePagedLayout {
     pub context_lens: CudaTensor,
     /// i32 [num_seqs, max_blocks_per_seq]
     pub block_tables: CudaTensor,
-    /// Keys per partition of a split row; `None` (what [`Self::upload`] sets): chosen from the
-    /// batch and the GPU. Tests force small partitions to exercise the merge.
-    pub partition_keys: Option<usize>,
+    /// Keys per segment; `None` (what [`Self::upload`] sets): [`SEGMENT_KEYS`]. Tests force small
+    /// segments to exercise the merge on short contexts (the bits then differ from the
+    /// trainer's, which always uses [`SEGMENT_KEYS`]).
+    pub segment_keys: Option<usize>,
     /// The shared memory per block the kernel variants are chosen for; `None` (what
     /// [`Self::upload`] sets): the device's opt-in limit. Tests force a smaller one to run the
     /// fallback variants a GPU with less shared memory would.
@@ -283,7 +286,7 @@ impl DevicePagedLayout {
                 &[n, layout.max_blocks_per_seq],
                 DeviceDType::I32,
             )?,
-            partition_keys: None,
+            segment_keys: None,
             smem_limit: None,
             host_cu_query: layout.cu_query.clone(),
             host_context_lens: layout.context_lens.clone(),
@@ -310,9 +313,9 @@ impl DevicePagedLayout {
         plan_tensor: CudaTensor,
     ) -> Self {
         let num_seqs = context_lens.len();
-        let partition_keys = plan.partition_keys;
+        let segment_keys = plan.segment_keys;
         let device_plan = DevicePlan {
-            key: (group, kv_heads, Some(partition_keys)),
+            key: (group, kv_heads, Some(segment_keys)),
             plan,
             tensor: plan_tensor,
         };
@@ -326,7 +329,7 @@ impl DevicePagedLayout {
             cu_query,
             context_lens,
             block_tables,
-            partition_keys: Some(partition_keys),
+            segment_keys: Some(segment_keys),
             smem_limit: None,
             host_cu_query: Vec::new(),
             host_context_lens: Vec::new(),
@@ -343,7 +346,7 @@ impl DevicePagedLayout {
         kv_heads: usize,
         pool: &BufferPool,
     ) -> Result<Arc<DevicePlan>> {
-        let key = (group, kv_heads, self.partition_keys);
+        let key = (group, kv_heads, self.segment_keys);
         let mut cached = self.plan.lock().expect("paged plan lock poisoned");
         if let Some(p) = cached.as_ref().filter(|p| p.key == key) {
             return Ok(p.clone());
@@ -354,7 +357,7 @@ impl DevicePagedLayout {
             group,
             kv_heads,
             device.num_sms as usize,
-            self.partition_keys,
+            self.segment_keys,
         )?;
         // One upload: decode items, prefill items (int4), rows (int2), split rows (int).
         let flat: Vec<i32> = (plan.decode.iter().chain(&plan.prefill).flatten())
@@ -497,12 +500,13 @@ impl CudaDevice {
         );
         let operands = [q, k_cache, v_cache, &*out];
         let (args, scratch) = paged_args(operands, layout, &shape, &device_plan, pool)?;
-        // One launch per kernel variant with work: each block attends one plan item's keys for
-        // one kv head, into `out` (rows of one partition) or the scratch (split rows).
+        // One launch per kernel with work: a decode block runs `warps` items (one warp each), a
+        // prefill block one item; each for one kv head, into `out` (rows finished there) or the
+        // scratch (partials of split rows).
         let (decode_items, prefill_items, row_plan, _) = args.plan_parts(plan);
-        for (variant, items, count) in [
-            (&kernels.decode, decode_items, plan.decode.len()),
-            (&kernels.prefill, prefill_items, plan.prefill.len()),
+        for (variant, items, count, per_block) in [
+            (&kernels.decode, decode_items, plan.decode.len(), kernels.decode.warps),
+            (&kernels.prefill, prefill_items, plan.prefill.len(), 1),
         ] {
             if count == 0 {
                 continue;
@@ -513,20 +517,18 @@ impl CudaDevice {
                 CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
                 smem as i32,
             )?;
+            let blocks = count.div_ceil(per_block) * kv_heads;
             let cfg = LaunchConfig {
-                grid_dim: (
-                    as_i32("paged attention blocks", count * kv_heads)? as u32,
-                    1,
-                    1,
-                ),
-                block_dim: (ATTN_THREADS, 1, 1),
+                grid_dim: (as_i32("paged attention blocks", blocks)? as u32, 1, 1),
+                block_dim: (32 * variant.warps as u32, 1, 1),
                 shared_mem_bytes: smem,
             };
+            let num_items = as_i32("paged attention items", count)?;
             let mut launch = self.stream.launch_builder(&f);
             for p in &args.pointers {
                 launch.arg(p);
             }
-            launch.arg(&items).arg(&row_plan);
+            launch.arg(&items).arg(&num_items).arg(&row_plan);
             for i in &args.ints {
                 launch.arg(i);
             }
@@ -535,7 +537,7 @@ impl CudaDevice {
             // above; the plan's items address rows and keys inside the layout.
             unsafe { launch.launch(cfg) }?;
         }
-        self.launch_paged_merge(&kernels.merge, &args, plan, heads)?;
+        self.launch_paged_merge(&kernels.merge, &args, plan, heads, softmax_scale)?;
         // The scratch returns to the pool; its next user runs after these kernels (one stream).
         drop(scratch);
         Ok(())
@@ -555,13 +557,14 @@ impl CudaDevice {
         })
     }
 
-    /// Merges the partitions of each split row from the scratch into `out`.
+    /// Folds the segments of each split row from the scratch into `out`.
     fn launch_paged_merge(
         &self,
         kernel: &str,
         args: &PagedArgs,
         plan: &WorkPlan,
         heads: usize,
+        softmax_scale: f32,
     ) -> Result<()> {
         if plan.split_rows.is_empty() {
             return Ok(());
@@ -581,9 +584,10 @@ impl CudaDevice {
             .arg(&args.pointers[5])
             .arg(&row_plan)
             .arg(&split_rows)
-            .arg(&args.ints[2]);
-        // SAFETY: argument order and types match the kernel; every split row's partitions
-        // were written by the launches above (same stream).
+            .arg(&args.ints[2])
+            .arg(&softmax_scale);
+        // SAFETY: argument order and types match the kernel; every split row's segments were
+        // written by the launches above (same stream).
         unsafe { launch.launch(cfg) }?;
         Ok(())
     }
@@ -667,9 +671,9 @@ fn check_paged_attention(
 
 /// The arguments the paged-attention kernels share.
 struct PagedArgs {
-    /// q, k_cache, v_cache, out, part_o, part_lse, cu_query, context_lens, block_tables.
+    /// q, k_cache, v_cache, out, part_o, part_stats, cu_query, context_lens, block_tables.
     pointers: [CUdeviceptr; 9],
-    /// max_blocks_per_seq, block_size, heads, kv_heads, partition_keys.
+    /// max_blocks_per_seq, block_size, heads, kv_heads, segment_keys.
     ints: [i32; 5],
     /// The plan tensor: decode items, prefill items (int4), rows (int2), split rows (int).
     plan: CUdeviceptr,
@@ -690,12 +694,13 @@ fn paged_args(
         as_i32("block_size", layout.block_size)?,
         as_i32("heads", heads)?,
         as_i32("kv_heads", shape.kv_heads)?,
-        as_i32("partition_keys", plan.partition_keys)?,
+        as_i32("segment_keys", plan.segment_keys)?,
     ];
-    // Scratch: part_o [scratch_rows, heads, hd] then part_lse [scratch_rows, heads], fp32.
+    // Scratch: part_o [scratch_rows, heads, hd] then part_stats [scratch_rows, heads] (max, sum),
+    // fp32.
     let scratch = match plan.scratch_rows {
         0 => None,
-        n => Some(pool.alloc(&[n * heads * (head_dim + 1)], DeviceDType::F32)?),
+        n => Some(pool.alloc(&[n * heads * (head_dim + 2)], DeviceDType::F32)?),
     };
     let part_o = scratch.as_ref().map_or(0, |s| s.ptr());
     let args = PagedArgs {
