@@ -8,6 +8,9 @@
 //!   iteration:  `swerve-train rl` for one iteration on built-in Python tasks through the local
 //!               sandbox (the model is random, so its turns are format errors: the point is
 //!               the time split), read back from iterations.jsonl
+//!   gap:        every sampled token of that iteration's episodes (`--save-rollouts`), kept or
+//!               not, scored by the trainer under the same weights: max and mean |sampler
+//!               logprob - trainer logprob| (0 where the engine and the trainer are exact)
 //! ```
 
 use crate::agent::command::AgentRunOptions;
@@ -45,6 +48,7 @@ pub fn run<B: BackendGrad>(backend: &B, options: &RlBenchOptions, work: &Path) -
     let _ = std::fs::remove_dir_all(&out);
     let rl = iteration_options(options, &model_dir, config.max_context(), &out);
     let (wall, time_s) = run_iteration(backend, options, &rl)?;
+    let (gap_max, gap_mean, gap_tokens) = measure_gap(backend, &model_dir, &config, &out)?;
     Ok(json!({
         "bench": "rl",
         "preset": options.preset,
@@ -53,7 +57,54 @@ pub fn run<B: BackendGrad>(backend: &B, options: &RlBenchOptions, work: &Path) -
         "weights_gb": handoff.engine_bytes as f64 / 1e9,
         "iteration_wall_s": wall,
         "iteration_time_s": time_s,
+        "logprob_gap_max": gap_max,
+        "logprob_gap_mean": gap_mean,
+        "logprob_gap_tokens": gap_tokens,
     }))
+}
+
+/// The trainer's logprobs of every sampled token of the iteration's saved episodes against the
+/// sampler's: (max gap, mean gap, tokens compared).
+fn measure_gap<B: BackendGrad>(
+    backend: &B,
+    model_dir: &Path,
+    config: &crate::config::ModelConfig,
+    out: &Path,
+) -> Result<(f64, f64, usize)> {
+    // The one iteration's episodes, sampled under the weights in `model_dir` (a fresh learner
+    // loads those, whatever the iteration trained afterwards).
+    let dir = out.join("rollouts");
+    let mut files: Vec<_> = std::fs::read_dir(&dir)
+        .with_context(|| format!("reading {}", dir.display()))?
+        .filter_map(|e| e.ok().map(|e| e.path()))
+        .collect();
+    files.sort();
+    let path = files
+        .first()
+        .with_context(|| format!("no saved rollouts in {}", dir.display()))?
+        .clone();
+    let data = crate::train::data::read_trajectories(
+        &path,
+        model_dir,
+        config.vocab_size,
+        config.max_context(),
+        false,
+    )?;
+    let episodes = &data.trajectories;
+    let sequences: Vec<_> = (0..episodes.len())
+        .filter(|&i| episodes.has_rollout_logprobs(i))
+        .map(|i| episodes.train_sequence(i, 0.0))
+        .collect();
+    let learner = Learner::new(backend, model_dir, AdamWConfig::default(), 16384, true)?;
+    let refs: Vec<_> = sequences.iter().collect();
+    let trainer = learner.logprobs(&refs)?;
+    let (max, mean) = crate::rl::iteration::logprob_gap(&sequences, &trainer);
+    let tokens: usize = sequences.iter().map(|s| s.num_action_tokens()).sum();
+    println!(
+        "logprob gap, sampler vs trainer over every sampled token ({tokens} in {} episodes): max {max:.3e}, mean {mean:.3e}",
+        sequences.len()
+    );
+    Ok((max, mean, tokens))
 }
 
 /// The weight handoff's median time and the bytes the engine holds.
@@ -171,7 +222,7 @@ fn iteration_options(
         rft_warmup_steps: 10,
         rft_batch_size: 64,
         rft_epochs: 1,
-        save_rollouts: false,
+        save_rollouts: true,
         tensor_parallel: 1,
         offload_optimizer: false,
         rollout_deadline: None,

@@ -634,7 +634,7 @@ fn action_tokens(metrics: &Value) -> usize {
 }
 
 /// max and mean |sampler logprob - trainer logprob| over action tokens with a sampler logprob.
-fn logprob_gap(sequences: &[TrainSequence], olds: &[Vec<f32>]) -> (f64, f64) {
+pub(crate) fn logprob_gap(sequences: &[TrainSequence], olds: &[Vec<f32>]) -> (f64, f64) {
     let (mut max, mut sum, mut count) = (0.0f64, 0.0f64, 0usize);
     for (s, old) in sequences.iter().zip(olds) {
         if !s.has_rollout_logprobs {
