@@ -188,3 +188,129 @@ fn sampled_logprobs_equal_the_trainers_bit_for_bit() {
         }
     }
 }
+
+/// Samples every prompt through a tensor-parallel engine (`launch_engine`, as `swerve-serve` and
+/// `rl` start it: NCCL between the ranks, chunked prefill, the prefix cache; decode runs eagerly
+/// at TP > 1), all requests at once.
+fn sample_tensor_parallel(dir: &Path, tp: usize) -> Vec<FinalRecord> {
+    use swerve::backend::DeviceChoice;
+    use swerve::engine::launch::{launch_engine, EngineLaunch};
+    use swerve::engine::RequestEvent;
+    let engine = launch_engine(&EngineLaunch {
+        model: dir.to_path_buf(),
+        device: DeviceChoice::Cuda,
+        max_model_len: 1200,
+        kv_cache_fraction: 0.5,
+        num_kv_blocks: Some(400),
+        max_num_seqs: 16,
+        max_num_batched_tokens: 128,
+        seed: 0,
+        tensor_parallel: tp,
+    })
+    .unwrap();
+    let receivers: Vec<_> = prompts()
+        .into_iter()
+        .enumerate()
+        .map(|(i, prompt)| {
+            let request = GenerationRequest {
+                prompt,
+                params: SamplingParams {
+                    temperature: 1.0,
+                    seed: Some(2000 + i as u64),
+                    ..SamplingParams::default()
+                },
+                max_tokens: 24,
+                stop_ids: vec![],
+                prompt_logprobs: None,
+            };
+            engine.submit(request).unwrap().1
+        })
+        .collect();
+    let records = receivers
+        .into_iter()
+        .map(|events| {
+            events
+                .iter()
+                .find_map(|e| match e {
+                    RequestEvent::Finished(r) => Some(r),
+                    _ => None,
+                })
+                .expect("a finished record")
+        })
+        .collect();
+    engine.shutdown();
+    records
+}
+
+/// The trainer split the same way: `tp` ranks (threads, NCCL), each scoring every sequence with
+/// `score`'s forward and the fused loss's forward; rank 0's rows (every rank's are checked equal).
+fn trainer_tensor_parallel(dir: &Path, tp: usize, sequences: &[Vec<u32>]) -> (Vec<Vec<f32>>, Vec<Vec<f32>>) {
+    use swerve::dist::grid::RankComm;
+    use swerve::dist::local::LocalGroup;
+    let ranks: Vec<(Vec<Vec<f32>>, Vec<Vec<f32>>)> = std::thread::scope(|s| {
+        let handles: Vec<_> = LocalGroup::new(tp)
+            .into_iter()
+            .enumerate()
+            .map(|(rank, local)| {
+                s.spawn(move || {
+                    let emulated = swerve::backend::cuda::is_emulated();
+                    let backend = CudaBackend::open(if emulated { 0 } else { rank }).unwrap();
+                    let comm = backend.rank_comm(local).unwrap();
+                    let model = Qwen2Model::load_shard(&backend, dir, comm).unwrap();
+                    let mut scored = vec![Vec::new(); sequences.len()];
+                    score_sequences(&backend, &model, sequences, 2048, |i, lps| {
+                        scored[i] = lps.into_iter().map(|x| x.unwrap_or(f32::NAN)).collect();
+                        Ok(())
+                    })
+                    .unwrap();
+                    let fused = sequences
+                        .iter()
+                        .map(|s| {
+                            let mut targets = s[1..].to_vec();
+                            targets.push(0);
+                            let rows = model
+                                .train_logprobs(&backend, &PackedBatch::from_sequences(&[s.clone()]), &targets)
+                                .unwrap();
+                            let mut by_token = vec![f32::NAN];
+                            by_token.extend(&rows[..s.len() - 1]);
+                            by_token
+                        })
+                        .collect();
+                    (scored, fused)
+                })
+            })
+            .collect();
+        handles.into_iter().map(|h| h.join().unwrap()).collect()
+    });
+    for (rank, r) in ranks.iter().enumerate() {
+        let same = |a: &Vec<Vec<f32>>, b: &Vec<Vec<f32>>| {
+            a.iter().flatten().map(|x| x.to_bits()).eq(b.iter().flatten().map(|x| x.to_bits()))
+        };
+        assert!(same(&r.0, &ranks[0].0) && same(&r.1, &ranks[0].1), "rank {rank}'s logprobs differ from rank 0's");
+    }
+    ranks.into_iter().next().unwrap()
+}
+
+#[test]
+#[cfg_attr(
+    not(swerve_emu),
+    ignore = "needs a CUDA GPU (or a SWERVE_EMU=1 build: the emulated device)"
+)]
+fn tensor_parallel_sampling_equals_the_tensor_parallel_trainer_bit_for_bit() {
+    let dir = tempfile::tempdir().unwrap();
+    synthetic::write_model_dir(&config(), 0x7E4, dir.path()).unwrap();
+    let devices = gpu().device_count().unwrap();
+    for tp in [2, 4] {
+        if !swerve::backend::cuda::is_emulated() && devices < tp {
+            println!("{devices} GPU(s): TP {tp} needs one a rank (NCCL); not run here");
+            continue;
+        }
+        let records = sample_tensor_parallel(dir.path(), tp);
+        let sequences: Vec<Vec<u32>> = records.iter().map(full_sequence).collect();
+        let (scored, fused) = trainer_tensor_parallel(dir.path(), tp, &sequences);
+        for ((r, s), f) in records.iter().zip(&scored).zip(&fused) {
+            assert_same_bits(&format!("score at TP {tp}"), r, s);
+            assert_same_bits(&format!("train_logprobs at TP {tp}"), r, f);
+        }
+    }
+}
