@@ -58,6 +58,10 @@ strip --strip-all "$stage"/bin/* "$stage"/tests/*
 # the runner links them from the repository root instead of packing a second copy.
 cp bench/peers/*.py "$stage/peers/"
 cp scripts/gpu-run.sh "$stage/run.sh"
+# A baseline swerve-bench (an earlier commit's release binary) for cost comparisons on the same card.
+if [ -n "${BASELINE_BENCH:-}" ]; then
+  mkdir -p "$stage/baseline" && cp "$BASELINE_BENCH" "$stage/baseline/swerve-bench"
+fi
 # bubblewrap for the agent sandbox (the GPU hosts have none and no network): the binary, the
 # shared libraries it needs beyond glibc, and a wrapper that finds them.
 if command -v bwrap >/dev/null 2>&1; then

@@ -109,12 +109,21 @@ step bench-decode-7b timeout 300 "$here/bin/swerve-bench" decode --preset qwen2.
 step bench-decode-7b-eager timeout 200 "$here/bin/swerve-bench" decode --preset qwen2.5-7b --batch-sizes 1,8 --attention-contexts 0 --no-cuda-graphs
 step bench-train-1.5b timeout 400 "$here/bin/swerve-bench" train --preset qwen2.5-1.5b --jsonl "$out/swerve.jsonl"
 step bench-train-1.5b-131k timeout 500 "$here/bin/swerve-bench" train --preset qwen2.5-1.5b-yarn4 --tokens 131072 --reps 1 --jsonl "$out/swerve.jsonl"
+# The previous kernels on the same card, when the pack carries a baseline swerve-bench
+# (BASELINE_BENCH=path scripts/gpu-pack.sh): the same decode, prefill and training rows, to
+# state what a change costs (its rows go to baseline.jsonl).
+if [ -x "$here/baseline/swerve-bench" ]; then
+  base="$here/baseline/swerve-bench"
+  step baseline-prefill-7b timeout 240 "$base" prefill --preset qwen2.5-7b --seq-lens 4096,16384,32768 --jsonl "$out/baseline.jsonl"
+  step baseline-decode-7b timeout 300 "$base" decode --preset qwen2.5-7b --jsonl "$out/baseline.jsonl"
+  step baseline-train-1.5b timeout 400 "$base" train --preset qwen2.5-1.5b --jsonl "$out/baseline.jsonl"
+fi
 # The peers on the same card (PyTorch SDPA flash/cuDNN, transformers' Qwen2): same shapes and keys.
 # The time limits only cap a run gone wrong; rows already measured stay in peers.jsonl.
 step bench-peers-attention timeout 300 python3 "$here/peers/attention.py" --jsonl "$out/peers.jsonl"
 step bench-peers-prefill timeout 180 python3 "$here/peers/prefill.py" --jsonl "$out/peers.jsonl"
 
-for f in "$out"/bench-*.log; do
+for f in "$out"/bench-*.log "$out"/baseline-*.log; do
   [ -f "$f" ] && { echo; echo "== $(basename "$f")"; cat "$f"; } >>"$summary"
 done
 grep -h -E '^(rmsnorm|add_rmsnorm).*error' "$out"/test-*.log >>"$summary" 2>/dev/null
