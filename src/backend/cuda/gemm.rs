@@ -6,12 +6,45 @@
 //! transposed), B = x (k x T, ld k), C = D = out (n x T, ld n), and the bias runs along the n rows
 //! of C, which is what `CUBLASLT_EPILOGUE_BIAS` broadcasts.
 //!
-//! Descriptors, layouts and the heuristic's algorithm are built once per distinct problem and
-//! cached (the model has a handful of shapes per batch size); a call then only sets the bias
+//! # The canonical order (issue 25, DESIGN.md decision 10)
+//!
+//! A token's logits and logprob must have the same f32 bits whether the engine computes its row
+//! in a decode batch of 3 rows, a prefill chunk of 2,000, or the trainer in a packed micro-batch
+//! of 16,384. cuBLASLt's result for an output element depends only on the algorithm that
+//! computes it: the kernel's tile sizes fix the order in which its k products are summed, and
+//! split-K (several CTAs each summing a slice of k, then a reduction) changes that order. The
+//! heuristic picks the algorithm per problem, M included (it splits K when M x N is too small to
+//! fill the GPU), so left alone it gives a row different bits at different batch sizes. Hence:
+//!
+//! - **Forward GEMMs are pinned** ([`Pinning::Rows`]): one algorithm per (transposes, N, K,
+//!   leading dimensions, dtypes, epilogue, accumulation), used for every M. It is the
+//!   heuristic's best for that class at a reference M of
+//!   [`REFERENCE_ROWS`](super::gemm_algo::REFERENCE_ROWS) rows (a constant, so the choice never
+//!   depends on which batch came first), asked with `CUBLASLT_MATMUL_PREF_REDUCTION_SCHEME_MASK
+//!   = NONE` (no split-K) and its `SPLITK_NUM` forced to 1 (no fixed split either), and with a
+//!   minimum pointer alignment fixed by the class (16 bytes where the leading dimensions allow,
+//!   [`pinned_alignments`](super::gemm_algo::pinned_alignments)), so a view at an odd row offset
+//!   gets the same algorithm, and a less aligned pointer is an error, not another algorithm.
+//!   Each new M is checked with `cublasLtMatmulAlgoCheck`; an M the algorithm cannot run is an
+//!   error naming the problem, never a silent fallback. These are q/k/v (with bias), o,
+//!   gate/up and down.
+//! - **The LM head is pinned across N too** ([`Pinning::RowsAndCols`]): one algorithm per
+//!   (transposes, K, dtypes, ...), chosen at [`REFERENCE_COLS`](super::gemm_algo::REFERENCE_COLS)
+//!   x `REFERENCE_ROWS`, because the engine (and `swerve-train score`) computes logits over the
+//!   whole vocabulary (N = V) while the fused loss computes the same logits in vocabulary tiles
+//!   (N = `LossTiles::vocab`, and a shorter last tile). Same algorithm, same k order, same bits.
+//!   [`Gemm::linear`] with an fp32 output is the LM head (the model's only fp32-output forward
+//!   GEMM); the loss's tiles say so explicitly.
+//! - **Backward-only GEMMs are not pinned** ([`Pinning::PerProblem`]: `d_x`, `d_weight`,
+//!   `d_bias`, the loss's gradient products): the heuristic's best per problem and pointer
+//!   alignment, split-K allowed. No sampler reproduces their bits.
+//!
+//! The logprob that follows from the logits has its own canonical order (vocabulary chunks,
+//! merged left to right): `kernels/logsumexp.cuh`.
+//!
+//! Descriptors and layouts are built once per distinct problem and cached (the model has a
+//! handful of shapes per batch size), with the class's algorithm; a call then only sets the bias
 //! pointer and launches. One 32 MiB workspace (NVIDIA's recommendation for Hopper) serves all.
-//! The key carries the pointers' common alignment (up to 256 bytes), which the heuristic is told,
-//! so a view at an odd offset (a chunk of rows of a ragged matrix) never gets an algorithm that
-//! needs more.
 //!
 //! Training adds the general row-major product [`RowMajorGemm`] (either operand transposed,
 //! `beta = 1` to accumulate into bf16 or fp32 outputs) and, on it, the backward of a linear
@@ -19,6 +52,8 @@
 //! `d_bias += colsum(d_out)` (fp32: parameter gradients accumulate across micro-batches without
 //! bf16 rounding). The column sum is a GEMM with a vector of ones (deterministic, no atomics).
 
+pub use super::gemm_algo::Pinning;
+use super::gemm_algo::{self as algo, algo_class};
 use super::tensor::{CudaTensor, DeviceDType};
 use anyhow::{anyhow, bail, ensure, Context, Result};
 use cudarc::cublaslt::result as lt;
@@ -28,6 +63,7 @@ use cudarc::driver::{CudaSlice, CudaStream, DevicePtr};
 use std::collections::HashMap;
 use std::ffi::c_void;
 use std::mem::size_of;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 
 /// The cuBLASLt workspace every GEMM of a stream shares (allocated once per stream).
@@ -49,8 +85,11 @@ pub struct GemmKey {
     /// Whether C (= D) is accumulated into; changes the heuristic's choice.
     pub accumulate: bool,
     /// The smallest alignment (bytes, a power of two up to 256) of the A, B and D pointers; set
-    /// by [`Gemm::run`] from the pointers themselves.
+    /// by [`Gemm::run`] from the pointers themselves for a [`Pinning::PerProblem`] GEMM (0 for a
+    /// pinned one, whose class fixes its alignments).
     pub align: u32,
+    /// How the algorithm is chosen.
+    pub pin: Pinning,
 }
 
 impl RowMajorGemm {
@@ -69,6 +108,7 @@ impl RowMajorGemm {
             bias: false,
             accumulate: self.beta != 0.0,
             align: 256,
+            pin: self.pin,
         }
     }
 }
@@ -110,6 +150,8 @@ pub struct RowMajorGemm {
     pub out_f32: bool,
     pub alpha: f32,
     pub beta: f32,
+    /// How its algorithm is chosen: [`Pinning::PerProblem`] for backward-only products.
+    pub pin: Pinning,
 }
 
 struct Plan {
@@ -133,6 +175,15 @@ impl Drop for Plan {
 }
 
 impl Plan {
+    fn problem(&self) -> algo::Problem {
+        algo::Problem {
+            desc: self.desc,
+            a: self.a,
+            b: self.b,
+            d: self.d,
+        }
+    }
+
     /// The matmul descriptor (fp32 compute and scale) and the bf16 A, B and (bf16 or f32) D
     /// layouts of `key`; the algorithm is left for the heuristic.
     fn layouts(key: &GemmKey) -> Result<Plan> {
@@ -225,6 +276,11 @@ pub struct Gemm {
     stream: Arc<CudaStream>,
     // Plans are dropped before the handle (field order).
     plans: Mutex<HashMap<GemmKey, Plan>>,
+    /// Each pinned class's one algorithm ([`algo_class`] keys).
+    pinned: Mutex<HashMap<GemmKey, sys::cublasLtMatmulAlgo_t>>,
+    /// The mutation issue 25's tests run: every GEMM planned per problem (see
+    /// [`Gemm::set_unpinned`]).
+    unpinned: AtomicBool,
     handle: Handle,
     _workspace: CudaSlice<u8>,
     workspace_ptr: CUdeviceptr,
@@ -264,6 +320,8 @@ impl Gemm {
         Ok(Self {
             stream,
             plans: Mutex::new(HashMap::new()),
+            pinned: Mutex::new(HashMap::new()),
+            unpinned: AtomicBool::new(false),
             handle,
             _workspace: workspace,
             workspace_ptr,
@@ -276,59 +334,104 @@ impl Gemm {
         self.plans.lock().map(|p| p.len()).unwrap_or(0)
     }
 
-    /// A plan for `key`: layouts and descriptor, then the heuristic's algorithm.
+    /// Tests only (issue 25's mutation): with `true`, every GEMM is planned as cuBLASLt's
+    /// heuristic would plan it per problem (M included, split-K allowed), which makes a row's
+    /// bits depend on the batch size; `false` restores the pinning. Clears the plan cache.
+    pub fn set_unpinned(&self, unpinned: bool) -> Result<()> {
+        self.unpinned.store(unpinned, Ordering::SeqCst);
+        self.plans
+            .lock()
+            .map_err(|_| anyhow!("GEMM plan cache lock poisoned"))?
+            .clear();
+        Ok(())
+    }
+
+    /// The split-K count of the algorithm planned for `key` (as [`Gemm::run`] would key it),
+    /// if planned (tests and diagnostics).
+    pub fn planned_split_k(&self, key: &GemmKey) -> Result<Option<u32>> {
+        let plans = self
+            .plans
+            .lock()
+            .map_err(|_| anyhow!("GEMM plan cache lock poisoned"))?;
+        plans.get(key).map(|p| algo::split_k(&p.algo)).transpose()
+    }
+
+    /// A plan for `key`: layouts and descriptor, then its algorithm: the heuristic's for this
+    /// problem, or its pinned class's, checked against this problem.
     fn plan(&self, key: &GemmKey) -> Result<Plan> {
         let mut plan = Plan::layouts(key)?;
         plan.set_attributes(key)?;
-        plan.algo = self.algorithm(&plan, key)?;
+        if key.pin == Pinning::PerProblem {
+            let aligns = [key.align; 4];
+            plan.algo = algo::heuristic(
+                self.handle.0,
+                &plan.problem(),
+                WORKSPACE_BYTES,
+                aligns,
+                false,
+            )?;
+        } else {
+            plan.algo = self.pinned_algorithm(key)?;
+            algo::check(
+                self.handle.0,
+                &plan.problem(),
+                &plan.algo,
+                WORKSPACE_BYTES,
+                key,
+            )?;
+        }
         Ok(plan)
     }
 
-    /// The heuristic's best algorithm for `plan` within the workspace and `key`'s alignment.
-    fn algorithm(&self, plan: &Plan, key: &GemmKey) -> Result<sys::cublasLtMatmulAlgo_t> {
-        let pref = cublas("create preference", lt::create_matmul_pref())?;
-        let workspace = WORKSPACE_BYTES;
-        // SAFETY: valid preference handle; the value is a usize as the attribute requires.
-        let heuristic = unsafe {
-            let set_ws = lt::set_matmul_pref_attribute(
-                pref,
-                sys::cublasLtMatmulPreferenceAttributes_t::CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES,
-                &workspace as *const usize as *const c_void,
-                size_of::<usize>(),
-            );
-            let align = key.align;
-            let set_ws = set_ws.and_then(|_| {
-                use sys::cublasLtMatmulPreferenceAttributes_t as P;
-                for attr in [
-                    P::CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES,
-                    P::CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES,
-                    P::CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES,
-                    P::CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES,
-                ] {
-                    lt::set_matmul_pref_attribute(
-                        pref,
-                        attr,
-                        &align as *const u32 as *const c_void,
-                        size_of::<u32>(),
-                    )?;
-                }
-                Ok(())
-            });
-            let heuristic = set_ws.and_then(|_| {
-                lt::get_matmul_algo_heuristic(
-                    self.handle.0,
-                    plan.desc,
-                    plan.a,
-                    plan.b,
-                    plan.d,
-                    plan.d,
-                    pref,
-                )
-            });
-            let _ = lt::destroy_matmul_pref(pref);
-            heuristic
-        };
-        Ok(cublas(&format!("no algorithm for {key:?}"), heuristic)?.algo)
+    /// The one algorithm of `key`'s pinned class: the heuristic's best, without split-K, for
+    /// the class's reference problem, chosen the first time the class is seen.
+    fn pinned_algorithm(&self, key: &GemmKey) -> Result<sys::cublasLtMatmulAlgo_t> {
+        let class = algo_class(key);
+        let mut pinned = self
+            .pinned
+            .lock()
+            .map_err(|_| anyhow!("GEMM algorithm cache lock poisoned"))?;
+        if let Some(a) = pinned.get(&class) {
+            return Ok(*a);
+        }
+        let reference = algo::reference_problem(&class);
+        let plan = Plan::layouts(&reference)?;
+        plan.set_attributes(&reference)?;
+        let aligns = algo::pinned_alignments(&class);
+        let chosen = algo::heuristic(
+            self.handle.0,
+            &plan.problem(),
+            WORKSPACE_BYTES,
+            aligns,
+            true,
+        )
+        .with_context(|| format!("choosing the pinned algorithm for {reference:?}"))?;
+        let chosen = algo::without_split_k(chosen)?;
+        pinned.insert(class, chosen);
+        Ok(chosen)
+    }
+
+    /// `key` as planned: a pinned key's alignment is its class's (checked against the
+    /// pointers), a per-problem key's the pointers' own; the test mutation plans everything
+    /// per problem.
+    fn planned_key(
+        &self,
+        key: GemmKey,
+        a: CUdeviceptr,
+        b: CUdeviceptr,
+        d: CUdeviceptr,
+    ) -> Result<GemmKey> {
+        let mut key = key;
+        if self.unpinned.load(Ordering::SeqCst) {
+            key.pin = Pinning::PerProblem;
+        }
+        if key.pin == Pinning::PerProblem {
+            key.align = common_alignment(&[a, b, d]);
+        } else {
+            key.align = 0;
+            algo::check_pinned_pointers(&key, algo::pinned_alignments(&key), [a, b, d])?;
+        }
+        Ok(key)
     }
 
     /// Runs one planned problem. `bias` (length m, dtype of D) only with `key.bias`.
@@ -350,8 +453,7 @@ impl Gemm {
             key.bias == bias.is_some(),
             "GEMM bias flag and pointer disagree"
         );
-        let mut key = key;
-        key.align = common_alignment(&[a, b, d]);
+        let key = self.planned_key(key, a, b, d)?;
         let mut plans = self
             .plans
             .lock()
@@ -453,6 +555,12 @@ impl Gemm {
             bias: bias.is_some(),
             accumulate: false,
             align: 256,
+            // An fp32-output linear is the LM head (module doc): pinned across N as well.
+            pin: if out_f32 {
+                Pinning::RowsAndCols
+            } else {
+                Pinning::Rows
+            },
         };
         // SAFETY: the shapes were checked against the tensors' sizes above.
         unsafe {
@@ -551,6 +659,7 @@ impl Gemm {
                 out_f32: false,
                 alpha: 1.0,
                 beta: 1.0,
+                pin: Pinning::PerProblem,
             })?;
             // d_weight[n, k] += d_out^T[n, T] x[T, k]
             self.row_major(RowMajorGemm {
@@ -568,6 +677,7 @@ impl Gemm {
                 out_f32: true,
                 alpha: 1.0,
                 beta: 1.0,
+                pin: Pinning::PerProblem,
             })?;
         }
         if let Some(d_bias) = d_bias {
@@ -609,6 +719,7 @@ impl Gemm {
                 out_f32: true,
                 alpha: 1.0,
                 beta: 1.0,
+                pin: Pinning::PerProblem,
             })?;
         }
         Ok(())
@@ -683,6 +794,7 @@ mod tests {
             out_f32: false,
             alpha: 1.0,
             beta: 0.0,
+            pin: Pinning::PerProblem,
         }
         .key()
     }
@@ -705,6 +817,7 @@ mod tests {
             bias: false,
             accumulate: false,
             align: 256,
+            pin: Pinning::PerProblem,
         };
         assert_eq!(key, linear);
         // d_weight[n, k] = d_out^T[n, T] x[T, k]: cuBLAS A = x (k x T, ld k), B = d_out^T.

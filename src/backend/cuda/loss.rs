@@ -27,7 +27,7 @@
 //! (the stats), between the passes.
 
 use super::backend::{pod_vec, CudaBackend};
-use super::gemm::RowMajorGemm;
+use super::gemm::{Pinning, RowMajorGemm};
 use super::tensor::{CudaTensor, DeviceDType};
 use super::{as_i32, grid_stride_config, CudaDevice};
 use crate::backend::loss::{check_rows, finish_rows, LossOutput, LossRows, Objective, RowStats};
@@ -374,6 +374,7 @@ impl CudaBackend {
                 out_f32: true,
                 alpha: 1.0,
                 beta: if v0 == 0 { 0.0 } else { 1.0 },
+                pin: Pinning::PerProblem,
             })?;
             // d_weight[v0.., nv x d] += g^T[nv, nr] h[r0.., nr x d]
             self.gemm.row_major(RowMajorGemm {
@@ -391,6 +392,7 @@ impl CudaBackend {
                 out_f32: true,
                 alpha: 1.0,
                 beta: 1.0,
+                pin: Pinning::PerProblem,
             })
         }
     }
@@ -478,6 +480,9 @@ impl CudaBackend {
                 out_f32: true,
                 alpha: 1.0,
                 beta: 0.0,
+                // The LM head's logits: the algorithm of the engine's full-vocabulary logits
+                // (gemm.rs, the canonical order), so a tile's logits are bit for bit theirs.
+                pin: Pinning::RowsAndCols,
             })
         }
     }

@@ -24,6 +24,7 @@ pub mod attention_grad;
 pub mod backend;
 pub mod flash_attn;
 pub mod gemm;
+pub mod gemm_algo;
 pub mod grad;
 pub mod graph_inputs;
 pub mod graphs;
