@@ -10,7 +10,7 @@
 use super::flash_attn::{check_cu_seqlens, VarlenLayout};
 use super::gemm::Gemm;
 use super::graph_inputs::DecodeGraphs;
-use super::loss::LossTiles;
+use super::loss_tiles::LossTiles;
 use super::paged_attn::DevicePagedLayout;
 use super::sampling::{finish_samples, SAMPLE_WORDS};
 use super::tensor::{Arena, BufferPool, CudaTensor, DeviceDType, DeviceUpload};

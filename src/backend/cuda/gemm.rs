@@ -48,12 +48,10 @@
 //!
 //! Training adds the general row-major product [`RowMajorGemm`] (either operand transposed,
 //! `beta = 1` to accumulate into bf16 or fp32 outputs) and, on it, the backward of a linear
-//! layer: `d_x += d_out W` (bf16, an activation gradient), `d_weight += d_out^T x` and
-//! `d_bias += colsum(d_out)` (fp32: parameter gradients accumulate across micro-batches without
-//! bf16 rounding). The column sum is a GEMM with a vector of ones (deterministic, no atomics).
+//! layer (`gemm_backward.rs`). How an algorithm is chosen and pinned: `gemm_algo.rs`.
 
-pub use super::gemm_algo::Pinning;
 use super::gemm_algo::{self as algo, algo_class};
+pub use super::gemm_algo::{GemmKey, Pinning};
 use super::tensor::{CudaTensor, DeviceDType};
 use anyhow::{anyhow, bail, ensure, Context, Result};
 use cudarc::cublaslt::result as lt;
@@ -68,29 +66,6 @@ use std::sync::{Arc, Mutex};
 
 /// The cuBLASLt workspace every GEMM of a stream shares (allocated once per stream).
 pub const WORKSPACE_BYTES: usize = 32 << 20;
-
-/// One column-major cuBLASLt problem `D[m, n] = alpha op(A)[m, k] op(B)[k, n] + beta C (+ bias[m])`.
-#[derive(Clone, Copy, Debug, Hash, PartialEq, Eq)]
-pub struct GemmKey {
-    pub trans_a: bool,
-    pub trans_b: bool,
-    pub m: u64,
-    pub n: u64,
-    pub k: u64,
-    pub lda: i64,
-    pub ldb: i64,
-    pub ldd: i64,
-    pub out_f32: bool,
-    pub bias: bool,
-    /// Whether C (= D) is accumulated into; changes the heuristic's choice.
-    pub accumulate: bool,
-    /// The smallest alignment (bytes, a power of two up to 256) of the A, B and D pointers; set
-    /// by [`Gemm::run`] from the pointers themselves for a [`Pinning::PerProblem`] GEMM (0 for a
-    /// pinned one, whose class fixes its alignments).
-    pub align: u32,
-    /// How the algorithm is chosen.
-    pub pin: Pinning,
-}
 
 impl RowMajorGemm {
     /// The column-major cuBLASLt problem this is (see the type's doc): cuBLAS's A is `b`.
@@ -604,7 +579,7 @@ impl Gemm {
     }
 
     /// A device vector of at least `len` bf16 ones.
-    fn ones(&self, len: usize) -> Result<CUdeviceptr> {
+    pub(super) fn ones(&self, len: usize) -> Result<CUdeviceptr> {
         let mut ones = self
             .ones
             .lock()
@@ -627,151 +602,6 @@ impl Gemm {
         *ones = Some((slice, ptr));
         Ok(ptr)
     }
-
-    /// The backward of [`Gemm::linear`] (`out = x W^T + b`): `d_x += d_out W` (bf16),
-    /// `d_weight += d_out^T x` and `d_bias += colsum(d_out)` (fp32). Every operand keeps its
-    /// forward shape: x `[T, k]`, W `[n, k]`, d_out `[T, n]` (any leading dims viewed flat).
-    pub fn linear_backward(
-        &self,
-        x: &CudaTensor,
-        weight: &CudaTensor,
-        d_out: &CudaTensor,
-        d_x: &mut CudaTensor,
-        d_weight: &mut CudaTensor,
-        d_bias: Option<&mut CudaTensor>,
-    ) -> Result<()> {
-        let (t, n, k) = check_linear_backward(x, weight, d_out, d_x, d_weight)?;
-        // SAFETY (all three): the sizes were checked against the tensors above.
-        unsafe {
-            // d_x[T, k] += d_out[T, n] W[n, k]
-            self.row_major(RowMajorGemm {
-                m: t,
-                n: k,
-                k: n,
-                a: d_out.ptr(),
-                lda: n,
-                trans_a: false,
-                b: weight.ptr(),
-                ldb: k,
-                trans_b: false,
-                out: d_x.ptr(),
-                ldo: k,
-                out_f32: false,
-                alpha: 1.0,
-                beta: 1.0,
-                pin: Pinning::PerProblem,
-            })?;
-            // d_weight[n, k] += d_out^T[n, T] x[T, k]
-            self.row_major(RowMajorGemm {
-                m: n,
-                n: k,
-                k: t,
-                a: d_out.ptr(),
-                lda: n,
-                trans_a: true,
-                b: x.ptr(),
-                ldb: k,
-                trans_b: false,
-                out: d_weight.ptr(),
-                ldo: k,
-                out_f32: true,
-                alpha: 1.0,
-                beta: 1.0,
-                pin: Pinning::PerProblem,
-            })?;
-        }
-        if let Some(d_bias) = d_bias {
-            self.bias_backward(d_out, t, n, d_bias)?;
-        }
-        Ok(())
-    }
-
-    /// `d_bias[n] += colsum(d_out [T, n])` (f32), as a GEMM with a row of ones.
-    fn bias_backward(
-        &self,
-        d_out: &CudaTensor,
-        t: usize,
-        n: usize,
-        d_bias: &mut CudaTensor,
-    ) -> Result<()> {
-        ensure!(
-            d_bias.dtype() == DeviceDType::F32 && d_bias.len() == n,
-            "linear_backward: d_bias {:?} {:?} for {n} outputs (f32 expected)",
-            d_bias.shape(),
-            d_bias.dtype()
-        );
-        let ones = self.ones(t)?;
-        // d_bias[1, n] += ones[1, T] d_out[T, n]
-        // SAFETY: `ones` holds at least T values; the other sizes were checked by the caller.
-        unsafe {
-            self.row_major(RowMajorGemm {
-                m: 1,
-                n,
-                k: t,
-                a: ones,
-                lda: t,
-                trans_a: false,
-                b: d_out.ptr(),
-                ldb: n,
-                trans_b: false,
-                out: d_bias.ptr(),
-                ldo: n,
-                out_f32: true,
-                alpha: 1.0,
-                beta: 1.0,
-                pin: Pinning::PerProblem,
-            })?;
-        }
-        Ok(())
-    }
-}
-
-/// Checks [`Gemm::linear_backward`]'s dtypes (activation gradients bf16, parameter gradients
-/// f32) and sizes; returns `(T, n, k)` for x `[T, k]` and W `[n, k]`.
-fn check_linear_backward(
-    x: &CudaTensor,
-    weight: &CudaTensor,
-    d_out: &CudaTensor,
-    d_x: &CudaTensor,
-    d_weight: &CudaTensor,
-) -> Result<(usize, usize, usize)> {
-    for (what, t, dtype) in [
-        ("x", x, DeviceDType::Bf16),
-        ("weight", weight, DeviceDType::Bf16),
-        ("d_out", d_out, DeviceDType::Bf16),
-        ("d_x", d_x, DeviceDType::Bf16),
-        ("d_weight", d_weight, DeviceDType::F32),
-    ] {
-        ensure!(
-            t.dtype() == dtype,
-            "linear_backward: {what} is {:?}, expected {dtype:?} (activation gradients are bf16, \
-             parameter gradients f32)",
-            t.dtype()
-        );
-    }
-    ensure!(
-        weight.shape().len() == 2,
-        "linear_backward: weight {:?}",
-        weight.shape()
-    );
-    let (n, k) = (weight.shape()[0], weight.shape()[1]);
-    ensure!(
-        k > 0 && n > 0 && !x.is_empty() && x.len().is_multiple_of(k),
-        "linear_backward: x {:?} against weight {:?}",
-        x.shape(),
-        weight.shape()
-    );
-    let t = x.len() / k;
-    ensure!(
-        d_out.len() == t * n && d_x.len() == x.len() && d_weight.len() == weight.len(),
-        "linear_backward: d_out {:?}, d_x {:?}, d_weight {:?} for x {:?}, weight {:?}",
-        d_out.shape(),
-        d_x.shape(),
-        d_weight.shape(),
-        x.shape(),
-        weight.shape()
-    );
-    Ok((t, n, k))
 }
 
 #[cfg(test)]

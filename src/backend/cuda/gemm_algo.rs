@@ -4,12 +4,34 @@
 //! `SPLITK_NUM`, `cublasLtMatmulAlgoCheck`). The canonical order these implement is written down
 //! in `gemm.rs`'s module doc.
 
-use super::gemm::GemmKey;
 use anyhow::{anyhow, ensure, Result};
 use cudarc::cublaslt::result as lt;
 use cudarc::cublaslt::sys;
 use std::ffi::c_void;
 use std::mem::size_of;
+
+/// One column-major cuBLASLt problem `D[m, n] = alpha op(A)[m, k] op(B)[k, n] + beta C (+ bias[m])`.
+#[derive(Clone, Copy, Debug, Hash, PartialEq, Eq)]
+pub struct GemmKey {
+    pub trans_a: bool,
+    pub trans_b: bool,
+    pub m: u64,
+    pub n: u64,
+    pub k: u64,
+    pub lda: i64,
+    pub ldb: i64,
+    pub ldd: i64,
+    pub out_f32: bool,
+    pub bias: bool,
+    /// Whether C (= D) is accumulated into; changes the heuristic's choice.
+    pub accumulate: bool,
+    /// The smallest alignment (bytes, a power of two up to 256) of the A, B and D pointers; set
+    /// by [`super::gemm::Gemm::run`] from the pointers themselves for a [`Pinning::PerProblem`] GEMM (0 for a
+    /// pinned one, whose class fixes its alignments).
+    pub align: u32,
+    /// How the algorithm is chosen.
+    pub pin: Pinning,
+}
 
 /// How a GEMM's algorithm is chosen.
 #[derive(Clone, Copy, Debug, Hash, PartialEq, Eq)]
