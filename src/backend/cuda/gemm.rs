@@ -321,16 +321,6 @@ impl Gemm {
         Ok(())
     }
 
-    /// The split-K count of the algorithm planned for `key` (as [`Gemm::run`] would key it),
-    /// if planned (tests and diagnostics).
-    pub fn planned_split_k(&self, key: &GemmKey) -> Result<Option<u32>> {
-        let plans = self
-            .plans
-            .lock()
-            .map_err(|_| anyhow!("GEMM plan cache lock poisoned"))?;
-        plans.get(key).map(|p| algo::split_k(&p.algo)).transpose()
-    }
-
     /// A plan for `key`: layouts and descriptor, then its algorithm: the heuristic's for this
     /// problem, or its pinned class's, checked against this problem.
     fn plan(&self, key: &GemmKey) -> Result<Plan> {

@@ -252,14 +252,6 @@ pub fn without_split_k(mut algo: sys::cublasLtMatmulAlgo_t) -> Result<sys::cubla
     Ok(algo)
 }
 
-/// The split-K count of `algo` (tests and diagnostics).
-pub fn split_k(algo: &sys::cublasLtMatmulAlgo_t) -> Result<u32> {
-    config_u32(
-        algo,
-        sys::cublasLtMatmulAlgoConfigAttributes_t::CUBLASLT_ALGO_CONFIG_SPLITK_NUM,
-    )
-}
-
 /// `cublasLtMatmulAlgoCheck`: whether the pinned `algo` runs `p` within `workspace` bytes. An
 /// M (or N) it does not support is an error naming the problem, never a silent fallback.
 pub fn check(
