@@ -597,6 +597,8 @@ void split_k_cases() {
         if (splits_of(a) != want)
             fail_check("heuristic SPLITK_NUM " + std::to_string(splits_of(a)) + " for n = " +
                        std::to_string(n) + ", want " + std::to_string(want));
+        if (splits_of(p.heuristic(true)) != 1)
+            fail_check("REDUCTION_SCHEME_MASK NONE still split K at n = " + std::to_string(n));
         Heuristic checked;
         if (api.algo_check(p.h, p.desc, p.la, p.lb, p.ld, p.ld, &fixed, &checked) != OK)
             fail_check("AlgoCheck refused the pinned algo at n = " + std::to_string(n));
