@@ -141,7 +141,7 @@ fn cublas<T>(what: &str, r: std::result::Result<T, lt::CublasError>) -> Result<T
 }
 
 /// The raw layouts and descriptor a heuristic or check runs against.
-pub struct Problem {
+pub(crate) struct Problem {
     pub desc: sys::cublasLtMatmulDesc_t,
     pub a: sys::cublasLtMatrixLayout_t,
     pub b: sys::cublasLtMatrixLayout_t,
@@ -150,7 +150,7 @@ pub struct Problem {
 
 /// The heuristic's best algorithm for `p` within `workspace` bytes and the `aligns` of A, B, C,
 /// D; `no_split_k` restricts it to `CUBLASLT_REDUCTION_SCHEME_NONE` (no split-K reduction).
-pub fn heuristic(
+pub(crate) fn heuristic(
     handle: sys::cublasLtHandle_t,
     p: &Problem,
     workspace: usize,
@@ -254,7 +254,7 @@ pub fn without_split_k(mut algo: sys::cublasLtMatmulAlgo_t) -> Result<sys::cubla
 
 /// `cublasLtMatmulAlgoCheck`: whether the pinned `algo` runs `p` within `workspace` bytes. An
 /// M (or N) it does not support is an error naming the problem, never a silent fallback.
-pub fn check(
+pub(crate) fn check(
     handle: sys::cublasLtHandle_t,
     p: &Problem,
     algo: &sys::cublasLtMatmulAlgo_t,
