@@ -4,10 +4,13 @@
 //
 // What it computes: a reference GEMM, column-major as cuBLAS defines it, per batch
 //     D = alpha op(A) op(B) + beta C (+ bias[i] broadcast over the n columns, EPILOGUE_BIAS)
-// with op(A) m x k, op(B) k x n, C and D m x n. Each output element is one fp32 accumulator summed
-// over k in order (0, 1, ..., k-1) from operands converted to fp32, as tensor cores accumulate in
-// fp32; the hardware's summation order (split-k, MMA tiling) differs, so results may differ from a
-// GPU's in the last bits of fp32, and a bf16 output by one ulp where that flips the rounding. The
+// with op(A) m x k, op(B) k x n, C and D m x n. Each output element is summed in fp32 from operands
+// converted to fp32, as tensor cores accumulate in fp32, in the order the algorithm says: with a
+// split-K count of s (CUBLASLT_ALGO_CONFIG_SPLITK_NUM), k is cut into s contiguous chunks of
+// ceil(k / s), each chunk is summed in order (p = k0, k0 + 1, ...) from zero, and the chunk sums
+// are added in chunk order; s = 1 is one in-order sum over 0..k-1. The hardware's order (MMA
+// tiling) differs, so results may differ from a GPU's in the last bits of fp32, and a bf16 output
+// by one ulp where that flips the rounding. The
 // epilogue is fp32 (the scale type): alpha * acc, + beta * C (C is not read when beta == 0, as in
 // cuBLAS), + bias, then one rounding to D's type (round-to-nearest-even for bf16, NaN kept NaN).
 //
@@ -29,6 +32,17 @@
 // change or be destroyed after the call without affecting a recorded item. The driver's symbol is
 // a weak reference, else looked up at call time (see find_enqueue); if no driver is in the
 // process (standalone tests), the GEMM runs immediately on the calling thread.
+//
+// The heuristic models the one behaviour of the real library that decides bits (issue 25): its
+// choice depends on the problem's size. Like cuBLASLt for a small m x n with a long k, it splits K
+// when the output has too few 64 x 64 tiles to fill the (emulated) 16 SMs: s = the largest power
+// of two <= min(16 / tiles, k / 32, 8). So a GEMM planned per problem sums a 1-row product in
+// chunks and a 1024-row one in order: different bits for the same output row, as on a GPU. The
+// preference CUBLASLT_MATMUL_PREF_REDUCTION_SCHEME_MASK = CUBLASLT_REDUCTION_SCHEME_NONE (0) rules
+// split-K out (s = 1). cublasLtMatmulAlgoConfigGet/SetAttribute read and set SPLITK_NUM and
+// REDUCTION_SCHEME (ID, TILE_ID, STAGES_ID read 0); cublasLtMatmulAlgoCheck checks an algo against
+// a problem (types, transposes, epilogue, s <= k). cublasLtMatmul with a NULL algo runs the
+// heuristic's choice for that problem, as cuBLASLt does.
 //
 // Single-threaded and unblocked over k: a (512, 256, 1024) GEMM takes about 10-15 ms at -O2.
 // Built by build.rs: g++ -std=c++17 -O2 -fPIC -shared -Wl,-soname,libcublasLt.so. Tests:
@@ -55,40 +69,7 @@ extern "C" int swerve_emu_stream_enqueue(void* stream, void (*run)(void*), void*
 
 namespace {
 
-// ---- cudarc 0.19 cublaslt::sys values (cuda-13000) -------------------------------------------
-enum : int { OK = 0, NOT_INITIALIZED = 1, ALLOC_FAILED = 3, INVALID_VALUE = 7,
-             EXECUTION_FAILED = 13, NOT_SUPPORTED = 15 };
-enum : int { R_32F = 0, R_16BF = 14 };                       // cudaDataType_t
-enum : int { COMPUTE_32F = 68 };                             // cublasComputeType_t
-enum : int { OP_N = 0, OP_T = 1, OP_C = 2 };                 // cublasOperation_t
-enum : int { FILL_FULL = 2 };                                // cublasFillMode_t
-enum : uint32_t { EPI_DEFAULT = 1, EPI_BIAS = 4 };           // cublasLtEpilogue_t
-enum : int { ORDER_COL = 0, POINTER_HOST = 0, BATCH_STRIDED = 0, SEARCH_BEST_FIT = 0 };
-enum DescAttr : int { D_COMPUTE = 0, D_SCALE = 1, D_POINTER_MODE = 2, D_TRANSA = 3, D_TRANSB = 4,
-    D_TRANSC = 5, D_FILL = 6, D_EPILOGUE = 7, D_BIAS_POINTER = 8, D_BIAS_BATCH_STRIDE = 10,
-    D_AUX_POINTER = 11, D_AUX_LD = 12, D_AUX_BATCH_STRIDE = 13, D_ALPHA_VEC_STRIDE = 14,
-    D_SM_COUNT = 15, D_A_SCALE = 17, D_B_SCALE = 18, D_C_SCALE = 19, D_D_SCALE = 20,
-    D_AMAX_D = 21, D_AUX_TYPE = 22, D_AUX_SCALE = 23, D_AUX_AMAX = 24, D_FAST_ACCUM = 25,
-    D_BIAS_TYPE = 26 };
-enum LayoutAttr : int { L_TYPE = 0, L_ORDER = 1, L_ROWS = 2, L_COLS = 3, L_LD = 4, L_BATCH = 5,
-    L_STRIDE = 6, L_PLANE_OFFSET = 7, L_BATCH_MODE = 8 };
-enum PrefAttr : int { P_SEARCH = 0, P_MAX_WORKSPACE = 1, P_REDUCTION_MASK = 3, P_ALIGN_A = 5,
-    P_ALIGN_D = 8, P_MAX_WAVES = 9, P_IMPL_MASK = 12 };
-
-// cublasLtMatmulAlgo_t and cublasLtMatmulHeuristicResult_t, byte for byte.
-struct Algo { uint64_t data[8]; };
-struct HeuristicResult {
-    Algo algo;
-    size_t workspaceSize;
-    int state;
-    float wavesCount;
-    int reserved[4];
-};
-static_assert(sizeof(Algo) == 64, "cublasLtMatmulAlgo_t is 8 u64");
-static_assert(sizeof(HeuristicResult) == 96 && offsetof(HeuristicResult, state) == 72,
-              "cublasLtMatmulHeuristicResult_t layout");
-
-constexpr uint64_t kAlgoTag = 0x544C4556'52455753ull;  // "SWERVELT" in memory: our algorithm
+#include "cublaslt_abi.h"  // enum values, Algo / HeuristicResult, algo words
 
 // The opaque objects behind cublasLtHandle_t, cublasLtMatmulDesc_t, cublasLtMatrixLayout_t and
 // cublasLtMatmulPreference_t, with the documented defaults. The magic number is cleared on
@@ -121,6 +102,7 @@ struct Pref {
     uint32_t search = SEARCH_BEST_FIT;
     uint64_t max_workspace = 0;
     uint32_t align[4] = {256, 256, 256, 256};  // MIN_ALIGNMENT_{A,B,C,D}_BYTES default 256
+    uint32_t reduction_mask = RED_MASK;         // REDUCTION_SCHEME_MASK default: all schemes
 };
 
 __attribute__((format(printf, 2, 3))) int fail(int status, const char* fmt, ...) {
@@ -286,6 +268,40 @@ int check_problem(const char* fn, const void* handle, const void* desc, const vo
     return OK;
 }
 
+// The split-K count the heuristic picks for `pr` (see the header): K is split only when the
+// output has fewer 64 x 64 tiles than the emulated SMs, into at most 8 chunks of >= 32.
+uint64_t heuristic_splits(const Problem& pr) {
+    const uint64_t tiles = (pr.m + kTile - 1) / kTile * ((pr.n + kTile - 1) / kTile) *
+                           uint64_t(pr.batch);
+    if (tiles == 0 || tiles >= kEmuSms) return 1;
+    uint64_t want = kEmuSms / tiles;
+    if (pr.k / kMinChunk < want) want = pr.k / kMinChunk;
+    if (kMaxSplits < want) want = kMaxSplits;
+    uint64_t s = 1;
+    while (s * 2 <= want) s *= 2;
+    return s;
+}
+
+// An algo handed to cublasLtMatmul or cublasLtMatmulAlgoCheck: ours, chosen for this problem
+// class, and with a split-K count the problem's k allows.
+int check_algo(const char* fn, const Algo& al, const Problem& pr) {
+    if (al.data[W_TAG] != kAlgoTag)
+        return fail(INVALID_VALUE, "%s: the algo was not returned by this library's "
+                    "cublasLtMatmulAlgoGetHeuristic (tag %#llx)", fn, ull(al.data[W_TAG]));
+    if (al.data[W_CLASS] != pr.fingerprint())
+        return fail(INVALID_VALUE, "%s: the algo was chosen for another problem (types, "
+                    "transposes or epilogue: %#llx, this call %#llx)", fn,
+                    ull(al.data[W_CLASS]), ull(pr.fingerprint()));
+    const uint64_t splits = al.data[W_SPLITK];
+    if (splits < 1 || (pr.k > 0 && splits > pr.k))
+        return fail(NOT_SUPPORTED, "%s: SPLITK_NUM %llu for k = %llu", fn, ull(splits),
+                    ull(pr.k));
+    if ((splits > 1) != (al.data[W_REDUCTION] != RED_NONE))
+        return fail(NOT_SUPPORTED, "%s: SPLITK_NUM %llu with REDUCTION_SCHEME %llu", fn,
+                    ull(splits), ull(al.data[W_REDUCTION]));
+    return OK;
+}
+
 // ---- the GEMM ---------------------------------------------------------------------------------
 float bf16_to_f32(uint16_t h) {
     uint32_t u = uint32_t(h) << 16;
@@ -310,7 +326,7 @@ struct Matrix { const char* ptr; int64_t ld, stride; };  // stride in elements
 struct Work {
     int type_ab, type_cd;
     bool trans_a, trans_b, read_c, bias;
-    int64_t m, n, k, batch;
+    int64_t m, n, k, batch, splits;
     Matrix a, b, c, d;
     const char* bias_ptr;
     int64_t bias_stride;
@@ -343,20 +359,33 @@ void run_batch(const Work& w, int64_t batch, std::vector<float>& ap, std::vector
         const float* pa = &ap[(i0 / MR) * k * MR];
         for (int64_t j0 = 0; j0 < n; j0 += NR) {
             const float* pb = &bp[(j0 / NR) * k * NR];
-            // Eight named accumulators so they stay in registers.
-            v4 c00 = {}, c01 = {}, c10 = {}, c11 = {}, c20 = {}, c21 = {}, c30 = {}, c31 = {};
-            for (int64_t p = 0; p < k; ++p) {  // each output's sum runs over p in order
-                v4 b0, b1;
-                memcpy(&b0, pb + p * NR, 16);
-                memcpy(&b1, pb + p * NR + 4, 16);
-                const float* a = pa + p * MR;
-                c00 += a[0] * b0; c01 += a[0] * b1;
-                c10 += a[1] * b0; c11 += a[1] * b1;
-                c20 += a[2] * b0; c21 += a[2] * b1;
-                c30 += a[3] * b0; c31 += a[3] * b1;
+            // Split-K: each chunk of k summed in order from zero, the chunk sums added in order.
+            v4 t00 = {}, t01 = {}, t10 = {}, t11 = {}, t20 = {}, t21 = {}, t30 = {}, t31 = {};
+            const int64_t chunk = (k + w.splits - 1) / w.splits;
+            for (int64_t k0 = 0; k0 < k; k0 += chunk) {
+                // Eight named accumulators so they stay in registers.
+                v4 c00 = {}, c01 = {}, c10 = {}, c11 = {}, c20 = {}, c21 = {}, c30 = {}, c31 = {};
+                const int64_t k1 = k0 + chunk < k ? k0 + chunk : k;
+                for (int64_t p = k0; p < k1; ++p) {  // each output's chunk sum runs over p in order
+                    v4 b0, b1;
+                    memcpy(&b0, pb + p * NR, 16);
+                    memcpy(&b1, pb + p * NR + 4, 16);
+                    const float* a = pa + p * MR;
+                    c00 += a[0] * b0; c01 += a[0] * b1;
+                    c10 += a[1] * b0; c11 += a[1] * b1;
+                    c20 += a[2] * b0; c21 += a[2] * b1;
+                    c30 += a[3] * b0; c31 += a[3] * b1;
+                }
+                if (k0 == 0) {  // the first chunk's sum is the total so far (no 0 + x)
+                    t00 = c00, t01 = c01, t10 = c10, t11 = c11;
+                    t20 = c20, t21 = c21, t30 = c30, t31 = c31;
+                } else {
+                    t00 += c00, t01 += c01, t10 += c10, t11 += c11;
+                    t20 += c20, t21 += c21, t30 += c30, t31 += c31;
+                }
             }
             float acc[MR][NR];
-            const v4 all[MR][2] = {{c00, c01}, {c10, c11}, {c20, c21}, {c30, c31}};
+            const v4 all[MR][2] = {{t00, t01}, {t10, t11}, {t20, t21}, {t30, t31}};
             memcpy(acc, all, sizeof acc);
             for (int64_t r = 0; r < MR && i0 + r < m; ++r)
                 for (int64_t s = 0; s < NR && j0 + s < n; ++s) {
@@ -523,7 +552,7 @@ API int cublasLtMatmulPreferenceSetAttribute(void* pref, int attr, const void* b
     switch (attr) {
         case P_SEARCH: return read_attr(fn, attr, buf, size, &p->search);
         case P_MAX_WORKSPACE: return read_attr(fn, attr, buf, size, &p->max_workspace);
-        case P_REDUCTION_MASK: { uint32_t v; return read_attr(fn, attr, buf, size, &v); }
+        case P_REDUCTION_MASK: return read_attr(fn, attr, buf, size, &p->reduction_mask);
         case P_MAX_WAVES: { float v; return read_attr(fn, attr, buf, size, &v); }
         case P_IMPL_MASK: { uint64_t v; return read_attr(fn, attr, buf, size, &v); }
         default:
@@ -569,10 +598,14 @@ API int cublasLtMatmulAlgoGetHeuristic(void* handle, void* desc, void* a, void* 
     }
     HeuristicResult r;
     memset(&r, 0, sizeof r);
-    r.algo.data[0] = kAlgoTag;
-    r.algo.data[1] = pr.fingerprint();
-    r.algo.data[2] = aligns;
-    r.algo.data[3] = 0;  // workspace bytes needed
+    r.algo.data[W_TAG] = kAlgoTag;
+    r.algo.data[W_CLASS] = pr.fingerprint();
+    r.algo.data[W_ALIGN] = aligns;
+    r.algo.data[W_WORKSPACE] = 0;  // workspace bytes needed (in-place reduction)
+    // Split-K only where the mask allows a reduction scheme (NONE = 0 rules it out).
+    const uint64_t splits = (p->reduction_mask & RED_MASK) ? heuristic_splits(pr) : 1;
+    r.algo.data[W_SPLITK] = splits;
+    r.algo.data[W_REDUCTION] = splits > 1 ? RED_INPLACE : RED_NONE;
     r.workspaceSize = 0;
     r.state = OK;
     r.wavesCount = 1.0f;
@@ -605,17 +638,12 @@ API int cublasLtMatmul(void* handle, void* desc, const void* alpha, const void* 
     if (pr.bias && !op.bias)
         return fail(INVALID_VALUE, "%s: CUBLASLT_EPILOGUE_BIAS with a NULL "
                     "CUBLASLT_MATMUL_DESC_BIAS_POINTER", fn);
+    uint64_t splits = heuristic_splits(pr);  // a NULL algo: the heuristic's choice
     if (algo) {
         Algo al;
         memcpy(&al, algo, sizeof al);
-        if (al.data[0] != kAlgoTag)
-            return fail(INVALID_VALUE, "%s: the algo was not returned by this library's "
-                        "cublasLtMatmulAlgoGetHeuristic (tag %#llx)", fn,
-                        ull(al.data[0]));
-        if (al.data[1] != pr.fingerprint())
-            return fail(INVALID_VALUE, "%s: the algo was chosen for another problem (types, "
-                        "transposes or epilogue: %#llx, this call %#llx)", fn,
-                        ull(al.data[1]), ull(pr.fingerprint()));
+        if (int st = check_algo(fn, al, pr)) return st;
+        splits = al.data[W_SPLITK];
         // The heuristic was promised these alignments (CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_*).
         for (int i = 0; i < 4; ++i) {
             uint64_t need = (al.data[2] >> (16 * i)) & 0xffff;
@@ -649,6 +677,7 @@ API int cublasLtMatmul(void* handle, void* desc, const void* alpha, const void* 
     w->type_ab = pr.type_ab, w->type_cd = pr.type_cd;
     w->trans_a = pr.trans_a, w->trans_b = pr.trans_b, w->read_c = read_c, w->bias = pr.bias;
     w->m = int64_t(pr.m), w->n = int64_t(pr.n), w->k = int64_t(pr.k), w->batch = pr.batch;
+    w->splits = int64_t(splits);
     const int64_t one = pr.batch > 1 ? 1 : 0;  // strides only matter for more than one batch
     w->a = {static_cast<const char*>(a), L[0]->ld, L[0]->stride * one};
     w->b = {static_cast<const char*>(b), L[1]->ld, L[1]->stride * one};
@@ -667,5 +696,82 @@ API int cublasLtMatmul(void* handle, void* desc, const void* alpha, const void* 
     if (int rc = enqueue(stream, run_work, w, drop_work))  // w was dropped by the driver
         return fail(EXECUTION_FAILED, "%s: the emulated stream %p refused the GEMM (CUresult %d)",
                     fn, stream, rc);
+    return OK;
+}
+
+// cuBLASLt docs: "CUBLAS_STATUS_INVALID_VALUE if the algo, returned workspace or result is not
+// supported by the problem"; NOT_SUPPORTED when the algo cannot run it. The result carries the
+// workspace the algo needs.
+API int cublasLtMatmulAlgoCheck(void* handle, void* desc, void* a, void* b, void* c, void* d,
+                                const void* algo, void* result) {
+    const char* fn = "cublasLtMatmulAlgoCheck";
+    if (!algo || !result)
+        return fail(INVALID_VALUE, "%s: algo %p, result %p", fn, algo, result);
+    const void* lay[4] = {a, b, c, d};
+    Problem pr;
+    if (int st = check_problem(fn, handle, desc, lay, &pr)) return st;
+    Algo al;
+    memcpy(&al, algo, sizeof al);
+    if (int st = check_algo(fn, al, pr)) return st;
+    HeuristicResult r;
+    memset(&r, 0, sizeof r);
+    r.algo = al;
+    r.workspaceSize = al.data[W_WORKSPACE];
+    r.state = OK;
+    r.wavesCount = 1.0f;
+    memcpy(result, &r, sizeof r);
+    return OK;
+}
+
+// sizeWritten: with sizeInBytes 0 and buf NULL, the attribute's size (the documented query).
+API int cublasLtMatmulAlgoConfigGetAttribute(const void* algo, int attr, void* buf, size_t size,
+                                             size_t* written) {
+    const char* fn = "cublasLtMatmulAlgoConfigGetAttribute";
+    if (!algo) return fail(INVALID_VALUE, "%s: algo is NULL", fn);
+    Algo al;
+    memcpy(&al, algo, sizeof al);
+    if (al.data[W_TAG] != kAlgoTag)
+        return fail(INVALID_VALUE, "%s: the algo was not returned by this library", fn);
+    uint32_t value;
+    switch (attr) {
+        case A_ID: case A_TILE_ID: case A_STAGES_ID: value = 0; break;
+        case A_SPLITK_NUM: value = uint32_t(al.data[W_SPLITK]); break;
+        case A_REDUCTION_SCHEME: value = uint32_t(al.data[W_REDUCTION]); break;
+        default: return fail(NOT_SUPPORTED, "%s: attribute %d is not emulated", fn, attr);
+    }
+    if (size == 0 && !buf && written) {
+        *written = sizeof value;
+        return OK;
+    }
+    if (!buf || size != sizeof value)
+        return fail(INVALID_VALUE, "%s: attribute %d: buf %p, sizeInBytes %zu, the attribute "
+                    "holds %zu", fn, attr, buf, size, sizeof value);
+    memcpy(buf, &value, sizeof value);
+    if (written) *written = sizeof value;
+    return OK;
+}
+
+API int cublasLtMatmulAlgoConfigSetAttribute(void* algo, int attr, const void* buf, size_t size) {
+    const char* fn = "cublasLtMatmulAlgoConfigSetAttribute";
+    if (!algo) return fail(INVALID_VALUE, "%s: algo is NULL", fn);
+    Algo al;
+    memcpy(&al, algo, sizeof al);
+    if (al.data[W_TAG] != kAlgoTag)
+        return fail(INVALID_VALUE, "%s: the algo was not returned by this library", fn);
+    uint32_t value = 0;
+    if (int st = read_attr(fn, attr, buf, size, &value)) return st;
+    switch (attr) {
+        case A_SPLITK_NUM:
+            if (value < 1) return fail(INVALID_VALUE, "%s: SPLITK_NUM 0", fn);
+            al.data[W_SPLITK] = value;
+            break;
+        case A_REDUCTION_SCHEME:
+            if (value & ~RED_MASK)
+                return fail(INVALID_VALUE, "%s: REDUCTION_SCHEME %u", fn, value);
+            al.data[W_REDUCTION] = value;
+            break;
+        default: return fail(NOT_SUPPORTED, "%s: attribute %d is not emulated", fn, attr);
+    }
+    memcpy(algo, &al, sizeof al);
     return OK;
 }

@@ -9,7 +9,9 @@
 //
 //   lm_loss_stats_f32:   per row r of a tile z [rows, cols] (vocabulary columns v0 .. v0 + cols):
 //                        the tile's own (m, s, u) with m = max z, s = sum exp(z - m),
-//                        u = sum exp(z - m) (z - m), merged into stats[r] = (m, s, u, z_target):
+//                        u = sum exp(z - m) (z - m) (logsumexp.cuh's chunk_stats, the
+//                        canonical order), merged into stats[r] = (m, s, u, z_target) by
+//                        merge_chunk:
 //                            M = max(m1, m2), a_i = exp(m_i - M)
 //                            s = a1 s1 + a2 s2,  u = a1 (u1 + (m1 - M) s1) + a2 (u2 + (m2 - M) s2)
 //                        and z_target = z[targets[r] - v0] when the target falls in this tile.
@@ -26,33 +28,18 @@
 // the statistics (two sweeps of the row: max, then the sums; the second hits L1/L2); the gradient
 // is a 2-D grid of row segments.
 
-#include "common.cuh"
+#include "logsumexp.cuh"
 
 struct LossStatsConfig {
-    static constexpr int threads = 256;
+    static constexpr int threads = kLseThreads;  // the canonical chunk reduction's block
 };
 struct LossGradConfig {
     static constexpr int threads = 256;
     static constexpr int per_thread = 4;  // columns per thread per block of the 2-D grid
 };
 
-__device__ __forceinline__ float warp_max(float x) {
-#pragma unroll
-    for (int offset = SWERVE_WARP / 2; offset > 0; offset /= 2) x = fmaxf(x, __shfl_xor_sync(0xffffffffu, x, offset));
-    return x;
-}
-
-__device__ __forceinline__ float block_max(float x, float* scratch) {
-    const int lane = threadIdx.x % SWERVE_WARP, warp = threadIdx.x / SWERVE_WARP;
-    const int warps = blockDim.x / SWERVE_WARP;
-    x = warp_max(x);
-    __syncthreads();
-    if (lane == 0) scratch[warp] = x;
-    __syncthreads();
-    x = lane < warps ? scratch[lane] : -INFINITY;
-    return warp_max(x);
-}
-
+// One tile is one chunk of the canonical order (logsumexp.cuh) when the tile's columns are the
+// backend's vocabulary chunk: then (m, s) equal the sampler's and token_logprobs' bit for bit.
 extern "C" __global__ void __launch_bounds__(LossStatsConfig::threads)
     lm_loss_stats_f32(float4* __restrict__ stats, const float* __restrict__ logits,
                       const uint32_t* __restrict__ targets, int rows, int cols, int v0, int first_tile) {
@@ -60,31 +47,14 @@ extern "C" __global__ void __launch_bounds__(LossStatsConfig::threads)
     const int r = blockIdx.x;
     if (r >= rows) return;
     const float* z = logits + (size_t)r * cols;
-    float m = -INFINITY;
-    for (int j = threadIdx.x; j < cols; j += blockDim.x) m = fmaxf(m, z[j]);
-    m = block_max(m, scratch);
-    float s = 0.0f, u = 0.0f;
-    for (int j = threadIdx.x; j < cols; j += blockDim.x) {
-        const float centred = z[j] - m;
-        const float e = __expf(centred);
-        s += e;
-        u += e * centred;
-    }
-    s = block_sum(s, scratch);
-    u = block_sum(u, scratch);
+    const ChunkStats tile = chunk_stats<true>(z, 0, cols, IdentityScore{}, scratch);
     if (threadIdx.x != 0) return;
     const uint32_t local = targets[r] - (uint32_t)v0;  // wraps for targets below v0
     const bool has_target = local < (uint32_t)cols;
-    if (first_tile) {
-        stats[r] = make_float4(m, s, u, has_target ? z[local] : 0.0f);
-        return;
-    }
-    const float4 old = stats[r];
-    const float big = fmaxf(old.x, m);
-    const float a1 = __expf(old.x - big), a2 = __expf(m - big);
-    const float merged_s = a1 * old.y + a2 * s;
-    const float merged_u = a1 * (old.z + (old.x - big) * old.y) + a2 * (u + (m - big) * s);
-    stats[r] = make_float4(big, merged_s, merged_u, has_target ? z[local] : old.w);
+    const float4 old = first_tile ? make_float4(0.0f, 0.0f, 0.0f, 0.0f) : stats[r];
+    ChunkStats acc{old.x, old.y, old.z};
+    merge_chunk(acc, tile, first_tile != 0);
+    stats[r] = make_float4(acc.m, acc.s, acc.u, has_target ? z[local] : old.w);
 }
 
 // grid = (ceil(cols / (threads * per_thread)), rows)

@@ -1,61 +1,107 @@
-// The row (max, sum of exp(x - max)) reduction of an fp32 row, shared by logprobs.cu (the
-// trainer's token logprobs) and sampling.cu (the rollout sampler), so that at temperature 1 the
-// logprob a rollout reports is bit for bit the one the trainer computes (DESIGN.md decision 10).
+// The canonical log-softmax statistics of an fp32 logits row (issue 25, DESIGN.md decision 10),
+// shared by the three paths that report a token's logprob: sampling.cu (the rollout sampler),
+// logprobs.cu (the trainer's token_logprobs, `swerve-train score`) and dapo_loss.cu (the fused
+// LM-head loss, `train_logprobs`, RFT / DAPO). Each computes, for a row's logits (whose bits are
+// the same on every path: gemm.rs pins the LM head's GEMM), the same f32 pair (m, s):
 //
-// One block per row. Each thread keeps an online (max, sum) pair over a block-strided walk of the
-// row; pairs merge by warp shuffles (xor butterfly), then across warps in warp order by thread 0.
-// Both kernels call this one function with the same block size, so the additions happen in the
-// same order.
+//   1. The vocabulary is cut into chunks of `chunk` columns at absolute offsets 0, chunk,
+//      2 chunk, ... (the loss's vocabulary tile, LossTiles::vocab; the backend passes the same
+//      value to every path). The last chunk may be shorter.
+//   2. Per chunk, one block of kLseThreads threads: m_c = the block max (exact, any order);
+//      thread t sums __expf(x - m_c) over columns c0 + t, c0 + t + kLseThreads, ... in that
+//      order; block_sum (common.cuh: warp xor-butterflies, then the warps' sums in one warp) adds
+//      the threads' sums. The loss also sums u_c = sum exp(x - m_c) (x - m_c) for the entropy,
+//      which does not touch m_c or s_c.
+//   3. Chunks merge left to right (merge_chunk): M = max(m, m_c), s = exp(m - M) s + exp(m_c - M)
+//      s_c. A chunk with no finite-or-+inf value (m_c = -inf) is skipped; the first chunk's
+//      statistics are taken as they are.
+//
+// The logprob itself, z - m - ln s, is finished on the host in f64 from these f32 values by one
+// function (backend::loss::RowStats::logprob), so sampler, scorer and trainer agree bit for bit.
+// Rejected: one online (max, sum) pass per thread over the whole row (what the sampler and scorer
+// did before): the loss cannot walk a row whole, it sees one vocabulary tile at a time.
 #pragma once
 
 #include "common.cuh"
 
-// Merges the running (max, sum) pair (m, s) with (m2, s2): the sum of exp(x - max) over both sets.
-__device__ __forceinline__ void merge_max_sum(float& m, float& s, float m2, float s2) {
-    const float m_new = fmaxf(m, m2);
-    if (m_new == -INFINITY) return;  // both empty
-    s = s * __expf(m - m_new) + s2 * __expf(m2 - m_new);
-    m = m_new;
-}
+// Threads of every block that reduces a chunk; the launch code of all three paths uses it.
+constexpr int kLseThreads = 256;
 
-struct MaxSumExp {
-    float max;
-    float sum;
+struct ChunkStats {
+    float m;  // max
+    float s;  // sum exp(x - m)
+    float u;  // sum exp(x - m) (x - m) (the loss's entropy; 0 elsewhere)
 };
 
-// Reduces `score(row[i])` over i in [0, vocab). The result is valid in thread 0 only.
-// `warp_max` and `warp_sum_exp` hold one float per warp of the block.
-template <typename Score>
-__device__ __forceinline__ MaxSumExp row_max_sum_exp(const float* __restrict__ row, int vocab, Score score,
-                                                     float* warp_max, float* warp_sum_exp) {
-    float m = -INFINITY, s = 0.0f;
-    for (int i = threadIdx.x; i < vocab; i += blockDim.x) {
-        const float x = score(row[i]);
-        if (x > m) {
-            s = s * __expf(m - x) + 1.0f;
-            m = x;
-        } else if (x != -INFINITY) {  // -inf adds 0; while m is -inf too, exp(-inf + inf) is NaN
-            s += __expf(x - m);
+// The raw logit as the value reduced: NaN stays NaN (a NaN row gives a NaN logprob, as on the CPU
+// reference).
+struct IdentityScore {
+    __device__ __forceinline__ float operator()(float z) const { return z; }
+};
+
+__device__ __forceinline__ float lse_warp_max(float x) {
+#pragma unroll
+    for (int offset = SWERVE_WARP / 2; offset > 0; offset /= 2) x = fmaxf(x, __shfl_xor_sync(0xffffffffu, x, offset));
+    return x;
+}
+
+// The block's max, in every thread. `scratch` holds one float per warp.
+__device__ __forceinline__ float lse_block_max(float x, float* scratch) {
+    const int lane = threadIdx.x % SWERVE_WARP, warp = threadIdx.x / SWERVE_WARP;
+    const int warps = blockDim.x / SWERVE_WARP;
+    x = lse_warp_max(x);
+    __syncthreads();  // scratch may still be read by a previous reduction
+    if (lane == 0) scratch[warp] = x;
+    __syncthreads();
+    x = lane < warps ? scratch[lane] : -INFINITY;
+    return lse_warp_max(x);
+}
+
+// Step 2 over columns [begin, end) of `row`, in every thread of the block. `score` maps a logit
+// to the value reduced (the sampler's temperature; identity elsewhere).
+template <bool kCentred, typename Score>
+__device__ __forceinline__ ChunkStats chunk_stats(const float* __restrict__ row, int begin, int end, Score score,
+                                                  float* scratch) {
+    float m = -INFINITY;
+    for (int j = begin + threadIdx.x; j < end; j += blockDim.x) m = fmaxf(m, score(row[j]));
+    m = lse_block_max(m, scratch);
+    float s = 0.0f, u = 0.0f;
+    if (m != -INFINITY) {  // the same in every thread
+        for (int j = begin + threadIdx.x; j < end; j += blockDim.x) {
+            const float centred = score(row[j]) - m;
+            const float e = __expf(centred);
+            s += e;
+            if (kCentred) u += e * centred;
         }
     }
-#pragma unroll
-    for (int offset = SWERVE_WARP / 2; offset > 0; offset /= 2) {
-        const float m2 = __shfl_xor_sync(0xffffffffu, m, offset);
-        const float s2 = __shfl_xor_sync(0xffffffffu, s, offset);
-        merge_max_sum(m, s, m2, s2);
+    s = block_sum(s, scratch);
+    if (kCentred) u = block_sum(u, scratch);
+    return {m, s, u};
+}
+
+// Step 3: merges chunk `c` (to the right of everything in `acc`) into `acc`.
+__device__ __forceinline__ void merge_chunk(ChunkStats& acc, const ChunkStats& c, bool first) {
+    if (first || acc.m == -INFINITY) {
+        acc = c;
+        return;
     }
-    const int lane = threadIdx.x % SWERVE_WARP, warp = threadIdx.x / SWERVE_WARP;
-    if (lane == 0) {
-        warp_max[warp] = m;
-        warp_sum_exp[warp] = s;
+    if (c.m == -INFINITY) return;
+    const float big = fmaxf(acc.m, c.m);
+    const float a1 = __expf(acc.m - big), a2 = __expf(c.m - big);
+    const float s = a1 * acc.s + a2 * c.s;
+    acc.u = a1 * (acc.u + (acc.m - big) * acc.s) + a2 * (c.u + (c.m - big) * c.s);
+    acc.s = s;
+    acc.m = big;
+}
+
+// Steps 1-3 over a whole row of `vocab` logits, in every thread.
+template <typename Score>
+__device__ __forceinline__ ChunkStats row_chunked_stats(const float* __restrict__ row, int vocab, int chunk,
+                                                        Score score, float* scratch) {
+    ChunkStats acc{-INFINITY, 0.0f, 0.0f};
+    for (int c0 = 0; c0 < vocab; c0 += chunk) {
+        const ChunkStats c = chunk_stats<false>(row, c0, min(vocab, c0 + chunk), score, scratch);
+        merge_chunk(acc, c, c0 == 0);
     }
-    __syncthreads();
-    MaxSumExp result{-INFINITY, 0.0f};
-    if (threadIdx.x == 0) {
-        m = warp_max[0];
-        s = warp_sum_exp[0];
-        for (int w = 1; w < (int)(blockDim.x / SWERVE_WARP); ++w) merge_max_sum(m, s, warp_max[w], warp_sum_exp[w]);
-        result = {m, s};
-    }
-    return result;
+    return acc;
 }

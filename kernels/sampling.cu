@@ -13,11 +13,15 @@
 //
 // Shapes: logits [rows, vocab] fp32 (the LM head's output for the rows that sample);
 // temperatures [rows] fp32; uniforms [rows] f64 (drawn on the host from each request's seeded
-// generator, one per sample, so a seed fixes the tokens whatever the batch); out [rows, 2] u32 as
-// (token, logprob bits), read back in one copy.
+// generator, one per sample, so a seed fixes the tokens whatever the batch); out [rows, 4] u32 as
+// (token, x bits, max bits, sum bits), read back in one copy: x = the token's score, (max, sum) the
+// row's canonical statistics, from which the host finishes logprob = x - max - ln sum in f64 (the
+// trainer's RowStats::logprob); when some score is +inf, sum is the number of +inf scores and the
+// logprob -ln sum; when none is above -inf, (0, -inf, -inf, 0) and the logprob -inf.
 //
-// Passes over a row: (1) row_max_sum_exp (logsumexp.cuh), the reduction token_logprobs_f32 uses,
-// so at T = 1 the logprob equals the trainer's bit for bit; (2, sampling rows) each thread sums the
+// Passes over a row: (1) row_chunked_stats (logsumexp.cuh), the canonical chunked reduction that
+// token_logprob_stats_f32 and the fused loss use, so at T = 1 the logprob equals the trainer's bit
+// for bit (`lse_chunk` is the backend's vocabulary chunk); (2, sampling rows) each thread sums the
 // weights of one contiguous chunk, a block scan turns the chunk sums into intervals of the CDF, and
 // the one thread whose interval holds the target walks its chunk; (2, greedy rows) an argmax.
 // The logits row is read two or three times (from L2 for a batch's rows), the [rows, vocab]
@@ -27,7 +31,7 @@
 #include "logsumexp.cuh"
 
 struct SamplingConfig {
-    static constexpr int threads = 512;  // must match LogprobsConfig::threads (same reduction order)
+    static constexpr int threads = kLseThreads;  // the canonical reduction's block (logsumexp.cuh)
     static constexpr int warps = threads / SWERVE_WARP;
 };
 
@@ -45,14 +49,20 @@ __device__ __forceinline__ float sample_weight(float x, float max) {
     return __expf(x - max);
 }
 
+// One row's (token, x, max, sum) words.
+__device__ __forceinline__ void write_sample(uint32_t* o, int token, float x, float max, float sum) {
+    o[0] = (uint32_t)token;
+    o[1] = __float_as_uint(x);
+    o[2] = __float_as_uint(max);
+    o[3] = __float_as_uint(sum);
+}
+
 extern "C" __global__ void __launch_bounds__(SamplingConfig::threads)
     sample_rows_f32(uint32_t* __restrict__ out, const float* __restrict__ logits, const float* __restrict__ temperatures,
-                    const double* __restrict__ uniforms, int rows, int vocab) {
-    __shared__ float warp_max[SamplingConfig::warps];
+                    const double* __restrict__ uniforms, int rows, int vocab, int lse_chunk) {
+    __shared__ float scratch[SamplingConfig::warps];
     __shared__ float warp_sum_exp[SamplingConfig::warps];
     __shared__ float warp_offsets[SamplingConfig::warps + 1];
-    __shared__ float row_max_shared;
-    __shared__ float row_sum_shared;
     __shared__ int last_nonzero_thread;
     __shared__ unsigned long long argmax_key;
     const int r = blockIdx.x;
@@ -63,20 +73,22 @@ extern "C" __global__ void __launch_bounds__(SamplingConfig::threads)
     const TemperatureScore score{greedy ? 1.0f : temperature};
     const int lane = threadIdx.x % SWERVE_WARP, warp = threadIdx.x / SWERVE_WARP;
 
-    // (1) max and sum of exp: exactly token_logprobs_f32's reduction when T = 1.
-    const MaxSumExp lse = row_max_sum_exp(row, vocab, score, warp_max, warp_sum_exp);
+    // (1) max and sum of exp in every thread: exactly token_logprob_stats_f32's and the loss's
+    // reduction when T = 1.
+    const ChunkStats lse = row_chunked_stats(row, vocab, lse_chunk, score, scratch);
     if (threadIdx.x == 0) {
-        row_max_shared = lse.max;
-        row_sum_shared = lse.sum;
         last_nonzero_thread = -1;
         argmax_key = 0;
     }
     __syncthreads();
-    const float max = row_max_shared, sum_exp = row_sum_shared;
+    const float max = lse.m, sum_exp = lse.s;
+    uint32_t* const o = out + 4 * (size_t)r;
     if (max == -INFINITY) {  // nothing above -inf (or an empty row)
         if (threadIdx.x == 0) {
-            out[2 * r] = 0;
-            out[2 * r + 1] = __float_as_uint(-INFINITY);
+            o[0] = 0;
+            o[1] = __float_as_uint(-INFINITY);
+            o[2] = __float_as_uint(-INFINITY);
+            o[3] = __float_as_uint(0.0f);
         }
         return;
     }
@@ -131,9 +143,7 @@ extern "C" __global__ void __launch_bounds__(SamplingConfig::threads)
         __syncthreads();
         if (threadIdx.x == 0) {
             const int token = vocab - 1 - (int)(uint32_t)(argmax_key & 0xffffffffu);
-            const float logprob = max == INFINITY ? -logf(total) : row[token] - (max + logf(sum_exp));
-            out[2 * r] = (uint32_t)token;
-            out[2 * r + 1] = __float_as_uint(logprob);
+            write_sample(o, token, row[token], max, max == INFINITY ? total : sum_exp);
         }
         return;
     }
@@ -153,10 +163,7 @@ extern "C" __global__ void __launch_bounds__(SamplingConfig::threads)
                 if (cum > target) break;
             }
         }
-        // The same expression as token_logprobs_f32's: x - (max + log(sum)) with pass 1's pair.
-        const float x = score(row[chosen]);
-        const float logprob = max == INFINITY ? -logf(total) : x - (max + logf(sum_exp));
-        out[2 * r] = (uint32_t)chosen;
-        out[2 * r + 1] = __float_as_uint(logprob);
+        // The host finishes x - max - ln sum, as for token_logprob_stats_f32's and the loss's.
+        write_sample(o, chosen, score(row[chosen]), max, max == INFINITY ? total : sum_exp);
     }
 }

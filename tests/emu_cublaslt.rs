@@ -4,8 +4,12 @@
 //! point up by name and compares GEMMs (transposes, odd shapes, ld > rows, bf16/fp32 outputs,
 //! accumulation, bias, strided batches) with a float64 reference, checks the refusals of
 //! unsupported uses, and, through a fake emulated driver loaded as `libcuda.so.1`, that a GEMM is
-//! handed to the stream and replays with its call-time values. A last test proves the comparison
-//! can fail: a swapped transpose flag must be reported as a mismatch.
+//! handed to the stream and replays with its call-time values. The split-K cases (issue 25) check
+//! that the heuristic's split-K count depends on the problem's size, that the chunked summation
+//! order is exactly what the header says, that an algo pinned without split-K gives a row the same
+//! bits at every row count while per-problem choices do not, and the algo config attributes and
+//! `cublasLtMatmulAlgoCheck`. A last test proves the comparison can fail: a swapped transpose flag
+//! must be reported as a mismatch.
 //!
 //! Needs `g++` (C++17) on PATH, as CI has; the programs are built into `CARGO_TARGET_TMPDIR`.
 

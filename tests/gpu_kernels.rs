@@ -555,7 +555,7 @@ fn every_embedded_kernel_family_loads() {
         ("swiglu", "swiglu_fwd_bf16"),
         ("convert", "convert_f32_to_bf16"),
         ("convert", "convert_bf16_to_f32"),
-        ("logprobs", "token_logprobs_f32"),
+        ("logprobs", "token_logprob_stats_f32"),
         ("sampling", "sample_rows_f32"),
         ("flash_attn", "flash_attn_fwd_hd128"),
         ("flash_attn", "flash_attn_fwd_hd64"),

@@ -57,7 +57,8 @@ enum { R_32F = 0, R_16F = 2, R_16BF = 14, COMPUTE_32F = 68, COMPUTE_32F_FAST_TF3
 enum { D_SCALE = 1, D_POINTER_MODE = 2, D_TRANSA = 3, D_TRANSB = 4, D_EPILOGUE = 7,
        D_BIAS_POINTER = 8, D_BIAS_BATCH_STRIDE = 10, D_A_SCALE = 17, D_BIAS_TYPE = 26 };
 enum { L_ORDER = 1, L_BATCH = 5, L_STRIDE = 6 };
-enum { P_MAX_WORKSPACE = 1, P_ALIGN_A = 5 };
+enum { P_MAX_WORKSPACE = 1, P_REDUCTION_MASK = 3, P_ALIGN_A = 5 };
+enum { A_ID = 0, A_TILE_ID = 1, A_SPLITK_NUM = 2, A_REDUCTION_SCHEME = 3, A_CTA_SWIZZLING = 4 };
 enum { EPI_DEFAULT = 1, EPI_RELU = 2, EPI_BIAS = 4 };
 struct Algo { uint64_t data[8]; };
 struct Heuristic { Algo algo; size_t workspaceSize; int state; float wavesCount; int reserved[4]; };
@@ -78,6 +79,9 @@ struct Api {
     int (*heuristic)(void*, void*, void*, void*, void*, void*, void*, int, Heuristic*, int*);
     int (*matmul)(void*, void*, const void*, const void*, void*, const void*, void*, const void*,
                   const void*, void*, void*, void*, const Algo*, void*, size_t, void*);
+    int (*algo_check)(void*, void*, void*, void*, void*, void*, const Algo*, Heuristic*);
+    int (*algo_get)(const Algo*, int, void*, size_t, size_t*);
+    int (*algo_set)(Algo*, int, const void*, size_t);
 } api;
 
 FakeStream* g_stream = nullptr;  // the stream every GEMM goes to (NULL without a driver)
@@ -520,6 +524,139 @@ void stream_cases(FakeStream& s) {
     if (s.dropped != dropped + 2) fail_check("a refused GEMM was not dropped exactly once");
 }
 
+// ---- split-K: the heuristic's size-dependent choice, the algo config, the summation order ----
+// The linear-layer shape of issue 25 in cuBLAS terms: D[m = features, n = rows] = W^T x, fp32
+// out, k = 256; the rows (columns of D) vary.
+struct SplitProblem {
+    int m, n, k;
+    void *h, *desc, *la, *lb, *ld;
+    SplitProblem(int m_, int n_, int k_) : m(m_), n(n_), k(k_) {
+        REQUIRE(api.create(&h));
+        REQUIRE(api.desc_create(&desc, COMPUTE_32F, R_32F));
+        int32_t ta = 1;
+        REQUIRE(api.desc_set(desc, D_TRANSA, &ta, sizeof ta));
+        la = layout(R_16BF, k, m, k, 1, 0);
+        lb = layout(R_16BF, k, n, k, 1, 0);
+        ld = layout(R_32F, m, n, m, 1, 0);
+    }
+    ~SplitProblem() {
+        for (void* l : {la, lb, ld}) REQUIRE(api.layout_destroy(l));
+        REQUIRE(api.desc_destroy(desc));
+        REQUIRE(api.destroy(h));
+    }
+    Algo heuristic(bool no_split) {
+        void* pref;
+        REQUIRE(api.pref_create(&pref));
+        if (no_split) {
+            uint32_t none = 0;  // CUBLASLT_REDUCTION_SCHEME_NONE only
+            REQUIRE(api.pref_set(pref, P_REDUCTION_MASK, &none, sizeof none));
+        }
+        Heuristic res;
+        int count = 0;
+        REQUIRE(api.heuristic(h, desc, la, lb, ld, ld, pref, 1, &res, &count));
+        REQUIRE(api.pref_destroy(pref));
+        return res.algo;
+    }
+    // D's bits for A (k x m) and B (k x n) of the given values, run with `algo` (NULL: none).
+    std::vector<uint32_t> run(const Algo* algo, const Buf& A, const Buf& B) {
+        Buf D(size_t(m) * n, R_32F);
+        float alpha = 1.0f, beta = 0.0f;
+        REQUIRE(api.matmul(h, desc, &alpha, A.p, la, B.p, lb, &beta, D.p, ld, D.p, ld, algo,
+                           nullptr, 0, g_stream));
+        std::vector<uint32_t> bits(size_t(m) * n);
+        for (size_t i = 0; i < bits.size(); ++i) bits[i] = D.bits(i);
+        return bits;
+    }
+};
+
+uint32_t splits_of(const Algo& a) {
+    uint32_t v = 0;
+    size_t written = 0;
+    REQUIRE(api.algo_get(&a, A_SPLITK_NUM, &v, sizeof v, &written));
+    if (written != sizeof v) fail_check("SPLITK_NUM sizeWritten");
+    return v;
+}
+
+void split_k_cases() {
+    const int m = 64, k = 256, rows[] = {1, 7, 1024};
+    std::mt19937 rng(99);
+    std::uniform_real_distribution<float> U(-1.0f, 1.0f);
+    Buf W(size_t(k) * m, R_16BF), X(size_t(k) * 1024, R_16BF);
+    for (size_t i = 0; i < size_t(k) * m; ++i) W.set(i, U(rng));
+    for (size_t i = 0; i < size_t(k) * 1024; ++i) X.set(i, U(rng));
+    // The heuristic's choice depends on the size: one 64 x 64 tile splits K 8 ways (k / 32 = 8),
+    // 16 tiles (the emulated SMs) do not; the mask NONE rules split-K out.
+    std::vector<std::vector<uint32_t>> per_problem, pinned;
+    SplitProblem ref(m, 1024, k);
+    const Algo fixed = ref.heuristic(true);
+    if (splits_of(fixed) != 1) fail_check("REDUCTION_SCHEME_MASK NONE still split K");
+    for (int n : rows) {
+        SplitProblem p(m, n, k);
+        const Algo a = p.heuristic(false);
+        const uint32_t want = n == 1 ? 8 : n == 7 ? 8 : 1;
+        if (splits_of(a) != want)
+            fail_check("heuristic SPLITK_NUM " + std::to_string(splits_of(a)) + " for n = " +
+                       std::to_string(n) + ", want " + std::to_string(want));
+        if (splits_of(p.heuristic(true)) != 1)
+            fail_check("REDUCTION_SCHEME_MASK NONE still split K at n = " + std::to_string(n));
+        Heuristic checked;
+        if (api.algo_check(p.h, p.desc, p.la, p.lb, p.ld, p.ld, &fixed, &checked) != OK)
+            fail_check("AlgoCheck refused the pinned algo at n = " + std::to_string(n));
+        per_problem.push_back(p.run(&a, W, X));
+        pinned.push_back(p.run(&fixed, W, X));
+        // The chunked order exactly: 8 chunks of 32 (or one of 256), each from zero, in order.
+        for (int i = 0; i < m; ++i) {
+            float total = 0.0f;
+            for (uint32_t c = 0; c < want; ++c) {
+                float part = 0.0f;
+                for (int p2 = int(c) * k / int(want); p2 < int(c + 1) * k / int(want); ++p2)
+                    part += float(W.get(size_t(i) * k + p2)) * float(X.get(p2));
+                total = c == 0 ? part : total + part;
+            }
+            uint32_t bits;
+            memcpy(&bits, &total, 4);
+            if (per_problem.back()[i] != bits) {
+                fail_check("split-K order at n = " + std::to_string(n) + ", row " +
+                           std::to_string(i));
+                break;
+            }
+        }
+    }
+    // Column 0 (the first token row): the pinned algo gives the same bits at every n, the
+    // per-problem choice does not (the mutation the engine's GEMM pinning guards against).
+    int pinned_diff = 0, heuristic_diff = 0;
+    for (size_t r = 1; r < per_problem.size(); ++r)
+        for (int i = 0; i < m; ++i) {
+            pinned_diff += pinned[r][i] != pinned[0][i];
+            heuristic_diff += per_problem[r][i] != per_problem[0][i];
+        }
+    if (pinned_diff) fail_check("the pinned algo changed row 0 with n");
+    if (!heuristic_diff) fail_check("the per-problem heuristic never changed row 0's bits");
+    printf("  row 0 over n in {1, 7, 1024}: pinned %d differing values, per-problem %d\n",
+           pinned_diff, heuristic_diff);
+    // The config attributes: SPLITK_NUM set by hand runs; AlgoCheck refuses more splits than k,
+    // and split-K without a reduction scheme; unemulated attributes are refused.
+    SplitProblem small(m, 1, 16);
+    Algo a = small.heuristic(true);
+    uint32_t two = 2, many = 17, inplace = 1, swz = 1;
+    Heuristic out;
+    REQUIRE(api.algo_set(&a, A_SPLITK_NUM, &two, sizeof two));
+    expect_status("AlgoCheck: split-K without a reduction scheme", NOT_SUPPORTED,
+                  [&] { return api.algo_check(small.h, small.desc, small.la, small.lb, small.ld,
+                                              small.ld, &a, &out); });
+    REQUIRE(api.algo_set(&a, A_REDUCTION_SCHEME, &inplace, sizeof inplace));
+    REQUIRE(api.algo_check(small.h, small.desc, small.la, small.lb, small.ld, small.ld, &a, &out));
+    if (splits_of(out.algo) != 2) fail_check("AlgoCheck's result lost SPLITK_NUM");
+    REQUIRE(api.algo_set(&a, A_SPLITK_NUM, &many, sizeof many));
+    expect_status("AlgoCheck: SPLITK_NUM 17 for k = 16", NOT_SUPPORTED,
+                  [&] { return api.algo_check(small.h, small.desc, small.la, small.lb, small.ld,
+                                              small.ld, &a, &out); });
+    expect_status("AlgoConfigSetAttribute: CTA_SWIZZLING", NOT_SUPPORTED,
+                  [&] { return api.algo_set(&a, A_CTA_SWIZZLING, &swz, sizeof swz); });
+    expect_status("AlgoConfigGetAttribute: wrong size", INVALID_VALUE,
+                  [&] { uint64_t v; return api.algo_get(&a, A_SPLITK_NUM, &v, sizeof v, nullptr); });
+}
+
 template <class T>
 void resolve(void* lib, T& fn, const char* name) {
     fn = reinterpret_cast<T>(dlsym(lib, name));
@@ -555,6 +692,9 @@ int main(int argc, char** argv) {
     resolve(lib, api.pref_set, "cublasLtMatmulPreferenceSetAttribute");
     resolve(lib, api.heuristic, "cublasLtMatmulAlgoGetHeuristic");
     resolve(lib, api.matmul, "cublasLtMatmul");
+    resolve(lib, api.algo_check, "cublasLtMatmulAlgoCheck");
+    resolve(lib, api.algo_get, "cublasLtMatmulAlgoConfigGetAttribute");
+    resolve(lib, api.algo_set, "cublasLtMatmulAlgoConfigSetAttribute");
     std::mt19937 rng(1234);
 
     if (flip) {  // the reference says op(A) = A, the descriptor says A^T: must be caught
@@ -612,6 +752,8 @@ int main(int argc, char** argv) {
         printf("large GEMM %s: %.1f ms\n", describe(*c).c_str(), secs * 1e3);
     }
     rounding_cases();
+    printf("split-K cases:\n");
+    split_k_cases();
     printf("error cases:\n");
     error_cases();
     if (driver) {

@@ -215,6 +215,17 @@ pub struct RowStats {
 }
 
 impl RowStats {
+    /// A row known by its target's score `x` and its f32 `(max, sum_exp)` (the device's
+    /// sampler and `token_logprobs`, widened as the fused loss's statistics are).
+    pub fn from_f32(x: f32, max: f32, sum_exp: f32) -> RowStats {
+        RowStats {
+            max: max as f64,
+            sum_exp: sum_exp as f64,
+            sum_exp_centered: 0.0,
+            target_logit: x as f64,
+        }
+    }
+
     pub fn lse(&self) -> f64 {
         self.max + self.sum_exp.ln()
     }

@@ -4,7 +4,7 @@
 //! A decode step of `batch` sequences, each `context` tokens deep, is what the engine runs once
 //! every sequence has caught up: one new token per sequence through every layer (K/V written into
 //! the cache, attention over the sequence's blocks), the LM head of those rows, and sampling at
-//! temperature 1 on the backend (`Backend::sample_rows`, 8 bytes per row back to the host). The
+//! temperature 1 on the backend (`Backend::sample_rows`, 16 bytes per row back to the host). The
 //! KV cache is filled with whatever its blocks hold: the speed of a step does not depend on the
 //! values, so no prefill is needed to measure it. Each sequence has blocks of its own (no prefix
 //! sharing that L2 could serve).

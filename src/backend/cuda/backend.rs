@@ -10,9 +10,12 @@
 use super::flash_attn::{check_cu_seqlens, VarlenLayout};
 use super::gemm::Gemm;
 use super::graph_inputs::DecodeGraphs;
+use super::loss_tiles::LossTiles;
 use super::paged_attn::DevicePagedLayout;
+use super::sampling::{finish_samples, SAMPLE_WORDS};
 use super::tensor::{Arena, BufferPool, CudaTensor, DeviceDType, DeviceUpload};
 use super::CudaDevice;
+use crate::backend::loss::RowStats;
 use crate::backend::{Backend, DecodeModel, PagedLayout, Rotary, RowDraw, OTHER_SHARD};
 use crate::tensor::{DType, HostTensor};
 use anyhow::{bail, ensure, Context, Result};
@@ -35,6 +38,8 @@ pub struct CudaBackend {
     /// A stream capture is running: host copies are refused.
     pub(super) capturing: AtomicBool,
     pub(super) graphs: Mutex<DecodeGraphs>,
+    /// See [`Self::loss_tiles`].
+    loss_tiles: Mutex<LossTiles>,
 }
 
 /// Device copies of the current step's host index arrays (see [`Backend::begin_step`]): every
@@ -65,7 +70,33 @@ impl CudaBackend {
             graph_mode: AtomicBool::new(false),
             capturing: AtomicBool::new(false),
             graphs: Mutex::new(DecodeGraphs::default()),
+            loss_tiles: Mutex::new(LossTiles::DEFAULT),
         })
+    }
+
+    /// The fused loss's tiles; their `vocab` is also the vocabulary chunk of the canonical
+    /// log-softmax order (kernels/logsumexp.cuh) the sampler and `token_logprobs` use, so all
+    /// three report the same logprob bits.
+    pub fn loss_tiles(&self) -> LossTiles {
+        self.loss_tiles
+            .lock()
+            .map(|t| *t)
+            .unwrap_or(LossTiles::DEFAULT)
+    }
+
+    /// Sets [`Self::loss_tiles`] (tests use small tiles to exercise the chunk merging on small
+    /// vocabularies). Captured decode graphs, which bake the chunk in, are dropped.
+    pub fn set_loss_tiles(&self, tiles: LossTiles) -> Result<()> {
+        ensure!(
+            tiles.rows > 0 && tiles.rows <= 65535 && tiles.vocab > 0,
+            "loss tiles {tiles:?}"
+        );
+        *self
+            .loss_tiles
+            .lock()
+            .map_err(|_| anyhow::anyhow!("loss tiles lock poisoned"))? = tiles;
+        self.reset_decode_graphs();
+        Ok(())
     }
 
     /// Device `ordinal` (after [`super::probe`] found the driver and device 0).
@@ -617,9 +648,15 @@ impl Backend for CudaBackend {
             bail!("token_logprobs: target {id} at row {t} is outside the vocabulary of {vocab}");
         }
         let targets_dev = self.upload_pod(targets, &[targets.len()], DeviceDType::U32)?;
-        let mut out = self.alloc(&[targets.len()], DeviceDType::F32)?;
-        self.device.token_logprobs(logits, &targets_dev, &mut out)?;
-        Ok(pod_vec::<f32>(&self.read_bytes(&out)?))
+        let mut out = self.alloc(&[targets.len(), 3], DeviceDType::F32)?;
+        let chunk = self.loss_tiles().vocab;
+        self.device
+            .token_logprob_stats(logits, &targets_dev, chunk, &mut out)?;
+        // Finished as the trainer's fused loss finishes its rows (RowStats::logprob).
+        Ok(pod_vec::<f32>(&self.read_bytes(&out)?)
+            .chunks_exact(3)
+            .map(|s| RowStats::from_f32(s[0], s[1], s[2]).logprob() as f32)
+            .collect())
     }
 
     fn sample_rows(&self, logits: &CudaTensor, draws: &[RowDraw]) -> Result<Vec<(u32, f32)>> {
@@ -636,13 +673,11 @@ impl Backend for CudaBackend {
         let uniforms: Vec<f64> = draws.iter().map(|d| d.uniform).collect();
         let temperatures = self.upload_pod(&temperatures, &[draws.len()], DeviceDType::F32)?;
         let uniforms = self.upload_pod(&uniforms, &[draws.len()], DeviceDType::F64)?;
-        let mut out = self.alloc(&[draws.len(), 2], DeviceDType::U32)?;
+        let mut out = self.alloc(&[draws.len(), SAMPLE_WORDS], DeviceDType::U32)?;
+        let chunk = self.loss_tiles().vocab;
         self.device
-            .sample_rows(logits, &temperatures, &uniforms, &mut out)?;
-        Ok(pod_vec::<u32>(&self.read_bytes(&out)?)
-            .chunks_exact(2)
-            .map(|pair| (pair[0], f32::from_bits(pair[1])))
-            .collect())
+            .sample_rows(logits, &temperatures, &uniforms, chunk, &mut out)?;
+        Ok(finish_samples(&pod_vec::<u32>(&self.read_bytes(&out)?)))
     }
 
     fn decode_step_graph<M: DecodeModel<Self>>(

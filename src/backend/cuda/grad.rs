@@ -16,7 +16,6 @@
 //! partials in a fixed order; cuBLASLt is deterministic for a fixed plan.
 
 use super::backend::{pod_vec, CudaBackend};
-use super::loss::LossTiles;
 use super::pointwise::SUM_SQUARES_BLOCKS;
 use super::tensor::{CudaTensor, DeviceDType};
 use crate::backend::adamw::AdamWStep;
@@ -151,7 +150,7 @@ impl BackendGrad for CudaBackend {
         weight: &CudaTensor,
         targets: &[u32],
     ) -> Result<Vec<RowStats>> {
-        self.lm_head_stats_tiled(hidden, weight, targets, LossTiles::DEFAULT)
+        self.lm_head_stats_tiled(hidden, weight, targets, self.loss_tiles())
     }
 
     fn lm_head_loss_grad(
@@ -172,7 +171,7 @@ impl BackendGrad for CudaBackend {
             coef,
             d_hidden,
             d_weight,
-            LossTiles::DEFAULT,
+            self.loss_tiles(),
         )
     }
 

@@ -5,6 +5,7 @@
 //! code that runs it.
 
 use super::paged_attn::{DevicePagedLayout, WorkPlan, DECODE_BLOCK_M, SEGMENT_KEYS};
+use super::sampling::SAMPLE_WORDS;
 use super::tensor::{Arena, CudaTensor, DeviceDType, DeviceUpload};
 use crate::backend::{PagedLayout, RowDraw};
 use anyhow::{anyhow, ensure, Context, Result};
@@ -122,7 +123,7 @@ impl StaticInputs {
             (&[batch], DeviceDType::F32),
             (&[batch], DeviceDType::F64),
             (&[batch + 1], DeviceDType::I32),
-            (&[batch, 2], DeviceDType::U32),
+            (&[batch, SAMPLE_WORDS], DeviceDType::U32),
         ];
         let bytes = Arena::bytes_for(
             shapes

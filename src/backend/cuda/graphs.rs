@@ -258,8 +258,14 @@ impl CudaBackend {
             let logits =
                 model.step_logits(self, kv, &step.tokens, &step.positions, &step.layout)?;
             let mut out = inputs.share(&inputs.out)?;
-            self.device
-                .sample_rows(&logits, &inputs.temperatures, &inputs.uniforms, &mut out)
+            let chunk = self.loss_tiles().vocab;
+            self.device.sample_rows(
+                &logits,
+                &inputs.temperatures,
+                &inputs.uniforms,
+                chunk,
+                &mut out,
+            )
         })();
         self.end_step();
         result
@@ -318,9 +324,8 @@ pub fn decode_graph_attention_inputs(
 /// The first `n` (token, logprob) pairs of a graph's output.
 fn read_samples(backend: &CudaBackend, out: &CudaTensor, n: usize) -> Result<Vec<(u32, f32)>> {
     let words: Vec<u32> = super::backend::pod_vec(&backend.read_bytes(out)?);
-    Ok(words
-        .chunks_exact(2)
+    Ok(super::sampling::finish_samples(&words)
+        .into_iter()
         .take(n)
-        .map(|pair| (pair[0], f32::from_bits(pair[1])))
         .collect())
 }

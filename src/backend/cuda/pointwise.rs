@@ -220,12 +220,14 @@ impl CudaDevice {
         Ok(())
     }
 
-    /// `out[t] = log_softmax(logits[t])[targets[t]]`; `logits [T, V]` f32, `targets [T]` u32,
-    /// `out [T]` f32.
-    pub fn token_logprobs(
+    /// `out[t] = (logits[t, targets[t]], max, sum)`: row t's target logit and canonical
+    /// log-softmax statistics over vocabulary chunks of `chunk` (kernels/logsumexp.cuh);
+    /// `logits [T, V]` f32, `targets [T]` u32, `out [T, 3]` f32.
+    pub fn token_logprob_stats(
         &self,
         logits: &CudaTensor,
         targets: &CudaTensor,
+        chunk: usize,
         out: &mut CudaTensor,
     ) -> Result<()> {
         expect_dtype("token_logprobs", "logits", logits, DeviceDType::F32)?;
@@ -233,19 +235,27 @@ impl CudaDevice {
         expect_dtype("token_logprobs", "out", out, DeviceDType::F32)?;
         let (rows, vocab) = (logits.rows(), logits.cols());
         ensure!(
-            rows > 0 && targets.len() == rows && out.len() == rows,
+            rows > 0 && chunk > 0 && targets.len() == rows && out.len() == 3 * rows,
             "token_logprobs: logits {:?}, {} targets, out {:?}",
             logits.shape(),
             targets.len(),
             out.shape()
         );
         let (rows_i, vocab_i) = (as_i32("rows", rows)?, as_i32("vocab", vocab)?);
-        let f = self.function("logprobs", "token_logprobs_f32")?;
+        let chunk_i = as_i32("vocabulary chunk", chunk)?;
+        let f = self.function("logprobs", "token_logprob_stats_f32")?;
         let (o, l, t) = (out.ptr(), logits.ptr(), targets.ptr());
         let mut launch = self.stream.launch_builder(&f);
-        launch.arg(&o).arg(&l).arg(&t).arg(&rows_i).arg(&vocab_i);
+        launch
+            .arg(&o)
+            .arg(&l)
+            .arg(&t)
+            .arg(&rows_i)
+            .arg(&vocab_i)
+            .arg(&chunk_i);
+        let threads = super::sampling::LSE_THREADS;
         // SAFETY: argument order and types match the kernel; sizes checked above.
-        unsafe { launch.launch(rows_config(rows, (512, 1))) }?;
+        unsafe { launch.launch(rows_config(rows, (threads, 1))) }?;
         Ok(())
     }
 

@@ -1,23 +1,56 @@
 //! Launch of `kernels/sampling.cu`: unfiltered and greedy sampling of logits rows on the device,
-//! so a decode step copies back 8 bytes per row instead of the vocabulary's logits.
+//! so a decode step copies back 16 bytes per row instead of the vocabulary's logits: the token,
+//! its score and the row's canonical (max, sum) statistics, from which the host finishes the
+//! logprob exactly as the trainer does ([`finish_samples`]).
 
 use super::tensor::{CudaTensor, DeviceDType};
 use super::{as_i32, CudaDevice};
+use crate::backend::loss::RowStats;
 use anyhow::{ensure, Result};
 use cudarc::driver::{LaunchConfig, PushKernelArg};
 
-/// Threads per row; `SamplingConfig::threads` in the kernel (and `LogprobsConfig::threads`: the
-/// two must reduce in the same order).
-const SAMPLING_THREADS: u32 = 512;
+/// Threads per row: `kLseThreads` (kernels/logsumexp.cuh), the block of the canonical chunked
+/// reduction that `token_logprob_stats_f32` and the fused loss launch too.
+pub const LSE_THREADS: u32 = 256;
+
+/// `u32` words per sampled row: token, score bits, max bits, sum bits.
+pub const SAMPLE_WORDS: usize = 4;
+
+/// The (token, logprob) of each row of the sampler's output words: `x - max - ln sum` finished in
+/// f64 by [`RowStats::logprob`], the trainer's expression, so at temperature 1 it equals the
+/// trainer's logprob bit for bit; `-ln sum` when the max is +inf (sum counts the +inf scores),
+/// -inf when no score is above -inf.
+pub fn finish_samples(words: &[u32]) -> Vec<(u32, f32)> {
+    words
+        .chunks_exact(SAMPLE_WORDS)
+        .map(|w| {
+            let (x, max, sum) = (
+                f32::from_bits(w[1]),
+                f32::from_bits(w[2]),
+                f32::from_bits(w[3]),
+            );
+            let logprob = if max == f32::NEG_INFINITY {
+                f32::NEG_INFINITY
+            } else if max == f32::INFINITY {
+                -(sum as f64).ln() as f32
+            } else {
+                RowStats::from_f32(x, max, sum).logprob() as f32
+            };
+            (w[0], logprob)
+        })
+        .collect()
+}
 
 impl CudaDevice {
-    /// `out [rows, 2]` u32 = (token, logprob bits) per row of `logits [rows, vocab]` f32, with
-    /// `temperatures [rows]` f32 and `uniforms [rows]` f64.
+    /// `out [rows, SAMPLE_WORDS]` u32 (see [`finish_samples`]) per row of `logits [rows, vocab]`
+    /// f32, with `temperatures [rows]` f32, `uniforms [rows]` f64 and the canonical reduction's
+    /// vocabulary `chunk`.
     pub fn sample_rows(
         &self,
         logits: &CudaTensor,
         temperatures: &CudaTensor,
         uniforms: &CudaTensor,
+        chunk: usize,
         out: &mut CudaTensor,
     ) -> Result<()> {
         for (what, t, dtype) in [
@@ -38,7 +71,8 @@ impl CudaDevice {
                 && vocab > 0
                 && temperatures.len() == rows
                 && uniforms.len() == rows
-                && out.len() == 2 * rows,
+                && chunk > 0
+                && out.len() == SAMPLE_WORDS * rows,
             "sample_rows: logits {:?}, {} temperatures, {} uniforms, out {:?}",
             logits.shape(),
             temperatures.len(),
@@ -46,6 +80,7 @@ impl CudaDevice {
             out.shape()
         );
         let (rows_i, vocab_i) = (as_i32("rows", rows)?, as_i32("vocab", vocab)?);
+        let chunk_i = as_i32("vocabulary chunk", chunk)?;
         let f = self.function("sampling", "sample_rows_f32")?;
         let (o, l, t, u) = (out.ptr(), logits.ptr(), temperatures.ptr(), uniforms.ptr());
         let mut launch = self.stream.launch_builder(&f);
@@ -55,10 +90,11 @@ impl CudaDevice {
             .arg(&t)
             .arg(&u)
             .arg(&rows_i)
-            .arg(&vocab_i);
+            .arg(&vocab_i)
+            .arg(&chunk_i);
         let config = LaunchConfig {
             grid_dim: (rows as u32, 1, 1),
-            block_dim: (SAMPLING_THREADS, 1, 1),
+            block_dim: (LSE_THREADS, 1, 1),
             shared_mem_bytes: 0,
         };
         // SAFETY: argument order and types match the kernel; sizes checked above.
