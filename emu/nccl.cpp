@@ -8,14 +8,27 @@
 // joined. Each collective waits until every rank of the communicator has called it, checks that
 // the calls agree (the same collective, count, datatype, operation, root), then the last rank to
 // arrive computes every rank's result into a staging buffer and writes each rank's receive buffer:
-//  - ncclAllReduce / ncclReduceScatter (ncclSum only): element i is reduced IN RANK ORDER,
-//    acc = x_0[i]; acc += x_1[i]; ...; in f32 for f32 and for bf16 (bf16 inputs widened exactly,
-//    the result rounded to bf16 once, round-to-nearest-even), in f64 for f64. This is what the
-//    host-staged path (Communicator's default bodies over LocalComm) computes, so the emulated
-//    NCCL matches it bit for bit. Real NCCL reduces in its ring or tree order (chunked, pipelined,
-//    a different order per chunk and algorithm) and, for bf16, rounds every partial sum to bf16:
-//    on GPUs the results agree with this only within reduction-order rounding, identical on every
-//    rank but not in rank order.
+//  - ncclAllReduce / ncclReduceScatter (ncclSum only) model real NCCL's ring, NOT rank order:
+//    the message is cut into one chunk per rank (ncclReduceScatter: chunk c is rank c's part;
+//    ncclAllReduce: chunks of ceil(count / nranks) elements, the last one short), and element i
+//    of chunk c is accumulated around the ring starting from rank (c + 1) % n:
+//    acc = x_{c+1}[i]; acc += x_{c+2}[i]; ...; acc += x_c[i] (ranks mod n), as a ring
+//    reduce-scatter passes chunk c along. f32 and f64 accumulate in their own type; bf16 rounds
+//    every partial sum to bf16 (round-to-nearest-even), as NCCL's bf16 reduction kernels do.
+//    The same bits on every rank, but not the rank-order f32 sum rounded once that swerve's
+//    tensor-parallel sums compute (src/dist/nccl/ordered.rs over ncclSend/ncclRecv, the CPU
+//    backend's host path): from 3 ranks on the two differ (at 2, x_1 + x_0 == x_0 + x_1 and the
+//    single bf16 rounding is the same), so a test sees a tensor-parallel sum that went through
+//    ncclAllReduce. Real NCCL's order also changes with the message size and algorithm (tree,
+//    NVLS, chunking); the model is one fixed ring, enough to show that the order is not rank order.
+//  - ncclSend / ncclRecv: point-to-point, between ncclGroupStart and ncclGroupEnd (or alone). A
+//    rank's sends and receives of one group (on one communicator) form ONE round of the
+//    rendezvous below, like a collective: every rank of the communicator must make a group of
+//    point-to-point calls at the same point of its sequence of calls (an all-to-all, as swerve's
+//    ordered sums do; a rank with nothing to send or receive that skips the group makes the others
+//    time out, naming it). In the round, rank r's sends to rank p match rank p's receives from
+//    rank r one by one, in the order each rank called them; their counts and datatypes must agree.
+//    Sends to and receives from oneself are allowed (NCCL allows them too).
 //  - ncclAllGather: every rank's send buffer in rank order; ncclBroadcast: the root's buffer.
 //  In-place calls (send == recv, or an all-gather's send inside its receive buffer) are fine: all
 //  inputs are read before any output is written.
@@ -24,8 +37,10 @@
 // "swerve emulated NCCL: <result>: <why>" naming the call and the ranks (ncclGetLastError returns
 // the same text): calls that disagree across ranks (ncclInvalidUsage); a rank that does not arrive
 // within SWERVE_EMU_NCCL_TIMEOUT_S seconds (default 300) or that destroyed its communicator while
-// the others wait (ncclRemoteError); an unknown or destroyed communicator, a foreign id, a rank
-// joining twice, buffers that are not device memory or too small (ncclInvalidArgument). After a
+// the others wait (ncclRemoteError); sends and receives that do not match, by number, count or
+// datatype (ncclInvalidUsage, naming both ranks); an unknown or destroyed communicator, a foreign
+// id, a rank joining twice, a peer out of range, buffers that are not device memory or too small
+// (ncclInvalidArgument). After a
 // failed collective the communicator is broken: every later collective of every rank fails with
 // the first cause (real NCCL would hang or leave the communicator in an asynchronous error).
 // Unlike real NCCL, several ranks may share the one emulated device (NCCL refuses that: "Duplicate
@@ -159,24 +174,34 @@ double timeout_seconds() {
 
 // ---- communicators and their shared rendezvous ------------------------------------------------
 
-enum Kind { ALL_REDUCE, ALL_GATHER, REDUCE_SCATTER, BROADCAST };
+enum Kind { ALL_REDUCE, ALL_GATHER, REDUCE_SCATTER, BROADCAST, P2P };
 const char* kind_name(Kind k) {
     switch (k) {
         case ALL_REDUCE: return "ncclAllReduce";
         case ALL_GATHER: return "ncclAllGather";
         case REDUCE_SCATTER: return "ncclReduceScatter";
         case BROADCAST: return "ncclBroadcast";
+        case P2P: return "ncclSend/ncclRecv";
     }
     return "?";
 }
 
-// One rank's call of a collective.
+// One ncclSend or ncclRecv of a point-to-point round.
+struct P2pOp {
+    bool send = false;
+    void* buf = nullptr;  // read for a send, written for a receive
+    size_t count = 0;
+    int type = 0, peer = 0;
+};
+
+// One rank's call of a collective, or its group of point-to-point calls (kind P2P, `ops`).
 struct Call {
     Kind kind = ALL_REDUCE;
     const void* send = nullptr;
     void* recv = nullptr;
     size_t count = 0;  // per rank: NCCL's count / sendcount / recvcount
     int type = 0, op = 0, root = 0;
+    std::vector<P2pOp> ops;  // P2P only, in the order the rank called them
 };
 
 struct Group {
@@ -310,32 +335,80 @@ float bf16_to_f32(uint16_t h) {
     return f;
 }
 
-// out[i] = x_0[i] + x_1[i] + ... (rank order) for i < n, every x_r starting `offset` elements into
-// rank r's send buffer.
-void reduce_sum(const Group& g, int type, size_t offset, size_t n, unsigned char* out) {
+// The ring's sum of n elements of every rank's send buffer into `out`: element i, in chunk
+// c = i / chunk, is x_{c+1}[i] + x_{c+2}[i] + ... + x_c[i] (ranks mod R), each partial sum in the
+// element's type (bf16: rounded to bf16 after every addition). See the header.
+void reduce_ring(const Group& g, int type, size_t n, size_t chunk, unsigned char* out) {
     const int R = g.nranks;
-    if (type == ncclFloat32) {
-        float* o = (float*)out;
-        for (size_t i = 0; i < n; ++i) {
-            float acc = ((const float*)g.slots[0].send)[offset + i];
-            for (int r = 1; r < R; ++r) acc += ((const float*)g.slots[r].send)[offset + i];
-            o[i] = acc;
-        }
-    } else if (type == ncclBfloat16) {
-        uint16_t* o = (uint16_t*)out;
-        for (size_t i = 0; i < n; ++i) {
-            float acc = bf16_to_f32(((const uint16_t*)g.slots[0].send)[offset + i]);
-            for (int r = 1; r < R; ++r) acc += bf16_to_f32(((const uint16_t*)g.slots[r].send)[offset + i]);
-            o[i] = f32_to_bf16(acc);
-        }
-    } else {  // ncclFloat64
-        double* o = (double*)out;
-        for (size_t i = 0; i < n; ++i) {
-            double acc = ((const double*)g.slots[0].send)[offset + i];
-            for (int r = 1; r < R; ++r) acc += ((const double*)g.slots[r].send)[offset + i];
-            o[i] = acc;
+    for (size_t i = 0; i < n; ++i) {
+        const int first = (int)((i / chunk + 1) % (size_t)R);
+        if (type == ncclFloat32) {
+            float acc = ((const float*)g.slots[first].send)[i];
+            for (int k = 1; k < R; ++k) acc += ((const float*)g.slots[(first + k) % R].send)[i];
+            ((float*)out)[i] = acc;
+        } else if (type == ncclBfloat16) {
+            uint16_t acc = ((const uint16_t*)g.slots[first].send)[i];
+            for (int k = 1; k < R; ++k)
+                acc = f32_to_bf16(bf16_to_f32(acc) + bf16_to_f32(((const uint16_t*)g.slots[(first + k) % R].send)[i]));
+            ((uint16_t*)out)[i] = acc;
+        } else {  // ncclFloat64
+            double acc = ((const double*)g.slots[first].send)[i];
+            for (int k = 1; k < R; ++k) acc += ((const double*)g.slots[(first + k) % R].send)[i];
+            ((double*)out)[i] = acc;
         }
     }
+}
+
+// Rank `from`'s sends to rank `to`, or rank `to`'s receives from rank `from`, in call order.
+std::vector<const P2pOp*> p2p_ops(const Group& g, int rank, int peer, bool send) {
+    std::vector<const P2pOp*> ops;
+    for (const P2pOp& op : g.slots[rank].ops)
+        if (op.send == send && op.peer == peer) ops.push_back(&op);
+    return ops;
+}
+
+// Why the ranks' point-to-point calls do not match, or empty.
+std::string p2p_mismatch(const Group& g) {
+    const int R = g.nranks;
+    for (int from = 0; from < R; ++from) {
+        for (int to = 0; to < R; ++to) {
+            const auto sends = p2p_ops(g, from, to, true), recvs = p2p_ops(g, to, from, false);
+            char why[512];
+            if (sends.size() != recvs.size()) {
+                snprintf(why, sizeof why, "ncclSend/ncclRecv: rank %d sends %zu time(s) to rank %d, which receives %zu time(s) from it",
+                         from, sends.size(), to, recvs.size());
+                return why;
+            }
+            for (size_t k = 0; k < sends.size(); ++k) {
+                if (sends[k]->count != recvs[k]->count || sends[k]->type != recvs[k]->type) {
+                    snprintf(why, sizeof why,
+                             "ncclSend/ncclRecv: rank %d's send #%zu to rank %d is %zu x %s, rank %d's receive #%zu from rank %d "
+                             "is %zu x %s",
+                             from, k + 1, to, sends[k]->count, type_name(sends[k]->type), to, k + 1, from, recvs[k]->count,
+                             type_name(recvs[k]->type));
+                    return why;
+                }
+            }
+        }
+    }
+    return std::string();
+}
+
+// Copies every matched send into its receive (all sends read before any receive is written).
+void execute_p2p(const Group& g) {
+    const int R = g.nranks;
+    std::vector<std::pair<void*, std::vector<unsigned char>>> writes;
+    for (int from = 0; from < R; ++from) {
+        for (int to = 0; to < R; ++to) {
+            const auto sends = p2p_ops(g, from, to, true), recvs = p2p_ops(g, to, from, false);
+            for (size_t k = 0; k < sends.size(); ++k) {
+                const unsigned char* src = (const unsigned char*)sends[k]->buf;
+                writes.emplace_back(recvs[k]->buf, std::vector<unsigned char>(src, src + sends[k]->count * type_size(sends[k]->type)));
+            }
+        }
+    }
+    for (const auto& w : writes)
+        if (!w.second.empty()) memcpy(w.first, w.second.data(), w.second.size());
 }
 
 // Runs the round every rank has posted (g.mu held): reads every input, then writes every output.
@@ -347,12 +420,12 @@ void execute(Group& g) {
     switch (c0.kind) {
         case ALL_REDUCE:
             staged.resize(bytes);
-            reduce_sum(g, c0.type, 0, n, staged.data());
+            reduce_ring(g, c0.type, n, std::max<size_t>(1, (n + R - 1) / R), staged.data());
             for (int r = 0; r < R; ++r) memcpy(g.slots[r].recv, staged.data(), bytes);
             break;
         case REDUCE_SCATTER:
             staged.resize(bytes * R);
-            reduce_sum(g, c0.type, 0, n * R, staged.data());
+            reduce_ring(g, c0.type, n * R, std::max<size_t>(1, n), staged.data());
             for (int r = 0; r < R; ++r) memcpy(g.slots[r].recv, staged.data() + r * bytes, bytes);
             break;
         case ALL_GATHER:
@@ -363,6 +436,9 @@ void execute(Group& g) {
         case BROADCAST:
             staged.assign((const unsigned char*)g.slots[c0.root].send, (const unsigned char*)g.slots[c0.root].send + bytes);
             for (int r = 0; r < R; ++r) memcpy(g.slots[r].recv, staged.data(), bytes);
+            break;
+        case P2P:
+            execute_p2p(g);
             break;
     }
 }
@@ -378,6 +454,7 @@ std::string mismatch(const Group& g) {
     for (int r = 1; r < R; ++r)
         if (g.slots[r].kind != g.slots[0].kind)
             return describe("the collective", [](const Call& c) { return std::string(kind_name(c.kind)); });
+    if (g.slots[0].kind == P2P) return p2p_mismatch(g);
     for (int r = 1; r < R; ++r)
         if (g.slots[r].count != g.slots[0].count)
             return describe("the count", [](const Call& c) { return std::to_string(c.count); });
@@ -518,6 +595,52 @@ ncclResult_t collective(Call call, void* handle, void* stream) {
     return launch(c, call, stream);
 }
 
+// Checks an ncclSend / ncclRecv on the calling thread, then defers it (inside a group: the
+// group's point-to-point calls on a communicator become one round at ncclGroupEnd), or runs it
+// alone as a round of its own.
+ncclResult_t point_to_point(const P2pOp& op, void* handle, void* stream) {
+    const char* name = op.send ? "ncclSend" : "ncclRecv";
+    Comm* c = live(handle);
+    if (!c) return fail(nullptr, ncclInvalidArgument, "%s: %p is not a live communicator (never made, or destroyed)", name, handle);
+    const size_t es = type_size(op.type);
+    if (!es) return fail(c, ncclInvalidArgument, "%s (rank %d): datatype %d is not an NCCL datatype", name, c->rank, op.type);
+    if (op.peer < 0 || op.peer >= c->nranks)
+        return fail(c, ncclInvalidArgument, "%s (rank %d): peer %d of %d ranks", name, c->rank, op.peer, c->nranks);
+    char what[160];
+    snprintf(what, sizeof what, "%s (rank %d, peer %d) buffer", name, c->rank, op.peer);
+    if (swerve_emu_check_device_range((unsigned long long)(uintptr_t)op.buf, op.count * es, what))
+        return fail(c, ncclInvalidArgument, "%s (rank %d, peer %d): the buffer %p does not hold %zu bytes of device memory", name,
+                    c->rank, op.peer, op.buf, op.count * es);
+    Call call;
+    call.kind = P2P;
+    call.ops.push_back(op);
+    if (t_group_depth > 0) {
+        t_deferred.push_back({c, false, call, stream});
+        return ncclSuccess;
+    }
+    if (!c->ready)
+        return fail(c, ncclInvalidUsage, "%s (rank %d): the communicator's ncclCommInitRank has not completed", name, c->rank);
+    return launch(c, call, stream);
+}
+
+// A group's deferred calls with each communicator's point-to-point calls merged into one round,
+// at the place of its first.
+std::vector<Deferred> merge_point_to_point(std::vector<Deferred> work) {
+    std::vector<Deferred> merged;
+    for (Deferred& d : work) {
+        if (!d.init && d.call.kind == P2P) {
+            auto first = std::find_if(merged.begin(), merged.end(),
+                                      [&](const Deferred& m) { return m.comm == d.comm && !m.init && m.call.kind == P2P; });
+            if (first != merged.end()) {
+                first->call.ops.insert(first->call.ops.end(), d.call.ops.begin(), d.call.ops.end());
+                continue;
+            }
+        }
+        merged.push_back(std::move(d));
+    }
+    return merged;
+}
+
 ncclResult_t destroy(void* handle, const char* name) {
     Comm* c;
     {
@@ -652,6 +775,17 @@ API ncclResult_t ncclBroadcast(const void* send, void* recv, size_t count, int t
     return collective(call, comm, stream);
 }
 
+API ncclResult_t ncclSend(const void* send, size_t count, int type, int peer, void* comm, void* stream) {
+    P2pOp op;
+    op.send = true, op.buf = const_cast<void*>(send), op.count = count, op.type = type, op.peer = peer;
+    return point_to_point(op, comm, stream);
+}
+API ncclResult_t ncclRecv(void* recv, size_t count, int type, int peer, void* comm, void* stream) {
+    P2pOp op;
+    op.send = false, op.buf = recv, op.count = count, op.type = type, op.peer = peer;
+    return point_to_point(op, comm, stream);
+}
+
 API ncclResult_t ncclGroupStart() {
     ++t_group_depth;
     return ncclSuccess;
@@ -661,7 +795,7 @@ API ncclResult_t ncclGroupStart() {
 API ncclResult_t ncclGroupEnd() {
     if (t_group_depth == 0) return fail(nullptr, ncclInvalidUsage, "ncclGroupEnd without ncclGroupStart");
     if (--t_group_depth > 0) return ncclSuccess;
-    std::vector<Deferred> work = std::move(t_deferred);
+    std::vector<Deferred> work = merge_point_to_point(std::move(t_deferred));
     t_deferred.clear();
     std::vector<Comm*> comms;
     for (const Deferred& d : work)

@@ -30,6 +30,7 @@ pub mod graphs;
 pub mod loss;
 pub mod paged_attn;
 pub mod pointwise;
+pub mod rank_sum;
 pub mod rmsnorm;
 pub mod sampling;
 pub mod tensor;
