@@ -1,6 +1,8 @@
 // A stand-in libnccl for the emulated CUDA device: the subset of the NCCL C API that
 // src/dist/nccl/ calls, for ranks that are threads of one process, all on the emulated device
-// (whose memory is host memory). Built by build.rs (SWERVE_EMU=1) as $OUT_DIR/emu/libnccl.so with
+// (whose memory is host memory). This file: the C API, communicators, groups and the rendezvous;
+// nccl_rounds.cpp: what a round computes; nccl_internal.h: what the two share. Built by build.rs
+// (SWERVE_EMU=1) with nccl_rounds.cpp as $OUT_DIR/emu/libnccl.so with
 // soname libnccl.so.2, linked against the stand-in libcuda, and loaded after it by absolute path.
 //
 // What it computes. The unique id names an in-process rendezvous (a serial number and this
@@ -76,153 +78,13 @@
 #include <thread>
 #include <vector>
 
+#include "nccl_internal.h"
+
 // The stand-in driver's entry points (emu/driver.cpp).
 extern "C" int swerve_emu_stream_enqueue_checked(void* stream, int (*run)(void*), void* ctx, void (*drop)(void*));
 extern "C" int swerve_emu_check_device_range(unsigned long long ptr, size_t bytes, const char* what);
 
-namespace {
-
-// ---- NCCL's values (nccl.h; cudarc's nccl::sys, nccl-02030) -------------------------------------
-typedef int ncclResult_t;
-enum : int {
-    ncclSuccess = 0,
-    ncclUnhandledCudaError = 1,
-    ncclSystemError = 2,
-    ncclInternalError = 3,
-    ncclInvalidArgument = 4,
-    ncclInvalidUsage = 5,
-    ncclRemoteError = 6,
-    ncclInProgress = 7,
-};
-enum : int {
-    ncclInt8 = 0, ncclUint8 = 1, ncclInt32 = 2, ncclUint32 = 3, ncclInt64 = 4, ncclUint64 = 5,
-    ncclFloat16 = 6, ncclFloat32 = 7, ncclFloat64 = 8, ncclBfloat16 = 9, ncclFloat8e4m3 = 10,
-    ncclFloat8e5m2 = 11,
-};
-enum : int { ncclSum = 0, ncclProd = 1, ncclMax = 2, ncclMin = 3, ncclAvg = 4 };
-
-const int kVersion = 22800;  // reported as NCCL 2.28.0
-const char kMagic[16] = "SWERVE-EMU-NCCL";
-
-struct UniqueId {  // ncclUniqueId: 128 opaque bytes, passed by value
-    char internal[128];
-};
-struct IdFields {
-    char magic[16];
-    uint64_t serial;
-    int64_t pid;
-};
-static_assert(sizeof(IdFields) <= sizeof(UniqueId), "the id's fields fit in ncclUniqueId");
-
-const char* result_name(ncclResult_t r) {
-    switch (r) {
-        case ncclSuccess: return "ncclSuccess";
-        case ncclUnhandledCudaError: return "ncclUnhandledCudaError";
-        case ncclSystemError: return "ncclSystemError";
-        case ncclInternalError: return "ncclInternalError";
-        case ncclInvalidArgument: return "ncclInvalidArgument";
-        case ncclInvalidUsage: return "ncclInvalidUsage";
-        case ncclRemoteError: return "ncclRemoteError";
-        case ncclInProgress: return "ncclInProgress";
-        default: return "ncclUnknownResult";
-    }
-}
-
-const char* type_name(int t) {
-    switch (t) {
-        case ncclInt8: return "ncclInt8";
-        case ncclUint8: return "ncclUint8";
-        case ncclInt32: return "ncclInt32";
-        case ncclUint32: return "ncclUint32";
-        case ncclInt64: return "ncclInt64";
-        case ncclUint64: return "ncclUint64";
-        case ncclFloat16: return "ncclFloat16";
-        case ncclFloat32: return "ncclFloat32";
-        case ncclFloat64: return "ncclFloat64";
-        case ncclBfloat16: return "ncclBfloat16";
-        case ncclFloat8e4m3: return "ncclFloat8e4m3";
-        case ncclFloat8e5m2: return "ncclFloat8e5m2";
-        default: return "an unknown datatype";
-    }
-}
-
-// Bytes per element; 0 for an unknown datatype.
-size_t type_size(int t) {
-    switch (t) {
-        case ncclInt8: case ncclUint8: case ncclFloat8e4m3: case ncclFloat8e5m2: return 1;
-        case ncclFloat16: case ncclBfloat16: return 2;
-        case ncclInt32: case ncclUint32: case ncclFloat32: return 4;
-        case ncclInt64: case ncclUint64: case ncclFloat64: return 8;
-        default: return 0;
-    }
-}
-
-double timeout_seconds() {
-    static const double seconds = [] {
-        const char* s = getenv("SWERVE_EMU_NCCL_TIMEOUT_S");
-        if (!s) return 300.0;
-        char* end = nullptr;
-        const double v = strtod(s, &end);
-        if (!*s || *end || !(v > 0)) {
-            fprintf(stderr, "swerve emulated NCCL: SWERVE_EMU_NCCL_TIMEOUT_S=%s is not a positive number of seconds\n", s);
-            exit(2);
-        }
-        return v;
-    }();
-    return seconds;
-}
-
-// ---- communicators and their shared rendezvous ------------------------------------------------
-
-enum Kind { ALL_REDUCE, ALL_GATHER, REDUCE_SCATTER, BROADCAST, P2P };
-const char* kind_name(Kind k) {
-    switch (k) {
-        case ALL_REDUCE: return "ncclAllReduce";
-        case ALL_GATHER: return "ncclAllGather";
-        case REDUCE_SCATTER: return "ncclReduceScatter";
-        case BROADCAST: return "ncclBroadcast";
-        case P2P: return "ncclSend/ncclRecv";
-    }
-    return "?";
-}
-
-// One ncclSend or ncclRecv of a point-to-point round.
-struct P2pOp {
-    bool send = false;
-    void* buf = nullptr;  // read for a send, written for a receive
-    size_t count = 0;
-    int type = 0, peer = 0;
-};
-
-// One rank's call of a collective, or its group of point-to-point calls (kind P2P, `ops`).
-struct Call {
-    Kind kind = ALL_REDUCE;
-    const void* send = nullptr;
-    void* recv = nullptr;
-    size_t count = 0;  // per rank: NCCL's count / sendcount / recvcount
-    int type = 0, op = 0, root = 0;
-    std::vector<P2pOp> ops;  // P2P only, in the order the rank called them
-};
-
-struct Group {
-    uint64_t serial = 0;
-    int nranks = 0;
-    std::mutex mu;
-    std::condition_variable changed;
-    // ncclCommInitRank
-    std::vector<bool> joined;
-    int joined_count = 0;
-    bool formed = false;
-    // collectives: one round at a time
-    std::vector<Call> slots;
-    std::vector<bool> posted;
-    std::vector<uint64_t> calls;  // collectives each rank has started
-    int arrived = 0;
-    uint64_t generation = 0;  // completed rounds
-    std::vector<bool> departed;
-    ncclResult_t broken_code = ncclSuccess;
-    std::string broken;  // why no collective can run any more; empty while healthy
-};
+namespace swerve_nccl {
 
 struct Comm {
     static constexpr uint64_t kLive = 0x4e43434c'636f6d6dull;
@@ -321,154 +183,7 @@ ncclResult_t join(Comm* c) {
 
 // ---- collectives --------------------------------------------------------------------------------
 
-uint16_t f32_to_bf16(float f) {  // round to nearest even; NaN -> 0x7fff as the emulated cvt
-    uint32_t u;
-    memcpy(&u, &f, 4);
-    if ((u & 0x7fffffffu) > 0x7f800000u) return 0x7fff;
-    u += 0x7fffu + ((u >> 16) & 1u);
-    return (uint16_t)(u >> 16);
-}
-float bf16_to_f32(uint16_t h) {
-    const uint32_t u = (uint32_t)h << 16;
-    float f;
-    memcpy(&f, &u, 4);
-    return f;
-}
-
-// The ring's sum of n elements of every rank's send buffer into `out`: element i, in chunk
-// c = i / chunk, is x_{c+1}[i] + x_{c+2}[i] + ... + x_c[i] (ranks mod R), each partial sum in the
-// element's type (bf16: rounded to bf16 after every addition). See the header.
-void reduce_ring(const Group& g, int type, size_t n, size_t chunk, unsigned char* out) {
-    const int R = g.nranks;
-    for (size_t i = 0; i < n; ++i) {
-        const int first = (int)((i / chunk + 1) % (size_t)R);
-        if (type == ncclFloat32) {
-            float acc = ((const float*)g.slots[first].send)[i];
-            for (int k = 1; k < R; ++k) acc += ((const float*)g.slots[(first + k) % R].send)[i];
-            ((float*)out)[i] = acc;
-        } else if (type == ncclBfloat16) {
-            uint16_t acc = ((const uint16_t*)g.slots[first].send)[i];
-            for (int k = 1; k < R; ++k)
-                acc = f32_to_bf16(bf16_to_f32(acc) + bf16_to_f32(((const uint16_t*)g.slots[(first + k) % R].send)[i]));
-            ((uint16_t*)out)[i] = acc;
-        } else {  // ncclFloat64
-            double acc = ((const double*)g.slots[first].send)[i];
-            for (int k = 1; k < R; ++k) acc += ((const double*)g.slots[(first + k) % R].send)[i];
-            ((double*)out)[i] = acc;
-        }
-    }
-}
-
-// Rank `from`'s sends to rank `to`, or rank `to`'s receives from rank `from`, in call order.
-std::vector<const P2pOp*> p2p_ops(const Group& g, int rank, int peer, bool send) {
-    std::vector<const P2pOp*> ops;
-    for (const P2pOp& op : g.slots[rank].ops)
-        if (op.send == send && op.peer == peer) ops.push_back(&op);
-    return ops;
-}
-
-// Why the ranks' point-to-point calls do not match, or empty.
-std::string p2p_mismatch(const Group& g) {
-    const int R = g.nranks;
-    for (int from = 0; from < R; ++from) {
-        for (int to = 0; to < R; ++to) {
-            const auto sends = p2p_ops(g, from, to, true), recvs = p2p_ops(g, to, from, false);
-            char why[512];
-            if (sends.size() != recvs.size()) {
-                snprintf(why, sizeof why, "ncclSend/ncclRecv: rank %d sends %zu time(s) to rank %d, which receives %zu time(s) from it",
-                         from, sends.size(), to, recvs.size());
-                return why;
-            }
-            for (size_t k = 0; k < sends.size(); ++k) {
-                if (sends[k]->count != recvs[k]->count || sends[k]->type != recvs[k]->type) {
-                    snprintf(why, sizeof why,
-                             "ncclSend/ncclRecv: rank %d's send #%zu to rank %d is %zu x %s, rank %d's receive #%zu from rank %d "
-                             "is %zu x %s",
-                             from, k + 1, to, sends[k]->count, type_name(sends[k]->type), to, k + 1, from, recvs[k]->count,
-                             type_name(recvs[k]->type));
-                    return why;
-                }
-            }
-        }
-    }
-    return std::string();
-}
-
-// Copies every matched send into its receive (all sends read before any receive is written).
-void execute_p2p(const Group& g) {
-    const int R = g.nranks;
-    std::vector<std::pair<void*, std::vector<unsigned char>>> writes;
-    for (int from = 0; from < R; ++from) {
-        for (int to = 0; to < R; ++to) {
-            const auto sends = p2p_ops(g, from, to, true), recvs = p2p_ops(g, to, from, false);
-            for (size_t k = 0; k < sends.size(); ++k) {
-                const unsigned char* src = (const unsigned char*)sends[k]->buf;
-                writes.emplace_back(recvs[k]->buf, std::vector<unsigned char>(src, src + sends[k]->count * type_size(sends[k]->type)));
-            }
-        }
-    }
-    for (const auto& w : writes)
-        if (!w.second.empty()) memcpy(w.first, w.second.data(), w.second.size());
-}
-
-// Runs the round every rank has posted (g.mu held): reads every input, then writes every output.
-void execute(Group& g) {
-    const Call& c0 = g.slots[0];
-    const int R = g.nranks;
-    const size_t es = type_size(c0.type), n = c0.count, bytes = n * es;
-    std::vector<unsigned char> staged;
-    switch (c0.kind) {
-        case ALL_REDUCE:
-            staged.resize(bytes);
-            reduce_ring(g, c0.type, n, std::max<size_t>(1, (n + R - 1) / R), staged.data());
-            for (int r = 0; r < R; ++r) memcpy(g.slots[r].recv, staged.data(), bytes);
-            break;
-        case REDUCE_SCATTER:
-            staged.resize(bytes * R);
-            reduce_ring(g, c0.type, n * R, std::max<size_t>(1, n), staged.data());
-            for (int r = 0; r < R; ++r) memcpy(g.slots[r].recv, staged.data() + r * bytes, bytes);
-            break;
-        case ALL_GATHER:
-            staged.resize(bytes * R);
-            for (int r = 0; r < R; ++r) memcpy(staged.data() + r * bytes, g.slots[r].send, bytes);
-            for (int r = 0; r < R; ++r) memcpy(g.slots[r].recv, staged.data(), bytes * R);
-            break;
-        case BROADCAST:
-            staged.assign((const unsigned char*)g.slots[c0.root].send, (const unsigned char*)g.slots[c0.root].send + bytes);
-            for (int r = 0; r < R; ++r) memcpy(g.slots[r].recv, staged.data(), bytes);
-            break;
-        case P2P:
-            execute_p2p(g);
-            break;
-    }
-}
-
-// Why the posted calls disagree, or empty.
-std::string mismatch(const Group& g) {
-    const int R = g.nranks;
-    auto describe = [&](const char* what, auto value) {
-        std::string s = std::string(kind_name(g.slots[0].kind)) + ": the ranks disagree on " + what + ":";
-        for (int r = 0; r < R; ++r) s += " rank " + std::to_string(r) + " " + value(g.slots[r]) + (r + 1 < R ? "," : "");
-        return s;
-    };
-    for (int r = 1; r < R; ++r)
-        if (g.slots[r].kind != g.slots[0].kind)
-            return describe("the collective", [](const Call& c) { return std::string(kind_name(c.kind)); });
-    if (g.slots[0].kind == P2P) return p2p_mismatch(g);
-    for (int r = 1; r < R; ++r)
-        if (g.slots[r].count != g.slots[0].count)
-            return describe("the count", [](const Call& c) { return std::to_string(c.count); });
-    for (int r = 1; r < R; ++r)
-        if (g.slots[r].type != g.slots[0].type)
-            return describe("the datatype", [](const Call& c) { return std::string(type_name(c.type)); });
-    for (int r = 1; r < R; ++r)
-        if (g.slots[r].op != g.slots[0].op)
-            return describe("the reduction", [](const Call& c) { return std::to_string(c.op); });
-    for (int r = 1; r < R; ++r)
-        if (g.slots[r].root != g.slots[0].root)
-            return describe("the root", [](const Call& c) { return std::to_string(c.root); });
-    return std::string();
-}
+// What a round computes: emu/nccl_rounds.cpp.
 
 // One rank's part of a collective: post, wait for the others, the last one runs the round.
 ncclResult_t rendezvous(Comm* c, const Call& call) {
@@ -658,7 +373,9 @@ ncclResult_t destroy(void* handle, const char* name) {
     return ncclSuccess;
 }
 
-}  // namespace
+}  // namespace swerve_nccl
+
+using namespace swerve_nccl;
 
 // ---- the C API ----------------------------------------------------------------------------------
 #define API extern "C" __attribute__((visibility("default")))
