@@ -26,7 +26,7 @@ use common::gpu::{gpu, poisoned};
 use common::nccl_ranks::{on_ranks, world_fits};
 use half::bf16;
 use swerve::backend::cuda::{self, CudaBackend, CudaTensor, DeviceDType};
-use swerve::dist::local::{LocalComm, LocalGroup};
+use swerve::dist::local::LocalComm;
 use swerve::dist::nccl::{self, NcclComm};
 use swerve::dist::{Collectives, Communicator, ReduceOp};
 use swerve::rng::{Rng, SplitMix64};
@@ -359,6 +359,7 @@ mod emulated {
     use std::ffi::{c_char, c_int, c_void, CString};
     use std::process::Command;
     use std::sync::mpsc;
+    use swerve::dist::local::LocalGroup;
 
     const CHILD: &str = "SWERVE_GPU_NCCL_CHILD";
 
