@@ -270,6 +270,17 @@ ncclResult_t launch(Comm* c, const Call& call, void* stream) {
     return ncclSuccess;  // recorded into a graph: runs at each replay
 }
 
+// A checked call: deferred inside a group, else run (or recorded, on a capturing stream).
+ncclResult_t dispatch(Comm* c, const Call& call, const char* name, void* stream) {
+    if (t_group_depth > 0) {
+        t_deferred.push_back({c, false, call, stream});
+        return ncclSuccess;
+    }
+    if (!c->ready)
+        return fail(c, ncclInvalidUsage, "%s (rank %d): the communicator's ncclCommInitRank has not completed", name, c->rank);
+    return launch(c, call, stream);
+}
+
 // Checks a collective's arguments on the calling thread, then runs it, defers it (inside a group)
 // or records it (a capturing stream).
 ncclResult_t collective(Call call, void* handle, void* stream) {
@@ -301,13 +312,7 @@ ncclResult_t collective(Call call, void* handle, void* stream) {
     if (swerve_emu_check_device_range((unsigned long long)(uintptr_t)call.recv, recv_bytes, what))
         return fail(c, ncclInvalidArgument, "%s (rank %d): the receive buffer %p does not hold %zu bytes of device memory", name,
                     c->rank, call.recv, recv_bytes);
-    if (t_group_depth > 0) {
-        t_deferred.push_back({c, false, call, stream});
-        return ncclSuccess;
-    }
-    if (!c->ready)
-        return fail(c, ncclInvalidUsage, "%s (rank %d): the communicator's ncclCommInitRank has not completed", name, c->rank);
-    return launch(c, call, stream);
+    return dispatch(c, call, name, stream);
 }
 
 // Checks an ncclSend / ncclRecv on the calling thread, then defers it (inside a group: the
@@ -329,13 +334,7 @@ ncclResult_t point_to_point(const P2pOp& op, void* handle, void* stream) {
     Call call;
     call.kind = P2P;
     call.ops.push_back(op);
-    if (t_group_depth > 0) {
-        t_deferred.push_back({c, false, call, stream});
-        return ncclSuccess;
-    }
-    if (!c->ready)
-        return fail(c, ncclInvalidUsage, "%s (rank %d): the communicator's ncclCommInitRank has not completed", name, c->rank);
-    return launch(c, call, stream);
+    return dispatch(c, call, name, stream);
 }
 
 // A group's deferred calls with each communicator's point-to-point calls merged into one round,

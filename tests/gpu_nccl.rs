@@ -359,7 +359,6 @@ mod emulated {
     use std::ffi::{c_char, c_int, c_void, CString};
     use std::process::Command;
     use std::sync::mpsc;
-    use swerve::dist::local::LocalGroup;
 
     const CHILD: &str = "SWERVE_GPU_NCCL_CHILD";
 
@@ -372,22 +371,9 @@ mod emulated {
         size: usize,
         f: impl Fn(usize, &CudaBackend, NcclComm) -> R + Sync,
     ) -> Vec<R> {
-        let locals = LocalGroup::new(size);
-        std::thread::scope(|s| {
-            let f = &f;
-            let handles: Vec<_> = locals
-                .into_iter()
-                .enumerate()
-                .map(|(rank, local)| {
-                    s.spawn(move || {
-                        let backend = gpu();
-                        let comm = NcclComm::init(&backend, &local).unwrap();
-                        drop(local);
-                        f(rank, &backend, comm)
-                    })
-                })
-                .collect();
-            handles.into_iter().map(|h| h.join().unwrap()).collect()
+        common::nccl_ranks::spawn_ranks(size, |rank, backend, comm, local| {
+            drop(local);
+            f(rank, &backend, comm)
         })
     }
 

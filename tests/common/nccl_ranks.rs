@@ -39,10 +39,20 @@ pub fn on_ranks<R: Send>(
     size: usize,
     f: impl Fn(&CudaBackend, &NcclComm, &LocalComm) -> R + Sync,
 ) -> Vec<R> {
-    let locals = LocalGroup::new(size);
+    spawn_ranks(size, |rank, backend, comm, local| {
+        assert_eq!((comm.rank(), comm.size()), (rank, size));
+        f(&backend, &comm, &local)
+    })
+}
+
+/// [`on_ranks`] handing each rank's objects over: `f(rank, backend, NCCL, local)`.
+pub fn spawn_ranks<R: Send>(
+    size: usize,
+    f: impl Fn(usize, CudaBackend, NcclComm, LocalComm) -> R + Sync,
+) -> Vec<R> {
     std::thread::scope(|s| {
         let f = &f;
-        let handles: Vec<_> = locals
+        let handles: Vec<_> = LocalGroup::new(size)
             .into_iter()
             .enumerate()
             .map(|(rank, local)| {
@@ -50,8 +60,7 @@ pub fn on_ranks<R: Send>(
                     let backend = backend_for(rank);
                     let comm = NcclComm::init(&backend, &local)
                         .unwrap_or_else(|e| panic!("rank {rank}: {e:#}"));
-                    assert_eq!((comm.rank(), comm.size()), (rank, size));
-                    f(&backend, &comm, &local)
+                    f(rank, backend, comm, local)
                 })
             })
             .collect();

@@ -216,32 +216,22 @@ impl NcclComm {
         let mut first_error = Ok(());
         for p in 0..self.size {
             let offset = (p * s * es) as u64;
-            let theirs = slice_len(count, s, p);
-            if theirs > 0 {
-                let code = (self.lib.send)(
-                    (send + offset) as *const c_void,
-                    theirs,
-                    ty,
-                    p as _,
-                    guard.0,
-                    stream,
-                );
+            let calls = [
+                ("ncclSend", "to", slice_len(count, s, p), send + offset),
+                ("ncclRecv", "from", mine, partials + offset),
+            ];
+            for (name, direction, n, at) in calls {
+                if n == 0 {
+                    continue;
+                }
+                let code = match name {
+                    "ncclSend" => {
+                        (self.lib.send)(at as *const c_void, n, ty, p as _, guard.0, stream)
+                    }
+                    _ => (self.lib.recv)(at as *mut c_void, n, ty, p as _, guard.0, stream),
+                };
                 let r = self.check(code, &guard, || {
-                    format!("{what}: ncclSend of {theirs} to rank {p}")
-                });
-                first_error = first_error.and(r);
-            }
-            if mine > 0 {
-                let code = (self.lib.recv)(
-                    (partials + offset) as *mut c_void,
-                    mine,
-                    ty,
-                    p as _,
-                    guard.0,
-                    stream,
-                );
-                let r = self.check(code, &guard, || {
-                    format!("{what}: ncclRecv of {mine} from rank {p}")
+                    format!("{what}: {name} of {n} {direction} rank {p}")
                 });
                 first_error = first_error.and(r);
             }
