@@ -153,6 +153,7 @@ pub fn build(manifest_dir: &Path, out_dir: &Path, sources: &[PathBuf]) -> Result
     let mut nccl = Command::new(&cxx);
     nccl.args(flags(&["-shared", "-Wl,-soname,libnccl.so.2"]))
         .arg(emu_dir.join("nccl.cpp"))
+        .arg(emu_dir.join("nccl_rounds.cpp"))
         .arg("-o")
         .arg(&libnccl)
         .arg(&libcuda)

@@ -1,6 +1,8 @@
 // A stand-in libnccl for the emulated CUDA device: the subset of the NCCL C API that
 // src/dist/nccl/ calls, for ranks that are threads of one process, all on the emulated device
-// (whose memory is host memory). Built by build.rs (SWERVE_EMU=1) as $OUT_DIR/emu/libnccl.so with
+// (whose memory is host memory). This file: the C API, communicators, groups and the rendezvous;
+// nccl_rounds.cpp: what a round computes; nccl_internal.h: what the two share. Built by build.rs
+// (SWERVE_EMU=1) with nccl_rounds.cpp as $OUT_DIR/emu/libnccl.so with
 // soname libnccl.so.2, linked against the stand-in libcuda, and loaded after it by absolute path.
 //
 // What it computes. The unique id names an in-process rendezvous (a serial number and this
@@ -8,14 +10,27 @@
 // joined. Each collective waits until every rank of the communicator has called it, checks that
 // the calls agree (the same collective, count, datatype, operation, root), then the last rank to
 // arrive computes every rank's result into a staging buffer and writes each rank's receive buffer:
-//  - ncclAllReduce / ncclReduceScatter (ncclSum only): element i is reduced IN RANK ORDER,
-//    acc = x_0[i]; acc += x_1[i]; ...; in f32 for f32 and for bf16 (bf16 inputs widened exactly,
-//    the result rounded to bf16 once, round-to-nearest-even), in f64 for f64. This is what the
-//    host-staged path (Communicator's default bodies over LocalComm) computes, so the emulated
-//    NCCL matches it bit for bit. Real NCCL reduces in its ring or tree order (chunked, pipelined,
-//    a different order per chunk and algorithm) and, for bf16, rounds every partial sum to bf16:
-//    on GPUs the results agree with this only within reduction-order rounding, identical on every
-//    rank but not in rank order.
+//  - ncclAllReduce / ncclReduceScatter (ncclSum only) model real NCCL's ring, NOT rank order:
+//    the message is cut into one chunk per rank (ncclReduceScatter: chunk c is rank c's part;
+//    ncclAllReduce: chunks of ceil(count / nranks) elements, the last one short), and element i
+//    of chunk c is accumulated around the ring starting from rank (c + 1) % n:
+//    acc = x_{c+1}[i]; acc += x_{c+2}[i]; ...; acc += x_c[i] (ranks mod n), as a ring
+//    reduce-scatter passes chunk c along. f32 and f64 accumulate in their own type; bf16 rounds
+//    every partial sum to bf16 (round-to-nearest-even), as NCCL's bf16 reduction kernels do.
+//    The same bits on every rank, but not the rank-order f32 sum rounded once that swerve's
+//    tensor-parallel sums compute (src/dist/nccl/ordered.rs over ncclSend/ncclRecv, the CPU
+//    backend's host path): from 3 ranks on the two differ (at 2, x_1 + x_0 == x_0 + x_1 and the
+//    single bf16 rounding is the same), so a test sees a tensor-parallel sum that went through
+//    ncclAllReduce. Real NCCL's order also changes with the message size and algorithm (tree,
+//    NVLS, chunking); the model is one fixed ring, enough to show that the order is not rank order.
+//  - ncclSend / ncclRecv: point-to-point, between ncclGroupStart and ncclGroupEnd (or alone). A
+//    rank's sends and receives of one group (on one communicator) form ONE round of the
+//    rendezvous below, like a collective: every rank of the communicator must make a group of
+//    point-to-point calls at the same point of its sequence of calls (an all-to-all, as swerve's
+//    ordered sums do; a rank with nothing to send or receive that skips the group makes the others
+//    time out, naming it). In the round, rank r's sends to rank p match rank p's receives from
+//    rank r one by one, in the order each rank called them; their counts and datatypes must agree.
+//    Sends to and receives from oneself are allowed (NCCL allows them too).
 //  - ncclAllGather: every rank's send buffer in rank order; ncclBroadcast: the root's buffer.
 //  In-place calls (send == recv, or an all-gather's send inside its receive buffer) are fine: all
 //  inputs are read before any output is written.
@@ -24,8 +39,10 @@
 // "swerve emulated NCCL: <result>: <why>" naming the call and the ranks (ncclGetLastError returns
 // the same text): calls that disagree across ranks (ncclInvalidUsage); a rank that does not arrive
 // within SWERVE_EMU_NCCL_TIMEOUT_S seconds (default 300) or that destroyed its communicator while
-// the others wait (ncclRemoteError); an unknown or destroyed communicator, a foreign id, a rank
-// joining twice, buffers that are not device memory or too small (ncclInvalidArgument). After a
+// the others wait (ncclRemoteError); sends and receives that do not match, by number, count or
+// datatype (ncclInvalidUsage, naming both ranks); an unknown or destroyed communicator, a foreign
+// id, a rank joining twice, a peer out of range, buffers that are not device memory or too small
+// (ncclInvalidArgument). After a
 // failed collective the communicator is broken: every later collective of every rank fails with
 // the first cause (real NCCL would hang or leave the communicator in an asynchronous error).
 // Unlike real NCCL, several ranks may share the one emulated device (NCCL refuses that: "Duplicate
@@ -61,143 +78,13 @@
 #include <thread>
 #include <vector>
 
+#include "nccl_internal.h"
+
 // The stand-in driver's entry points (emu/driver.cpp).
 extern "C" int swerve_emu_stream_enqueue_checked(void* stream, int (*run)(void*), void* ctx, void (*drop)(void*));
 extern "C" int swerve_emu_check_device_range(unsigned long long ptr, size_t bytes, const char* what);
 
-namespace {
-
-// ---- NCCL's values (nccl.h; cudarc's nccl::sys, nccl-02030) -------------------------------------
-typedef int ncclResult_t;
-enum : int {
-    ncclSuccess = 0,
-    ncclUnhandledCudaError = 1,
-    ncclSystemError = 2,
-    ncclInternalError = 3,
-    ncclInvalidArgument = 4,
-    ncclInvalidUsage = 5,
-    ncclRemoteError = 6,
-    ncclInProgress = 7,
-};
-enum : int {
-    ncclInt8 = 0, ncclUint8 = 1, ncclInt32 = 2, ncclUint32 = 3, ncclInt64 = 4, ncclUint64 = 5,
-    ncclFloat16 = 6, ncclFloat32 = 7, ncclFloat64 = 8, ncclBfloat16 = 9, ncclFloat8e4m3 = 10,
-    ncclFloat8e5m2 = 11,
-};
-enum : int { ncclSum = 0, ncclProd = 1, ncclMax = 2, ncclMin = 3, ncclAvg = 4 };
-
-const int kVersion = 22800;  // reported as NCCL 2.28.0
-const char kMagic[16] = "SWERVE-EMU-NCCL";
-
-struct UniqueId {  // ncclUniqueId: 128 opaque bytes, passed by value
-    char internal[128];
-};
-struct IdFields {
-    char magic[16];
-    uint64_t serial;
-    int64_t pid;
-};
-static_assert(sizeof(IdFields) <= sizeof(UniqueId), "the id's fields fit in ncclUniqueId");
-
-const char* result_name(ncclResult_t r) {
-    switch (r) {
-        case ncclSuccess: return "ncclSuccess";
-        case ncclUnhandledCudaError: return "ncclUnhandledCudaError";
-        case ncclSystemError: return "ncclSystemError";
-        case ncclInternalError: return "ncclInternalError";
-        case ncclInvalidArgument: return "ncclInvalidArgument";
-        case ncclInvalidUsage: return "ncclInvalidUsage";
-        case ncclRemoteError: return "ncclRemoteError";
-        case ncclInProgress: return "ncclInProgress";
-        default: return "ncclUnknownResult";
-    }
-}
-
-const char* type_name(int t) {
-    switch (t) {
-        case ncclInt8: return "ncclInt8";
-        case ncclUint8: return "ncclUint8";
-        case ncclInt32: return "ncclInt32";
-        case ncclUint32: return "ncclUint32";
-        case ncclInt64: return "ncclInt64";
-        case ncclUint64: return "ncclUint64";
-        case ncclFloat16: return "ncclFloat16";
-        case ncclFloat32: return "ncclFloat32";
-        case ncclFloat64: return "ncclFloat64";
-        case ncclBfloat16: return "ncclBfloat16";
-        case ncclFloat8e4m3: return "ncclFloat8e4m3";
-        case ncclFloat8e5m2: return "ncclFloat8e5m2";
-        default: return "an unknown datatype";
-    }
-}
-
-// Bytes per element; 0 for an unknown datatype.
-size_t type_size(int t) {
-    switch (t) {
-        case ncclInt8: case ncclUint8: case ncclFloat8e4m3: case ncclFloat8e5m2: return 1;
-        case ncclFloat16: case ncclBfloat16: return 2;
-        case ncclInt32: case ncclUint32: case ncclFloat32: return 4;
-        case ncclInt64: case ncclUint64: case ncclFloat64: return 8;
-        default: return 0;
-    }
-}
-
-double timeout_seconds() {
-    static const double seconds = [] {
-        const char* s = getenv("SWERVE_EMU_NCCL_TIMEOUT_S");
-        if (!s) return 300.0;
-        char* end = nullptr;
-        const double v = strtod(s, &end);
-        if (!*s || *end || !(v > 0)) {
-            fprintf(stderr, "swerve emulated NCCL: SWERVE_EMU_NCCL_TIMEOUT_S=%s is not a positive number of seconds\n", s);
-            exit(2);
-        }
-        return v;
-    }();
-    return seconds;
-}
-
-// ---- communicators and their shared rendezvous ------------------------------------------------
-
-enum Kind { ALL_REDUCE, ALL_GATHER, REDUCE_SCATTER, BROADCAST };
-const char* kind_name(Kind k) {
-    switch (k) {
-        case ALL_REDUCE: return "ncclAllReduce";
-        case ALL_GATHER: return "ncclAllGather";
-        case REDUCE_SCATTER: return "ncclReduceScatter";
-        case BROADCAST: return "ncclBroadcast";
-    }
-    return "?";
-}
-
-// One rank's call of a collective.
-struct Call {
-    Kind kind = ALL_REDUCE;
-    const void* send = nullptr;
-    void* recv = nullptr;
-    size_t count = 0;  // per rank: NCCL's count / sendcount / recvcount
-    int type = 0, op = 0, root = 0;
-};
-
-struct Group {
-    uint64_t serial = 0;
-    int nranks = 0;
-    std::mutex mu;
-    std::condition_variable changed;
-    // ncclCommInitRank
-    std::vector<bool> joined;
-    int joined_count = 0;
-    bool formed = false;
-    // collectives: one round at a time
-    std::vector<Call> slots;
-    std::vector<bool> posted;
-    std::vector<uint64_t> calls;  // collectives each rank has started
-    int arrived = 0;
-    uint64_t generation = 0;  // completed rounds
-    std::vector<bool> departed;
-    ncclResult_t broken_code = ncclSuccess;
-    std::string broken;  // why no collective can run any more; empty while healthy
-};
+namespace swerve_nccl {
 
 struct Comm {
     static constexpr uint64_t kLive = 0x4e43434c'636f6d6dull;
@@ -296,102 +183,7 @@ ncclResult_t join(Comm* c) {
 
 // ---- collectives --------------------------------------------------------------------------------
 
-uint16_t f32_to_bf16(float f) {  // round to nearest even; NaN -> 0x7fff as the emulated cvt
-    uint32_t u;
-    memcpy(&u, &f, 4);
-    if ((u & 0x7fffffffu) > 0x7f800000u) return 0x7fff;
-    u += 0x7fffu + ((u >> 16) & 1u);
-    return (uint16_t)(u >> 16);
-}
-float bf16_to_f32(uint16_t h) {
-    const uint32_t u = (uint32_t)h << 16;
-    float f;
-    memcpy(&f, &u, 4);
-    return f;
-}
-
-// out[i] = x_0[i] + x_1[i] + ... (rank order) for i < n, every x_r starting `offset` elements into
-// rank r's send buffer.
-void reduce_sum(const Group& g, int type, size_t offset, size_t n, unsigned char* out) {
-    const int R = g.nranks;
-    if (type == ncclFloat32) {
-        float* o = (float*)out;
-        for (size_t i = 0; i < n; ++i) {
-            float acc = ((const float*)g.slots[0].send)[offset + i];
-            for (int r = 1; r < R; ++r) acc += ((const float*)g.slots[r].send)[offset + i];
-            o[i] = acc;
-        }
-    } else if (type == ncclBfloat16) {
-        uint16_t* o = (uint16_t*)out;
-        for (size_t i = 0; i < n; ++i) {
-            float acc = bf16_to_f32(((const uint16_t*)g.slots[0].send)[offset + i]);
-            for (int r = 1; r < R; ++r) acc += bf16_to_f32(((const uint16_t*)g.slots[r].send)[offset + i]);
-            o[i] = f32_to_bf16(acc);
-        }
-    } else {  // ncclFloat64
-        double* o = (double*)out;
-        for (size_t i = 0; i < n; ++i) {
-            double acc = ((const double*)g.slots[0].send)[offset + i];
-            for (int r = 1; r < R; ++r) acc += ((const double*)g.slots[r].send)[offset + i];
-            o[i] = acc;
-        }
-    }
-}
-
-// Runs the round every rank has posted (g.mu held): reads every input, then writes every output.
-void execute(Group& g) {
-    const Call& c0 = g.slots[0];
-    const int R = g.nranks;
-    const size_t es = type_size(c0.type), n = c0.count, bytes = n * es;
-    std::vector<unsigned char> staged;
-    switch (c0.kind) {
-        case ALL_REDUCE:
-            staged.resize(bytes);
-            reduce_sum(g, c0.type, 0, n, staged.data());
-            for (int r = 0; r < R; ++r) memcpy(g.slots[r].recv, staged.data(), bytes);
-            break;
-        case REDUCE_SCATTER:
-            staged.resize(bytes * R);
-            reduce_sum(g, c0.type, 0, n * R, staged.data());
-            for (int r = 0; r < R; ++r) memcpy(g.slots[r].recv, staged.data() + r * bytes, bytes);
-            break;
-        case ALL_GATHER:
-            staged.resize(bytes * R);
-            for (int r = 0; r < R; ++r) memcpy(staged.data() + r * bytes, g.slots[r].send, bytes);
-            for (int r = 0; r < R; ++r) memcpy(g.slots[r].recv, staged.data(), bytes * R);
-            break;
-        case BROADCAST:
-            staged.assign((const unsigned char*)g.slots[c0.root].send, (const unsigned char*)g.slots[c0.root].send + bytes);
-            for (int r = 0; r < R; ++r) memcpy(g.slots[r].recv, staged.data(), bytes);
-            break;
-    }
-}
-
-// Why the posted calls disagree, or empty.
-std::string mismatch(const Group& g) {
-    const int R = g.nranks;
-    auto describe = [&](const char* what, auto value) {
-        std::string s = std::string(kind_name(g.slots[0].kind)) + ": the ranks disagree on " + what + ":";
-        for (int r = 0; r < R; ++r) s += " rank " + std::to_string(r) + " " + value(g.slots[r]) + (r + 1 < R ? "," : "");
-        return s;
-    };
-    for (int r = 1; r < R; ++r)
-        if (g.slots[r].kind != g.slots[0].kind)
-            return describe("the collective", [](const Call& c) { return std::string(kind_name(c.kind)); });
-    for (int r = 1; r < R; ++r)
-        if (g.slots[r].count != g.slots[0].count)
-            return describe("the count", [](const Call& c) { return std::to_string(c.count); });
-    for (int r = 1; r < R; ++r)
-        if (g.slots[r].type != g.slots[0].type)
-            return describe("the datatype", [](const Call& c) { return std::string(type_name(c.type)); });
-    for (int r = 1; r < R; ++r)
-        if (g.slots[r].op != g.slots[0].op)
-            return describe("the reduction", [](const Call& c) { return std::to_string(c.op); });
-    for (int r = 1; r < R; ++r)
-        if (g.slots[r].root != g.slots[0].root)
-            return describe("the root", [](const Call& c) { return std::to_string(c.root); });
-    return std::string();
-}
+// What a round computes: emu/nccl_rounds.cpp.
 
 // One rank's part of a collective: post, wait for the others, the last one runs the round.
 ncclResult_t rendezvous(Comm* c, const Call& call) {
@@ -478,6 +270,17 @@ ncclResult_t launch(Comm* c, const Call& call, void* stream) {
     return ncclSuccess;  // recorded into a graph: runs at each replay
 }
 
+// A checked call: deferred inside a group, else run (or recorded, on a capturing stream).
+ncclResult_t dispatch(Comm* c, const Call& call, const char* name, void* stream) {
+    if (t_group_depth > 0) {
+        t_deferred.push_back({c, false, call, stream});
+        return ncclSuccess;
+    }
+    if (!c->ready)
+        return fail(c, ncclInvalidUsage, "%s (rank %d): the communicator's ncclCommInitRank has not completed", name, c->rank);
+    return launch(c, call, stream);
+}
+
 // Checks a collective's arguments on the calling thread, then runs it, defers it (inside a group)
 // or records it (a capturing stream).
 ncclResult_t collective(Call call, void* handle, void* stream) {
@@ -509,13 +312,47 @@ ncclResult_t collective(Call call, void* handle, void* stream) {
     if (swerve_emu_check_device_range((unsigned long long)(uintptr_t)call.recv, recv_bytes, what))
         return fail(c, ncclInvalidArgument, "%s (rank %d): the receive buffer %p does not hold %zu bytes of device memory", name,
                     c->rank, call.recv, recv_bytes);
-    if (t_group_depth > 0) {
-        t_deferred.push_back({c, false, call, stream});
-        return ncclSuccess;
+    return dispatch(c, call, name, stream);
+}
+
+// Checks an ncclSend / ncclRecv on the calling thread, then defers it (inside a group: the
+// group's point-to-point calls on a communicator become one round at ncclGroupEnd), or runs it
+// alone as a round of its own.
+ncclResult_t point_to_point(const P2pOp& op, void* handle, void* stream) {
+    const char* name = op.send ? "ncclSend" : "ncclRecv";
+    Comm* c = live(handle);
+    if (!c) return fail(nullptr, ncclInvalidArgument, "%s: %p is not a live communicator (never made, or destroyed)", name, handle);
+    const size_t es = type_size(op.type);
+    if (!es) return fail(c, ncclInvalidArgument, "%s (rank %d): datatype %d is not an NCCL datatype", name, c->rank, op.type);
+    if (op.peer < 0 || op.peer >= c->nranks)
+        return fail(c, ncclInvalidArgument, "%s (rank %d): peer %d of %d ranks", name, c->rank, op.peer, c->nranks);
+    char what[160];
+    snprintf(what, sizeof what, "%s (rank %d, peer %d) buffer", name, c->rank, op.peer);
+    if (swerve_emu_check_device_range((unsigned long long)(uintptr_t)op.buf, op.count * es, what))
+        return fail(c, ncclInvalidArgument, "%s (rank %d, peer %d): the buffer %p does not hold %zu bytes of device memory", name,
+                    c->rank, op.peer, op.buf, op.count * es);
+    Call call;
+    call.kind = P2P;
+    call.ops.push_back(op);
+    return dispatch(c, call, name, stream);
+}
+
+// A group's deferred calls with each communicator's point-to-point calls merged into one round,
+// at the place of its first.
+std::vector<Deferred> merge_point_to_point(std::vector<Deferred> work) {
+    std::vector<Deferred> merged;
+    for (Deferred& d : work) {
+        if (!d.init && d.call.kind == P2P) {
+            auto first = std::find_if(merged.begin(), merged.end(),
+                                      [&](const Deferred& m) { return m.comm == d.comm && !m.init && m.call.kind == P2P; });
+            if (first != merged.end()) {
+                first->call.ops.insert(first->call.ops.end(), d.call.ops.begin(), d.call.ops.end());
+                continue;
+            }
+        }
+        merged.push_back(std::move(d));
     }
-    if (!c->ready)
-        return fail(c, ncclInvalidUsage, "%s (rank %d): the communicator's ncclCommInitRank has not completed", name, c->rank);
-    return launch(c, call, stream);
+    return merged;
 }
 
 ncclResult_t destroy(void* handle, const char* name) {
@@ -535,7 +372,9 @@ ncclResult_t destroy(void* handle, const char* name) {
     return ncclSuccess;
 }
 
-}  // namespace
+}  // namespace swerve_nccl
+
+using namespace swerve_nccl;
 
 // ---- the C API ----------------------------------------------------------------------------------
 #define API extern "C" __attribute__((visibility("default")))
@@ -652,6 +491,17 @@ API ncclResult_t ncclBroadcast(const void* send, void* recv, size_t count, int t
     return collective(call, comm, stream);
 }
 
+API ncclResult_t ncclSend(const void* send, size_t count, int type, int peer, void* comm, void* stream) {
+    P2pOp op;
+    op.send = true, op.buf = const_cast<void*>(send), op.count = count, op.type = type, op.peer = peer;
+    return point_to_point(op, comm, stream);
+}
+API ncclResult_t ncclRecv(void* recv, size_t count, int type, int peer, void* comm, void* stream) {
+    P2pOp op;
+    op.send = false, op.buf = recv, op.count = count, op.type = type, op.peer = peer;
+    return point_to_point(op, comm, stream);
+}
+
 API ncclResult_t ncclGroupStart() {
     ++t_group_depth;
     return ncclSuccess;
@@ -661,7 +511,7 @@ API ncclResult_t ncclGroupStart() {
 API ncclResult_t ncclGroupEnd() {
     if (t_group_depth == 0) return fail(nullptr, ncclInvalidUsage, "ncclGroupEnd without ncclGroupStart");
     if (--t_group_depth > 0) return ncclSuccess;
-    std::vector<Deferred> work = std::move(t_deferred);
+    std::vector<Deferred> work = merge_point_to_point(std::move(t_deferred));
     t_deferred.clear();
     std::vector<Comm*> comms;
     for (const Deferred& d : work)

@@ -7,15 +7,15 @@
 //!   from rank 0 through the `LocalComm`: all-reduce (bf16, f32), all-gather and reduce-scatter of
 //!   rows, broadcast, all-gather of columns of unequal widths (one of them empty), on random
 //!   tensors of ragged shapes with every output NaN-poisoned first; and the host `Collectives`
-//!   through NCCL (ragged byte lengths, broadcast, rank-order reductions). On the emulated device
-//!   (several ranks share it) everything is bitwise. On GPUs, gathers, broadcasts and the host
-//!   collectives are bitwise, and NCCL's sums are in its own order with bf16 partial sums: an
-//!   element may differ by 2 (n - 1) 2^-24 Σ|x_r| (f32) or n 2^-8 Σ|x_r| (bf16) over n ranks.
+//!   through NCCL (ragged byte lengths, broadcast, rank-order reductions). Everything is bitwise,
+//!   on the emulated device (several ranks share it) and on GPUs: the tensor sums are the ordered
+//!   ones (rank order, fp32, one rounding; tests/gpu_ordered_sums.rs tests them further).
 //!   Real NCCL refuses two ranks on one GPU, so there a size runs only with that many GPUs (rank r
 //!   on device r); the others are skipped with a note.
-//! - The emulated libnccl's refusals (emulated builds only): ranks that disagree, a rank that
-//!   leaves, a rank that never comes (a child process with a short timeout), grouped calls from
-//!   one thread, unknown communicators.
+//! - The emulated libnccl's refusals (emulated builds only): ranks that disagree (raw
+//!   `ncclAllReduce`, through `all_reduce_sum_any_order`; sends and receives that do not match),
+//!   a rank that leaves, a rank that never comes (a child process with a short timeout), grouped
+//!   calls from one thread, unknown communicators.
 //!
 //! Needs a CUDA GPU (run through scripts/gpu-pack.sh) or a SWERVE_EMU=1 build; without either
 //! these tests fail, never pass.
@@ -23,67 +23,13 @@
 mod common;
 
 use common::gpu::{gpu, poisoned};
+use common::nccl_ranks::{on_ranks, world_fits};
 use half::bf16;
-use swerve::backend::cuda::{self, CudaBackend, CudaDevice, CudaTensor, DeviceDType};
-use swerve::dist::local::{LocalComm, LocalGroup};
+use swerve::backend::cuda::{self, CudaBackend, CudaTensor, DeviceDType};
+use swerve::dist::local::LocalComm;
 use swerve::dist::nccl::{self, NcclComm};
 use swerve::dist::{Collectives, Communicator, ReduceOp};
 use swerve::rng::{Rng, SplitMix64};
-
-/// Rank `rank`'s backend: device 0 on the emulator (every rank shares it), device `rank` on GPUs.
-fn backend_for(rank: usize) -> CudaBackend {
-    if rank == 0 || cuda::is_emulated() {
-        return gpu();
-    }
-    let device = CudaDevice::open(rank).unwrap_or_else(|e| panic!("opening cuda:{rank}: {e:#}"));
-    CudaBackend::new(device).unwrap()
-}
-
-/// Whether `size` ranks can run here (after device 0 opened: no device fails the test).
-fn world_fits(size: usize) -> bool {
-    let _ = gpu();
-    if cuda::is_emulated() || size == 1 {
-        return true;
-    }
-    let devices = cudarc::driver::CudaContext::device_count().unwrap_or(0) as usize;
-    if devices < size {
-        println!(
-            "world size {size} skipped: {devices} GPU(s) here, and NCCL refuses two ranks on one"
-        );
-    }
-    devices >= size
-}
-
-/// Sums are bitwise where NCCL sums in rank order (the emulator) or there is nothing to sum.
-fn sums_are_exact(size: usize) -> bool {
-    cuda::is_emulated() || size == 1
-}
-
-/// Runs `f` on `size` ranks, each a thread with its own backend, NCCL communicator (its id sent
-/// through the local group) and local communicator; results in rank order.
-fn on_ranks<R: Send>(
-    size: usize,
-    f: impl Fn(&CudaBackend, &NcclComm, &LocalComm) -> R + Sync,
-) -> Vec<R> {
-    let locals = LocalGroup::new(size);
-    std::thread::scope(|s| {
-        let f = &f;
-        let handles: Vec<_> = locals
-            .into_iter()
-            .enumerate()
-            .map(|(rank, local)| {
-                s.spawn(move || {
-                    let backend = backend_for(rank);
-                    let comm = NcclComm::init(&backend, &local)
-                        .unwrap_or_else(|e| panic!("rank {rank}: {e:#}"));
-                    assert_eq!((comm.rank(), comm.size()), (rank, size));
-                    f(&backend, &comm, &local)
-                })
-            })
-            .collect();
-        handles.into_iter().map(|h| h.join().unwrap()).collect()
-    })
-}
 
 /// Rank `rank`'s input for case `case`: full-precision f32, or bf16-representable values, with a
 /// magnitude that differs between ranks (so the order of a sum shows in its rounding).
@@ -130,59 +76,25 @@ fn as_f32(dtype: DeviceDType, bytes: &[u8]) -> Vec<f32> {
     }
 }
 
-/// NCCL's output against the local communicator's: bitwise, or (a sum on real NCCL) within the
-/// reduction-order bound for elements whose inputs have absolute sum `abs_sum`.
-fn compare(
-    what: &str,
-    dtype: DeviceDType,
-    got: &[u8],
-    want: &[u8],
-    sum_over: Option<(usize, &[f32])>,
-) {
+/// NCCL's output against the local communicator's, bit for bit (sums included: both are in rank
+/// order, fp32, rounded once).
+fn compare(what: &str, dtype: DeviceDType, got: &[u8], want: &[u8]) {
     assert_eq!(got.len(), want.len(), "{what}: sizes");
     let (g, w) = (as_f32(dtype, got), as_f32(dtype, want));
     if let Some(i) = g.iter().position(|v| v.is_nan()) {
         panic!("{what}: element {i} is NaN (unwritten poison?)");
     }
-    match sum_over {
-        Some((ranks, abs_sum)) if !sums_are_exact(ranks) => {
-            let n = ranks as f32;
-            for (i, ((a, b), s)) in g.iter().zip(&w).zip(abs_sum).enumerate() {
-                let bound = match dtype {
-                    DeviceDType::Bf16 => n * 2f32.powi(-8) * s,
-                    _ => 2.0 * (n - 1.0) * 2f32.powi(-24) * s,
-                };
-                assert!(
-                    (a - b).abs() <= bound,
-                    "{what}: element {i}: NCCL {a}, rank-order sum {b}, bound {bound:e}"
-                );
-            }
-        }
-        _ => {
-            if got != want {
-                let i = g
-                    .iter()
-                    .zip(&w)
-                    .position(|(a, b)| a.to_bits() != b.to_bits())
-                    .unwrap_or(0);
-                panic!(
-                    "{what}: element {i} is {} through NCCL, {} through the host",
-                    g[i], w[i]
-                );
-            }
-        }
+    if got != want {
+        let i = g
+            .iter()
+            .zip(&w)
+            .position(|(a, b)| a.to_bits() != b.to_bits())
+            .unwrap_or(0);
+        panic!(
+            "{what}: element {i} is {} through NCCL, {} through the host",
+            g[i], w[i]
+        );
     }
-}
-
-/// Σ_r |x_r[i]| over every rank's input of a case.
-fn abs_sum(dtype: DeviceDType, n: usize, case: u64, size: usize) -> Vec<f32> {
-    let mut s = vec![0.0f32; n];
-    for r in 0..size {
-        for (a, v) in s.iter_mut().zip(input(dtype, n, case, r)) {
-            *a += v.abs();
-        }
-    }
-    s
 }
 
 const SHAPES: [&[usize]; 5] = [&[1, 1], &[3, 5], &[7, 33], &[2, 3, 4], &[16, 129]];
@@ -215,7 +127,7 @@ fn tensor_collectives(backend: &CudaBackend, comm: &NcclComm, local: &LocalComm)
         for shape in SHAPES {
             case += 1;
             let x = input(dtype, shape.iter().product(), case, rank);
-            all_reduce_matches(&c, dtype, shape, &x, case);
+            all_reduce_matches(&c, dtype, shape, &x);
             all_gather_rows_matches(&c, dtype, shape, &x);
             case += 1;
             reduce_scatter_rows_matches(&c, dtype, shape, case);
@@ -228,10 +140,9 @@ fn tensor_collectives(backend: &CudaBackend, comm: &NcclComm, local: &LocalComm)
     }
 }
 
-/// All-reduce, in place, of this rank's `x` (case `case`).
-fn all_reduce_matches(c: &Comms, dtype: DeviceDType, shape: &[usize], x: &[f32], case: u64) {
-    let (backend, size) = (c.backend, c.comm.size());
-    let n: usize = shape.iter().product();
+/// All-reduce, in place, of this rank's `x`.
+fn all_reduce_matches(c: &Comms, dtype: DeviceDType, shape: &[usize], x: &[f32]) {
+    let backend = c.backend;
     let mut via_nccl = upload(backend, dtype, shape, x);
     let mut via_host = upload(backend, dtype, shape, x);
     c.comm.all_reduce_sum(backend, &mut via_nccl).unwrap();
@@ -241,7 +152,6 @@ fn all_reduce_matches(c: &Comms, dtype: DeviceDType, shape: &[usize], x: &[f32],
         dtype,
         &backend.read_bytes(&via_nccl).unwrap(),
         &backend.read_bytes(&via_host).unwrap(),
-        Some((size, &abs_sum(dtype, n, case, size))),
     );
 }
 
@@ -264,7 +174,6 @@ fn all_gather_rows_matches(c: &Comms, dtype: DeviceDType, shape: &[usize], x: &[
         dtype,
         &backend.read_bytes(&out_nccl).unwrap(),
         &backend.read_bytes(&out_host).unwrap(),
-        None,
     );
 }
 
@@ -284,13 +193,11 @@ fn reduce_scatter_rows_matches(c: &Comms, dtype: DeviceDType, shape: &[usize], c
     c.local
         .reduce_scatter_rows(backend, &full, &mut out_host)
         .unwrap();
-    let sums = abs_sum(dtype, n * size, case, size);
     compare(
         &c.label("reduce-scatter", shape, dtype),
         dtype,
         &backend.read_bytes(&out_nccl).unwrap(),
         &backend.read_bytes(&out_host).unwrap(),
-        Some((size, &sums[rank * n..(rank + 1) * n])),
     );
 }
 
@@ -307,7 +214,6 @@ fn broadcast_matches(c: &Comms, dtype: DeviceDType, shape: &[usize], x: &[f32], 
         dtype,
         &backend.read_bytes(&via_nccl).unwrap(),
         &backend.read_bytes(&via_host).unwrap(),
-        None,
     );
 }
 
@@ -351,7 +257,6 @@ fn all_gather_columns_matches(
         dtype,
         &backend.read_bytes(&out_nccl).unwrap(),
         &backend.read_bytes(&out_host).unwrap(),
-        None,
     );
 }
 
@@ -466,22 +371,9 @@ mod emulated {
         size: usize,
         f: impl Fn(usize, &CudaBackend, NcclComm) -> R + Sync,
     ) -> Vec<R> {
-        let locals = LocalGroup::new(size);
-        std::thread::scope(|s| {
-            let f = &f;
-            let handles: Vec<_> = locals
-                .into_iter()
-                .enumerate()
-                .map(|(rank, local)| {
-                    s.spawn(move || {
-                        let backend = gpu();
-                        let comm = NcclComm::init(&backend, &local).unwrap();
-                        drop(local);
-                        f(rank, &backend, comm)
-                    })
-                })
-                .collect();
-            handles.into_iter().map(|h| h.join().unwrap()).collect()
+        common::nccl_ranks::spawn_ranks(size, |rank, backend, comm, local| {
+            drop(local);
+            f(rank, &backend, comm)
         })
     }
 
@@ -496,7 +388,8 @@ mod emulated {
         // Counts.
         let errors = two_ranks(|rank, backend, comm| {
             let mut x = f32_tensor(backend, 4 + rank);
-            let first = format!("{:#}", comm.all_reduce_sum(backend, &mut x).unwrap_err());
+            let first = comm.all_reduce_sum_any_order(backend, &mut x);
+            let first = format!("{:#}", first.unwrap_err());
             // The communicator stays broken: the next call fails at once with the same cause.
             let second = format!("{:#}", comm.all_reduce_sum(backend, &mut x).unwrap_err());
             (first, second)
@@ -527,7 +420,7 @@ mod emulated {
         let errors = two_ranks(|rank, backend, comm| {
             let mut x = f32_tensor(backend, 4);
             match rank {
-                0 => comm.all_reduce_sum(backend, &mut x).unwrap_err(),
+                0 => comm.all_reduce_sum_any_order(backend, &mut x).unwrap_err(),
                 _ => comm.broadcast(backend, &mut x, 0).unwrap_err(),
             }
         });
@@ -535,6 +428,41 @@ mod emulated {
             let e = format!("{e:#}");
             assert!(
                 e.contains("collective: rank 0 ncclAllReduce, rank 1 ncclBroadcast"),
+                "{e}"
+            );
+        }
+    }
+
+    #[test]
+    fn ordered_sums_that_disagree_fail_naming_the_sends_and_receives() {
+        // Counts: the all-to-all of slices of 2 and 3 elements.
+        let errors = two_ranks(|rank, backend, comm| {
+            let mut x = f32_tensor(backend, 4 + 2 * rank);
+            format!("{:#}", comm.all_reduce_sum(backend, &mut x).unwrap_err())
+        });
+        for e in &errors {
+            assert!(e.contains("ncclSend/ncclRecv"), "{e}");
+            assert!(e.contains("ncclInvalidUsage"), "{e}");
+            assert!(
+                e.contains(
+                    "rank 0's send #1 to rank 1 is 2 x ncclFloat32, \
+                     rank 1's receive #1 from rank 0 is 3 x ncclFloat32"
+                ),
+                "{e}"
+            );
+        }
+        // One rank sums in order, the other through ncclAllReduce: the collectives differ.
+        let errors = two_ranks(|rank, backend, comm| {
+            let mut x = f32_tensor(backend, 4);
+            let r = match rank {
+                0 => comm.all_reduce_sum(backend, &mut x),
+                _ => comm.all_reduce_sum_any_order(backend, &mut x),
+            };
+            format!("{:#}", r.unwrap_err())
+        });
+        for e in &errors {
+            assert!(
+                e.contains("collective: rank 0 ncclSend/ncclRecv, rank 1 ncclAllReduce"),
                 "{e}"
             );
         }

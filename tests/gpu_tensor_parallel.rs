@@ -2,7 +2,8 @@
 //! computing with NCCL and with the host-staged communicator. The split model's logits, losses
 //! and every (whole) gradient must meet the same yardstick as one GPU: within twice the error of
 //! transformers' own bf16 run of the fixture (tests/gpu_model.rs, tests/gpu_grad_model.rs), and
-//! every rank ends with the same logits.
+//! every rank ends with the same logits, and the logits through NCCL are bitwise those through the
+//! host-staged collectives (both sum in rank order, fp32, rounded once: `dist::nccl`'s Numbers).
 //!
 //! On the emulated device (CI) every rank shares the one device and the stand-in libnccl. On a
 //! GPU host NCCL needs a GPU per rank: with fewer, only the host-staged communicator runs (the
@@ -106,11 +107,13 @@ fn split_logits_within_twice_transformers_bf16_error() {
         let sequences: Vec<Vec<u32>> = cases.iter().map(|c| c.tokens.clone()).collect();
         let packed = PackedBatch::from_sequences(&sequences);
         for tp in degrees(name) {
+            let mut by_comm: Vec<(Comm, Vec<f32>)> = Vec::new();
             for comm in comms(tp) {
                 let ranks = on_ranks(name, tp, comm, |gpu, model| {
                     gpu.to_host(&model.forward_logits(gpu, &packed).unwrap())
                         .unwrap()
                 });
+                by_comm.push((comm, ranks[0].clone()));
                 for (rank, logits) in ranks.iter().enumerate() {
                     assert_eq!(
                         logits, &ranks[0],
@@ -133,6 +136,20 @@ fn split_logits_within_twice_transformers_bf16_error() {
                         "{name} tp {tp} {comm:?} seq {i}: {err}"
                     );
                 }
+            }
+            // The canonical order: NCCL's tensor-parallel sums are the host path's rank-order
+            // sums, so the logits are the same bits (ncclAllReduce's ring would differ at TP 4).
+            for (comm, logits) in &by_comm[1..] {
+                let (first, want) = &by_comm[0];
+                let differ = logits
+                    .iter()
+                    .zip(want)
+                    .filter(|(a, b)| a.to_bits() != b.to_bits());
+                assert_eq!(
+                    differ.count(),
+                    0,
+                    "{name} tp {tp}: {comm:?} and {first:?} logits differ in bits"
+                );
             }
         }
     }

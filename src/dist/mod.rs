@@ -173,6 +173,15 @@ fn reduce_in_rank_order<T: Element>(all: &[T], out: &mut [T], op: ReduceOp) {
     }
 }
 
+/// The canonical tensor-parallel sum, the reference of `kernels/rank_sum.cu`: `all` holds
+/// `ranks` equal rows (rank r's values of the same elements); element i is
+/// `((all[0][i] + all[1][i]) + all[2][i]) + ...` in f32, rank by rank.
+pub fn sum_in_rank_order(all: &[f32], ranks: usize) -> Vec<f32> {
+    let mut out = vec![0.0; all.len().checked_div(ranks).unwrap_or(0)];
+    reduce_in_rank_order(all, &mut out, ReduceOp::Sum);
+    out
+}
+
 fn concat_equal(parts: &[Vec<u8>], each: usize) -> Result<Vec<u8>> {
     if let Some((r, p)) = parts.iter().enumerate().find(|(_, p)| p.len() != each) {
         bail!(
@@ -208,6 +217,14 @@ pub trait Communicator<B: Backend>: Collectives {
         let mut values = backend.to_host(x)?;
         self.all_reduce_f32(&mut values, ReduceOp::Sum)?;
         backend.write_f32(x, &values)
+    }
+
+    /// `x` summed over the ranks, in place on every rank, the same bits on every rank but in
+    /// any order the implementation likes: for sums no logprob depends on (the data-parallel
+    /// gradients, identical on every replica either way). The host path and the default sum in
+    /// rank order; NCCL uses `ncclAllReduce`, which needs no scratch.
+    fn all_reduce_sum_any_order(&self, backend: &B, x: &mut B::Tensor) -> Result<()> {
+        self.all_reduce_sum(backend, x)
     }
 
     /// `out` = every rank's `local` rows stacked in rank order (`out` has `size` times the rows).

@@ -387,7 +387,7 @@ impl<'b, B: BackendGrad> Learner<'b, B> {
         self.model.reduce_replicated_grads(backend, all_grads)?;
         if self.dp.size() > 1 {
             for g in all_grads.iter_mut() {
-                self.dp.all_reduce_sum(backend, g)?;
+                self.dp.all_reduce_sum_any_order(backend, g)?;
             }
         }
         let grad_norm = global_grad_norm(backend, &self.model, all_grads, &self.counts_in_norm)?;

@@ -33,6 +33,7 @@ pub mod loss;
 pub mod loss_tiles;
 pub mod paged_attn;
 pub mod pointwise;
+pub mod rank_sum;
 pub mod rmsnorm;
 pub mod sampling;
 pub mod tensor;

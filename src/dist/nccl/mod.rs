@@ -1,13 +1,17 @@
 //! NCCL: collectives between GPUs (DESIGN.md decision 11). One [`NcclComm`] per GPU rank, made
 //! from an id that rank 0 draws ([`NcclId::new`]) and every rank receives through a host
 //! [`Collectives`] ([`NcclComm::init`]), then [`Communicator<CudaBackend>`] on the device: every
-//! tensor collective is one NCCL call on the backend's stream (no host copy), and the host
+//! tensor collective runs on the backend's stream (no host copy: one NCCL call, or for the
+//! ordered sums a group of sends and receives, a kernel and an all-gather), and the host
 //! [`Collectives`] go through a device buffer.
 //!
 //! ```text
 //!  rank 0: NcclId::new ─► broadcast_bytes over LocalComm / TCP ─► every rank: ncclCommInitRank
-//!  all_reduce_sum       ncclAllReduce (sum, in place; bf16 or f32)
-//!  all_gather_rows      ncclAllGather          reduce_scatter_rows   ncclReduceScatter (sum)
+//!  all_reduce_sum       ordered: all-to-all of slices (ncclSend/ncclRecv in a group), the
+//!                       rank_sum kernel, ncclAllGather (in place; bf16 or f32; `ordered.rs`)
+//!  reduce_scatter_rows  ordered: the same all-to-all and kernel, into this rank's rows
+//!  all_reduce_sum_any_order   ncclAllReduce (sum, in place): data-parallel gradients
+//!  all_gather_rows      ncclAllGather
 //!  broadcast            ncclBroadcast (in place)
 //!  all_gather_columns   local [rows, w_r] ─2-D copy─► [rows, max w] ─ncclAllGather─► [size, rows,
 //!                       max w] ─2-D copies (cuMemcpy2DAsync)─► out [rows, Σ w] column blocks
@@ -19,21 +23,32 @@
 //! [`CudaBackend`] and calls [`NcclComm::init`] (or [`NcclComm::new`] with the shared id)
 //! concurrently with the others; called one after another from a single thread it would wait
 //! forever on real NCCL (a single thread driving several GPUs would have to wrap the calls in
-//! `ncclGroupStart`/`ncclGroupEnd`, which this module does not do). Real NCCL refuses two ranks on
+//! `ncclGroupStart`/`ncclGroupEnd` around them; this module groups only one rank's own sends
+//! and receives). Real NCCL refuses two ranks on
 //! one GPU ("Duplicate GPU detected"); the emulated device allows it.
 //!
-//! **Numbers**: gathers and broadcasts are exact. Sums are in NCCL's ring or tree order, the same
-//! bits on every rank but not the rank-order sum of [`Collectives`]' host path; bf16 partial sums
-//! are rounded to bf16 along the way. Against the rank-order f32 sum rounded once, an element of a
-//! sum over `n` ranks differs by at most about `2 (n - 1) 2^-24 Σ|x_r|` (f32) or `n 2^-8 Σ|x_r|`
-//! (bf16). With one rank every collective is a copy, exact. The emulated libnccl (`emu/nccl.cpp`)
-//! sums in rank order, in f32 with one final rounding, so there the two paths agree bit for bit.
+//! **Numbers**: gathers and broadcasts are exact. Tensor-parallel sums ([`Communicator::
+//! all_reduce_sum`], [`Communicator::reduce_scatter_rows`]) are in the canonical order (DESIGN.md
+//! decision 10): element i is `x_0[i] + x_1[i] + ... + x_{n-1}[i]` in rank order, in fp32 (bf16
+//! inputs widened exactly), rounded once to the tensor's dtype; the same arithmetic for the
+//! all-reduce and the reduce-scatter and for every message size, so an element of an all-reduce
+//! equals the same element of a reduce-scatter of the same data, and bitwise what the CPU
+//! backend's host path computes ([`Collectives`]' rank-order sums over `LocalComm`). They do not
+//! use `ncclAllReduce` / `ncclReduceScatter`, whose order is NCCL's (ring or tree, chunked by
+//! message size, bf16 partial sums rounded to bf16); `ordered.rs` says how and what it costs. Only
+//! [`Communicator::all_reduce_sum_any_order`] (data-parallel gradients) is `ncclAllReduce`: the
+//! same bits on every rank, not the rank-order sum; against it an element over `n` ranks differs
+//! by at most about `2 (n - 1) 2^-24 Σ|x_r|` (f32) or `n 2^-8 Σ|x_r|` (bf16). The emulated libnccl
+//! (`emu/nccl.cpp`) models that order (a ring, bf16 partial sums rounded), so the difference
+//! shows in tests at 3 ranks and more (at 2, `x_0 + x_1 == x_1 + x_0`: any order, the same bits).
+//! With one rank every collective is a copy, exact.
 //!
 //! **The library** is opened at run time, like libcuda (`library.rs`): `libnccl.so.2`, else
 //! `libnccl.so`; in an emulated build the stand-in libnccl. A missing library is an error from
 //! [`probe`] and [`NcclComm::new`] ([`NOT_FOUND`]), never a panic.
 
 mod library;
+mod ordered;
 
 pub use library::{probe, NcclId, NOT_FOUND};
 
@@ -62,6 +77,8 @@ pub struct NcclComm {
     ordinal: usize,
     ctx: Arc<CudaContext>,
     stream: Arc<CudaStream>,
+    /// The ordered sums' device scratch (`ordered.rs`).
+    scratch: Mutex<ordered::Scratch>,
 }
 
 fn nccl_type(dtype: DeviceDType) -> ncclDataType_t {
@@ -107,6 +124,7 @@ impl NcclComm {
             ordinal: device.ordinal,
             ctx: device.ctx.clone(),
             stream: device.stream.clone(),
+            scratch: Mutex::default(),
         };
         let (mut count, mut user_rank) = (0, 0);
         {
@@ -350,7 +368,18 @@ impl NcclComm {
 }
 
 impl Communicator<CudaBackend> for NcclComm {
+    /// The ordered all-reduce (`ordered.rs`): rank order, fp32, one rounding.
     fn all_reduce_sum(&self, backend: &CudaBackend, x: &mut CudaTensor) -> Result<()> {
+        self.summable("all-reduce", x)?;
+        if self.size == 1 {
+            return self.stream_of(backend, "all-reduce").map(drop);
+        }
+        self.ordered_all_reduce(backend, x)
+    }
+
+    /// `ncclAllReduce` (ring or tree order): the data-parallel gradient sums, where the same
+    /// bits on every rank is all that matters and a scratch the size of the gradients would not be.
+    fn all_reduce_sum_any_order(&self, backend: &CudaBackend, x: &mut CudaTensor) -> Result<()> {
         self.summable("all-reduce", x)?;
         let stream = self.stream_of(backend, "all-reduce")?;
         if x.is_empty() {
@@ -414,30 +443,7 @@ impl Communicator<CudaBackend> for NcclComm {
         check_rows_scale(full.shape(), out.shape(), self.size, "NCCL reduce-scatter")?;
         self.same_dtype("reduce-scatter", full, out)?;
         self.summable("reduce-scatter", full)?;
-        let stream = self.stream_of(backend, "reduce-scatter")?;
-        if out.is_empty() {
-            return Ok(());
-        }
-        let guard = self.lock();
-        // SAFETY: `full` holds `size` times `out`'s elements (checked above).
-        let code = unsafe {
-            (self.lib.reduce_scatter)(
-                full.ptr() as *const c_void,
-                out.ptr() as *mut c_void,
-                out.len(),
-                nccl_type(out.dtype()),
-                ncclRedOp_t::ncclSum,
-                guard.0,
-                stream,
-            )
-        };
-        self.check(code, &guard, || {
-            format!(
-                "ncclReduceScatter of {} into {}",
-                describe(full),
-                describe(out)
-            )
-        })
+        self.ordered_reduce_scatter(backend, full, out)
     }
 
     fn all_gather_columns(
