@@ -1,15 +1,16 @@
 // Per-token log-softmax statistics from fp32 logits, for the trainer's token logprobs
 // (`Backend::token_logprobs`, `swerve-train score`):
 //
-//   token_logprob_stats_f32:  out[t] = (logits[t, targets[t]], m, s)
+//   token_logprob_stats_f32:  out[t] = (logits[t, targets[t]], m_0, s_0, ..., m_{n-1}, s_{n-1})
 //
-// with (m, s) the row's canonical (max, sum of exp(x - max)) over vocabulary chunks of `chunk`
-// columns (logsumexp.cuh: the order the sampler and the fused loss use too). The host finishes
+// with (m_k, s_k) the canonical (max, sum of exp(x - max)) of vocabulary shard k of n (the LM
+// head's tensor-parallel ranks, 1 without) over chunks of `chunk` columns (logsumexp.cuh: the
+// order the sampler and the fused loss use too). The host finishes
 // logprob = z - m - ln s in f64 (RowStats::logprob), as for the sampler and the loss, so the three
 // agree bit for bit.
 //
 // Shapes: logits [tokens, vocab] fp32 row-major (the LM head's fp32 output for a chunk of rows);
-// targets [tokens] u32 (checked below vocab by the host); out [tokens, 3] fp32. One block of
+// targets [tokens] u32 (checked below vocab by the host); out [tokens, 1 + 2 shards] fp32. One block of
 // kLseThreads per row. Nothing but the per-row result is written. (Training's fused LM-head loss,
 // which never stores the logits at all, is kernels/dapo_loss.cu.)
 
@@ -21,16 +22,22 @@ struct LogprobsConfig {
 
 extern "C" __global__ void __launch_bounds__(LogprobsConfig::threads)
     token_logprob_stats_f32(float* __restrict__ out, const float* __restrict__ logits,
-                            const uint32_t* __restrict__ targets, int tokens, int vocab, int chunk) {
+                            const uint32_t* __restrict__ targets, int tokens, int vocab, int chunk, int shards) {
     __shared__ float scratch[LogprobsConfig::threads / SWERVE_WARP];
     const int t = blockIdx.x;
     if (t >= tokens) return;
     const float* row = logits + (size_t)t * vocab;
-    const ChunkStats r = row_chunked_stats(row, vocab, chunk, IdentityScore{}, scratch);
+    float* o = out + (size_t)t * (1 + 2 * shards);
+    for (int k = 0; k < shards; ++k) {
+        const int2 shard = vocab_shard(vocab, shards, k);
+        const ChunkStats r = range_chunked_stats(row, shard.x, shard.y, chunk, IdentityScore{}, scratch);
+        if (threadIdx.x == 0) {
+            o[1 + 2 * k] = r.m;
+            o[2 + 2 * k] = r.s;
+        }
+    }
     if (threadIdx.x == 0) {
         const uint32_t target = targets[t];
-        out[3 * t] = target < (uint32_t)vocab ? row[target] : __int_as_float(0x7fc00000);
-        out[3 * t + 1] = r.m;
-        out[3 * t + 2] = r.s;
+        o[0] = target < (uint32_t)vocab ? row[target] : __int_as_float(0x7fc00000);
     }
 }

@@ -4,9 +4,15 @@
 // LM-head loss, `train_logprobs`, RFT / DAPO). Each computes, for a row's logits (whose bits are
 // the same on every path: gemm.rs pins the LM head's GEMM), the same f32 pair (m, s):
 //
-//   1. The vocabulary is cut into chunks of `chunk` columns at absolute offsets 0, chunk,
-//      2 chunk, ... (the loss's vocabulary tile, LossTiles::vocab; the backend passes the same
-//      value to every path). The last chunk may be shorter.
+//   0. The vocabulary is cut into `shards` near-equal runs, longer ones first (vocab_shard: the
+//      rows tensor-parallel rank k's LM head holds, src/config/shard.rs; one shard without tensor
+//      parallelism). Each shard gets its own (m_k, s_k) by steps 1-3; the shards combine on the
+//      host, in f64, in rank order (RowStats::merge_shards), as the vocabulary-parallel loss
+//      combines its ranks': so the sampler and `token_logprobs`, which see the gathered logits,
+//      give the loss's bits at every tensor-parallel degree.
+//   1. A shard is cut into chunks of `chunk` columns at offsets 0, chunk, 2 chunk, ... from the
+//      shard's first column (the loss's vocabulary tile, LossTiles::vocab; the backend passes the
+//      same value to every path). The last chunk may be shorter.
 //   2. Per chunk, one block of kLseThreads threads: m_c = the block max (exact, any order);
 //      thread t sums __expf(x - m_c) over columns c0 + t, c0 + t + kLseThreads, ... in that
 //      order; block_sum (common.cuh: warp xor-butterflies, then the warps' sums in one warp) adds
@@ -79,7 +85,8 @@ __device__ __forceinline__ ChunkStats chunk_stats(const float* __restrict__ row,
     return {m, s, u};
 }
 
-// Step 3: merges chunk `c` (to the right of everything in `acc`) into `acc`.
+// Step 3: merges chunk `c` (to the right of everything in `acc`) into `acc`. Every product and
+// sum is rounded explicitly: no compiler may contract it differently in another kernel.
 __device__ __forceinline__ void merge_chunk(ChunkStats& acc, const ChunkStats& c, bool first) {
     if (first || acc.m == -INFINITY) {
         acc = c;
@@ -87,21 +94,41 @@ __device__ __forceinline__ void merge_chunk(ChunkStats& acc, const ChunkStats& c
     }
     if (c.m == -INFINITY) return;
     const float big = fmaxf(acc.m, c.m);
-    const float a1 = __expf(acc.m - big), a2 = __expf(c.m - big);
-    const float s = a1 * acc.s + a2 * c.s;
-    acc.u = a1 * (acc.u + (acc.m - big) * acc.s) + a2 * (c.u + (c.m - big) * c.s);
+    const float a1 = __expf(__fsub_rn(acc.m, big)), a2 = __expf(__fsub_rn(c.m, big));
+    const float s = __fadd_rn(__fmul_rn(a1, acc.s), __fmul_rn(a2, c.s));
+    const float u1 = __fadd_rn(acc.u, __fmul_rn(__fsub_rn(acc.m, big), acc.s));
+    const float u2 = __fadd_rn(c.u, __fmul_rn(__fsub_rn(c.m, big), c.s));
+    acc.u = __fadd_rn(__fmul_rn(a1, u1), __fmul_rn(a2, u2));
     acc.s = s;
     acc.m = big;
 }
 
-// Steps 1-3 over a whole row of `vocab` logits, in every thread.
+// The most vocabulary shards (tensor-parallel ranks of the LM head) the kernels take.
+constexpr int kMaxVocabShards = 8;
+
+// Step 0: shard k of `shards` near-equal runs of `vocab` columns, longer ones first (the split of
+// src/config/shard.rs's near_equal): [begin, end).
+__device__ __forceinline__ int2 vocab_shard(int vocab, int shards, int k) {
+    const int base = vocab / shards, rem = vocab % shards;
+    const int begin = k * base + min(k, rem);
+    return make_int2(begin, begin + base + (k < rem ? 1 : 0));
+}
+
+// Steps 1-3 over columns [begin, end) of `row` (one shard), in every thread.
+template <typename Score>
+__device__ __forceinline__ ChunkStats range_chunked_stats(const float* __restrict__ row, int begin, int end, int chunk,
+                                                          Score score, float* scratch) {
+    ChunkStats acc{-INFINITY, 0.0f, 0.0f};
+    for (int c0 = begin; c0 < end; c0 += chunk) {
+        const ChunkStats c = chunk_stats<false>(row, c0, min(end, c0 + chunk), score, scratch);
+        merge_chunk(acc, c, c0 == begin);
+    }
+    return acc;
+}
+
+// Steps 1-3 over a whole row of `vocab` logits (one shard), in every thread.
 template <typename Score>
 __device__ __forceinline__ ChunkStats row_chunked_stats(const float* __restrict__ row, int vocab, int chunk,
                                                         Score score, float* scratch) {
-    ChunkStats acc{-INFINITY, 0.0f, 0.0f};
-    for (int c0 = 0; c0 < vocab; c0 += chunk) {
-        const ChunkStats c = chunk_stats<false>(row, c0, min(vocab, c0 + chunk), score, scratch);
-        merge_chunk(acc, c, c0 == 0);
-    }
-    return acc;
+    return range_chunked_stats(row, 0, vocab, chunk, score, scratch);
 }

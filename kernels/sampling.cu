@@ -13,11 +13,13 @@
 //
 // Shapes: logits [rows, vocab] fp32 (the LM head's output for the rows that sample);
 // temperatures [rows] fp32; uniforms [rows] f64 (drawn on the host from each request's seeded
-// generator, one per sample, so a seed fixes the tokens whatever the batch); out [rows, 4] u32 as
-// (token, x bits, max bits, sum bits), read back in one copy: x = the token's score, (max, sum) the
-// row's canonical statistics, from which the host finishes logprob = x - max - ln sum in f64 (the
-// trainer's RowStats::logprob); when some score is +inf, sum is the number of +inf scores and the
-// logprob -ln sum; when none is above -inf, (0, -inf, -inf, 0) and the logprob -inf.
+// generator, one per sample, so a seed fixes the tokens whatever the batch); out [rows, 2 + 2 shards]
+// u32 as (token, x bits, then max and sum bits per vocabulary shard), read back in one copy: x =
+// the token's score, (max, sum) each shard's canonical statistics (`shards`: the LM head's
+// tensor-parallel ranks, 1 without), from which the host finishes logprob = x - ln(sum over shards)
+// in f64 (the trainer's RowStats::merge_shards and logprob); when some score is +inf, shard 0's
+// sum is the number of +inf scores and the logprob -ln sum; when none is above -inf, (0, -inf,
+// -inf, 0, ...) and the logprob -inf.
 //
 // Passes over a row: (1) row_chunked_stats (logsumexp.cuh), the canonical chunked reduction that
 // token_logprob_stats_f32 and the fused loss use, so at T = 1 the logprob equals the trainer's bit
@@ -49,17 +51,24 @@ __device__ __forceinline__ float sample_weight(float x, float max) {
     return __expf(x - max);
 }
 
-// One row's (token, x, max, sum) words.
-__device__ __forceinline__ void write_sample(uint32_t* o, int token, float x, float max, float sum) {
+// One row's words: token, x, then (max, sum) of each vocabulary shard. `stats` holds the shards'
+// statistics; `special` (nothing above -inf, or some +inf score) reports (max, sum) in shard 0's
+// place and (-inf, 0) in the others', which the host reads as the limits.
+__device__ __forceinline__ void write_sample(uint32_t* o, int token, float x, const ChunkStats* stats, int shards,
+                                             bool special, float max, float sum) {
     o[0] = (uint32_t)token;
     o[1] = __float_as_uint(x);
-    o[2] = __float_as_uint(max);
-    o[3] = __float_as_uint(sum);
+    for (int k = 0; k < shards; ++k) {
+        const float m = special ? (k == 0 ? max : -INFINITY) : stats[k].m;
+        const float s = special ? (k == 0 ? sum : 0.0f) : stats[k].s;
+        o[2 + 2 * k] = __float_as_uint(m);
+        o[3 + 2 * k] = __float_as_uint(s);
+    }
 }
 
 extern "C" __global__ void __launch_bounds__(SamplingConfig::threads)
     sample_rows_f32(uint32_t* __restrict__ out, const float* __restrict__ logits, const float* __restrict__ temperatures,
-                    const double* __restrict__ uniforms, int rows, int vocab, int lse_chunk) {
+                    const double* __restrict__ uniforms, int rows, int vocab, int lse_chunk, int shards) {
     __shared__ float scratch[SamplingConfig::warps];
     __shared__ float warp_sum_exp[SamplingConfig::warps];
     __shared__ float warp_offsets[SamplingConfig::warps + 1];
@@ -73,23 +82,24 @@ extern "C" __global__ void __launch_bounds__(SamplingConfig::threads)
     const TemperatureScore score{greedy ? 1.0f : temperature};
     const int lane = threadIdx.x % SWERVE_WARP, warp = threadIdx.x / SWERVE_WARP;
 
-    // (1) max and sum of exp in every thread: exactly token_logprob_stats_f32's and the loss's
-    // reduction when T = 1.
-    const ChunkStats lse = row_chunked_stats(row, vocab, lse_chunk, score, scratch);
+    // (1) Each shard's max and sum of exp, in every thread: exactly token_logprob_stats_f32's and
+    // the loss's reduction when T = 1; the row's (for the draw) merges them in order.
+    ChunkStats stats[kMaxVocabShards];
+    ChunkStats lse{-INFINITY, 0.0f, 0.0f};
+    for (int k = 0; k < shards; ++k) {
+        const int2 shard = vocab_shard(vocab, shards, k);
+        stats[k] = range_chunked_stats(row, shard.x, shard.y, lse_chunk, score, scratch);
+        merge_chunk(lse, stats[k], k == 0);
+    }
     if (threadIdx.x == 0) {
         last_nonzero_thread = -1;
         argmax_key = 0;
     }
     __syncthreads();
     const float max = lse.m, sum_exp = lse.s;
-    uint32_t* const o = out + 4 * (size_t)r;
+    uint32_t* const o = out + (2 + 2 * (size_t)shards) * r;
     if (max == -INFINITY) {  // nothing above -inf (or an empty row)
-        if (threadIdx.x == 0) {
-            o[0] = 0;
-            o[1] = __float_as_uint(-INFINITY);
-            o[2] = __float_as_uint(-INFINITY);
-            o[3] = __float_as_uint(0.0f);
-        }
+        if (threadIdx.x == 0) write_sample(o, 0, -INFINITY, stats, shards, true, -INFINITY, 0.0f);
         return;
     }
 
@@ -143,7 +153,7 @@ extern "C" __global__ void __launch_bounds__(SamplingConfig::threads)
         __syncthreads();
         if (threadIdx.x == 0) {
             const int token = vocab - 1 - (int)(uint32_t)(argmax_key & 0xffffffffu);
-            write_sample(o, token, row[token], max, max == INFINITY ? total : sum_exp);
+            write_sample(o, token, row[token], stats, shards, max == INFINITY, max, max == INFINITY ? total : sum_exp);
         }
         return;
     }
@@ -164,6 +174,7 @@ extern "C" __global__ void __launch_bounds__(SamplingConfig::threads)
             }
         }
         // The host finishes x - max - ln sum, as for token_logprob_stats_f32's and the loss's.
-        write_sample(o, chosen, score(row[chosen]), max, max == INFINITY ? total : sum_exp);
+        write_sample(o, chosen, score(row[chosen]), stats, shards, max == INFINITY, max,
+                     max == INFINITY ? total : sum_exp);
     }
 }

@@ -45,11 +45,20 @@ struct Fixture {
 }
 
 fn bits(gpu: &CudaBackend, t: &CudaTensor) -> Vec<u32> {
-    gpu.to_host(t).unwrap().iter().map(|x| x.to_bits()).collect()
+    gpu.to_host(t)
+        .unwrap()
+        .iter()
+        .map(|x| x.to_bits())
+        .collect()
 }
 
 impl Fixture {
-    fn new(gpu: &CudaBackend, (heads, kv_heads, head_dim): (usize, usize, usize), lens: &[usize], seed: u64) -> Self {
+    fn new(
+        gpu: &CudaBackend,
+        (heads, kv_heads, head_dim): (usize, usize, usize),
+        lens: &[usize],
+        seed: u64,
+    ) -> Self {
         let total: usize = lens.iter().sum();
         let (q, _) = random(gpu, &[total, heads, head_dim], seed, 2.0);
         let (k, _) = random(gpu, &[total, kv_heads, head_dim], seed + 1, 2.0);
@@ -87,7 +96,8 @@ impl Fixture {
         let mut v_cache = gpu.alloc(&cache_shape, DeviceDType::Bf16).unwrap();
         gpu.fill_bytes(&mut k_cache, 0).unwrap();
         gpu.fill_bytes(&mut v_cache, 0).unwrap();
-        gpu.write_kv(&k, &v, &slots, &mut k_cache, &mut v_cache).unwrap();
+        gpu.write_kv(&k, &v, &slots, &mut k_cache, &mut v_cache)
+            .unwrap();
         Self {
             heads,
             kv_heads,
@@ -121,7 +131,9 @@ impl Fixture {
             slot_mapping: Vec::new(),
         };
         for &(s, first, rows) in chunks {
-            layout.cu_query.push(layout.cu_query.last().unwrap() + rows as u32);
+            layout
+                .cu_query
+                .push(layout.cu_query.last().unwrap() + rows as u32);
             layout.context_lens.push((first + rows) as u32);
             let mut table = self.tables[s].clone();
             table.resize(max_blocks, 0);
@@ -153,20 +165,40 @@ impl Fixture {
     }
 
     /// Runs one engine step through the backend (or at the device level with a forced segment).
-    fn engine_step(&self, gpu: &CudaBackend, chunks: &[(usize, usize, usize)], segment: Option<usize>) -> Vec<u32> {
+    fn engine_step(
+        &self,
+        gpu: &CudaBackend,
+        chunks: &[(usize, usize, usize)],
+        segment: Option<usize>,
+    ) -> Vec<u32> {
         let layout = self.layout(chunks);
         let rows = self.step_rows(chunks);
         let q = gpu.gather_rows(&self.q, &rows).unwrap();
         let mut out = poisoned(gpu, q.shape(), DeviceDType::Bf16);
         match segment {
             None => gpu
-                .paged_attention(&q, &self.k_cache, &self.v_cache, &layout, self.scale, &mut out)
+                .paged_attention(
+                    &q,
+                    &self.k_cache,
+                    &self.v_cache,
+                    &layout,
+                    self.scale,
+                    &mut out,
+                )
                 .unwrap(),
             Some(keys) => {
                 let mut device_layout = DevicePagedLayout::upload(gpu, &layout).unwrap();
                 device_layout.segment_keys = Some(keys);
                 gpu.device
-                    .paged_attention(&q, &self.k_cache, &self.v_cache, &device_layout, self.scale, &mut out, &gpu.pool)
+                    .paged_attention(
+                        &q,
+                        &self.k_cache,
+                        &self.v_cache,
+                        &device_layout,
+                        self.scale,
+                        &mut out,
+                        &gpu.pool,
+                    )
                     .unwrap();
             }
         }
@@ -251,7 +283,14 @@ fn prefill_chunks_equal_the_trainers_bit_for_bit_folded_or_split() {
         let f = Fixture::new(&gpu, shape, &[big_rows + 40, 900], 200 + 10 * i as u64);
         let split = |chunks: &[(usize, usize, usize)]| {
             let layout = f.layout(chunks);
-            let plan = WorkPlan::build(&layout.cu_query, &layout.context_lens, group, kv_heads, num_sms, None);
+            let plan = WorkPlan::build(
+                &layout.cu_query,
+                &layout.context_lens,
+                group,
+                kv_heads,
+                num_sms,
+                None,
+            );
             plan.unwrap().prefill.iter().any(|item| item[2] >= 0)
         };
         let whole = [(0, 40, big_rows)];
@@ -264,7 +303,11 @@ fn prefill_chunks_equal_the_trainers_bit_for_bit_folded_or_split() {
             assert!(split(&[chunk]), "{chunk:?} is split per segment");
             f.check(&gpu, "chunked prefill, split per segment", &[chunk]);
         }
-        f.check(&gpu, "two chunks in one step", &[(1, 510, 5), (0, 1000, 17)]);
+        f.check(
+            &gpu,
+            "two chunks in one step",
+            &[(1, 510, 5), (0, 1000, 17)],
+        );
     }
 }
 
@@ -277,7 +320,13 @@ fn a_decode_graphs_fixed_plan_gives_the_trainers_bits() {
     let gpu = gpu();
     let (heads, kv_heads, hd) = (8, 2, 128);
     let f = Fixture::new(&gpu, (heads, kv_heads, hd), &[1300, 64, 600], 300);
-    let decodes = [(0, 1299, 1), (1, 63, 1), (2, 511, 1), (2, 512, 1), (0, 700, 1)];
+    let decodes = [
+        (0, 1299, 1),
+        (1, 63, 1),
+        (2, 511, 1),
+        (2, 512, 1),
+        (0, 700, 1),
+    ];
     let layout = f.layout(&decodes);
     let (batch, table_blocks) = (8, f.tables.iter().map(|t| t.len()).max().unwrap() + 3);
     let (device_layout, padded) = decode_graph_attention_inputs(
@@ -296,7 +345,15 @@ fn a_decode_graphs_fixed_plan_gives_the_trainers_bits() {
     let q = gpu.gather_rows(&f.q, &rows).unwrap();
     let mut out = poisoned(&gpu, &[batch, heads, hd], DeviceDType::Bf16);
     gpu.device
-        .paged_attention(&q, &f.k_cache, &f.v_cache, &device_layout, f.scale, &mut out, &gpu.pool)
+        .paged_attention(
+            &q,
+            &f.k_cache,
+            &f.v_cache,
+            &device_layout,
+            f.scale,
+            &mut out,
+            &gpu.pool,
+        )
         .unwrap();
     assert_eq!(padded.num_seqs(), batch);
     let got = bits(&gpu, &out);
@@ -304,6 +361,10 @@ fn a_decode_graphs_fixed_plan_gives_the_trainers_bits() {
     let expect = f.expected(&rows[..decodes.len()]);
     for (i, (g, e)) in got.chunks(width).zip(expect.chunks(width)).enumerate() {
         let differ = g.iter().zip(e).filter(|(a, b)| a != b).count();
-        assert_eq!(differ, 0, "graph plan row {i} ({:?}) differs from the trainer's in {differ} of {width} values", decodes[i]);
+        assert_eq!(
+            differ, 0,
+            "graph plan row {i} ({:?}) differs from the trainer's in {differ} of {width} values",
+            decodes[i]
+        );
     }
 }

@@ -17,7 +17,9 @@ use common::gpu::gpu;
 use std::path::Path;
 use swerve::backend::cuda::CudaBackend;
 use swerve::config::{ModelConfig, RopeConfig, RopeScaling, YarnConfig};
-use swerve::engine::{Engine, EngineConfig, EngineEvent, FinalRecord, GenerationRequest, SamplingParams};
+use swerve::engine::{
+    Engine, EngineConfig, EngineEvent, FinalRecord, GenerationRequest, SamplingParams,
+};
 use swerve::model::{synthetic, PackedBatch, Qwen2Model};
 use swerve::train::score::score_sequences;
 
@@ -244,7 +246,11 @@ fn sample_tensor_parallel(dir: &Path, tp: usize) -> Vec<FinalRecord> {
 
 /// The trainer split the same way: `tp` ranks (threads, NCCL), each scoring every sequence with
 /// `score`'s forward and the fused loss's forward; rank 0's rows (every rank's are checked equal).
-fn trainer_tensor_parallel(dir: &Path, tp: usize, sequences: &[Vec<u32>]) -> (Vec<Vec<f32>>, Vec<Vec<f32>>) {
+fn trainer_tensor_parallel(
+    dir: &Path,
+    tp: usize,
+    sequences: &[Vec<u32>],
+) -> (Vec<Vec<f32>>, Vec<Vec<f32>>) {
     use swerve::dist::grid::RankComm;
     use swerve::dist::local::LocalGroup;
     let ranks: Vec<(Vec<Vec<f32>>, Vec<Vec<f32>>)> = std::thread::scope(|s| {
@@ -269,7 +275,11 @@ fn trainer_tensor_parallel(dir: &Path, tp: usize, sequences: &[Vec<u32>]) -> (Ve
                             let mut targets = s[1..].to_vec();
                             targets.push(0);
                             let rows = model
-                                .train_logprobs(&backend, &PackedBatch::from_sequences(&[s.clone()]), &targets)
+                                .train_logprobs(
+                                    &backend,
+                                    &PackedBatch::from_sequences(&[s.clone()]),
+                                    &targets,
+                                )
                                 .unwrap();
                             let mut by_token = vec![f32::NAN];
                             by_token.extend(&rows[..s.len() - 1]);
@@ -284,9 +294,15 @@ fn trainer_tensor_parallel(dir: &Path, tp: usize, sequences: &[Vec<u32>]) -> (Ve
     });
     for (rank, r) in ranks.iter().enumerate() {
         let same = |a: &Vec<Vec<f32>>, b: &Vec<Vec<f32>>| {
-            a.iter().flatten().map(|x| x.to_bits()).eq(b.iter().flatten().map(|x| x.to_bits()))
+            a.iter()
+                .flatten()
+                .map(|x| x.to_bits())
+                .eq(b.iter().flatten().map(|x| x.to_bits()))
         };
-        assert!(same(&r.0, &ranks[0].0) && same(&r.1, &ranks[0].1), "rank {rank}'s logprobs differ from rank 0's");
+        assert!(
+            same(&r.0, &ranks[0].0) && same(&r.1, &ranks[0].1),
+            "rank {rank}'s logprobs differ from rank 0's"
+        );
     }
     ranks.into_iter().next().unwrap()
 }

@@ -369,7 +369,10 @@ fn segment_boundaries_and_many_segments_match_cpu_reference() {
         None,
     )
     .unwrap();
-    assert_eq!(plan.segment_keys, p, "the segment never depends on the batch");
+    assert_eq!(
+        plan.segment_keys, p,
+        "the segment never depends on the batch"
+    );
     let (layout, num_blocks) = shuffled_layout(16, &rows, &contexts, 300);
     check_paged(
         &gpu,
@@ -454,7 +457,10 @@ fn every_paged_kernel_loads() {
     gpu.device
         .function("paged_attn", "paged_attn_decode_hd128_small")
         .unwrap();
-    for name in ["paged_attn_decode_hd64_small", "paged_attn_prefill_hd128_small"] {
+    for name in [
+        "paged_attn_decode_hd64_small",
+        "paged_attn_prefill_hd128_small",
+    ] {
         gpu.device.function("paged_attn", name).unwrap();
     }
     for hd in [16, 32, 64, 128] {

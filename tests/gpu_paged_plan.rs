@@ -15,8 +15,7 @@ use common::paged::{
 };
 use swerve::backend::cuda::graphs::decode_graph_attention_inputs;
 use swerve::backend::cuda::paged_attn::{
-    attention_variant, AttentionVariant, WorkPlan, DECODE_BLOCK_M, SEGMENT_KEYS,
-    PREFILL_BLOCK_M,
+    attention_variant, AttentionVariant, WorkPlan, DECODE_BLOCK_M, PREFILL_BLOCK_M, SEGMENT_KEYS,
 };
 use swerve::backend::cuda::DeviceDType;
 use swerve::backend::{Backend, PagedLayout};
@@ -87,7 +86,9 @@ fn the_fixed_decode_graph_plan_matches_the_reference() {
             let exact = paged_attention_f64(qd, kd, vd, &padded, heads, kv_heads, hd);
             let naive = naive_paged_attention(qd, kd, vd, &padded, heads, kv_heads, hd);
             check_within_naive(
-                &format!("graph plan heads {heads}/{kv_heads} hd {hd}: {p}-key segments x {segments}"),
+                &format!(
+                    "graph plan heads {heads}/{kv_heads} hd {hd}: {p}-key segments x {segments}"
+                ),
                 &gpu.to_host(&out).unwrap(),
                 &exact,
                 &naive,
@@ -187,8 +188,15 @@ fn check_coverage(cu: &[u32], ctx: &[u32], group: usize, plan: &WorkPlan) {
     let mut next = 0;
     for (row, &[base, parts]) in plan.rows.iter().enumerate() {
         let position = seen[row * group].len() - 1;
-        let seq = cu.windows(2).position(|w| (w[0]..w[1]).contains(&(row as u32))).unwrap();
-        let expect = if whole.contains(&seq) { 1 } else { (position + 1).div_ceil(p) };
+        let seq = cu
+            .windows(2)
+            .position(|w| (w[0]..w[1]).contains(&(row as u32)))
+            .unwrap();
+        let expect = if whole.contains(&seq) {
+            1
+        } else {
+            (position + 1).div_ceil(p)
+        };
         assert_eq!(parts as usize, expect, "row {row}");
         if parts > 1 {
             assert_eq!(base as usize, next);

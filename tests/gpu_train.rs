@@ -169,7 +169,15 @@ fn the_toy_rl_run_on_cuda_has_a_zero_logprob_gap() {
     let dir = tempfile::tempdir().unwrap();
     let out = dir.path().join("toy");
     let result = Command::new(bin_path("swerve-train"))
-        .args(["rl", "--device", "cuda", "--model", "preset:toy", "--tasks", "builtin:toy"])
+        .args([
+            "rl",
+            "--device",
+            "cuda",
+            "--model",
+            "preset:toy",
+            "--tasks",
+            "builtin:toy",
+        ])
         .args(["--iterations", "4", "--seed", "0", "--out"])
         .arg(&out)
         .output()
@@ -177,17 +185,27 @@ fn the_toy_rl_run_on_cuda_has_a_zero_logprob_gap() {
     let stderr = String::from_utf8_lossy(&result.stderr);
     assert!(result.status.success(), "rl --device cuda: {stderr}");
     let iterations = common::json_lines(&out.join("iterations.jsonl"));
-    assert!(iterations.iter().any(|l| l["phase"] == "dapo"), "no DAPO iteration");
+    assert!(
+        iterations.iter().any(|l| l["phase"] == "dapo"),
+        "no DAPO iteration"
+    );
     let mut trained = 0;
     for line in &iterations {
         assert_eq!(line["logprob_gap_max"].as_f64(), Some(0.0), "{line}");
         trained += line["trained_action_tokens"].as_u64().unwrap_or(0);
     }
-    assert!(trained > 0, "no token was trained: the gap compared nothing");
+    assert!(
+        trained > 0,
+        "no token was trained: the gap compared nothing"
+    );
     let metrics = common::json_lines(&out.join("metrics.jsonl"));
     let first_dapo = metrics
         .iter()
         .find(|m| m["ratio_deviation_mean"].is_number())
         .expect("a DAPO step");
-    assert_eq!(first_dapo["ratio_deviation_mean"].as_f64(), Some(0.0), "{first_dapo}");
+    assert_eq!(
+        first_dapo["ratio_deviation_mean"].as_f64(),
+        Some(0.0),
+        "{first_dapo}"
+    );
 }

@@ -304,6 +304,12 @@ pub trait Backend {
     }
     /// Drops captured graphs: the weights (or cache) they read may be gone.
     fn reset_graphs(&self) {}
+    /// The tensor-parallel degree of the LM head whose logits this backend's `sample_rows` and
+    /// `token_logprobs` will see (the model sets it when built): they split a row's statistics
+    /// into that many vocabulary shards, combined as the vocabulary-parallel loss combines its
+    /// ranks', so all three give the same bits (CUDA, `kernels/logsumexp.cuh`). The CPU reference
+    /// computes in f64 and ignores it.
+    fn set_lm_head_shards(&self, _shards: usize) {}
     /// Gives memory the backend keeps cached for reuse back to the system (after a large free,
     /// such as a released KV cache, so another user of the device can have it).
     fn release_cached_memory(&self) {}

@@ -162,6 +162,7 @@ impl<B: Backend> Qwen2Model<B> {
         host: &Qwen2Params<HostTensor<'_>>,
     ) -> Result<Self> {
         let host_tensors: Vec<&HostTensor<'_>> = host.iter().collect();
+        backend.set_lm_head_shards(local.tp_size);
         let mut uploads = backend.upload_params(&host_tensors)?.into_iter();
         let params = Qwen2Params::try_build(&config, &local, |name, shape, _| {
             let index = host_tensors.len() - uploads.len();

@@ -12,16 +12,15 @@ use super::gemm::Gemm;
 use super::graph_inputs::DecodeGraphs;
 use super::loss_tiles::LossTiles;
 use super::paged_attn::DevicePagedLayout;
-use super::sampling::{finish_samples, SAMPLE_WORDS};
+use super::sampling::{finish_samples, finish_token_logprobs, sample_words};
 use super::tensor::{Arena, BufferPool, CudaTensor, DeviceDType, DeviceUpload};
 use super::CudaDevice;
-use crate::backend::loss::RowStats;
 use crate::backend::{Backend, DecodeModel, PagedLayout, Rotary, RowDraw, OTHER_SHARD};
 use crate::tensor::{DType, HostTensor};
 use anyhow::{bail, ensure, Context, Result};
 use cudarc::driver::result as driver;
 use half::bf16;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::Mutex;
 
 pub struct CudaBackend {
@@ -40,6 +39,8 @@ pub struct CudaBackend {
     pub(super) graphs: Mutex<DecodeGraphs>,
     /// See [`Self::loss_tiles`].
     loss_tiles: Mutex<LossTiles>,
+    /// See [`CudaBackend::lm_head_shards`].
+    lm_head_shards: AtomicUsize,
 }
 
 /// Device copies of the current step's host index arrays (see [`Backend::begin_step`]): every
@@ -71,7 +72,16 @@ impl CudaBackend {
             capturing: AtomicBool::new(false),
             graphs: Mutex::new(DecodeGraphs::default()),
             loss_tiles: Mutex::new(LossTiles::DEFAULT),
+            lm_head_shards: AtomicUsize::new(1),
         })
+    }
+
+    /// The vocabulary shards the sampler and `token_logprobs` split a logits row into: the
+    /// tensor-parallel degree of the model whose LM head produced it (set when the model is
+    /// built, [`crate::backend::Backend::set_lm_head_shards`]), so they report the bits of the
+    /// vocabulary-parallel loss.
+    pub fn lm_head_shards(&self) -> usize {
+        self.lm_head_shards.load(Ordering::Relaxed).max(1)
     }
 
     /// The fused loss's tiles; their `vocab` is also the vocabulary chunk of the canonical
@@ -648,15 +658,14 @@ impl Backend for CudaBackend {
             bail!("token_logprobs: target {id} at row {t} is outside the vocabulary of {vocab}");
         }
         let targets_dev = self.upload_pod(targets, &[targets.len()], DeviceDType::U32)?;
-        let mut out = self.alloc(&[targets.len(), 3], DeviceDType::F32)?;
+        let shards = self.lm_head_shards();
+        let mut out = self.alloc(&[targets.len(), 1 + 2 * shards], DeviceDType::F32)?;
         let chunk = self.loss_tiles().vocab;
         self.device
-            .token_logprob_stats(logits, &targets_dev, chunk, &mut out)?;
-        // Finished as the trainer's fused loss finishes its rows (RowStats::logprob).
-        Ok(pod_vec::<f32>(&self.read_bytes(&out)?)
-            .chunks_exact(3)
-            .map(|s| RowStats::from_f32(s[0], s[1], s[2]).logprob() as f32)
-            .collect())
+            .token_logprob_stats(logits, &targets_dev, chunk, shards, &mut out)?;
+        // Finished as the trainer's fused loss finishes its rows (RowStats::merge_shards, logprob).
+        let values = pod_vec::<f32>(&self.read_bytes(&out)?);
+        Ok(finish_token_logprobs(&values, shards))
     }
 
     fn sample_rows(&self, logits: &CudaTensor, draws: &[RowDraw]) -> Result<Vec<(u32, f32)>> {
@@ -673,11 +682,15 @@ impl Backend for CudaBackend {
         let uniforms: Vec<f64> = draws.iter().map(|d| d.uniform).collect();
         let temperatures = self.upload_pod(&temperatures, &[draws.len()], DeviceDType::F32)?;
         let uniforms = self.upload_pod(&uniforms, &[draws.len()], DeviceDType::F64)?;
-        let mut out = self.alloc(&[draws.len(), SAMPLE_WORDS], DeviceDType::U32)?;
+        let shards = self.lm_head_shards();
+        let mut out = self.alloc(&[draws.len(), sample_words(shards)], DeviceDType::U32)?;
         let chunk = self.loss_tiles().vocab;
         self.device
-            .sample_rows(logits, &temperatures, &uniforms, chunk, &mut out)?;
-        Ok(finish_samples(&pod_vec::<u32>(&self.read_bytes(&out)?)))
+            .sample_rows(logits, &temperatures, &uniforms, chunk, shards, &mut out)?;
+        Ok(finish_samples(
+            &pod_vec::<u32>(&self.read_bytes(&out)?),
+            shards,
+        ))
     }
 
     fn decode_step_graph<M: DecodeModel<Self>>(
@@ -694,6 +707,10 @@ impl Backend for CudaBackend {
 
     fn reset_graphs(&self) {
         self.reset_decode_graphs();
+    }
+
+    fn set_lm_head_shards(&self, shards: usize) {
+        self.lm_head_shards.store(shards.max(1), Ordering::Relaxed);
     }
 
     fn release_cached_memory(&self) {

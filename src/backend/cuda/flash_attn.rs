@@ -4,8 +4,8 @@
 //! reduction order of `kernels/attn_tile.cuh` with the engine's segment ([`SEGMENT_KEYS`]), so
 //! the trainer's attention output of a row is the bits the engine computed for it.
 
-use super::tensor::{CudaTensor, DeviceDType, DeviceUpload};
 use super::paged_attn::SEGMENT_KEYS;
+use super::tensor::{CudaTensor, DeviceDType, DeviceUpload};
 use super::{as_i32, CudaDevice};
 use anyhow::{bail, ensure, Result};
 use cudarc::driver::sys::CUfunction_attribute;

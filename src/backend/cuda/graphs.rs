@@ -181,13 +181,8 @@ impl CudaBackend {
         kv_heads: usize,
         (tokens, positions, layout, draws): (&[u32], &[u32], &PagedLayout, &[RowDraw]),
     ) -> Result<(DecodeGraph, Vec<(u32, f32)>)> {
-        let inputs = StaticInputs::new(
-            self,
-            key.batch,
-            key.table_blocks,
-            layout.block_size,
-            group,
-        )?;
+        let inputs =
+            StaticInputs::new(self, key.batch, key.table_blocks, layout.block_size, group)?;
         let step = inputs.host_step(tokens, positions, layout, draws, model.cache_blocks(kv))?;
         inputs.write(self, &step)?;
         self.graph_mode.store(true, Ordering::Relaxed);
@@ -264,6 +259,7 @@ impl CudaBackend {
                 &inputs.temperatures,
                 &inputs.uniforms,
                 chunk,
+                1, // graphs run at tensor-parallel 1 only: one vocabulary shard
                 &mut out,
             )
         })();
@@ -297,13 +293,7 @@ pub fn decode_graph_attention_inputs(
             .all(|(i, &c)| c as usize == i),
         "decode graph inputs: one query row per sequence"
     );
-    let inputs = StaticInputs::new(
-        backend,
-        batch,
-        table_blocks,
-        layout.block_size,
-        group,
-    )?;
+    let inputs = StaticInputs::new(backend, batch, table_blocks, layout.block_size, group)?;
     let positions: Vec<u32> = layout
         .context_lens
         .iter()
@@ -324,7 +314,7 @@ pub fn decode_graph_attention_inputs(
 /// The first `n` (token, logprob) pairs of a graph's output.
 fn read_samples(backend: &CudaBackend, out: &CudaTensor, n: usize) -> Result<Vec<(u32, f32)>> {
     let words: Vec<u32> = super::backend::pod_vec(&backend.read_bytes(out)?);
-    Ok(super::sampling::finish_samples(&words)
+    Ok(super::sampling::finish_samples(&words, 1)
         .into_iter()
         .take(n)
         .collect())

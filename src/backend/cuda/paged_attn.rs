@@ -505,7 +505,12 @@ impl CudaDevice {
         // scratch (partials of split rows).
         let (decode_items, prefill_items, row_plan, _) = args.plan_parts(plan);
         for (variant, items, count, per_block) in [
-            (&kernels.decode, decode_items, plan.decode.len(), kernels.decode.warps),
+            (
+                &kernels.decode,
+                decode_items,
+                plan.decode.len(),
+                kernels.decode.warps,
+            ),
             (&kernels.prefill, prefill_items, plan.prefill.len(), 1),
         ] {
             if count == 0 {

@@ -228,6 +228,7 @@ impl CudaDevice {
         logits: &CudaTensor,
         targets: &CudaTensor,
         chunk: usize,
+        shards: usize,
         out: &mut CudaTensor,
     ) -> Result<()> {
         expect_dtype("token_logprobs", "logits", logits, DeviceDType::F32)?;
@@ -235,14 +236,20 @@ impl CudaDevice {
         expect_dtype("token_logprobs", "out", out, DeviceDType::F32)?;
         let (rows, vocab) = (logits.rows(), logits.cols());
         ensure!(
-            rows > 0 && chunk > 0 && targets.len() == rows && out.len() == 3 * rows,
-            "token_logprobs: logits {:?}, {} targets, out {:?}",
+            rows > 0
+                && chunk > 0
+                && (1..=super::sampling::MAX_VOCAB_SHARDS).contains(&shards)
+                && shards <= vocab
+                && targets.len() == rows
+                && out.len() == (1 + 2 * shards) * rows,
+            "token_logprobs: logits {:?}, {} targets, {shards} vocabulary shards, out {:?}",
             logits.shape(),
             targets.len(),
             out.shape()
         );
         let (rows_i, vocab_i) = (as_i32("rows", rows)?, as_i32("vocab", vocab)?);
         let chunk_i = as_i32("vocabulary chunk", chunk)?;
+        let shards_i = shards as i32;
         let f = self.function("logprobs", "token_logprob_stats_f32")?;
         let (o, l, t) = (out.ptr(), logits.ptr(), targets.ptr());
         let mut launch = self.stream.launch_builder(&f);
@@ -252,7 +259,8 @@ impl CudaDevice {
             .arg(&t)
             .arg(&rows_i)
             .arg(&vocab_i)
-            .arg(&chunk_i);
+            .arg(&chunk_i)
+            .arg(&shards_i);
         let threads = super::sampling::LSE_THREADS;
         // SAFETY: argument order and types match the kernel; sizes checked above.
         unsafe { launch.launch(rows_config(rows, (threads, 1))) }?;
