@@ -45,7 +45,7 @@ rm -rf .gpu
 stage=.gpu/payload
 mkdir -p "$stage/bin" "$stage/tests" "$stage/peers"
 for bin in swerve-serve swerve-train swerve-bench; do
-  cp "target/release/$bin" "$stage/bin/"
+  cp "${CARGO_TARGET_DIR:-target}/release/$bin" "$stage/bin/"
 done
 packed=0
 for exe in "${tests[@]}"; do
