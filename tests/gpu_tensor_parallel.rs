@@ -51,6 +51,9 @@ fn on_ranks<R: Send>(
     f: impl Fn(&CudaBackend, &Qwen2Model<CudaBackend>) -> R + Sync,
 ) -> Vec<R> {
     let emulated = swerve::backend::cuda::is_emulated();
+    // With fewer GPUs than ranks (only the host-staged collectives run then, see `comms`), the
+    // ranks share the GPUs: a rank needs its own backend, not its own device.
+    let devices = gpu().device_count().unwrap().max(1);
     let dir = fixture_dir(name);
     std::thread::scope(|s| {
         let handles: Vec<_> = LocalGroup::new(tp)
@@ -59,7 +62,8 @@ fn on_ranks<R: Send>(
             .map(|(rank, local)| {
                 let (f, dir) = (&f, &dir);
                 s.spawn(move || {
-                    let backend = CudaBackend::open(if emulated { 0 } else { rank }).unwrap();
+                    let backend =
+                        CudaBackend::open(if emulated { 0 } else { rank % devices }).unwrap();
                     let comm: Arc<dyn Communicator<CudaBackend>> = match comm {
                         Comm::Nccl => Arc::new(NcclComm::init(&backend, &local).unwrap()),
                         Comm::Host => Arc::new(local) as Arc<dyn Communicator<CudaBackend>>,

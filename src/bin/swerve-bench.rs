@@ -21,6 +21,10 @@ struct Cli {
     /// With no subcommand: `prefill` with these options.
     #[command(flatten)]
     prefill: PrefillArgs,
+    /// GEMMs pinned per shape class for every batch size (exact rollout logprobs, the training
+    /// commands' default); `false`: cuBLASLt's per-shape choice (`swerve-serve`'s default).
+    #[arg(long, global = true, default_value_t = true, action = clap::ArgAction::Set)]
+    exact_logprobs: bool,
 }
 
 #[derive(Subcommand)]
@@ -264,6 +268,7 @@ fn main() -> Result<()> {
         eprintln!("{banner}");
     }
     let cli = Cli::parse();
+    swerve::backend::cuda::gemm::set_exact_logprobs(cli.exact_logprobs);
     match cli.command.unwrap_or(Command::Prefill(cli.prefill)) {
         Command::Prefill(a) => commands::prefill(&commands::PrefillOptions {
             preset: a.preset.preset,

@@ -68,6 +68,11 @@ struct Cli {
     /// lockstep. On GPUs the ranks talk through NCCL when libnccl is found.
     #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u64).range(1..))]
     tensor_parallel: u64,
+    /// GEMMs pinned per shape class for every batch size, so that the logprobs served equal
+    /// swerve's trainer's bit for bit on GPUs (decode is slower: README, exact on-policy
+    /// logprobs). Off: cuBLASLt's per-shape choice.
+    #[arg(long)]
+    exact_logprobs: bool,
 }
 
 fn main() -> Result<()> {
@@ -75,6 +80,7 @@ fn main() -> Result<()> {
         eprintln!("{banner}");
     }
     let cli = Cli::parse();
+    swerve::backend::cuda::gemm::set_exact_logprobs(cli.exact_logprobs);
     anyhow::ensure!(
         cli.shutdown_grace_seconds.is_finite() && cli.shutdown_grace_seconds >= 0.0,
         "--shutdown-grace-seconds must be a non-negative number"

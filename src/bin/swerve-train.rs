@@ -72,6 +72,11 @@ fn eps_low_f32(text: &str) -> Result<f32, String> {
 struct Cli {
     #[command(subcommand)]
     command: Command,
+    /// GEMMs with one configuration per shape class for every batch size, so that a rollout's
+    /// logprobs equal the trainer's bit for bit on GPUs (README: exact on-policy logprobs);
+    /// `false`: cuBLASLt's per-shape choice (faster decode, logprobs within rounding).
+    #[arg(long, global = true, default_value_t = true, action = clap::ArgAction::Set)]
+    exact_logprobs: bool,
 }
 
 #[derive(Subcommand)]
@@ -637,7 +642,9 @@ fn main() -> Result<()> {
     if let Some(banner) = swerve::backend::cuda::emulation_banner() {
         eprintln!("{banner}");
     }
-    match Cli::parse().command {
+    let cli = Cli::parse();
+    swerve::backend::cuda::gemm::set_exact_logprobs(cli.exact_logprobs);
+    match cli.command {
         Command::Score {
             model,
             files,

@@ -64,6 +64,24 @@ use std::mem::size_of;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 
+/// Whether GEMMs run pinned (one configuration per class for every M: rollout and trainer
+/// logprobs equal bit for bit) or per problem (cuBLASLt's heuristic for each shape: faster decode,
+/// logprobs within rounding). A process-wide choice, made once from the command line
+/// (`--exact-logprobs`) before any model is built: the engine and the trainer of one process must
+/// agree. On by default.
+static EXACT_LOGPROBS: AtomicBool = AtomicBool::new(true);
+
+/// See [`EXACT_LOGPROBS`]. Plans made before a change keep their algorithms: call it before any
+/// GEMM runs.
+pub fn set_exact_logprobs(on: bool) {
+    EXACT_LOGPROBS.store(on, Ordering::SeqCst);
+}
+
+/// See [`EXACT_LOGPROBS`].
+pub fn exact_logprobs() -> bool {
+    EXACT_LOGPROBS.load(Ordering::SeqCst)
+}
+
 /// The cuBLASLt workspace every GEMM of a stream shares (allocated once per stream).
 pub const WORKSPACE_BYTES: usize = 32 << 20;
 
@@ -387,7 +405,7 @@ impl Gemm {
         d: CUdeviceptr,
     ) -> Result<GemmKey> {
         let mut key = key;
-        if self.unpinned.load(Ordering::SeqCst) {
+        if self.unpinned.load(Ordering::SeqCst) || !exact_logprobs() {
             key.pin = Pinning::PerProblem;
         }
         if key.pin == Pinning::PerProblem {

@@ -77,8 +77,12 @@ pub fn algo_class(key: &GemmKey) -> GemmKey {
         Pinning::PerProblem => return class,
         Pinning::Rows => {}
         Pinning::RowsAndCols => {
+            // N varies (the whole vocabulary, a loss tile, the last tile); what the algorithm
+            // needs to know of D's leading dimension is whether its rows stay 16-byte aligned:
+            // 0 if so, 1 if not (an odd test vocabulary).
+            let elem = if key.out_f32 { 4 } else { 2 };
             class.m = 0;
-            class.ldd = 0;
+            class.ldd = i64::from(!(key.ldd as u64 * elem).is_multiple_of(PINNED_ALIGNMENT as u64));
         }
     }
     class.n = 0;
@@ -88,8 +92,8 @@ pub fn algo_class(key: &GemmKey) -> GemmKey {
 
 /// The minimum alignment (bytes) of the A, B, C and D pointers of a pinned class: 16 where the
 /// leading dimension keeps every row (column in cuBLAS's terms) of a 16-byte-aligned base
-/// 16-byte aligned, else the element size. A [`Pinning::RowsAndCols`] D is always a whole
-/// (allocated, 256-byte-aligned) logits buffer: 16.
+/// 16-byte aligned, else the element size. A [`Pinning::RowsAndCols`] D is a whole (allocated,
+/// 256-byte-aligned) logits buffer: 16 when its rows are (the class says), else the element.
 pub fn pinned_alignments(class: &GemmKey) -> [u32; 4] {
     let fits = |ld: i64, elem: u32| {
         if (ld as u64 * elem as u64).is_multiple_of(PINNED_ALIGNMENT as u64) {
@@ -99,10 +103,10 @@ pub fn pinned_alignments(class: &GemmKey) -> [u32; 4] {
         }
     };
     let d_elem = if class.out_f32 { 4 } else { 2 };
-    let d = if class.pin == Pinning::RowsAndCols {
-        PINNED_ALIGNMENT
-    } else {
-        fits(class.ldd, d_elem)
+    let d = match (class.pin, class.ldd) {
+        (Pinning::RowsAndCols, 0) => PINNED_ALIGNMENT,
+        (Pinning::RowsAndCols, _) => d_elem,
+        _ => fits(class.ldd, d_elem),
     };
     [fits(class.lda, 2), fits(class.ldb, 2), d, d]
 }
@@ -114,7 +118,8 @@ pub fn reference_problem(class: &GemmKey) -> GemmKey {
     key.n = REFERENCE_ROWS;
     if class.pin == Pinning::RowsAndCols {
         key.m = REFERENCE_COLS;
-        key.ldd = REFERENCE_COLS as i64;
+        // A packed D, or one whose rows are not 16-byte aligned when the class's are not.
+        key.ldd = REFERENCE_COLS as i64 + class.ldd;
     }
     key
 }
