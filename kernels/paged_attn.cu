@@ -115,7 +115,7 @@ using PagedPrefill = PagedPrefillConfig<D, 4, 2>;
 template <int D>
 using PagedPrefillSmall = PagedPrefillConfig<D, 2, 2>;  // for GPUs with 99 KiB per block
 
-// The merge: one block of kMergeThreads per (row, head); thread d folds element d (D <= 128).
+// The merge: one block of kMergeThreads per (row, head); thread d folds element d.
 constexpr int kMergeThreads = 128;
 
 // ---- write_kv ----------------------------------------------------------------------------------
@@ -175,44 +175,22 @@ __device__ __forceinline__ bool paged_work(PagedWork& w, const int4* items, int 
     return w.m0 < w.m_end && w.n_begin < w.n_end;
 }
 
-// Rows of a tile each thread copies: kCopyThreads threads, kChunks 16-byte chunks per row.
-template <typename Cfg>
-struct TileCopy {
-    static constexpr int kRowsPerPass = Cfg::kCopyThreads / Cfg::kChunks;
-    static constexpr int kPasses = Cfg::kBlockN / kRowsPerPass;
-    static_assert(Cfg::kBlockN % kRowsPerPass == 0, "whole rows per copy pass");
-};
-
-// The physical cache blocks of the rows this thread copies for the tile at key n0 (-1: past the
-// item, zero-filled), looked up a tile ahead of their use so that the paged address never stalls
-// the copy (`tid`: this thread's index among the kCopyThreads that copy).
-template <typename Cfg>
-__device__ __forceinline__ void lookup_blocks(int (&ids)[TileCopy<Cfg>::kPasses], const PagedWork& w, int n0,
-                                              int block_size, int tid) {
-    const int r0 = tid / Cfg::kChunks;
-#pragma unroll
-    for (int i = 0; i < TileCopy<Cfg>::kPasses; ++i) {
-        const int j = n0 + r0 + i * TileCopy<Cfg>::kRowsPerPass;
-        ids[i] = j < w.n_end ? __ldg(w.table + j / block_size) : -1;
-    }
-}
-
 // Copies the K and V rows of the tile at key n0 into one ring stage (cp.async, 16 bytes each),
-// split over kCopyThreads threads, from the blocks `ids` (lookup_blocks); keys past the item are
-// zero-filled.
+// split over kCopyThreads threads (`tid` is this thread's index among them); keys past the item
+// are zero-filled.
 template <typename Cfg>
 __device__ __forceinline__ void issue_tile(__nv_bfloat16* sK, __nv_bfloat16* sV, const __nv_bfloat16* k_cache,
-                                           const __nv_bfloat16* v_cache, const int (&ids)[TileCopy<Cfg>::kPasses],
-                                           const PagedWork& w, int n0, int block_size, int kv_heads, int tid) {
-    constexpr int D = Cfg::kHeadDim, S = Cfg::kSmemStride;
+                                           const __nv_bfloat16* v_cache, const PagedWork& w, int n0, int block_size,
+                                           int kv_heads, int tid) {
+    constexpr int D = Cfg::kHeadDim, S = Cfg::kSmemStride, kRowsPerPass = Cfg::kCopyThreads / Cfg::kChunks;
     const int r0 = tid / Cfg::kChunks, c = (tid % Cfg::kChunks) * 8;
-#pragma unroll
-    for (int i = 0; i < TileCopy<Cfg>::kPasses; ++i) {
-        const int r = r0 + i * TileCopy<Cfg>::kRowsPerPass;
-        const bool valid = ids[i] >= 0;
+#pragma unroll 4
+    for (int r = r0; r < Cfg::kBlockN; r += kRowsPerPass) {
+        const int j = n0 + r;
+        const bool valid = j < w.n_end;
         size_t off = 0;
         if (valid) {
-            const size_t slot = (size_t)ids[i] * block_size + ((n0 + r) % block_size);
+            const size_t slot = (size_t)__ldg(w.table + j / block_size) * block_size + (j % block_size);
             off = (slot * kv_heads + w.kv_head) * D + c;
         }
         cp_async_16(sK + r * S + c, k_cache + off, valid);
@@ -320,17 +298,14 @@ __device__ __forceinline__ void paged_decode(PAGED_ATTN_PARAMS) {
     auto stage_k = [&](int stage) { return sQ + Cfg::kQElems + stage * 2 * Cfg::kTileElems; };
 
     issue_q<D>(sQ, q, w, w.m0, 16, heads, lane, SWERVE_WARP);
-    int ids[TileCopy<Cfg>::kPasses];
 #pragma unroll
     for (int s = 0; s < kStages - 1; ++s) {
         if (s < n_tiles) {
-            lookup_blocks<Cfg>(ids, w, w.n_begin + s * BN, block_size, lane);
-            issue_tile<Cfg>(stage_k(s), stage_k(s) + Cfg::kTileElems, k_cache, v_cache, ids, w, w.n_begin + s * BN,
+            issue_tile<Cfg>(stage_k(s), stage_k(s) + Cfg::kTileElems, k_cache, v_cache, w, w.n_begin + s * BN,
                             block_size, kv_heads, lane);
         }
         cp_async_commit();
     }
-    if (kStages - 1 < n_tiles) lookup_blocks<Cfg>(ids, w, w.n_begin + (kStages - 1) * BN, block_size, lane);
 
     const int group_row = lane / 4;
     int pos[2];  // this thread's rows' positions; padding rows see every key and are never written
@@ -353,9 +328,8 @@ __device__ __forceinline__ void paged_decode(PAGED_ATTN_PARAMS) {
         const int t_next = t + kStages - 1;
         if (t_next < n_tiles) {
             __nv_bfloat16* sK_next = stage_k(t_next % kStages);
-            issue_tile<Cfg>(sK_next, sK_next + Cfg::kTileElems, k_cache, v_cache, ids, w, w.n_begin + t_next * BN,
+            issue_tile<Cfg>(sK_next, sK_next + Cfg::kTileElems, k_cache, v_cache, w, w.n_begin + t_next * BN,
                             block_size, kv_heads, lane);
-            if (t_next + 1 < n_tiles) lookup_blocks<Cfg>(ids, w, w.n_begin + (t_next + 1) * BN, block_size, lane);
         }
         cp_async_commit();  // possibly empty: keeps the group count uniform
         if (t == 0) {
@@ -404,17 +378,14 @@ __device__ __forceinline__ void paged_prefill(PAGED_ATTN_PARAMS) {
     float* fold_o = reinterpret_cast<float*>(paged_smem + Cfg::kFoldOffset) + threadIdx.x;
 
     issue_q<D>(sQ, q, w, w.m0, BM, heads, threadIdx.x, Cfg::kThreads);
-    int ids[TileCopy<Cfg>::kPasses];
 #pragma unroll
     for (int s = 0; s < kStages - 1; ++s) {
         if (s < n_tiles) {
-            lookup_blocks<Cfg>(ids, w, w.n_begin + s * BN, block_size, threadIdx.x);
-            issue_tile<Cfg>(stage_k(s), stage_k(s) + Cfg::kTileElems, k_cache, v_cache, ids, w, w.n_begin + s * BN,
+            issue_tile<Cfg>(stage_k(s), stage_k(s) + Cfg::kTileElems, k_cache, v_cache, w, w.n_begin + s * BN,
                             block_size, kv_heads, threadIdx.x);
         }
         cp_async_commit();
     }
-    if (kStages - 1 < n_tiles) lookup_blocks<Cfg>(ids, w, w.n_begin + (kStages - 1) * BN, block_size, threadIdx.x);
 
     const int m_warp = w.m0 + warp * 16, group_row = lane / 4;
     int pos[2];
@@ -440,11 +411,8 @@ __device__ __forceinline__ void paged_prefill(PAGED_ATTN_PARAMS) {
         const int t_next = t + kStages - 1;
         if (t_next < n_tiles) {
             __nv_bfloat16* sK_next = stage_k(t_next % kStages);
-            issue_tile<Cfg>(sK_next, sK_next + Cfg::kTileElems, k_cache, v_cache, ids, w, w.n_begin + t_next * BN,
+            issue_tile<Cfg>(sK_next, sK_next + Cfg::kTileElems, k_cache, v_cache, w, w.n_begin + t_next * BN,
                             block_size, kv_heads, threadIdx.x);
-            if (t_next + 1 < n_tiles) {
-                lookup_blocks<Cfg>(ids, w, w.n_begin + (t_next + 1) * BN, block_size, threadIdx.x);
-            }
         }
         cp_async_commit();
         if (t == 0) {
@@ -493,42 +461,27 @@ PAGED_PREFILL_ENTRY(paged_attn_prefill_hd16, PagedPrefill<16>)
 // normalised. One block per (split row, head): row split_rows[blockIdx.x / heads], head
 // blockIdx.x % heads (rows written directly get no block, or return at once in a CUDA graph's
 // fixed plan); thread d folds element d, every thread the sums (the same arithmetic, redundantly).
-// The segments' (max, sum) are staged in shared memory kMergeStage at a time by the whole block,
-// and the partial outputs are read 8 segments ahead of the fold (their addresses do not depend on
-// it), so the sequential fold never waits on one load at a time.
-constexpr int kMergeStage = 256;
-
 template <int D>
 __device__ __forceinline__ void paged_attn_merge(__nv_bfloat16* __restrict__ out, const float* __restrict__ part_o,
                                                  const float2* __restrict__ part_stats,
                                                  const int2* __restrict__ row_plan,
                                                  const int* __restrict__ split_rows, int heads, float softmax_scale) {
-    __shared__ float2 stats[kMergeStage];
     const int row = split_rows[blockIdx.x / heads], head = blockIdx.x % heads;
     const int2 plan = row_plan[row];
-    if (plan.y <= 1) return;  // one segment: written straight to `out` (the same for the whole block)
+    if (plan.y <= 1) return;  // one segment: written straight to `out`
     const float scale_log2 = softmax_scale * 1.4426950408889634f;
-    const int d = threadIdx.x;  // D <= kMergeThreads: one element per thread
-    float fold_max = -INFINITY, fold_sum = 0.0f, fold_o = 0.0f;
-    for (int k0 = 0; k0 < plan.y; k0 += kMergeStage) {
-        const int n = min(kMergeStage, plan.y - k0);
-        __syncthreads();  // the previous stage's stats are read
-        for (int i = threadIdx.x; i < n; i += blockDim.x) stats[i] = __ldg(part_stats + (size_t)(plan.x + k0 + i) * heads + head);
-        __syncthreads();
-        if (d < D) {
-            const float* o = part_o + ((size_t)(plan.x + k0) * heads + head) * D + d;
-            const size_t stride = (size_t)heads * D;
-#pragma unroll 8
-            for (int i = 0; i < n; ++i) {
-                const float o_k = __ldg(o + i * stride);
-                const SegmentWeights w = segment_weights(fold_max, stats[i].x, scale_log2);
-                fold_sum = fold_value(fold_sum, stats[i].y, w);
-                fold_o = fold_value(fold_o, o_k, w);
-                fold_max = w.max;
-            }
+    for (int d = threadIdx.x; d < D; d += blockDim.x) {
+        float fold_max = -INFINITY, fold_sum = 0.0f, fold_o = 0.0f;
+        for (int k = 0; k < plan.y; ++k) {
+            const size_t idx = (size_t)(plan.x + k) * heads + head;
+            const float2 stats = __ldg(part_stats + idx);
+            const SegmentWeights w = segment_weights(fold_max, stats.x, scale_log2);
+            fold_sum = fold_value(fold_sum, stats.y, w);
+            fold_o = fold_value(fold_o, __ldg(part_o + idx * D + d), w);
+            fold_max = w.max;
         }
+        out[((size_t)row * heads + head) * D + d] = f32_to_bf16(__fmul_rn(fold_o, attn_normalizer(fold_sum)));
     }
-    if (d < D) out[((size_t)row * heads + head) * D + d] = f32_to_bf16(__fmul_rn(fold_o, attn_normalizer(fold_sum)));
 }
 
 #define PAGED_MERGE_ENTRY(name, D)                                                                                   \
