@@ -143,7 +143,7 @@ impl WorkPlan {
         );
         let segment_keys = segment_keys.unwrap_or(SEGMENT_KEYS);
         ensure!(
-            segment_keys > 0 && segment_keys % KEY_TILE == 0,
+            segment_keys > 0 && segment_keys.is_multiple_of(KEY_TILE),
             "paged attention: segment of {segment_keys} keys is not a multiple of {KEY_TILE}"
         );
         // (decode?, sequence, first flat row, keys the tile sees)
