@@ -244,6 +244,9 @@ fn sample_tensor_parallel(dir: &Path, tp: usize) -> Vec<FinalRecord> {
     records
 }
 
+/// One trainer rank's logprobs of every sequence: `score`'s, then the fused loss's.
+type RankLogprobs = (Vec<Vec<f32>>, Vec<Vec<f32>>);
+
 /// The trainer split the same way: `tp` ranks (threads, NCCL), each scoring every sequence with
 /// `score`'s forward and the fused loss's forward; rank 0's rows (every rank's are checked equal).
 fn trainer_tensor_parallel(
@@ -253,7 +256,7 @@ fn trainer_tensor_parallel(
 ) -> (Vec<Vec<f32>>, Vec<Vec<f32>>) {
     use swerve::dist::grid::RankComm;
     use swerve::dist::local::LocalGroup;
-    let ranks: Vec<(Vec<Vec<f32>>, Vec<Vec<f32>>)> = std::thread::scope(|s| {
+    let ranks: Vec<RankLogprobs> = std::thread::scope(|s| {
         let handles: Vec<_> = LocalGroup::new(tp)
             .into_iter()
             .enumerate()
@@ -277,7 +280,7 @@ fn trainer_tensor_parallel(
                             let rows = model
                                 .train_logprobs(
                                     &backend,
-                                    &PackedBatch::from_sequences(&[s.clone()]),
+                                    &PackedBatch::from_sequences(std::slice::from_ref(s)),
                                     &targets,
                                 )
                                 .unwrap();
