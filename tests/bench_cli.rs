@@ -311,7 +311,7 @@ fn plan_prints_the_papers_setup_and_the_context_parallelism_it_would_need() {
         "at most ",
         "KV cache of the colocated rollouts a GPU, by what the trainer keeps while they run:",
         "gradients given back (rl's default)",
-        "(--offload-optimizer)   2,758,384 tokens (+166,496): 21 sequences of 131,072",
+        "(--offload-optimizer)   2,758,064 tokens (+166,496): 21 sequences of 131,072",
     ] {
         assert!(stdout.contains(line), "no {line:?} in\n{stdout}");
     }

@@ -723,8 +723,9 @@ fn step_activations(
             };
             let kv_heads = l.kv_heads_local;
             let plan = WorkPlan::build(&cu_query, &context_lens, group, kv_heads, num_sms, None)?;
-            // part_o [scratch_rows, heads, hd] and part_lse [scratch_rows, heads], f32.
-            let scratch = b(plan.scratch_rows * l.heads_local * (c.head_dim + 1), 4);
+            // part_o [scratch_rows, heads, hd] and part_stats [scratch_rows, heads] (max, sum),
+            // f32: one row per split row and 512-key segment.
+            let scratch = b(plan.scratch_rows * l.heads_local * (c.head_dim + 2), 4);
             parts.push(part("split-KV attention scratch (f32)", scratch));
         }
     }
