@@ -140,6 +140,18 @@ fn transform(src: &str, family: &str) -> String {
         .0
 }
 
+/// The forward's O += P V (attn_tile.cuh's `attn_tile_pv`) written out with V loaded by
+/// `ldmatrix` without `.trans`: the layout mutation the emulator must turn into wrong output.
+const PV_WITHOUT_TRANS: &str = "for (int kk = 0; kk < kAttnKeyTile / 16; ++kk) { uint32_t p_frag[4]; \
+    p_frag[0] = pack_bf16x2(s_acc[2 * kk][0], s_acc[2 * kk][1]); \
+    p_frag[1] = pack_bf16x2(s_acc[2 * kk][2], s_acc[2 * kk][3]); \
+    p_frag[2] = pack_bf16x2(s_acc[2 * kk + 1][0], s_acc[2 * kk + 1][1]); \
+    p_frag[3] = pack_bf16x2(s_acc[2 * kk + 1][2], s_acc[2 * kk + 1][3]); \
+    for (int dp = 0; dp < D / 16; ++dp) { uint32_t b[4]; \
+    const int r = kk * 16 + (lane % 8) + ((lane / 8) % 2) * 8; const int c = dp * 16 + (lane / 16) * 8; \
+    ldmatrix_x4(b, sV + r * S + c); mma_bf16_16816(o_acc[2 * dp], p_frag, b[0], b[1]); \
+    mma_bf16_16816(o_acc[2 * dp + 1], p_frag, b[2], b[3]); } }";
+
 /// `src` with `from` replaced by `to` inside flash_attn.cu's forward only (the template function
 /// up to the entry-point macro); panics if the forward has no such text.
 fn mutate_forward(src: &str, from: &str, to: &str) -> String {
@@ -196,7 +208,11 @@ fn real_kernels_against_references_and_mutations() {
     fs::write(
         dir.join("flash_attn_mut_trans.emu.cpp"),
         transform(
-            &mutate_forward(&flash_src, "ldmatrix_x4_trans(b, sV", "ldmatrix_x4(b, sV"),
+            &mutate_forward(
+                &flash_src,
+                "attn_tile_pv<D>(o_acc, s_acc, sV, S, lane);",
+                PV_WITHOUT_TRANS,
+            ),
             "flash_attn_mut_trans",
         ),
     )

@@ -19,6 +19,7 @@
 #include "common.cuh"
 #include "emu_cuda.h"
 #include "mma.cuh"
+#include "attn_tile.cuh"  // at global scope: the namespaced kernel copies below share it (#pragma once)
 #include "rmsnorm.emu.cpp"
 
 // flash_attn.cu and its mutated variants, each in its own namespace (their templates differ; the
@@ -158,7 +159,7 @@ static void test_rmsnorm() {
 }
 
 // ---- flash attention ---------------------------------------------------------------------------------
-using FwdFn = void (*)(const bf16*, const bf16*, const bf16*, bf16*, float*, const int*, int, int, float);
+using FwdFn = void (*)(const bf16*, const bf16*, const bf16*, bf16*, float*, const int*, int, int, int, float);
 static FwdFn fwd_kernel(const char* variant, int D) {
     const std::string v = variant;
     if (v == "mut_wait")
@@ -272,14 +273,15 @@ struct Attn {
         FwdResult r;
         r.out.assign(q.size(), 0xffff);  // NaN-poisoned
         r.lse.assign((size_t)T * heads, NAN);
-        const size_t smem = (128 + 2 * 64) * (D + 8) * 2;
+        // Q, K, V tiles, then each thread's folded O (attn_tile.cuh's segment fold).
+        const size_t smem = (128 + 2 * 64) * (D + 8) * 2 + 256 * D * 2;
         const dim3 grid((max_seqlen() + 127) / 128, heads, seqlens.size());
         FwdFn fn = fwd_kernel(variant, D);
         Timer t;
         r.errors = run("flash_attn_fwd", grid, dim3(256), smem, [&] {
             fn(reinterpret_cast<const bf16*>(q.data()), reinterpret_cast<const bf16*>(k.data()),
                reinterpret_cast<const bf16*>(v.data()), reinterpret_cast<bf16*>(r.out.data()), r.lse.data(), cu.data(),
-               heads, kv_heads, scale);
+               heads, kv_heads, 512, scale);  // 512: the engine's canonical segment (SEGMENT_KEYS)
         });
         r.seconds = t.s();
         r.err_out = r.err_lse = 0;
