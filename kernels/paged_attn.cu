@@ -436,11 +436,15 @@ __device__ __forceinline__ void paged_prefill(PAGED_ATTN_PARAMS) {
                    part_stats, row_plan, heads, segment_keys, scale_log2, lane);
 }
 
-#define PAGED_DECODE_ENTRY(name, Cfg) \
-    extern "C" __global__ void __launch_bounds__(Cfg::kThreads, 1) name(PAGED_ATTN_PARAMS) { paged_decode<Cfg>(PAGED_ATTN_ARGS); }
-#define PAGED_PREFILL_ENTRY(name, Cfg)                                            \
-    extern "C" __global__ void __launch_bounds__(Cfg::kThreads, 1) name(PAGED_ATTN_PARAMS) { \
-        paged_prefill<Cfg>(PAGED_ATTN_ARGS);                                       \
+#define PAGED_DECODE_ENTRY(name, Cfg)                                                  \
+    extern "C" __global__ void __launch_bounds__(Cfg::kThreads, 1)                      \
+        name(PAGED_ATTN_PARAMS) {                                                       \
+        paged_decode<Cfg>(PAGED_ATTN_ARGS);                                                  \
+    }
+#define PAGED_PREFILL_ENTRY(name, Cfg)                                                  \
+    extern "C" __global__ void __launch_bounds__(Cfg::kThreads, 1)                      \
+        name(PAGED_ATTN_PARAMS) {                                                       \
+        paged_prefill<Cfg>(PAGED_ATTN_ARGS);                                                  \
     }
 
 PAGED_DECODE_ENTRY(paged_attn_decode_hd128, PagedDecode<128>)
