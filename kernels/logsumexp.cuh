@@ -125,10 +125,3 @@ __device__ __forceinline__ ChunkStats range_chunked_stats(const float* __restric
     }
     return acc;
 }
-
-// Steps 1-3 over a whole row of `vocab` logits (one shard), in every thread.
-template <typename Score>
-__device__ __forceinline__ ChunkStats row_chunked_stats(const float* __restrict__ row, int vocab, int chunk,
-                                                        Score score, float* scratch) {
-    return range_chunked_stats(row, 0, vocab, chunk, score, scratch);
-}

@@ -21,7 +21,7 @@
 // sum is the number of +inf scores and the logprob -ln sum; when none is above -inf, (0, -inf,
 // -inf, 0, ...) and the logprob -inf.
 //
-// Passes over a row: (1) row_chunked_stats (logsumexp.cuh), the canonical chunked reduction that
+// Passes over a row: (1) range_chunked_stats per vocabulary shard (logsumexp.cuh), the canonical chunked reduction that
 // token_logprob_stats_f32 and the fused loss use, so at T = 1 the logprob equals the trainer's bit
 // for bit (`lse_chunk` is the backend's vocabulary chunk); (2, sampling rows) each thread sums the
 // weights of one contiguous chunk, a block scan turns the chunk sums into intervals of the CDF, and
