@@ -10,8 +10,10 @@
 // Emulated build (emu/include/emu_cuda.h, emu/runtime.cpp): the wrappers also take their caller's
 // file and line (default arguments) so that the emulator's diagnostics name the kernel's call site.
 #define SWERVE_EMU_CALLER , const char *emu_file = __builtin_FILE(), int emu_line = __builtin_LINE()
+#define SWERVE_EMU_CALLER_FIRST const char *emu_file = __builtin_FILE(), int emu_line = __builtin_LINE()
 #else
 #define SWERVE_EMU_CALLER
+#define SWERVE_EMU_CALLER_FIRST
 #endif
 
 __device__ __forceinline__ void cp_async_16(void* smem, const void* gmem, bool valid SWERVE_EMU_CALLER) {
