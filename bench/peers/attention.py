@@ -23,6 +23,9 @@ SHAPES = [
     (1, 16384, 32, 8, 128),
     (4, 4096, 28, 4, 128),
     (1, 8192, 14, 2, 64),
+    (1, 4096, 28, 4, 128),
+    (1, 32768, 28, 4, 128),
+    (1, 131072, 28, 4, 128),
 ]
 # The backward is timed at swerve-bench's backward shapes (causal, d 128, GQA 28/4, 8k and 16k).
 BWD_SHAPES = [

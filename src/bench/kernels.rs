@@ -377,7 +377,7 @@ impl AttentionShape {
 }
 
 /// The shapes `swerve-bench kernels` and the peer script time.
-pub const ATTENTION_SHAPES: [AttentionShape; 5] = [
+pub const ATTENTION_SHAPES: [AttentionShape; 8] = [
     AttentionShape {
         seqs: 1,
         len: 8192,
@@ -412,6 +412,27 @@ pub const ATTENTION_SHAPES: [AttentionShape; 5] = [
         heads: 14,
         kv_heads: 2,
         head_dim: 64,
+    },
+    AttentionShape {
+        seqs: 1,
+        len: 4096,
+        heads: 28,
+        kv_heads: 4,
+        head_dim: 128,
+    },
+    AttentionShape {
+        seqs: 1,
+        len: 32768,
+        heads: 28,
+        kv_heads: 4,
+        head_dim: 128,
+    },
+    AttentionShape {
+        seqs: 1,
+        len: 131072,
+        heads: 28,
+        kv_heads: 4,
+        head_dim: 128,
     },
 ];
 
@@ -509,8 +530,13 @@ pub fn attention(
         shape.key()
     );
     let tflops = shape.flops() / (ms * 1e-3) / 1e12;
+    let arch = if device.hopper_attention() {
+        "sm90_"
+    } else {
+        ""
+    };
     Ok(KernelRow {
-        kernel: format!("flash_attn_fwd_hd{head_dim}"),
+        kernel: format!("flash_attn_fwd_{arch}hd{head_dim}"),
         shape: shape.key(),
         median_us: ms * 1e3,
         gb_per_s: None,
@@ -532,7 +558,14 @@ pub fn run_all(backend: &CudaBackend) -> Result<(Ceilings, Vec<KernelRow>)> {
     rows.push(swiglu(backend, 16384, 18944, &ceilings)?);
     rows.push(swiglu(backend, 4099, 4864, &ceilings)?);
     rows.push(embedding(backend, 16384, 152_064, 3584, &ceilings)?);
+    // On Hopper both forward kernels, the portable one first (the sm_90a one stays selected).
+    let hopper = backend.device.hopper_attention();
     for shape in ATTENTION_SHAPES {
+        if hopper {
+            backend.device.set_hopper_attention(false)?;
+            rows.push(attention(backend, shape, &ceilings)?);
+            backend.device.set_hopper_attention(true)?;
+        }
         rows.push(attention(backend, shape, &ceilings)?);
     }
     for shape in attention_bwd::ATTENTION_BACKWARD_SHAPES {

@@ -6,6 +6,7 @@
 
 use super::paged_attn::SEGMENT_KEYS;
 use super::tensor::{CudaTensor, DeviceDType, DeviceUpload};
+use super::tma;
 use super::{as_i32, CudaDevice};
 use anyhow::{bail, ensure, Result};
 use cudarc::driver::sys::CUfunction_attribute;
@@ -131,6 +132,17 @@ impl CudaDevice {
         lse: &mut CudaTensor,
     ) -> Result<()> {
         let head_dim = check_forward_operands(q, k, v, layout, heads, kv_heads, out, lse)?;
+        if self.hopper_attention() {
+            let operands = (q, k, v, out, lse);
+            return self.flash_attn_fwd_sm90(
+                operands,
+                layout,
+                heads,
+                kv_heads,
+                head_dim,
+                softmax_scale,
+            );
+        }
         let (name, block_m, threads, smem) = forward_variant(head_dim)?;
         check_shared_memory(self, name, smem)?;
         let f = self.function("flash_attn", name)?;
@@ -172,6 +184,85 @@ impl CudaDevice {
             .arg(&segment_keys)
             .arg(&softmax_scale);
         // SAFETY: argument order and types match the kernel; sizes checked above.
+        unsafe { launch.launch(cfg) }?;
+        Ok(())
+    }
+}
+
+/// Mirrors `FlashFwdSm90Config` in `kernels/flash_attn_sm90.cu`: (kernel, threads, shared-memory
+/// bytes): Q (128 rows), 2 stages of K and V (64 rows each), each consumer thread's folded O
+/// (head_dim / 2 fp32), 9 mbarriers, and 1024 bytes to align the tiles to their swizzle atoms.
+fn forward_variant_sm90(head_dim: usize) -> Result<(&'static str, u32, u32)> {
+    const CONSUMER_THREADS: usize = 256;
+    let smem =
+        |d: usize| (128 * d * 2 + 4 * 64 * d * 2 + CONSUMER_THREADS * d * 2 + 9 * 8 + 1024) as u32;
+    let name = match head_dim {
+        128 => "flash_attn_fwd_sm90_hd128",
+        64 => "flash_attn_fwd_sm90_hd64",
+        32 => "flash_attn_fwd_sm90_hd32",
+        16 => "flash_attn_fwd_sm90_hd16",
+        other => bail!("flash attention (sm_90): head_dim {other} has no kernel (16, 32, 64, 128)"),
+    };
+    Ok((name, 128 + CONSUMER_THREADS as u32, smem(head_dim)))
+}
+
+impl CudaDevice {
+    /// [`CudaDevice::flash_attn_fwd`] on the sm_90a kernel (operands checked by the caller):
+    /// tensor maps of q, k and v for its TMA loads, the rest as the sm_80 kernel takes them.
+    fn flash_attn_fwd_sm90(
+        &self,
+        (q, k, v, out, lse): (
+            &CudaTensor,
+            &CudaTensor,
+            &CudaTensor,
+            &mut CudaTensor,
+            &mut CudaTensor,
+        ),
+        layout: &VarlenLayout,
+        heads: usize,
+        kv_heads: usize,
+        head_dim: usize,
+        softmax_scale: f32,
+    ) -> Result<()> {
+        const BLOCK_M: usize = 128;
+        let (name, threads, smem) = forward_variant_sm90(head_dim)?;
+        check_shared_memory(self, name, smem)?;
+        let f = self.function("flash_attn_sm90", name)?;
+        f.set_attribute(
+            CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
+            smem as i32,
+        )?;
+        let t = layout.total_tokens;
+        as_i32("tokens", t)?;
+        let map_q = tma::bf16_rows_heads_dim("attention q", q.ptr(), t, heads, head_dim, BLOCK_M)?;
+        let map_k = tma::bf16_rows_heads_dim("attention k", k.ptr(), t, kv_heads, head_dim, 64)?;
+        let map_v = tma::bf16_rows_heads_dim("attention v", v.ptr(), t, kv_heads, head_dim, 64)?;
+        let (heads_i, kv_i) = (as_i32("heads", heads)?, as_i32("kv_heads", kv_heads)?);
+        let segment_keys = SEGMENT_KEYS as i32;
+        let cfg = LaunchConfig {
+            grid_dim: (
+                layout.max_seqlen.div_ceil(BLOCK_M).max(1) as u32,
+                heads as u32,
+                layout.num_seqs as u32,
+            ),
+            block_dim: (threads, 1, 1),
+            shared_mem_bytes: smem,
+        };
+        let (op, lp, cp) = (out.ptr(), lse.ptr(), layout.cu_seqlens.ptr());
+        let mut launch = self.stream.launch_builder(&f);
+        launch
+            .arg(&map_q)
+            .arg(&map_k)
+            .arg(&map_v)
+            .arg(&op)
+            .arg(&lp)
+            .arg(&cp)
+            .arg(&heads_i)
+            .arg(&kv_i)
+            .arg(&segment_keys)
+            .arg(&softmax_scale);
+        // SAFETY: argument order and types match the kernel; the maps name q, k and v, which the
+        // caller checked against the layout; sizes checked above.
         unsafe { launch.launch(cfg) }?;
         Ok(())
     }

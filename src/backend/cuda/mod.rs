@@ -37,6 +37,7 @@ pub mod rank_sum;
 pub mod rmsnorm;
 pub mod sampling;
 pub mod tensor;
+pub mod tma;
 
 pub use backend::CudaBackend;
 pub use tensor::{BufferPool, CudaTensor, DeviceDType};
@@ -60,6 +61,11 @@ pub struct CudaDevice {
     pub name: String,
     /// Streaming multiprocessors, for grid sizing.
     pub num_sms: u32,
+    /// (major, minor) compute capability.
+    pub compute_capability: (i32, i32),
+    /// Whether attention runs the sm_90a kernels (`kernels/flash_attn_sm90.cu`): on by default on
+    /// compute capability 9.x, off elsewhere ([`CudaDevice::set_hopper_attention`]).
+    hopper_attention: std::sync::atomic::AtomicBool,
     modules: HashMap<&'static str, Arc<CudaModule>>,
     functions: Mutex<HashMap<(String, String), CudaFunction>>,
 }
@@ -161,6 +167,21 @@ impl CudaDevice {
                 cudarc::driver::sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT,
             )
             .context("reading the SM count")? as u32;
+        let attribute = |a, what: &str| {
+            ctx.attribute(a)
+                .with_context(|| format!("reading the {what}"))
+        };
+        use cudarc::driver::sys::CUdevice_attribute as Attr;
+        let compute_capability = (
+            attribute(
+                Attr::CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR,
+                "compute capability",
+            )?,
+            attribute(
+                Attr::CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR,
+                "compute capability",
+            )?,
+        );
         // A created stream, not `default_stream()`: that is the legacy NULL stream, on which
         // `cuStreamBeginCapture` is refused, so CUDA graphs could never be captured.
         let stream = ctx.new_stream().context("creating the CUDA stream")?;
@@ -177,6 +198,8 @@ impl CudaDevice {
             ordinal,
             name,
             num_sms,
+            compute_capability,
+            hopper_attention: std::sync::atomic::AtomicBool::new(compute_capability.0 == 9),
             modules,
             functions: Mutex::new(HashMap::new()),
         })
@@ -204,6 +227,29 @@ impl CudaDevice {
             m.insert(key, f.clone());
         }
         Ok(f)
+    }
+
+    /// Picks the attention kernels: the sm_90a ones (`on`, compute capability 9.x only) or the
+    /// portable sm_80 ones. Both follow the canonical reduction order (`kernels/attn_tile.cuh`);
+    /// benchmarks and tests compare them on one GPU.
+    pub fn set_hopper_attention(&self, on: bool) -> Result<()> {
+        if on && self.compute_capability.0 != 9 {
+            bail!(
+                "the sm_90a attention kernels need compute capability 9.x; {} is {}.{}",
+                self.name,
+                self.compute_capability.0,
+                self.compute_capability.1
+            );
+        }
+        self.hopper_attention
+            .store(on, std::sync::atomic::Ordering::Relaxed);
+        Ok(())
+    }
+
+    /// Whether attention runs the sm_90a kernels ([`CudaDevice::set_hopper_attention`]).
+    pub fn hopper_attention(&self) -> bool {
+        self.hopper_attention
+            .load(std::sync::atomic::Ordering::Relaxed)
     }
 
     pub fn describe(&self) -> String {
