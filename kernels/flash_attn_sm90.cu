@@ -13,12 +13,14 @@
 //     arrival per consumer warp once it has read the stage). The other producer threads exit.
 //   warpgroups 1 and 2 (consumers, setmaxnreg.inc to kConsumerRegs): 64 query rows each (warp w
 //     of the block's 8 consumer warps owns rows 16w .. 16w + 15, the rows flash_attn.cu's warp w
-//     owns). Per key tile j:
-//       wait full K(j) | S = Q K(j)^T: D / 16 wgmma m64n64k16 (A = Q, B = K, both K-major
-//       descriptors) | release K(j) | mask, online softmax (attn_tile.cuh) | wait full V(j) |
-//       O += P V(j): 4 wgmma m64n{D}k16 (A = P from registers, B = V MN-major) | release V(j)
-//     and at a segment boundary the fold of attn_tile.cuh (thread-private folded O in shared
-//     memory, as in flash_attn.cu).
+//     owns). Turn j of a warpgroup:
+//       wait its turn (named barrier) | wait full K(j), V(j - 1) | one wgmma group:
+//         S = Q K(j)^T: D / 16 wgmma m64n64k16 (A = Q, B = K, both K-major descriptors), and
+//         O += P(j - 1) V(j - 1): 4 wgmma m64n{D}k16 (A = P in registers, B = V MN-major)
+//       | hand the turn to the other warpgroup | wait the group | release K(j), V(j - 1) |
+//       the fold of attn_tile.cuh if tile j opens a segment (thread-private folded O in shared
+//       memory, as in flash_attn.cu) | mask, online softmax of tile j (attn_tile.cuh), P(j)
+//     so one warpgroup's softmax runs under the other's GEMMs (FlashAttention 3's pingpong).
 //
 // ---- why the bits equal flash_attn.cu's ----------------------------------------------------------
 // A wgmma's accumulator layout (per warp: 16 rows x N, mma.sync m16n8k16's C fragments side by
@@ -37,11 +39,13 @@
 //          fp32 (64 KiB) + barriers = 160 KiB + 128 B (sm_90: 227 KiB per block).
 //
 // ---- tuning log ------------------------------------------------------------------------------------
-// (first version: unmeasured; candidates: pingpong of the consumer warpgroups on named barriers,
-// softmax of tile j overlapped with the S wgmma of tile j + 1, 3 stages, folded O in registers.)
+// (unmeasured so far; candidates: 3 stages, folded O in registers, a second S accumulator so a
+// warpgroup's own softmax overlaps its next S.)
 
 #include "attn_tile.cuh"
 #include "hopper.cuh"
+
+#include <type_traits>
 
 template <int kHeadDim_>
 struct FlashFwdSm90Config {
@@ -78,6 +82,9 @@ using FlashFwdSm90Hd32 = FlashFwdSm90Config<32>;
 using FlashFwdSm90Hd16 = FlashFwdSm90Config<16>;
 
 #ifdef SWERVE_HOPPER
+
+// Named barriers of the consumers' turns (0 is __syncthreads'): kTurnBarrier + warpgroup index.
+constexpr int kTurnBarrier = 1;
 
 template <typename Cfg>
 __device__ __forceinline__ constexpr WgmmaSwizzle sm90_swizzle() {
@@ -144,27 +151,35 @@ __device__ __forceinline__ void sm90_produce(const TmaMap* map_q, const TmaMap* 
     }
 }
 
-// S = Q K^T for the warpgroup's 64 rows: head-dim steps in order into a zeroed accumulator.
-template <typename Cfg>
-__device__ __forceinline__ void sm90_scores(float (&s_acc)[kAttnKeyTile / 8][4], uint32_t q_tile, uint32_t k_tile,
-                                            int group_row0) {
-#pragma unroll
-    for (int i = 0; i < kAttnKeyTile / 8; ++i) s_acc[i][0] = s_acc[i][1] = s_acc[i][2] = s_acc[i][3] = 0.0f;
+// One turn of a consumer warpgroup at the tensor cores: S = Q K(j)^T for its 64 rows (head-dim
+// steps in order into the zeroed `s_acc`) when `scores`, and O += P(j-1) V(j-1) (key steps in
+// order, P the bf16 A fragments `p_frag`) when `values`, as one wgmma group.
+// (The flags are template parameters: a wgmma under a branch the compiler cannot prove uniform
+// is serialised, ptxas C7520.)
+template <typename Cfg, bool kScores, bool kValues>
+__device__ __forceinline__ void sm90_gemms(float (&s_acc)[kAttnKeyTile / 8][4], float (&o_acc)[Cfg::kHeadDim / 8][4],
+                                           const uint32_t (&p_frag)[kAttnKeyTile / 16][4], uint32_t q_tile,
+                                           uint32_t k_tile, uint32_t v_tile, int group_row0) {
     wgmma_fence();
+    if (kScores) {
 #pragma unroll
-    for (int kk = 0; kk < Cfg::kHeadDim / 16; ++kk) {
-        wgmma_bf16_ss<kAttnKeyTile>(s_acc, kmajor_desc<Cfg>(q_tile, Cfg::kBlockM, group_row0, kk),
-                                    kmajor_desc<Cfg>(k_tile, Cfg::kBlockN, 0, kk));
+        for (int kk = 0; kk < Cfg::kHeadDim / 16; ++kk) {
+            wgmma_bf16_ss<kAttnKeyTile>(s_acc, kmajor_desc<Cfg>(q_tile, Cfg::kBlockM, group_row0, kk),
+                                        kmajor_desc<Cfg>(k_tile, Cfg::kBlockN, 0, kk));
+        }
+    }
+    if (kValues) {
+#pragma unroll
+        for (int kk = 0; kk < kAttnKeyTile / 16; ++kk) {
+            wgmma_bf16_rs_transb<Cfg::kHeadDim>(o_acc, p_frag[kk], mnmajor_desc<Cfg>(v_tile, kk));
+        }
     }
     wgmma_commit();
-    wgmma_wait<0>();
 }
 
-// O += P V: key steps in order; P (the softmaxed scores) rounded to bf16 as attn_tile_pv does.
-template <typename Cfg>
-__device__ __forceinline__ void sm90_pv(float (&o_acc)[Cfg::kHeadDim / 8][4], const float (&s_acc)[kAttnKeyTile / 8][4],
-                                        uint32_t v_tile) {
-    uint32_t p_frag[kAttnKeyTile / 16][4];
+// P as the A fragments of O += P V: the softmaxed scores rounded to bf16 (attn_tile_pv's packing).
+__device__ __forceinline__ void sm90_pack_p(uint32_t (&p_frag)[kAttnKeyTile / 16][4],
+                                            const float (&s_acc)[kAttnKeyTile / 8][4]) {
 #pragma unroll
     for (int kk = 0; kk < kAttnKeyTile / 16; ++kk) {
         p_frag[kk][0] = pack_bf16x2(s_acc[2 * kk][0], s_acc[2 * kk][1]);
@@ -172,13 +187,6 @@ __device__ __forceinline__ void sm90_pv(float (&o_acc)[Cfg::kHeadDim / 8][4], co
         p_frag[kk][2] = pack_bf16x2(s_acc[2 * kk + 1][0], s_acc[2 * kk + 1][1]);
         p_frag[kk][3] = pack_bf16x2(s_acc[2 * kk + 1][2], s_acc[2 * kk + 1][3]);
     }
-    wgmma_fence();
-#pragma unroll
-    for (int kk = 0; kk < kAttnKeyTile / 16; ++kk) {
-        wgmma_bf16_rs_transb<Cfg::kHeadDim>(o_acc, p_frag[kk], mnmajor_desc<Cfg>(v_tile, kk));
-    }
-    wgmma_commit();
-    wgmma_wait<0>();
 }
 
 template <typename Cfg>
@@ -252,29 +260,56 @@ __device__ __forceinline__ void flash_attn_fwd_sm90(const TmaMap* map_q, const T
 #pragma unroll
     for (int r = 0; r < 2; ++r) q_idx[r] = m0 + cwarp * 16 + group_row + r * 8;
 
+    // Turn j of a warpgroup issues S(j) and O += P(j-1) V(j-1) together, then hands the tensor
+    // cores to the other warpgroup (named barrier kTurnBarrier + its index: 128 arrivals from the
+    // other group, 128 waits) while it waits for its results and runs the softmax of tile j: the
+    // two warpgroups alternate (pingpong), one's softmax under the other's GEMMs. The operations
+    // on a row's O stay in the canonical order: softmax(j - 1) (its correction), P(j - 1) V(j - 1),
+    // the fold when tile j opens a segment, softmax(j).
+    const int group = ctid / 128;
+    if (group == 1) named_barrier_arrive(kTurnBarrier, Cfg::kConsumerThreads);
     mbarrier_wait(q_full, 0);
-    for (int j = 0; j < n_blocks; ++j) {
+    float s_acc[BN / 8][4];
+    uint32_t p_frag[BN / 16][4];
+    // Turn j; `scores` (j < n_blocks) and `values` (j > 0) as constants: the first turn, the
+    // steady ones and the last are separate code (see sm90_gemms).
+    auto turn = [&](auto scores_flag, auto values_flag, int j) {
+        constexpr bool scores = decltype(scores_flag)::value, values = decltype(values_flag)::value;
+        const int stage = j % Cfg::kStages, prev = (j + Cfg::kStages - 1) % Cfg::kStages;
+        named_barrier_sync(kTurnBarrier + group, Cfg::kConsumerThreads);
+        if (scores) {
+#pragma unroll
+            for (int i = 0; i < BN / 8; ++i) s_acc[i][0] = s_acc[i][1] = s_acc[i][2] = s_acc[i][3] = 0.0f;
+            mbarrier_wait(&k_full[stage], (j / Cfg::kStages) & 1);
+        }
+        if (values) mbarrier_wait(&v_full[prev], ((j - 1) / Cfg::kStages) & 1);
+        sm90_gemms<Cfg, scores, values>(s_acc, o_acc, p_frag, q_tile, k_tiles + stage * Cfg::kKVBytes,
+                                        v_tiles + prev * Cfg::kKVBytes, group_row0);
+        // (the second group's last turn hands nothing on: the first has no turn left)
+        if (group == 0 || scores) named_barrier_arrive(kTurnBarrier + 1 - group, Cfg::kConsumerThreads);
+        wgmma_wait<0>();
+        __syncwarp();
+        if (lane == 0) {
+            if (scores) mbarrier_arrive(&k_empty[stage]);
+            if (values) mbarrier_arrive(&v_empty[prev]);
+        }
+        if (!scores) return;
         const int n0 = j * BN;
-        const int stage = j % Cfg::kStages;
-        const unsigned parity = (j / Cfg::kStages) & 1;
         if (j > 0 && n0 % segment_keys == 0) {
             fold_segment<kDTiles>(fold_o, Cfg::kConsumerThreads, fold_max, fold_sum, o_acc, row_max, row_sum,
                                   scale_log2);
         }
-        float s_acc[BN / 8][4];
-        mbarrier_wait(&k_full[stage], parity);
-        sm90_scores<Cfg>(s_acc, q_tile, k_tiles + stage * Cfg::kKVBytes, group_row0);
-        __syncwarp();
-        if (lane == 0) mbarrier_arrive(&k_empty[stage]);
         if (n0 + BN > m0 || n0 + BN > seqlen) {
             mask_tile(s_acc, lane, [&](int r, int key) { return n0 + key > q_idx[r] || n0 + key >= seqlen; });
         }
         online_softmax_tile<BN / 8, kDTiles>(s_acc, o_acc, row_max, row_sum, scale_log2);
-        mbarrier_wait(&v_full[stage], parity);
-        sm90_pv<Cfg>(o_acc, s_acc, v_tiles + stage * Cfg::kKVBytes);
-        __syncwarp();
-        if (lane == 0) mbarrier_arrive(&v_empty[stage]);
-    }
+        sm90_pack_p(p_frag, s_acc);
+    };
+    using Yes = std::true_type;
+    using No = std::false_type;
+    turn(Yes(), No(), 0);
+    for (int j = 1; j < n_blocks; ++j) turn(Yes(), Yes(), j);
+    turn(No(), Yes(), n_blocks);
     fold_segment<kDTiles>(fold_o, Cfg::kConsumerThreads, fold_max, fold_sum, o_acc, row_max, row_sum, scale_log2);
 
     // Epilogue (flash_attn.cu's): normalise the fold, write O (bf16) and the logsumexp.
