@@ -82,8 +82,9 @@ for exe in "$here"/tests/*; do
     printf '%-28s %-12s  %s\n' "test-serve_openai" skipped "no openai Python package on this host (CI runs it)" | tee -a "$summary"
     continue
   fi
-  # A hung test (a kernel that never returns) must not eat the device call: 5 minutes each.
-  step "test-$(basename "$exe")" timeout 300 "$exe" --include-ignored --test-threads=1
+  # A hung test (a kernel that never returns) must not eat the device call: 5 minutes each
+  # (SWERVE_GPU_TEST_TIMEOUT seconds when set: a first run of a new kernel).
+  step "test-$(basename "$exe")" timeout "${SWERVE_GPU_TEST_TIMEOUT:-300}" "$exe" --include-ignored --test-threads=1
 done
 # compute-sanitizer (memcheck, racecheck, synccheck, initcheck) over the small attention cases: the
 # kernels with shared memory, cp.async, ldmatrix/mma and warp shuffles. A report is a failure.
