@@ -19,8 +19,15 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Output, Stdio};
 
 /// The runtime's files in `emu/`: launches, blocks and fibers; warp collectives; shared memory
-/// and `cp.async` (their shared internals: `emu/runtime_internal.h`).
-pub const RUNTIME_SOURCES: [&str; 3] = ["runtime.cpp", "runtime_warp.cpp", "runtime_memory.cpp"];
+/// and `cp.async`; sm_90a mbarriers, named barriers and warpgroup collectives (wgmma); tensor
+/// maps and TMA loads (their shared internals: `emu/runtime_internal.h`).
+pub const RUNTIME_SOURCES: [&str; 5] = [
+    "runtime.cpp",
+    "runtime_warp.cpp",
+    "runtime_memory.cpp",
+    "runtime_hopper.cpp",
+    "runtime_tma.cpp",
+];
 /// The stand-in driver's files in `emu/`: the Driver API; device memory and copies (shared
 /// internals: `emu/driver_internal.h`).
 pub const DRIVER_SOURCES: [&str; 2] = ["driver.cpp", "driver_memory.cpp"];

@@ -9,6 +9,7 @@
 #pragma once
 
 #include <cstddef>
+#include <cstring>
 #include <functional>
 #include <tuple>
 #include <type_traits>
@@ -29,9 +30,20 @@ struct FamilyEntry {
     const KernelEntry* kernels;  // terminated by {nullptr, nullptr}
 };
 
+// One argument by value, copied bytewise from wherever params[i] points: a struct parameter (the
+// 128-byte, 64-byte aligned CUtensorMap of a `const __grid_constant__ TmaMap`) need not sit at its
+// type's alignment in the caller's memory.
+template <class T>
+T load_argument(const void* p) {
+    static_assert(std::is_trivially_copyable<T>::value, "kernel parameters are trivially copyable");
+    T value;
+    std::memcpy(static_cast<void*>(&value), p, sizeof(T));
+    return value;
+}
+
 template <class... A, std::size_t... I>
 KernelBody bind_arguments_(void (*kernel)(A...), void** params, std::index_sequence<I...>) {
-    auto args = std::make_tuple(*static_cast<std::remove_cv_t<std::remove_reference_t<A>>*>(params[I])...);
+    auto args = std::make_tuple(load_argument<std::remove_cv_t<std::remove_reference_t<A>>>(params[I])...);
     return [kernel, args] { std::apply(kernel, args); };
 }
 

@@ -1,11 +1,15 @@
 //! Unit tests of the emulated CUDA device (`emu/`): compiles the runtime (`emu/runtime.cpp`,
-//! `runtime_warp.cpp`, `runtime_memory.cpp`) with the C++ test programs into
+//! `runtime_warp.cpp`, `runtime_memory.cpp`, `runtime_hopper.cpp`, `runtime_tma.cpp`) with the C++ test programs into
 //! `CARGO_TARGET_TMPDIR` with g++ and runs them.
 //!
 //! - `emu/tests/unit.cpp`: ldmatrix / mma.sync fragment layouts against the PTX ISA and a scalar
 //!   matmul, shuffles, votes, atomics, cp.async groups, shared memory.
 //! - `emu/tests/unit_diagnostics.cpp`: every diagnostic on a bad kernel (and none on the good
 //!   ones), the `SWERVE_EMU_SCHEDULE` modes, launches on several OS threads, guard pages.
+//! - `emu/tests/unit_hopper.cpp`: sm_90a (`kernels/hopper.cuh`): wgmma in every canonical
+//!   shared-memory layout against a scalar product and bit for bit against mma.sync, TMA boxes
+//!   (swizzles, out-of-bounds fill, 3D), tensor-map checks, mbarrier phases, and a warp-specialised
+//!   TMA + wgmma pipeline under every schedule; `unit_hopper_diagnostics.cpp`: its diagnostics.
 //! - `emu/tests/unit_kernels.cpp`: the real `kernels/rmsnorm.cu` and `kernels/flash_attn.cu`
 //!   (forward and backward) against float64 references, and two broken copies of the flash
 //!   forward written here (`cp_async_wait<1>` made `<2>`: the emulator must report copies never
@@ -173,6 +177,20 @@ fn mutate_forward(src: &str, from: &str, to: &str) -> String {
 #[test]
 fn emulator_unit_tests() {
     compile_and_run("unit", &root().join("emu/tests/unit.cpp"), &[]);
+}
+
+#[test]
+fn emulator_hopper_wgmma_tma_mbarrier_and_pipeline() {
+    compile_and_run("unit_hopper", &root().join("emu/tests/unit_hopper.cpp"), &[]);
+}
+
+#[test]
+fn emulator_hopper_diagnostics() {
+    compile_and_run(
+        "unit_hopper_diagnostics",
+        &root().join("emu/tests/unit_hopper_diagnostics.cpp"),
+        &[],
+    );
 }
 
 #[test]
