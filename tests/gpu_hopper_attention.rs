@@ -16,6 +16,7 @@ mod common;
 use common::gpu::{attention_row_f64, gpu, poisoned, random};
 use swerve::backend::cuda::flash_attn::VarlenLayout;
 use swerve::backend::cuda::{CudaBackend, CudaTensor, DeviceDType};
+use swerve::backend::Backend;
 
 struct Run {
     out: Vec<u32>,
