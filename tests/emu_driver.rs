@@ -335,3 +335,44 @@ fn every_binary_says_it_runs_on_the_emulated_device_first() {
         );
     }
 }
+
+/// `cuTensorMapEncodeTiled` (the sm_90a kernels' TMA maps) is exported and checks its arguments
+/// as the Driver API documents: a valid 128B-swizzled bf16 map encodes, a misaligned global
+/// address or a box above 256 is `CUDA_ERROR_INVALID_VALUE`.
+#[test]
+fn tensor_maps_are_encoded_and_checked() {
+    use cudarc::driver::sys::{
+        cuTensorMapEncodeTiled, CUtensorMap, CUtensorMapDataType, CUtensorMapFloatOOBfill,
+        CUtensorMapInterleave, CUtensorMapL2promotion, CUtensorMapSwizzle,
+    };
+    let dev = device();
+    let buf = alloc_f32(&dev, &vec![0.0f32; 64 * 64]);
+    let base = ptr(&dev, &buf);
+    let encode = |addr: u64, box1: u32| {
+        // SAFETY: a CUtensorMap is plain bytes; every pointer names a live local array.
+        let mut map: CUtensorMap = unsafe { std::mem::zeroed() };
+        let dims = [64u64, 128];
+        let strides = [128u64];
+        let boxes = [64u32, box1];
+        let element_strides = [1u32, 1];
+        unsafe {
+            cuTensorMapEncodeTiled(
+                &mut map,
+                CUtensorMapDataType::CU_TENSOR_MAP_DATA_TYPE_BFLOAT16,
+                2,
+                addr as *mut std::ffi::c_void,
+                dims.as_ptr(),
+                strides.as_ptr(),
+                boxes.as_ptr(),
+                element_strides.as_ptr(),
+                CUtensorMapInterleave::CU_TENSOR_MAP_INTERLEAVE_NONE,
+                CUtensorMapSwizzle::CU_TENSOR_MAP_SWIZZLE_128B,
+                CUtensorMapL2promotion::CU_TENSOR_MAP_L2_PROMOTION_NONE,
+                CUtensorMapFloatOOBfill::CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE,
+            )
+        }
+    };
+    assert_eq!(encode(base, 64), CUresult::CUDA_SUCCESS);
+    assert_eq!(encode(base + 8, 64), CUresult::CUDA_ERROR_INVALID_VALUE);
+    assert_eq!(encode(base, 300), CUresult::CUDA_ERROR_INVALID_VALUE);
+}

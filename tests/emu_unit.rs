@@ -181,7 +181,11 @@ fn emulator_unit_tests() {
 
 #[test]
 fn emulator_hopper_wgmma_tma_mbarrier_and_pipeline() {
-    compile_and_run("unit_hopper", &root().join("emu/tests/unit_hopper.cpp"), &[]);
+    compile_and_run(
+        "unit_hopper",
+        &root().join("emu/tests/unit_hopper.cpp"),
+        &[],
+    );
 }
 
 #[test]
