@@ -56,6 +56,10 @@ fn forward(
 }
 
 #[test]
+#[cfg_attr(
+    not(swerve_emu),
+    ignore = "needs a CUDA GPU (or a SWERVE_EMU=1 build: the emulated device)"
+)]
 fn the_hopper_forward_gives_the_portable_forwards_bits() {
     let gpu = gpu();
     let (major, minor) = gpu.device.compute_capability;
