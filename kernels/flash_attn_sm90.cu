@@ -47,12 +47,15 @@
 
 #include <type_traits>
 
-template <int kHeadDim_>
+template <int kHeadDim_, int kStages_, bool kOverlap_>
 struct FlashFwdSm90Config {
     static constexpr int kHeadDim = kHeadDim_;
     static constexpr int kBlockM = 128;  // query rows per block: 2 consumer warpgroups x 64
     static constexpr int kBlockN = kAttnKeyTile;
-    static constexpr int kStages = 2;
+    static constexpr int kStages = kStages_;  // K and V tiles in flight
+    // A warpgroup's softmax statistics of tile j computed while its P(j-1) V(j-1) is in flight
+    // (two wgmma groups per turn; O rescaled once the second retires).
+    static constexpr bool kOverlap = kOverlap_;
     static constexpr int kConsumerGroups = 2;
     static constexpr int kConsumerThreads = kConsumerGroups * 128;
     static constexpr int kConsumerWarps = kConsumerThreads / SWERVE_WARP;
@@ -76,10 +79,14 @@ struct FlashFwdSm90Config {
     static_assert(kAtoms * kAtomElems == kHeadDim, "whole swizzle column blocks");
 };
 
-using FlashFwdSm90Hd128 = FlashFwdSm90Config<128>;
-using FlashFwdSm90Hd64 = FlashFwdSm90Config<64>;
-using FlashFwdSm90Hd32 = FlashFwdSm90Config<32>;
-using FlashFwdSm90Hd16 = FlashFwdSm90Config<16>;
+using FlashFwdSm90Hd128 = FlashFwdSm90Config<128, 2, false>;
+using FlashFwdSm90Hd64 = FlashFwdSm90Config<64, 2, false>;
+using FlashFwdSm90Hd32 = FlashFwdSm90Config<32, 2, false>;
+using FlashFwdSm90Hd16 = FlashFwdSm90Config<16, 2, false>;
+// Tuning candidates (measured against the default on a GPU; see the tuning log).
+using FlashFwdSm90Hd128S3 = FlashFwdSm90Config<128, 3, false>;
+using FlashFwdSm90Hd128Ov = FlashFwdSm90Config<128, 2, true>;
+using FlashFwdSm90Hd128S3Ov = FlashFwdSm90Config<128, 3, true>;
 
 #ifdef SWERVE_HOPPER
 
@@ -153,10 +160,11 @@ __device__ __forceinline__ void sm90_produce(const TmaMap* map_q, const TmaMap* 
 
 // One turn of a consumer warpgroup at the tensor cores: S = Q K(j)^T for its 64 rows (head-dim
 // steps in order into the zeroed `s_acc`) when `scores`, and O += P(j-1) V(j-1) (key steps in
-// order, P the bf16 A fragments `p_frag`) when `values`, as one wgmma group.
+// order, P the bf16 A fragments `p_frag`) when `values`, as one wgmma group (two when
+// `kTwoGroups`: S first).
 // (The flags are template parameters: a wgmma under a branch the compiler cannot prove uniform
 // is serialised, ptxas C7520.)
-template <typename Cfg, bool kScores, bool kValues>
+template <typename Cfg, bool kScores, bool kValues, bool kTwoGroups>
 __device__ __forceinline__ void sm90_gemms(float (&s_acc)[kAttnKeyTile / 8][4], float (&o_acc)[Cfg::kHeadDim / 8][4],
                                            const uint32_t (&p_frag)[kAttnKeyTile / 16][4], uint32_t q_tile,
                                            uint32_t k_tile, uint32_t v_tile, int group_row0) {
@@ -167,6 +175,7 @@ __device__ __forceinline__ void sm90_gemms(float (&s_acc)[kAttnKeyTile / 8][4], 
             wgmma_bf16_ss<kAttnKeyTile>(s_acc, kmajor_desc<Cfg>(q_tile, Cfg::kBlockM, group_row0, kk),
                                         kmajor_desc<Cfg>(k_tile, Cfg::kBlockN, 0, kk));
         }
+        if (kTwoGroups) wgmma_commit();
     }
     if (kValues) {
 #pragma unroll
@@ -283,10 +292,29 @@ __device__ __forceinline__ void flash_attn_fwd_sm90(const TmaMap* map_q, const T
             mbarrier_wait(&k_full[stage], (j / Cfg::kStages) & 1);
         }
         if (values) mbarrier_wait(&v_full[prev], ((j - 1) / Cfg::kStages) & 1);
-        sm90_gemms<Cfg, scores, values>(s_acc, o_acc, p_frag, q_tile, k_tiles + stage * Cfg::kKVBytes,
-                                        v_tiles + prev * Cfg::kKVBytes, group_row0);
+        constexpr bool overlap = Cfg::kOverlap && scores && values;
+        sm90_gemms<Cfg, scores, values, overlap>(s_acc, o_acc, p_frag, q_tile, k_tiles + stage * Cfg::kKVBytes,
+                                                 v_tiles + prev * Cfg::kKVBytes, group_row0);
         // (the second group's last turn hands nothing on: the first has no turn left)
         if (group == 0 || scores) named_barrier_arrive(kTurnBarrier + 1 - group, Cfg::kConsumerThreads);
+        const int n0 = j * BN;
+        if (overlap && n0 % segment_keys != 0) {
+            // S(j) retires first: its softmax statistics while P(j-1) V(j-1) runs, then O's rescale.
+            wgmma_wait<1>();
+            __syncwarp();
+            if (lane == 0) mbarrier_arrive(&k_empty[stage]);
+            if (n0 + BN > m0 || n0 + BN > seqlen) {
+                mask_tile(s_acc, lane, [&](int r, int key) { return n0 + key > q_idx[r] || n0 + key >= seqlen; });
+            }
+            float correction[2];
+            online_softmax_stats<BN / 8>(s_acc, row_max, row_sum, correction, scale_log2);
+            wgmma_wait<0>();
+            __syncwarp();
+            if (lane == 0) mbarrier_arrive(&v_empty[prev]);
+            rescale_rows<kDTiles>(o_acc, correction);
+            sm90_pack_p(p_frag, s_acc);
+            return;
+        }
         wgmma_wait<0>();
         __syncwarp();
         if (lane == 0) {
@@ -294,7 +322,6 @@ __device__ __forceinline__ void flash_attn_fwd_sm90(const TmaMap* map_q, const T
             if (values) mbarrier_arrive(&v_empty[prev]);
         }
         if (!scores) return;
-        const int n0 = j * BN;
         if (j > 0 && n0 % segment_keys == 0) {
             fold_segment<kDTiles>(fold_o, Cfg::kConsumerThreads, fold_max, fold_sum, o_acc, row_max, row_sum,
                                   scale_log2);
@@ -356,3 +383,6 @@ FLASH_FWD_SM90_ENTRY(flash_attn_fwd_sm90_hd128, FlashFwdSm90Hd128)
 FLASH_FWD_SM90_ENTRY(flash_attn_fwd_sm90_hd64, FlashFwdSm90Hd64)
 FLASH_FWD_SM90_ENTRY(flash_attn_fwd_sm90_hd32, FlashFwdSm90Hd32)
 FLASH_FWD_SM90_ENTRY(flash_attn_fwd_sm90_hd16, FlashFwdSm90Hd16)
+FLASH_FWD_SM90_ENTRY(flash_attn_fwd_sm90_hd128_s3, FlashFwdSm90Hd128S3)
+FLASH_FWD_SM90_ENTRY(flash_attn_fwd_sm90_hd128_ov, FlashFwdSm90Hd128Ov)
+FLASH_FWD_SM90_ENTRY(flash_attn_fwd_sm90_hd128_s3_ov, FlashFwdSm90Hd128S3Ov)

@@ -14,7 +14,9 @@
 mod common;
 
 use common::gpu::{attention_row_f64, gpu, poisoned, random};
-use swerve::backend::cuda::flash_attn::VarlenLayout;
+use swerve::backend::cuda::flash_attn::{
+    set_sm90_forward_candidate, sm90_forward_candidate, VarlenLayout, SM90_FORWARD_CANDIDATES,
+};
 use swerve::backend::cuda::{CudaBackend, CudaTensor, DeviceDType};
 use swerve::backend::Backend;
 
@@ -52,6 +54,37 @@ fn forward(
             .map(|x| x.to_bits())
             .collect(),
         out_f32,
+    }
+}
+
+/// Against f64 attention on sampled rows (first, last, tile and segment edges of each sequence):
+/// bf16 outputs (half an ulp: 2^-9 relative) of bf16-rounded P, within 1e-2 relative.
+fn check_sampled_rows(
+    what: &str,
+    out: &[f32],
+    (q, k, v): (&[f32], &[f32], &[f32]),
+    lens: &[usize],
+    (heads, kv_heads, head_dim): (usize, usize, usize),
+) {
+    let mut start = 0;
+    for &len in lens {
+        for pos in [0, 1, 63, 64, 511, 512, len / 2, len - 1] {
+            let row = start + pos.min(len - 1);
+            for h in [0, heads - 1] {
+                let g = h / (heads / kv_heads);
+                let keys = (start..=row).map(|j| (j * kv_heads + g) * head_dim);
+                let query = &q[(row * heads + h) * head_dim..][..head_dim];
+                let want = attention_row_f64(query, k, v, keys);
+                let got = &out[(row * heads + h) * head_dim..][..head_dim];
+                for (d, (g, w)) in got.iter().zip(&want).enumerate() {
+                    assert!(
+                        (g - w).abs() <= 1e-2 * (1.0 + w.abs()),
+                        "{what}: token {row} head {h} dim {d}: {g} against f64 {w}"
+                    );
+                }
+            }
+        }
+        start += len;
     }
 }
 
@@ -94,43 +127,41 @@ fn the_hopper_forward_gives_the_portable_forwards_bits() {
         // attention_row_f64's scale.
         let scale = 1.0 / (head_dim as f32).sqrt();
         let operands = (&q, &k, &v);
-        let hopper = forward(
-            &gpu, true, operands, &layout, heads, kv_heads, head_dim, scale,
-        );
         let portable = forward(
             &gpu, false, operands, &layout, heads, kv_heads, head_dim, scale,
         );
-        let what = format!("heads {heads}/{kv_heads}, head_dim {head_dim}, lens {lens:?}");
-        if let Some(i) = (0..hopper.out.len()).find(|&i| hopper.out[i] != portable.out[i]) {
-            let (row, h) = (i / (heads * head_dim), i / head_dim % heads);
-            panic!(
-                "{what}: output element {i} (token {row}, head {h}) is {:#010x} on sm_90a and \
-                 {:#010x} on the portable kernel",
-                hopper.out[i], portable.out[i]
+        // At head_dim 128 every tuning candidate (stages, overlap), the default last.
+        let candidates = if head_dim == 128 {
+            SM90_FORWARD_CANDIDATES
+        } else {
+            1
+        };
+        for candidate in (0..candidates).rev() {
+            set_sm90_forward_candidate(candidate).unwrap();
+            let hopper = forward(
+                &gpu, true, operands, &layout, heads, kv_heads, head_dim, scale,
             );
-        }
-        assert_eq!(hopper.lse, portable.lse, "{what}: logsumexp bits differ");
-        // Both against f64 attention on sampled rows (first, last, tile edges of each sequence).
-        let mut start = 0;
-        for &len in lens {
-            for pos in [0, 1, 63, 64, 511, 512, len / 2, len - 1] {
-                let row = start + pos.min(len - 1);
-                for h in [0, heads - 1] {
-                    let g = h / (heads / kv_heads);
-                    let keys = (start..=row).map(|j| (j * kv_heads + g) * head_dim);
-                    let query = &qh.data[(row * heads + h) * head_dim..][..head_dim];
-                    let want = attention_row_f64(query, &kh.data, &vh.data, keys);
-                    let got = &hopper.out_f32[(row * heads + h) * head_dim..][..head_dim];
-                    for (d, (g, w)) in got.iter().zip(&want).enumerate() {
-                        // bf16 output (half an ulp: 2^-9 relative) over bf16 P's rounding.
-                        assert!(
-                            (g - w).abs() <= 1e-2 * (1.0 + w.abs()),
-                            "{what}: token {row} head {h} dim {d}: {g} against f64 {w}"
-                        );
-                    }
-                }
+            let kernel = match head_dim {
+                128 => sm90_forward_candidate(candidate).0.to_string(),
+                _ => format!("flash_attn_fwd_sm90_hd{head_dim}"),
+            };
+            let what = format!("{kernel}: heads {heads}/{kv_heads}, lens {lens:?}");
+            if let Some(i) = (0..hopper.out.len()).find(|&i| hopper.out[i] != portable.out[i]) {
+                let (row, h) = (i / (heads * head_dim), i / head_dim % heads);
+                panic!(
+                    "{what}: output element {i} (token {row}, head {h}) is {:#010x} on sm_90a and \
+                     {:#010x} on the portable kernel",
+                    hopper.out[i], portable.out[i]
+                );
             }
-            start += len;
+            assert_eq!(hopper.lse, portable.lse, "{what}: logsumexp bits differ");
+            check_sampled_rows(
+                &what,
+                &hopper.out_f32,
+                (&qh.data, &kh.data, &vh.data),
+                lens,
+                (heads, kv_heads, head_dim),
+            );
         }
     }
     gpu.device.set_hopper_attention(true).unwrap();

@@ -11,6 +11,7 @@ use super::{as_i32, CudaDevice};
 use anyhow::{bail, ensure, Result};
 use cudarc::driver::sys::CUfunction_attribute;
 use cudarc::driver::{LaunchConfig, PushKernelArg};
+use std::sync::atomic::{AtomicUsize, Ordering};
 
 /// Mirrors `FlashFwdConfig` in the kernel: (kernel, kBlockM, threads, shared-memory bytes): the
 /// Q, K and V tiles and each thread's folded O (head_dim / 2 fp32).
@@ -189,21 +190,51 @@ impl CudaDevice {
     }
 }
 
+/// The number of the sm_90a forward's tuning candidates at head_dim 128: the default
+/// first, then `kernels/flash_attn_sm90.cu`'s alternatives, which `swerve-bench kernels` times
+/// beside it on a Hopper GPU ([`set_sm90_forward_candidate`]).
+pub const SM90_FORWARD_CANDIDATES: usize = 4;
+
+/// Candidate `index` of [`SM90_FORWARD_CANDIDATES`]: (kernel, K/V stages).
+pub fn sm90_forward_candidate(index: usize) -> (&'static str, usize) {
+    match index {
+        0 => ("flash_attn_fwd_sm90_hd128", 2),
+        1 => ("flash_attn_fwd_sm90_hd128_s3", 3),
+        2 => ("flash_attn_fwd_sm90_hd128_ov", 2),
+        _ => ("flash_attn_fwd_sm90_hd128_s3_ov", 3),
+    }
+}
+
+static SM90_FORWARD_CANDIDATE: AtomicUsize = AtomicUsize::new(0);
+
+/// Picks the head_dim 128 sm_90a forward among [`SM90_FORWARD_CANDIDATES`] for this process
+/// (a benchmark's and a test's knob; 0, the default, otherwise).
+pub fn set_sm90_forward_candidate(index: usize) -> Result<()> {
+    ensure!(
+        index < SM90_FORWARD_CANDIDATES,
+        "sm_90a forward candidate {index}: there are {SM90_FORWARD_CANDIDATES}"
+    );
+    SM90_FORWARD_CANDIDATE.store(index, Ordering::Relaxed);
+    Ok(())
+}
+
 /// Mirrors `FlashFwdSm90Config` in `kernels/flash_attn_sm90.cu`: (kernel, threads, shared-memory
-/// bytes): Q (128 rows), 2 stages of K and V (64 rows each), each consumer thread's folded O
-/// (head_dim / 2 fp32), 9 mbarriers, and 1024 bytes to align the tiles to their swizzle atoms.
+/// bytes): Q (128 rows), the K and V stages (64 rows each), each consumer thread's folded O
+/// (head_dim / 2 fp32), the mbarriers, and 1024 bytes to align the tiles to their swizzle atoms.
 fn forward_variant_sm90(head_dim: usize) -> Result<(&'static str, u32, u32)> {
     const CONSUMER_THREADS: usize = 256;
-    let smem =
-        |d: usize| (128 * d * 2 + 4 * 64 * d * 2 + CONSUMER_THREADS * d * 2 + 9 * 8 + 1024) as u32;
-    let name = match head_dim {
-        128 => "flash_attn_fwd_sm90_hd128",
-        64 => "flash_attn_fwd_sm90_hd64",
-        32 => "flash_attn_fwd_sm90_hd32",
-        16 => "flash_attn_fwd_sm90_hd16",
+    let (name, stages) = match head_dim {
+        128 => sm90_forward_candidate(SM90_FORWARD_CANDIDATE.load(Ordering::Relaxed)),
+        64 => ("flash_attn_fwd_sm90_hd64", 2),
+        32 => ("flash_attn_fwd_sm90_hd32", 2),
+        16 => ("flash_attn_fwd_sm90_hd16", 2),
         other => bail!("flash attention (sm_90): head_dim {other} has no kernel (16, 32, 64, 128)"),
     };
-    Ok((name, 128 + CONSUMER_THREADS as u32, smem(head_dim)))
+    let d = head_dim;
+    let barriers = 1 + 4 * stages;
+    let smem =
+        128 * d * 2 + 2 * stages * 64 * d * 2 + CONSUMER_THREADS * d * 2 + barriers * 8 + 1024;
+    Ok((name, 128 + CONSUMER_THREADS as u32, smem as u32))
 }
 
 impl CudaDevice {
