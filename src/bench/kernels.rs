@@ -535,13 +535,15 @@ pub fn attention(
         shape.key()
     );
     let tflops = shape.flops() / (ms * 1e-3) / 1e12;
-    let arch = if device.hopper_attention() {
-        "sm90_"
+    let kernel = if !device.hopper_attention() {
+        format!("flash_attn_fwd_hd{head_dim}")
+    } else if head_dim == 128 {
+        sm90_forward_candidate(sm90_candidate).0.to_string()
     } else {
-        ""
+        format!("flash_attn_fwd_sm90_hd{head_dim}")
     };
     Ok(KernelRow {
-        kernel: format!("flash_attn_fwd_{arch}hd{head_dim}"),
+        kernel,
         shape: shape.key(),
         median_us: ms * 1e3,
         gb_per_s: None,
