@@ -38,24 +38,31 @@
 //   hd128: Q 128 x 128 (32 KiB) + 2 stages x (K + V) 64 x 128 (64 KiB) + folded O 256 threads x 64
 //          fp32 (64 KiB) + barriers = 160 KiB + 128 B (sm_90: 227 KiB per block).
 //
-// ---- tuning log ------------------------------------------------------------------------------------
-// (unmeasured so far; candidates: 3 stages, folded O in registers, a second S accumulator so a
-// warpgroup's own softmax overlaps its next S.)
+// ---- tuning log (H200, hd128 28/4 heads, causal, TFLOP/s; bench/RESULTS.md) ---------------------
+// 4e7c72a  one warpgroup pair in pingpong, 2 stages, folded O in shared memory: 479 at 16k
+//          (portable mma.sync forward 201, SDPA flash 337, cuDNN 652 on the same card).
+// e96624f  candidates in one run (16k 28/4 / 16k 32/8 / 32k / 128k): default 505 / 499 / 475 / 474;
+//          3 stages 506 / 503 / 476 / 475; a warpgroup's softmax statistics under its own P V
+//          (two wgmma groups per turn, O rescaled after the second) 508 / 491 / 478 / 473; both
+//          506 / 485 / 477 / 477: none worth its code (dropped), so neither the loads nor the
+//          warpgroup's own serialisation bound it. Left to try: the folded O in registers (the
+//          shared-memory fold costs a pass over head_dim / 2 floats per thread every 8 tiles;
+//          candidate flash_attn_fwd_sm90_hd128_rf), fewer, larger turns (two canonical tiles'
+//          S in one n128 wgmma; their P V stay ordered by the rescale in between).
 
 #include "attn_tile.cuh"
 #include "hopper.cuh"
 
 #include <type_traits>
 
-template <int kHeadDim_, int kStages_, bool kOverlap_>
+template <int kHeadDim_, bool kFoldInRegisters_>
 struct FlashFwdSm90Config {
     static constexpr int kHeadDim = kHeadDim_;
     static constexpr int kBlockM = 128;  // query rows per block: 2 consumer warpgroups x 64
     static constexpr int kBlockN = kAttnKeyTile;
-    static constexpr int kStages = kStages_;  // K and V tiles in flight
-    // A warpgroup's softmax statistics of tile j computed while its P(j-1) V(j-1) is in flight
-    // (two wgmma groups per turn; O rescaled once the second retires).
-    static constexpr bool kOverlap = kOverlap_;
+    static constexpr int kStages = 2;  // K and V tiles in flight
+    // Each consumer thread's folded O in registers (head_dim / 2 more) instead of shared memory.
+    static constexpr bool kFoldInRegisters = kFoldInRegisters_;
     static constexpr int kConsumerGroups = 2;
     static constexpr int kConsumerThreads = kConsumerGroups * 128;
     static constexpr int kConsumerWarps = kConsumerThreads / SWERVE_WARP;
@@ -70,7 +77,7 @@ struct FlashFwdSm90Config {
     static constexpr int kKVBytes = kBlockN * kHeadDim * 2;  // one K or V stage
     static constexpr int kFoldFloats = kHeadDim / 2;
     static constexpr int kFoldOffset = kQBytes + 2 * kStages * kKVBytes;
-    static constexpr int kBarrierOffset = kFoldOffset + kConsumerThreads * kFoldFloats * 4;
+    static constexpr int kBarrierOffset = kFoldOffset + (kFoldInRegisters ? 0 : kConsumerThreads * kFoldFloats * 4);
     static constexpr int kNumBarriers = 1 + 4 * kStages;  // Q full; K, V full and empty per stage
     static constexpr int kSmemBytes = kBarrierOffset + kNumBarriers * 8;
     // The host reserves kSmemAlign more bytes and the kernel aligns the base (swizzle atoms).
@@ -79,14 +86,12 @@ struct FlashFwdSm90Config {
     static_assert(kAtoms * kAtomElems == kHeadDim, "whole swizzle column blocks");
 };
 
-using FlashFwdSm90Hd128 = FlashFwdSm90Config<128, 2, false>;
-using FlashFwdSm90Hd64 = FlashFwdSm90Config<64, 2, false>;
-using FlashFwdSm90Hd32 = FlashFwdSm90Config<32, 2, false>;
-using FlashFwdSm90Hd16 = FlashFwdSm90Config<16, 2, false>;
-// Tuning candidates (measured against the default on a GPU; see the tuning log).
-using FlashFwdSm90Hd128S3 = FlashFwdSm90Config<128, 3, false>;
-using FlashFwdSm90Hd128Ov = FlashFwdSm90Config<128, 2, true>;
-using FlashFwdSm90Hd128S3Ov = FlashFwdSm90Config<128, 3, true>;
+using FlashFwdSm90Hd128 = FlashFwdSm90Config<128, false>;
+using FlashFwdSm90Hd64 = FlashFwdSm90Config<64, false>;
+using FlashFwdSm90Hd32 = FlashFwdSm90Config<32, false>;
+using FlashFwdSm90Hd16 = FlashFwdSm90Config<16, false>;
+// Tuning candidate (timed against the default on a GPU; see the tuning log).
+using FlashFwdSm90Hd128Rf = FlashFwdSm90Config<128, true>;
 
 #ifdef SWERVE_HOPPER
 
@@ -160,11 +165,10 @@ __device__ __forceinline__ void sm90_produce(const TmaMap* map_q, const TmaMap* 
 
 // One turn of a consumer warpgroup at the tensor cores: S = Q K(j)^T for its 64 rows (head-dim
 // steps in order into the zeroed `s_acc`) when `scores`, and O += P(j-1) V(j-1) (key steps in
-// order, P the bf16 A fragments `p_frag`) when `values`, as one wgmma group (two when
-// `kTwoGroups`: S first).
+// order, P the bf16 A fragments `p_frag`) when `values`, as one wgmma group.
 // (The flags are template parameters: a wgmma under a branch the compiler cannot prove uniform
 // is serialised, ptxas C7520.)
-template <typename Cfg, bool kScores, bool kValues, bool kTwoGroups>
+template <typename Cfg, bool kScores, bool kValues>
 __device__ __forceinline__ void sm90_gemms(float (&s_acc)[kAttnKeyTile / 8][4], float (&o_acc)[Cfg::kHeadDim / 8][4],
                                            const uint32_t (&p_frag)[kAttnKeyTile / 16][4], uint32_t q_tile,
                                            uint32_t k_tile, uint32_t v_tile, int group_row0) {
@@ -175,7 +179,6 @@ __device__ __forceinline__ void sm90_gemms(float (&s_acc)[kAttnKeyTile / 8][4], 
             wgmma_bf16_ss<kAttnKeyTile>(s_acc, kmajor_desc<Cfg>(q_tile, Cfg::kBlockM, group_row0, kk),
                                         kmajor_desc<Cfg>(k_tile, Cfg::kBlockN, 0, kk));
         }
-        if (kTwoGroups) wgmma_commit();
     }
     if (kValues) {
 #pragma unroll
@@ -254,8 +257,10 @@ __device__ __forceinline__ void flash_attn_fwd_sm90(const TmaMap* map_q, const T
     const uint32_t q_tile = smem_addr(smem);
     const uint32_t k_tiles = q_tile + Cfg::kQBytes;
     const uint32_t v_tiles = k_tiles + Cfg::kStages * Cfg::kKVBytes;
-    // This thread's folded O: element i at fold_o[i * kConsumerThreads].
-    float* fold_o = reinterpret_cast<float*>(smem + Cfg::kFoldOffset) + ctid;
+    // This thread's folded O: element i at fold_o[i * fold_stride], in registers or shared memory.
+    float fold_regs[Cfg::kFoldInRegisters ? Cfg::kFoldFloats : 1];
+    constexpr int fold_stride = Cfg::kFoldInRegisters ? 1 : Cfg::kConsumerThreads;
+    float* fold_o = Cfg::kFoldInRegisters ? fold_regs : reinterpret_cast<float*>(smem + Cfg::kFoldOffset) + ctid;
 
     float o_acc[kDTiles][4];
 #pragma unroll
@@ -264,7 +269,7 @@ __device__ __forceinline__ void flash_attn_fwd_sm90(const TmaMap* map_q, const T
     float row_sum[2] = {0.0f, 0.0f};
     float fold_max[2] = {-INFINITY, -INFINITY}, fold_sum[2] = {0.0f, 0.0f};
 #pragma unroll
-    for (int i = 0; i < Cfg::kFoldFloats; ++i) fold_o[i * Cfg::kConsumerThreads] = 0.0f;
+    for (int i = 0; i < Cfg::kFoldFloats; ++i) fold_o[i * fold_stride] = 0.0f;
     int q_idx[2];
 #pragma unroll
     for (int r = 0; r < 2; ++r) q_idx[r] = m0 + cwarp * 16 + group_row + r * 8;
@@ -292,29 +297,10 @@ __device__ __forceinline__ void flash_attn_fwd_sm90(const TmaMap* map_q, const T
             mbarrier_wait(&k_full[stage], (j / Cfg::kStages) & 1);
         }
         if (values) mbarrier_wait(&v_full[prev], ((j - 1) / Cfg::kStages) & 1);
-        constexpr bool overlap = Cfg::kOverlap && scores && values;
-        sm90_gemms<Cfg, scores, values, overlap>(s_acc, o_acc, p_frag, q_tile, k_tiles + stage * Cfg::kKVBytes,
-                                                 v_tiles + prev * Cfg::kKVBytes, group_row0);
+        sm90_gemms<Cfg, scores, values>(s_acc, o_acc, p_frag, q_tile, k_tiles + stage * Cfg::kKVBytes,
+                                        v_tiles + prev * Cfg::kKVBytes, group_row0);
         // (the second group's last turn hands nothing on: the first has no turn left)
         if (group == 0 || scores) named_barrier_arrive(kTurnBarrier + 1 - group, Cfg::kConsumerThreads);
-        const int n0 = j * BN;
-        if (overlap && n0 % segment_keys != 0) {
-            // S(j) retires first: its softmax statistics while P(j-1) V(j-1) runs, then O's rescale.
-            wgmma_wait<1>();
-            __syncwarp();
-            if (lane == 0) mbarrier_arrive(&k_empty[stage]);
-            if (n0 + BN > m0 || n0 + BN > seqlen) {
-                mask_tile(s_acc, lane, [&](int r, int key) { return n0 + key > q_idx[r] || n0 + key >= seqlen; });
-            }
-            float correction[2];
-            online_softmax_stats<BN / 8>(s_acc, row_max, row_sum, correction, scale_log2);
-            wgmma_wait<0>();
-            __syncwarp();
-            if (lane == 0) mbarrier_arrive(&v_empty[prev]);
-            rescale_rows<kDTiles>(o_acc, correction);
-            sm90_pack_p(p_frag, s_acc);
-            return;
-        }
         wgmma_wait<0>();
         __syncwarp();
         if (lane == 0) {
@@ -322,8 +308,9 @@ __device__ __forceinline__ void flash_attn_fwd_sm90(const TmaMap* map_q, const T
             if (values) mbarrier_arrive(&v_empty[prev]);
         }
         if (!scores) return;
+        const int n0 = j * BN;
         if (j > 0 && n0 % segment_keys == 0) {
-            fold_segment<kDTiles>(fold_o, Cfg::kConsumerThreads, fold_max, fold_sum, o_acc, row_max, row_sum,
+            fold_segment<kDTiles>(fold_o, fold_stride, fold_max, fold_sum, o_acc, row_max, row_sum,
                                   scale_log2);
         }
         if (n0 + BN > m0 || n0 + BN > seqlen) {
@@ -337,7 +324,7 @@ __device__ __forceinline__ void flash_attn_fwd_sm90(const TmaMap* map_q, const T
     turn(Yes(), No(), 0);
     for (int j = 1; j < n_blocks; ++j) turn(Yes(), Yes(), j);
     turn(No(), Yes(), n_blocks);
-    fold_segment<kDTiles>(fold_o, Cfg::kConsumerThreads, fold_max, fold_sum, o_acc, row_max, row_sum, scale_log2);
+    fold_segment<kDTiles>(fold_o, fold_stride, fold_max, fold_sum, o_acc, row_max, row_sum, scale_log2);
 
     // Epilogue (flash_attn.cu's): normalise the fold, write O (bf16) and the logsumexp.
     const size_t q_stride = (size_t)heads * D;
@@ -349,8 +336,8 @@ __device__ __forceinline__ void flash_attn_fwd_sm90(const TmaMap* map_q, const T
 #pragma unroll
         for (int dt = 0; dt < kDTiles; ++dt) {
             *reinterpret_cast<__nv_bfloat162*>(out_row + dt * 8 + group_col) =
-                __floats2bfloat162_rn(__fmul_rn(fold_o[(dt * 4 + 2 * r) * Cfg::kConsumerThreads], inv_sum),
-                                      __fmul_rn(fold_o[(dt * 4 + 2 * r + 1) * Cfg::kConsumerThreads], inv_sum));
+                __floats2bfloat162_rn(__fmul_rn(fold_o[(dt * 4 + 2 * r) * fold_stride], inv_sum),
+                                      __fmul_rn(fold_o[(dt * 4 + 2 * r + 1) * fold_stride], inv_sum));
         }
         if (lane % 4 == 0) {
             lse[(size_t)(seq_start + q_idx[r]) * heads + head] =
@@ -383,6 +370,4 @@ FLASH_FWD_SM90_ENTRY(flash_attn_fwd_sm90_hd128, FlashFwdSm90Hd128)
 FLASH_FWD_SM90_ENTRY(flash_attn_fwd_sm90_hd64, FlashFwdSm90Hd64)
 FLASH_FWD_SM90_ENTRY(flash_attn_fwd_sm90_hd32, FlashFwdSm90Hd32)
 FLASH_FWD_SM90_ENTRY(flash_attn_fwd_sm90_hd16, FlashFwdSm90Hd16)
-FLASH_FWD_SM90_ENTRY(flash_attn_fwd_sm90_hd128_s3, FlashFwdSm90Hd128S3)
-FLASH_FWD_SM90_ENTRY(flash_attn_fwd_sm90_hd128_ov, FlashFwdSm90Hd128Ov)
-FLASH_FWD_SM90_ENTRY(flash_attn_fwd_sm90_hd128_s3_ov, FlashFwdSm90Hd128S3Ov)
+FLASH_FWD_SM90_ENTRY(flash_attn_fwd_sm90_hd128_rf, FlashFwdSm90Hd128Rf)

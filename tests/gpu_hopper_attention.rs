@@ -130,7 +130,7 @@ fn the_hopper_forward_gives_the_portable_forwards_bits() {
         let portable = forward(
             &gpu, false, operands, &layout, heads, kv_heads, head_dim, scale,
         );
-        // At head_dim 128 every tuning candidate (stages, overlap), the default last.
+        // At head_dim 128 every tuning candidate (the folded O in registers), the default last.
         let candidates = if head_dim == 128 {
             SM90_FORWARD_CANDIDATES
         } else {

@@ -190,18 +190,17 @@ impl CudaDevice {
     }
 }
 
-/// The number of the sm_90a forward's tuning candidates at head_dim 128: the default
-/// first, then `kernels/flash_attn_sm90.cu`'s alternatives, which `swerve-bench kernels` times
-/// beside it on a Hopper GPU ([`set_sm90_forward_candidate`]).
-pub const SM90_FORWARD_CANDIDATES: usize = 4;
+/// The number of the sm_90a forward's tuning candidates at head_dim 128: the default first, then
+/// `kernels/flash_attn_sm90.cu`'s alternative, which `swerve-bench kernels` times beside it on a
+/// Hopper GPU ([`set_sm90_forward_candidate`]).
+pub const SM90_FORWARD_CANDIDATES: usize = 2;
 
-/// Candidate `index` of [`SM90_FORWARD_CANDIDATES`]: (kernel, K/V stages).
-pub fn sm90_forward_candidate(index: usize) -> (&'static str, usize) {
+/// Candidate `index` of [`SM90_FORWARD_CANDIDATES`]: (kernel, whether its folded O lives in
+/// registers rather than shared memory).
+pub fn sm90_forward_candidate(index: usize) -> (&'static str, bool) {
     match index {
-        0 => ("flash_attn_fwd_sm90_hd128", 2),
-        1 => ("flash_attn_fwd_sm90_hd128_s3", 3),
-        2 => ("flash_attn_fwd_sm90_hd128_ov", 2),
-        _ => ("flash_attn_fwd_sm90_hd128_s3_ov", 3),
+        0 => ("flash_attn_fwd_sm90_hd128", false),
+        _ => ("flash_attn_fwd_sm90_hd128_rf", true),
     }
 }
 
@@ -219,21 +218,25 @@ pub fn set_sm90_forward_candidate(index: usize) -> Result<()> {
 }
 
 /// Mirrors `FlashFwdSm90Config` in `kernels/flash_attn_sm90.cu`: (kernel, threads, shared-memory
-/// bytes): Q (128 rows), the K and V stages (64 rows each), each consumer thread's folded O
-/// (head_dim / 2 fp32), the mbarriers, and 1024 bytes to align the tiles to their swizzle atoms.
+/// bytes): Q (128 rows), 2 stages of K and V (64 rows each), each consumer thread's folded O
+/// (head_dim / 2 fp32) unless it is kept in registers, 9 mbarriers, and 1024 bytes to align the
+/// tiles to their swizzle atoms.
 fn forward_variant_sm90(head_dim: usize) -> Result<(&'static str, u32, u32)> {
     const CONSUMER_THREADS: usize = 256;
-    let (name, stages) = match head_dim {
+    let (name, fold_in_registers) = match head_dim {
         128 => sm90_forward_candidate(SM90_FORWARD_CANDIDATE.load(Ordering::Relaxed)),
-        64 => ("flash_attn_fwd_sm90_hd64", 2),
-        32 => ("flash_attn_fwd_sm90_hd32", 2),
-        16 => ("flash_attn_fwd_sm90_hd16", 2),
+        64 => ("flash_attn_fwd_sm90_hd64", false),
+        32 => ("flash_attn_fwd_sm90_hd32", false),
+        16 => ("flash_attn_fwd_sm90_hd16", false),
         other => bail!("flash attention (sm_90): head_dim {other} has no kernel (16, 32, 64, 128)"),
     };
     let d = head_dim;
-    let barriers = 1 + 4 * stages;
-    let smem =
-        128 * d * 2 + 2 * stages * 64 * d * 2 + CONSUMER_THREADS * d * 2 + barriers * 8 + 1024;
+    let fold = if fold_in_registers {
+        0
+    } else {
+        CONSUMER_THREADS * d * 2
+    };
+    let smem = 128 * d * 2 + 4 * 64 * d * 2 + fold + 9 * 8 + 1024;
     Ok((name, 128 + CONSUMER_THREADS as u32, smem as u32))
 }
 
