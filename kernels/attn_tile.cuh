@@ -231,3 +231,33 @@ __device__ __forceinline__ void fold_segment(float* fold_o, int fold_stride, flo
         row_sum[r] = 0.0f;
     }
 }
+
+// The forward's epilogue for this thread's rows r = 0, 1 (query positions q_idx[r] of a sequence
+// of `seqlen` rows starting at packed row `seq_start`; rows past it are not written): the folded
+// O (`fold_o`, as `fold_segment` left it) times 1 / L rounded to bf16 into `out` [T, heads, D],
+// and the natural-log logsumexp into `lse` [T, heads]. The trainer's forwards (flash_attn.cu,
+// flash_attn_sm90.cu) share it, so their rows round alike.
+template <int D>
+__device__ __forceinline__ void attn_store_rows(__nv_bfloat16* out, float* lse, const float* fold_o, int fold_stride,
+                                                const float (&fold_max)[2], const float (&fold_sum)[2],
+                                                const int (&q_idx)[2], int seq_start, int seqlen, int heads,
+                                                int head, float softmax_scale, int lane) {
+    const size_t q_stride = (size_t)heads * D;
+    const int group_col = 2 * (lane % 4);
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+        if (q_idx[r] >= seqlen) continue;
+        const float inv_sum = attn_normalizer(fold_sum[r]);
+        __nv_bfloat16* out_row = out + (size_t)(seq_start + q_idx[r]) * q_stride + (size_t)head * D;
+#pragma unroll
+        for (int dt = 0; dt < D / 8; ++dt) {
+            *reinterpret_cast<__nv_bfloat162*>(out_row + dt * 8 + group_col) =
+                __floats2bfloat162_rn(__fmul_rn(fold_o[(dt * 4 + 2 * r) * fold_stride], inv_sum),
+                                      __fmul_rn(fold_o[(dt * 4 + 2 * r + 1) * fold_stride], inv_sum));
+        }
+        if (lane % 4 == 0) {
+            lse[(size_t)(seq_start + q_idx[r]) * heads + head] =
+                fold_sum[r] > 0.0f ? fold_max[r] * softmax_scale + logf(fold_sum[r]) : -INFINITY;
+        }
+    }
+}

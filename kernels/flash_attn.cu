@@ -140,7 +140,7 @@ __device__ __forceinline__ void flash_attn_fwd(const __nv_bfloat16* __restrict__
     const __nv_bfloat16* v_seq = v + (size_t)seq_start * kv_stride + (size_t)kv_head * D;
 
     const int warp = threadIdx.x / SWERVE_WARP, lane = threadIdx.x % SWERVE_WARP;
-    const int group_row = lane / 4, group_col = 2 * (lane % 4);  // MMA fragment coordinates
+    const int group_row = lane / 4;  // MMA fragment row
     const float scale_log2 = softmax_scale * 1.4426950408889634f;
 
     // Keys this query tile can see: up to its last row (causal) and the end of the sequence.
@@ -203,23 +203,8 @@ __device__ __forceinline__ void flash_attn_fwd(const __nv_bfloat16* __restrict__
     }
     fold_segment<kDTiles>(fold_o, Cfg::kThreads, fold_max, fold_sum, o_acc, row_max, row_sum, scale_log2);
 
-    // Epilogue: normalise the fold, write O (bf16) and the logsumexp.
-#pragma unroll
-    for (int r = 0; r < 2; ++r) {
-        if (q_idx[r] >= seqlen) continue;
-        const float inv_sum = attn_normalizer(fold_sum[r]);
-        __nv_bfloat16* out_row = out + (size_t)(seq_start + q_idx[r]) * q_stride + (size_t)head * D;
-#pragma unroll
-        for (int dt = 0; dt < kDTiles; ++dt) {
-            *reinterpret_cast<__nv_bfloat162*>(out_row + dt * 8 + group_col) =
-                __floats2bfloat162_rn(__fmul_rn(fold_o[(dt * 4 + 2 * r) * Cfg::kThreads], inv_sum),
-                                      __fmul_rn(fold_o[(dt * 4 + 2 * r + 1) * Cfg::kThreads], inv_sum));
-        }
-        if (lane % 4 == 0) {
-            lse[(size_t)(seq_start + q_idx[r]) * heads + head] =
-                fold_sum[r] > 0.0f ? fold_max[r] * softmax_scale + logf(fold_sum[r]) : -INFINITY;
-        }
-    }
+    attn_store_rows<D>(out, lse, fold_o, Cfg::kThreads, fold_max, fold_sum, q_idx, seq_start, seqlen, heads, head,
+                       softmax_scale, lane);
 }
 
 #define FLASH_FWD_ENTRY(name, Cfg)                                                                                  \

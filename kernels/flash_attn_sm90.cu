@@ -252,7 +252,7 @@ __device__ __forceinline__ void flash_attn_fwd_sm90(const TmaMap* map_q, const T
     const int ctid = threadIdx.x - 128;                 // consumer thread
     const int cwarp = ctid / SWERVE_WARP, lane = ctid % SWERVE_WARP;
     const int group_row0 = (ctid / 128) * 64;           // the warpgroup's first row of the tile
-    const int group_row = lane / 4, group_col = 2 * (lane % 4);
+    const int group_row = lane / 4;
     const float scale_log2 = softmax_scale * 1.4426950408889634f;
     const uint32_t q_tile = smem_addr(smem);
     const uint32_t k_tiles = q_tile + Cfg::kQBytes;
@@ -326,24 +326,8 @@ __device__ __forceinline__ void flash_attn_fwd_sm90(const TmaMap* map_q, const T
     turn(No(), Yes(), n_blocks);
     fold_segment<kDTiles>(fold_o, fold_stride, fold_max, fold_sum, o_acc, row_max, row_sum, scale_log2);
 
-    // Epilogue (flash_attn.cu's): normalise the fold, write O (bf16) and the logsumexp.
-    const size_t q_stride = (size_t)heads * D;
-#pragma unroll
-    for (int r = 0; r < 2; ++r) {
-        if (q_idx[r] >= seqlen) continue;
-        const float inv_sum = attn_normalizer(fold_sum[r]);
-        __nv_bfloat16* out_row = out + (size_t)(seq_start + q_idx[r]) * q_stride + (size_t)head * D;
-#pragma unroll
-        for (int dt = 0; dt < kDTiles; ++dt) {
-            *reinterpret_cast<__nv_bfloat162*>(out_row + dt * 8 + group_col) =
-                __floats2bfloat162_rn(__fmul_rn(fold_o[(dt * 4 + 2 * r) * fold_stride], inv_sum),
-                                      __fmul_rn(fold_o[(dt * 4 + 2 * r + 1) * fold_stride], inv_sum));
-        }
-        if (lane % 4 == 0) {
-            lse[(size_t)(seq_start + q_idx[r]) * heads + head] =
-                fold_sum[r] > 0.0f ? fold_max[r] * softmax_scale + logf(fold_sum[r]) : -INFINITY;
-        }
-    }
+    attn_store_rows<D>(out, lse, fold_o, fold_stride, fold_max, fold_sum, q_idx, seq_start, seqlen, heads, head,
+                       softmax_scale, lane);
 }
 
 #endif  // SWERVE_HOPPER
