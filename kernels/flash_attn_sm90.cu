@@ -18,8 +18,8 @@
 //         S = Q K(j)^T: D / 16 wgmma m64n64k16 (A = Q, B = K, both K-major descriptors), and
 //         O += P(j - 1) V(j - 1): 4 wgmma m64n{D}k16 (A = P in registers, B = V MN-major)
 //       | hand the turn to the other warpgroup | wait the group | release K(j), V(j - 1) |
-//       the fold of attn_tile.cuh if tile j opens a segment (thread-private folded O in shared
-//       memory, as in flash_attn.cu) | mask, online softmax of tile j (attn_tile.cuh), P(j)
+//       the fold of attn_tile.cuh if tile j opens a segment (the folded O in registers) | mask,
+//       online softmax of tile j (attn_tile.cuh), P(j)
 //     so one warpgroup's softmax runs under the other's GEMMs (FlashAttention 3's pingpong).
 //
 // ---- why the bits equal flash_attn.cu's ----------------------------------------------------------
@@ -35,8 +35,9 @@
 // Tiles arrive by TMA in the layout wgmma reads: rows of one swizzle span (kSwizzleBytes = the row's
 // bytes up to 128), a tile of R rows and D columns stored as D / kAtomElems column blocks of R
 // rows each, every block swizzled (128 B: the 16-byte chunk index XOR the row index mod 8).
-//   hd128: Q 128 x 128 (32 KiB) + 2 stages x (K + V) 64 x 128 (64 KiB) + folded O 256 threads x 64
-//          fp32 (64 KiB) + barriers = 160 KiB + 128 B (sm_90: 227 KiB per block).
+//   hd128: Q 128 x 128 (32 KiB) + 2 stages x (K + V) 64 x 128 (64 KiB) + 9 barriers = 96 KiB + 72 B
+//          (+ 1 KiB to align; sm_90: 227 KiB per block). Registers: a consumer thread holds O and
+//          the folded O (head_dim / 2 fp32 each), S (32), P (16) under setmaxnreg 240; no spills.
 //
 // ---- tuning log (H200, hd128 28/4 heads, causal, TFLOP/s; bench/RESULTS.md) ---------------------
 // 4e7c72a  one warpgroup pair in pingpong, 2 stages, folded O in shared memory: 479 at 16k
@@ -45,24 +46,24 @@
 //          3 stages 506 / 503 / 476 / 475; a warpgroup's softmax statistics under its own P V
 //          (two wgmma groups per turn, O rescaled after the second) 508 / 491 / 478 / 473; both
 //          506 / 485 / 477 / 477: none worth its code (dropped), so neither the loads nor the
-//          warpgroup's own serialisation bound it. Left to try: the folded O in registers (the
-//          shared-memory fold costs a pass over head_dim / 2 floats per thread every 8 tiles;
-//          candidate flash_attn_fwd_sm90_hd128_rf), fewer, larger turns (two canonical tiles'
-//          S in one n128 wgmma; their P V stay ordered by the rescale in between).
+//          warpgroup's own serialisation bound it.
+// a2098b7  the folded O in registers instead of shared memory (a pass over head_dim / 2 floats per
+//          thread every 8 tiles saved), same run: 8k / 16k 28/4 / 16k 32/8 / 32k / 128k: 456 / 506 /
+//          509 / 477 / 479 against 433 / 485 / 469 / 460 / 457: kept (+4-9%).
+// Left to try: fewer, larger turns (two canonical tiles' S in one n128 wgmma; their P V stay
+// ordered by the rescale in between), and a producer that also stores O through TMA.
 
 #include "attn_tile.cuh"
 #include "hopper.cuh"
 
 #include <type_traits>
 
-template <int kHeadDim_, bool kFoldInRegisters_>
+template <int kHeadDim_>
 struct FlashFwdSm90Config {
     static constexpr int kHeadDim = kHeadDim_;
     static constexpr int kBlockM = 128;  // query rows per block: 2 consumer warpgroups x 64
     static constexpr int kBlockN = kAttnKeyTile;
     static constexpr int kStages = 2;  // K and V tiles in flight
-    // Each consumer thread's folded O in registers (head_dim / 2 more) instead of shared memory.
-    static constexpr bool kFoldInRegisters = kFoldInRegisters_;
     static constexpr int kConsumerGroups = 2;
     static constexpr int kConsumerThreads = kConsumerGroups * 128;
     static constexpr int kConsumerWarps = kConsumerThreads / SWERVE_WARP;
@@ -75,9 +76,7 @@ struct FlashFwdSm90Config {
     static constexpr int kAtoms = kHeadDim / kAtomElems;
     static constexpr int kQBytes = kBlockM * kHeadDim * 2;
     static constexpr int kKVBytes = kBlockN * kHeadDim * 2;  // one K or V stage
-    static constexpr int kFoldFloats = kHeadDim / 2;
-    static constexpr int kFoldOffset = kQBytes + 2 * kStages * kKVBytes;
-    static constexpr int kBarrierOffset = kFoldOffset + (kFoldInRegisters ? 0 : kConsumerThreads * kFoldFloats * 4);
+    static constexpr int kBarrierOffset = kQBytes + 2 * kStages * kKVBytes;
     static constexpr int kNumBarriers = 1 + 4 * kStages;  // Q full; K, V full and empty per stage
     static constexpr int kSmemBytes = kBarrierOffset + kNumBarriers * 8;
     // The host reserves kSmemAlign more bytes and the kernel aligns the base (swizzle atoms).
@@ -86,12 +85,10 @@ struct FlashFwdSm90Config {
     static_assert(kAtoms * kAtomElems == kHeadDim, "whole swizzle column blocks");
 };
 
-using FlashFwdSm90Hd128 = FlashFwdSm90Config<128, false>;
-using FlashFwdSm90Hd64 = FlashFwdSm90Config<64, false>;
-using FlashFwdSm90Hd32 = FlashFwdSm90Config<32, false>;
-using FlashFwdSm90Hd16 = FlashFwdSm90Config<16, false>;
-// Tuning candidate (timed against the default on a GPU; see the tuning log).
-using FlashFwdSm90Hd128Rf = FlashFwdSm90Config<128, true>;
+using FlashFwdSm90Hd128 = FlashFwdSm90Config<128>;
+using FlashFwdSm90Hd64 = FlashFwdSm90Config<64>;
+using FlashFwdSm90Hd32 = FlashFwdSm90Config<32>;
+using FlashFwdSm90Hd16 = FlashFwdSm90Config<16>;
 
 #ifdef SWERVE_HOPPER
 
@@ -257,10 +254,8 @@ __device__ __forceinline__ void flash_attn_fwd_sm90(const TmaMap* map_q, const T
     const uint32_t q_tile = smem_addr(smem);
     const uint32_t k_tiles = q_tile + Cfg::kQBytes;
     const uint32_t v_tiles = k_tiles + Cfg::kStages * Cfg::kKVBytes;
-    // This thread's folded O: element i at fold_o[i * fold_stride], in registers or shared memory.
-    float fold_regs[Cfg::kFoldInRegisters ? Cfg::kFoldFloats : 1];
-    constexpr int fold_stride = Cfg::kFoldInRegisters ? 1 : Cfg::kConsumerThreads;
-    float* fold_o = Cfg::kFoldInRegisters ? fold_regs : reinterpret_cast<float*>(smem + Cfg::kFoldOffset) + ctid;
+    // This thread's folded O, in registers (the O fragment's layout: element dt * 4 + e).
+    float fold_o[kDTiles * 4];
 
     float o_acc[kDTiles][4];
 #pragma unroll
@@ -269,7 +264,7 @@ __device__ __forceinline__ void flash_attn_fwd_sm90(const TmaMap* map_q, const T
     float row_sum[2] = {0.0f, 0.0f};
     float fold_max[2] = {-INFINITY, -INFINITY}, fold_sum[2] = {0.0f, 0.0f};
 #pragma unroll
-    for (int i = 0; i < Cfg::kFoldFloats; ++i) fold_o[i * fold_stride] = 0.0f;
+    for (int i = 0; i < kDTiles * 4; ++i) fold_o[i] = 0.0f;
     int q_idx[2];
 #pragma unroll
     for (int r = 0; r < 2; ++r) q_idx[r] = m0 + cwarp * 16 + group_row + r * 8;
@@ -310,7 +305,7 @@ __device__ __forceinline__ void flash_attn_fwd_sm90(const TmaMap* map_q, const T
         if (!scores) return;
         const int n0 = j * BN;
         if (j > 0 && n0 % segment_keys == 0) {
-            fold_segment<kDTiles>(fold_o, fold_stride, fold_max, fold_sum, o_acc, row_max, row_sum,
+            fold_segment<kDTiles>(fold_o, 1, fold_max, fold_sum, o_acc, row_max, row_sum,
                                   scale_log2);
         }
         if (n0 + BN > m0 || n0 + BN > seqlen) {
@@ -324,9 +319,9 @@ __device__ __forceinline__ void flash_attn_fwd_sm90(const TmaMap* map_q, const T
     turn(Yes(), No(), 0);
     for (int j = 1; j < n_blocks; ++j) turn(Yes(), Yes(), j);
     turn(No(), Yes(), n_blocks);
-    fold_segment<kDTiles>(fold_o, fold_stride, fold_max, fold_sum, o_acc, row_max, row_sum, scale_log2);
+    fold_segment<kDTiles>(fold_o, 1, fold_max, fold_sum, o_acc, row_max, row_sum, scale_log2);
 
-    attn_store_rows<D>(out, lse, fold_o, fold_stride, fold_max, fold_sum, q_idx, seq_start, seqlen, heads, head,
+    attn_store_rows<D>(out, lse, fold_o, 1, fold_max, fold_sum, q_idx, seq_start, seqlen, heads, head,
                        softmax_scale, lane);
 }
 
@@ -354,4 +349,3 @@ FLASH_FWD_SM90_ENTRY(flash_attn_fwd_sm90_hd128, FlashFwdSm90Hd128)
 FLASH_FWD_SM90_ENTRY(flash_attn_fwd_sm90_hd64, FlashFwdSm90Hd64)
 FLASH_FWD_SM90_ENTRY(flash_attn_fwd_sm90_hd32, FlashFwdSm90Hd32)
 FLASH_FWD_SM90_ENTRY(flash_attn_fwd_sm90_hd16, FlashFwdSm90Hd16)
-FLASH_FWD_SM90_ENTRY(flash_attn_fwd_sm90_hd128_rf, FlashFwdSm90Hd128Rf)

@@ -14,9 +14,7 @@
 mod common;
 
 use common::gpu::{attention_row_f64, gpu, poisoned, random};
-use swerve::backend::cuda::flash_attn::{
-    set_sm90_forward_candidate, sm90_forward_candidate, VarlenLayout, SM90_FORWARD_CANDIDATES,
-};
+use swerve::backend::cuda::flash_attn::VarlenLayout;
 use swerve::backend::cuda::{CudaBackend, CudaTensor, DeviceDType};
 use swerve::backend::Backend;
 
@@ -130,39 +128,27 @@ fn the_hopper_forward_gives_the_portable_forwards_bits() {
         let portable = forward(
             &gpu, false, operands, &layout, heads, kv_heads, head_dim, scale,
         );
-        // At head_dim 128 every tuning candidate (the folded O in registers), the default last.
-        let candidates = if head_dim == 128 {
-            SM90_FORWARD_CANDIDATES
-        } else {
-            1
-        };
-        for candidate in (0..candidates).rev() {
-            set_sm90_forward_candidate(candidate).unwrap();
-            let hopper = forward(
-                &gpu, true, operands, &layout, heads, kv_heads, head_dim, scale,
-            );
-            let kernel = match head_dim {
-                128 => sm90_forward_candidate(candidate).0.to_string(),
-                _ => format!("flash_attn_fwd_sm90_hd{head_dim}"),
-            };
-            let what = format!("{kernel}: heads {heads}/{kv_heads}, lens {lens:?}");
-            if let Some(i) = (0..hopper.out.len()).find(|&i| hopper.out[i] != portable.out[i]) {
-                let (row, h) = (i / (heads * head_dim), i / head_dim % heads);
-                panic!(
-                    "{what}: output element {i} (token {row}, head {h}) is {:#010x} on sm_90a and \
-                     {:#010x} on the portable kernel",
-                    hopper.out[i], portable.out[i]
-                );
-            }
-            assert_eq!(hopper.lse, portable.lse, "{what}: logsumexp bits differ");
-            check_sampled_rows(
-                &what,
-                &hopper.out_f32,
-                (&qh.data, &kh.data, &vh.data),
-                lens,
-                (heads, kv_heads, head_dim),
+        let hopper = forward(
+            &gpu, true, operands, &layout, heads, kv_heads, head_dim, scale,
+        );
+        let kernel = format!("flash_attn_fwd_sm90_hd{head_dim}");
+        let what = format!("{kernel}: heads {heads}/{kv_heads}, lens {lens:?}");
+        if let Some(i) = (0..hopper.out.len()).find(|&i| hopper.out[i] != portable.out[i]) {
+            let (row, h) = (i / (heads * head_dim), i / head_dim % heads);
+            panic!(
+                "{what}: output element {i} (token {row}, head {h}) is {:#010x} on sm_90a and \
+                 {:#010x} on the portable kernel",
+                hopper.out[i], portable.out[i]
             );
         }
+        assert_eq!(hopper.lse, portable.lse, "{what}: logsumexp bits differ");
+        check_sampled_rows(
+            &what,
+            &hopper.out_f32,
+            (&qh.data, &kh.data, &vh.data),
+            lens,
+            (heads, kv_heads, head_dim),
+        );
     }
     gpu.device.set_hopper_attention(true).unwrap();
 }

@@ -6,8 +6,6 @@
 
 pub mod attention_bwd;
 
-use crate::backend::cuda::flash_attn::{sm90_forward_candidate, SM90_FORWARD_CANDIDATES};
-
 use crate::backend::cpu::{CpuBackend, CpuTensor};
 use crate::backend::cuda::{CudaBackend, CudaDevice, CudaTensor, DeviceDType};
 use crate::backend::{Backend, Rotary};
@@ -478,15 +476,12 @@ pub fn attention_row_reference(
 
 /// Flash attention forward at one shape; the error is checked on sampled rows (first, last,
 /// block edges) of every sequence for a few heads, against f64 attention.
-/// `sm90_candidate`: the index into [`SM90_FORWARD_CANDIDATES`] the hd128 sm_90a launch uses.
 pub fn attention(
     backend: &CudaBackend,
     shape: AttentionShape,
-    sm90_candidate: usize,
     ceilings: &Ceilings,
 ) -> Result<KernelRow> {
-    use crate::backend::cuda::flash_attn::{set_sm90_forward_candidate, VarlenLayout};
-    set_sm90_forward_candidate(sm90_candidate)?;
+    use crate::backend::cuda::flash_attn::VarlenLayout;
     let device = &backend.device;
     let AttentionShape {
         seqs,
@@ -535,12 +530,10 @@ pub fn attention(
         shape.key()
     );
     let tflops = shape.flops() / (ms * 1e-3) / 1e12;
-    let kernel = if !device.hopper_attention() {
-        format!("flash_attn_fwd_hd{head_dim}")
-    } else if head_dim == 128 {
-        sm90_forward_candidate(sm90_candidate).0.to_string()
-    } else {
+    let kernel = if device.hopper_attention() {
         format!("flash_attn_fwd_sm90_hd{head_dim}")
+    } else {
+        format!("flash_attn_fwd_hd{head_dim}")
     };
     Ok(KernelRow {
         kernel,
@@ -565,21 +558,15 @@ pub fn run_all(backend: &CudaBackend) -> Result<(Ceilings, Vec<KernelRow>)> {
     rows.push(swiglu(backend, 16384, 18944, &ceilings)?);
     rows.push(swiglu(backend, 4099, 4864, &ceilings)?);
     rows.push(embedding(backend, 16384, 152_064, 3584, &ceilings)?);
-    // On Hopper both forward kernels, the portable one first, and the sm_90a tuning candidates
-    // at head_dim 128 after the default (which stays selected).
+    // On Hopper both forward kernels, the portable one first (the sm_90a one stays selected).
     let hopper = backend.device.hopper_attention();
     for shape in ATTENTION_SHAPES {
         if hopper {
             backend.device.set_hopper_attention(false)?;
-            rows.push(attention(backend, shape, 0, &ceilings)?);
+            rows.push(attention(backend, shape, &ceilings)?);
             backend.device.set_hopper_attention(true)?;
-            if shape.head_dim == 128 {
-                for candidate in 1..SM90_FORWARD_CANDIDATES {
-                    rows.push(attention(backend, shape, candidate, &ceilings)?);
-                }
-            }
         }
-        rows.push(attention(backend, shape, 0, &ceilings)?);
+        rows.push(attention(backend, shape, &ceilings)?);
     }
     for shape in attention_bwd::ATTENTION_BACKWARD_SHAPES {
         rows.push(attention_bwd::attention_backward(

@@ -11,7 +11,6 @@ use super::{as_i32, CudaDevice};
 use anyhow::{bail, ensure, Result};
 use cudarc::driver::sys::CUfunction_attribute;
 use cudarc::driver::{LaunchConfig, PushKernelArg};
-use std::sync::atomic::{AtomicUsize, Ordering};
 
 /// Mirrors `FlashFwdConfig` in the kernel: (kernel, kBlockM, threads, shared-memory bytes): the
 /// Q, K and V tiles and each thread's folded O (head_dim / 2 fp32).
@@ -190,54 +189,19 @@ impl CudaDevice {
     }
 }
 
-/// The number of the sm_90a forward's tuning candidates at head_dim 128: the default first, then
-/// `kernels/flash_attn_sm90.cu`'s alternative, which `swerve-bench kernels` times beside it on a
-/// Hopper GPU ([`set_sm90_forward_candidate`]).
-pub const SM90_FORWARD_CANDIDATES: usize = 2;
-
-/// Candidate `index` of [`SM90_FORWARD_CANDIDATES`]: (kernel, whether its folded O lives in
-/// registers rather than shared memory).
-pub fn sm90_forward_candidate(index: usize) -> (&'static str, bool) {
-    match index {
-        0 => ("flash_attn_fwd_sm90_hd128", false),
-        _ => ("flash_attn_fwd_sm90_hd128_rf", true),
-    }
-}
-
-static SM90_FORWARD_CANDIDATE: AtomicUsize = AtomicUsize::new(0);
-
-/// Picks the head_dim 128 sm_90a forward among [`SM90_FORWARD_CANDIDATES`] for this process
-/// (a benchmark's and a test's knob; 0, the default, otherwise).
-pub fn set_sm90_forward_candidate(index: usize) -> Result<()> {
-    ensure!(
-        index < SM90_FORWARD_CANDIDATES,
-        "sm_90a forward candidate {index}: there are {SM90_FORWARD_CANDIDATES}"
-    );
-    SM90_FORWARD_CANDIDATE.store(index, Ordering::Relaxed);
-    Ok(())
-}
-
 /// Mirrors `FlashFwdSm90Config` in `kernels/flash_attn_sm90.cu`: (kernel, threads, shared-memory
-/// bytes): Q (128 rows), 2 stages of K and V (64 rows each), each consumer thread's folded O
-/// (head_dim / 2 fp32) unless it is kept in registers, 9 mbarriers, and 1024 bytes to align the
-/// tiles to their swizzle atoms.
+/// bytes): Q (128 rows), 2 stages of K and V (64 rows each), 9 mbarriers, and 1024 bytes to align
+/// the tiles to their swizzle atoms (the folded O lives in registers).
 fn forward_variant_sm90(head_dim: usize) -> Result<(&'static str, u32, u32)> {
-    const CONSUMER_THREADS: usize = 256;
-    let (name, fold_in_registers) = match head_dim {
-        128 => sm90_forward_candidate(SM90_FORWARD_CANDIDATE.load(Ordering::Relaxed)),
-        64 => ("flash_attn_fwd_sm90_hd64", false),
-        32 => ("flash_attn_fwd_sm90_hd32", false),
-        16 => ("flash_attn_fwd_sm90_hd16", false),
+    let name = match head_dim {
+        128 => "flash_attn_fwd_sm90_hd128",
+        64 => "flash_attn_fwd_sm90_hd64",
+        32 => "flash_attn_fwd_sm90_hd32",
+        16 => "flash_attn_fwd_sm90_hd16",
         other => bail!("flash attention (sm_90): head_dim {other} has no kernel (16, 32, 64, 128)"),
     };
-    let d = head_dim;
-    let fold = if fold_in_registers {
-        0
-    } else {
-        CONSUMER_THREADS * d * 2
-    };
-    let smem = 128 * d * 2 + 4 * 64 * d * 2 + fold + 9 * 8 + 1024;
-    Ok((name, 128 + CONSUMER_THREADS as u32, smem as u32))
+    let smem = 128 * head_dim * 2 + 4 * 64 * head_dim * 2 + 9 * 8 + 1024;
+    Ok((name, 384, smem as u32))
 }
 
 impl CudaDevice {
