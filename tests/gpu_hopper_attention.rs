@@ -18,6 +18,9 @@ use swerve::backend::cuda::flash_attn::VarlenLayout;
 use swerve::backend::cuda::{CudaBackend, CudaTensor, DeviceDType};
 use swerve::backend::Backend;
 
+/// (heads, kv_heads, head_dim).
+type Heads = (usize, usize, usize);
+
 struct Run {
     out: Vec<u32>,
     lse: Vec<u32>,
@@ -105,7 +108,7 @@ fn the_hopper_forward_gives_the_portable_forwards_bits() {
         return;
     }
     // (heads, kv_heads, head_dim), sequence lengths.
-    let cases: [((usize, usize, usize), &[usize]); 4] = [
+    let cases: [(Heads, &[usize]); 4] = [
         ((8, 2, 128), &[1, 64, 65, 130, 520, 1100]),
         ((4, 4, 64), &[513, 7, 200]),
         ((4, 1, 32), &[300, 1024, 33]),
