@@ -11,6 +11,20 @@
 // the last to arrive, which checks that all came from the same call site with the same operands.
 // wgmma_mma only records; wait_group retires groups and computes their products then.
 //
+// The async proxy ([PTX] "Memory Consistency Model: Proxies"; "membar / fence": fence.proxy.async;
+// the wgmma section: shared memory written by the generic proxy must be made visible to the async
+// proxy with fence.proxy.async before wgmma.mma_async reads it). Ordinary C++ stores are not
+// instrumented; instead the block keeps shared memory as the async proxy last saw it (Hopper's
+// seen_static / seen_dyn): the 0xff fill at the block's start, the bytes a TMA load writes when it
+// lands (async-proxy writes), and all of it (static and dynamic) at every fence_proxy_async. A
+// wgmma's descriptor operands (A, B) are compared with it at the issue (a later fence is too late)
+// and again at the retirement (the operand written while the wgmma was in flight): a differing
+// byte was written by the generic proxy since the last fence, one error per wgmma. Coarse: one
+// thread's fence covers every thread's writes before it (the ISA wants each writing thread's own
+// fence), so a fence by one thread only is caught only when it runs before the others' writes;
+// a store of the byte the snapshot already holds goes unseen; cp.async (non-bulk) writes count as
+// generic; async-proxy reads other than wgmma's (TMA stores) are not emulated.
+//
 // Shared-memory matrix layouts for 16-bit types ([PTX] "Shared Memory Matrix Layout", table
 // "Canonical Layouts" in CuTe notation, T = 8 elements = 16 bytes; the same table is in CUTLASS's
 // cute/atom/mma_traits_sm90_gmma.hpp above make_gmma_desc). With `row` the M (A) or N (B) index, k in
@@ -65,12 +79,26 @@ uint64_t layout_offset(bool kmajor, uint32_t span, uint32_t lbo, uint32_t sbo, i
     return 2 * (row % 8) + (row / 8) * (uint64_t)sbo + (k % 8) * 16 + (k / 8) * (uint64_t)lbo;
 }
 
+// A shared-memory matrix descriptor's fields ([PTX] "Matrix Descriptor Format").
+struct Desc {
+    uint32_t start, lbo, sbo, base, span;
+    explicit Desc(uint64_t desc) {
+        static const uint32_t spans[4] = {0, 128, 64, 32};
+        start = (uint32_t)(desc & 0x3fff) << 4, lbo = (uint32_t)((desc >> 16) & 0x3fff) << 4;
+        sbo = (uint32_t)((desc >> 32) & 0x3fff) << 4, base = (uint32_t)((desc >> 49) & 7), span = spans[desc >> 62];
+    }
+    // Whether gather accepts it (else it reports why).
+    bool valid(bool kmajor) const { return !base && !(kmajor && span && start % span + 32 > span); }
+    // The shared address of element (row, k).
+    uint64_t at(bool kmajor, int row, int k) const {
+        return swizzle_address(start + layout_offset(kmajor, span, lbo, sbo, row, k), span);
+    }
+};
+
 // Reads the rows x 16 operand a descriptor names into out[row * 16 + k]; false after an error.
 bool gather(Launch& L, const WgmmaOp& op, uint64_t desc, int rows, bool kmajor, const char* which, float* out) {
-    static const uint32_t spans[4] = {0, 128, 64, 32};
-    const uint32_t start = (uint32_t)(desc & 0x3fff) << 4, lbo = (uint32_t)((desc >> 16) & 0x3fff) << 4,
-                   sbo = (uint32_t)((desc >> 32) & 0x3fff) << 4, base = (uint32_t)((desc >> 49) & 7),
-                   span = spans[desc >> 62];
+    const Desc D(desc);
+    const uint32_t start = D.start, base = D.base, span = D.span;
     if (base) {
         report(W_BLOCK, -1, "wgmma at %s:%d: %s descriptor 0x%016llx has base offset %u: only 0 is emulated (swizzle "
                "atoms aligned to their repeat)", op.file, op.line, which, (unsigned long long)desc, base);
@@ -92,7 +120,7 @@ bool gather(Launch& L, const WgmmaOp& op, uint64_t desc, int rows, bool kmajor, 
     }
     for (int row = 0; row < rows; ++row) {
         for (int k = 0; k < 16; ++k) {
-            const uint64_t a = swizzle_address(start + layout_offset(kmajor, span, lbo, sbo, row, k), span);
+            const uint64_t a = D.at(kmajor, row, k);
             const unsigned char* p = shared_ptr(L, a, 2);
             if (!p) {
                 report(W_BLOCK, -1, "wgmma at %s:%d: %s descriptor 0x%016llx: element (%d, k %d) at shared address "
@@ -108,11 +136,48 @@ bool gather(Launch& L, const WgmmaOp& op, uint64_t desc, int rows, bool kmajor, 
     return true;
 }
 
+// The async proxy's view of the shared byte at p (the block's, static or dynamic).
+unsigned char seen_byte(const Launch& L, const unsigned char* p) {
+    const Hopper& H = L.hop;
+    if (p >= L.dyn_base && p < L.dyn_base + H.seen_dyn.size()) return H.seen_dyn[p - L.dyn_base];
+    const size_t i = p - L.static_base;
+    return p >= L.static_base && i < H.seen_static.size() ? H.seen_static[i] : 0xff;
+}
+
+// Whether an operand byte differs from the async proxy's snapshot (see "async proxy" at the top):
+// then reports it, once, and returns true. At issue, or at the retirement (the operand changed
+// while the wgmma was in flight).
+bool proxy_check(Launch& L, const WgmmaOp& op, uint64_t desc, int rows, bool kmajor, const char* which, bool issue) {
+    const Desc D(desc);
+    if (!D.valid(kmajor)) return false;  // gather reports the descriptor at the retirement
+    uint64_t lo = UINT64_MAX, hi = 0, first = UINT64_MAX;
+    for (int row = 0; row < rows; ++row) {
+        for (int k = 0; k < 16; ++k) {
+            const uint64_t a = D.at(kmajor, row, k);
+            const unsigned char* p = shared_ptr(L, a, 2);
+            if (!p) continue;  // gather reports it
+            lo = std::min(lo, a), hi = std::max(hi, a + 2);
+            if (first == UINT64_MAX && (p[0] != seen_byte(L, p) || p[1] != seen_byte(L, p + 1)))
+                first = a + (p[0] == seen_byte(L, p));
+        }
+    }
+    if (first == UINT64_MAX) return false;
+    const char* late = "; written after the wgmma's issue (seen when wgmma_wait retired it): its operands must not "
+                       "change while it is in flight";
+    report(W_BLOCK, -1, "wgmma at %s:%d: operand %s (shared [0x%llx, 0x%llx)): the byte at shared 0x%llx was "
+           "written by ordinary stores since the last fence.proxy.async: add fence_proxy_async() after the writes "
+           "(and a barrier before the wgmma)%s", op.file, op.line, which, (unsigned long long)lo,
+           (unsigned long long)hi, (unsigned long long)first, issue ? "" : late);
+    return true;
+}
+
 // D += A B for one recorded wgmma, as OP_MMA (runtime_warp.cpp) sums: exact products in k order
 // in double, plus C, rounded to f32 once.
 void retire(Launch& L, const WgmmaOp& op) {
     std::vector<float> A(64 * 16), B((size_t)op.n * 16);
     bool ok = true;
+    if (!op.proxy_reported && !(!op.has_a && proxy_check(L, op, op.desc_a, 64, true, "A", false)))
+        proxy_check(L, op, op.desc_b, op.n, !op.trans_b, "B", false);
     if (op.has_a) {
         for (int i = 0; i < 128; ++i) {
             const int w = i / 32, g = (i % 32) / 4, t = i % 4;
@@ -172,6 +237,10 @@ void resolve_mma(Launch& L, Warpgroup& W, Thread* T) {
         if (op.has_a) memcpy(op.a[i], T[i].wg_a, sizeof op.a[i]);  // registers are read at issue
         op.d[i] = T[i].wg_d;
     }
+    // The async proxy reads the operands from the issue on: what it may see is checked now (and
+    // again when it retires).
+    op.proxy_reported = (!op.has_a && proxy_check(L, op, op.desc_a, 64, true, "A", true)) ||
+                        proxy_check(L, op, op.desc_b, op.n, !op.trans_b, "B", true);
 }
 
 void resolve_setmaxnreg(Warpgroup& W, const Thread& t0) {
@@ -260,6 +329,23 @@ void release_named(Launch& L, int id) {
 
 }  // namespace
 
+void async_proxy_saw(Launch& L, const unsigned char* p, size_t n) {
+    Hopper& H = L.hop;
+    if (p >= L.dyn_base && p + n <= L.dyn_base + H.seen_dyn.size()) {
+        memcpy(&H.seen_dyn[p - L.dyn_base], p, n);
+        return;
+    }
+    for (size_t i = 0; i < n; ++i) {
+        const unsigned char* q = p + i;
+        if (q >= L.dyn_base && q < L.dyn_base + H.seen_dyn.size()) {
+            H.seen_dyn[q - L.dyn_base] = *q;
+        } else if (q >= L.static_base && q < L.static_base + L.static_used) {
+            if (H.seen_static.size() <= (size_t)(q - L.static_base)) H.seen_static.resize(L.static_used, 0xff);
+            H.seen_static[q - L.static_base] = *q;
+        }
+    }
+}
+
 int mbar_lookup(Launch& L, const void* bar, const char* what, const char* file, int line) {
     for (size_t i = 0; i < L.hop.bars.size(); ++i)
         if (L.hop.bars[i].addr == bar) return (int)i;
@@ -290,6 +376,8 @@ void hopper_block_start(Launch& L) {
     H.wgs.assign((L.nwarps + 3) / 4, Warpgroup{});
     for (NamedBar& nb : H.named) nb.threads = 0;
     H.fence_epoch = 0;
+    H.seen_static.assign(L.static_used, 0xff);  // the block's 0xff fill (runtime.cpp)
+    H.seen_dyn.assign(L.dyn_bytes, 0xff);
     // The dynamic region sits above the static one in the window, congruent to its host address
     // modulo 1024, as low as 48 KiB when the window would not hold it above the static limit.
     const size_t dyn = (L.dyn_bytes + 15) & ~(size_t)15;
@@ -397,7 +485,12 @@ void fence_barrier_init(const char*, int) {
     ++L.hop.fence_epoch;
 }
 
-void fence_proxy_async(const char*, int) { launch_or_die("fence.proxy.async"); }
+void fence_proxy_async(const char*, int) {
+    Launch& L = launch_or_die("fence.proxy.async");
+    Hopper& H = L.hop;
+    H.seen_static.assign(L.static_base, L.static_base + L.static_used);
+    H.seen_dyn.assign(L.dyn_base, L.dyn_base + L.dyn_bytes);
+}
 
 static void arrive(Launch& L, int b, const char* what, const char* file, int line) {
     MBar& m = L.hop.bars[b];

@@ -136,6 +136,7 @@ struct WgmmaOp {
     float* d[128];
     const char* file;
     int line;
+    bool proxy_reported;  // a fence.proxy.async error reported at its issue (not again at retire)
 };
 struct Warpgroup {
     int arrived;
@@ -159,6 +160,9 @@ struct Hopper {
     NamedBar named[16];
     uint64_t fence_epoch;
     size_t dyn_window;  // shared-window address of the dynamic region's start
+    // Shared memory as the async proxy last saw it (runtime_hopper.cpp, "async proxy" there): the
+    // static region (bytes past its size read as the 0xff fill) and the dynamic one.
+    std::vector<unsigned char> seen_static, seen_dyn;
 };
 
 struct Warp {
@@ -304,6 +308,9 @@ uint64_t swizzle_address(uint64_t a, uint32_t span);
 // initialised in this block); completes the barrier's phase when its arrivals and bytes are in.
 int mbar_lookup(Launch& L, const void* bar, const char* what, const char* file, int line);
 void mbar_try_complete(Launch& L, int bar);
+// The async proxy wrote (a TMA load landing) [p, p + n) of the block's shared memory: its snapshot
+// of those bytes becomes their contents.
+void async_proxy_saw(Launch& L, const unsigned char* p, size_t n);
 uint32_t shared_addr_of(const Launch& L, const void* p);
 void tma_land_completed(Launch& L, int bar);
 std::string mbar_str(const Launch& L, const MBar& b);

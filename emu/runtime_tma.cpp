@@ -110,7 +110,11 @@ void tma_land_completed(Launch& L, int bar) {
     const MBar& b = L.hop.bars[bar];
     std::vector<TmaCopy>& copies = L.hop.copies;
     for (TmaCopy& c : copies)
-        if (c.bar == bar && !c.landed && c.phase < b.phase) land(c);
+        if (c.bar == bar && !c.landed && c.phase < b.phase) {
+            land(c);
+            // The box fills [dst, dst + bytes), swizzled within its 128-byte lines.
+            async_proxy_saw(L, c.dst, c.map.swizzle ? (c.bytes + 127) / 128 * 128 : c.bytes);
+        }
     copies.erase(std::remove_if(copies.begin(), copies.end(), [](const TmaCopy& c) { return c.landed; }),
                  copies.end());
 }
