@@ -3,7 +3,8 @@
 // phase, a transaction count that never completes, a descriptor whose swizzle disagrees with the
 // tensor map's, wgmma without a fence, a warpgroup at two call sites, setmaxnreg misuse, named
 // barriers with different counts, ...), and a consumer that reads a TMA destination without waiting
-// on its mbarrier reads the NaN fill. The semantics are tested in unit_hopper.cpp.
+// on its mbarrier reads the NaN fill; a wgmma reading plain stores without fence.proxy.async (and a
+// fenced one reading them correctly). The semantics are tested in unit_hopper.cpp.
 #include "unit_hopper_common.h"
 
 static std::vector<uint16_t> g_src = random_bf16(64 * 64, 5);
@@ -242,10 +243,80 @@ static void test_warpgroup_diagnostics() {
     CHECK(ok, "the consumer warp sees the producer's writes after bar.sync");
 }
 
+// fence.proxy.async: A written by the threads' plain stores (or by TMA), B by TMA, one m64n64k16.
+enum ProxyMode { kProxyTma, kProxyNoFence, kProxyFence, kProxyFenceAfterIssue, kProxyWriteInFlight };
+static int proxy_kernel(const char* name, ProxyMode mode, std::vector<float>& out) {
+    const TmaMap map = tile_map(kMapSw128);
+    out.assign(128 * 32, 0.0f);
+    return run(name, dim3(1), dim3(128), 64 * 1024, [&] {
+        auto& bar = emu::block_shared<uint64_t>(0);
+        unsigned char* sA = smem_aligned();
+        unsigned char* sB = sA + kTile;
+        if (threadIdx.x == 0) {
+            mbarrier_init(&bar, 1);
+            fence_barrier_init();
+        }
+        __syncthreads();
+        if (threadIdx.x == 0) {
+            mbarrier_arrive_expect_tx(&bar, mode == kProxyTma ? 2 * kTile : kTile);
+            tma_load_3d(sB, &map, &bar, 0, 0, 0);
+            if (mode == kProxyTma) tma_load_3d(sA, &map, &bar, 0, 0, 0);
+        }
+        if (mode != kProxyTma)  // the tile as the 128B-swizzled TMA box places it
+            for (int i = threadIdx.x; i < 64 * 64; i += 128)
+                memcpy(sA + swz_bits((i / 64) * 128 + 2 * (i % 64), 128), &g_src[i], 2);
+        if (mode == kProxyFence || mode == kProxyWriteInFlight) fence_proxy_async();
+        __syncthreads();
+        mbarrier_wait(&bar, 0);
+        float acc[64 / 8][4] = {};
+        wgmma_fence();
+        wgmma_bf16_ss<64>(acc, wgmma_desc(smem_addr(sA), 16, 1024, kSwizzle128B),
+                          wgmma_desc(smem_addr(sB), 16, 1024, kSwizzle128B));
+        wgmma_commit();
+        if (mode == kProxyFenceAfterIssue) fence_proxy_async();
+        if (mode == kProxyWriteInFlight && threadIdx.x == 5) sA[2 * 1024 + 4] ^= 1;  // row 16, k 2: read by it
+        wgmma_wait<0>();
+        memcpy(&out[threadIdx.x * 32], acc, sizeof acc);
+    });
+}
+
+static void test_proxy_fence() {
+    printf("fence.proxy.async between plain stores and wgmma\n");
+    std::vector<float> want, got;
+    int e = proxy_kernel("proxy_tma", kProxyTma, want);
+    expect_clean("wgmma on TMA-loaded A and B", e);
+    {
+        Quiet q;
+        e = proxy_kernel("proxy_no_fence", kProxyNoFence, got);
+    }
+    expect_error("plain stores read by wgmma without fence.proxy.async", e, "operand A (shared [0x");
+    const std::string errs = emu::last_launch_errors();
+    const bool site = errs.find("unit_hopper_diagnostics.cpp") != std::string::npos;
+    CHECK(errs.find("written by ordinary stores since the last fence.proxy.async: add fence_proxy_async() after the "
+                    "writes (and a barrier before the wgmma)") != std::string::npos &&
+              site && errs.find("operand B") == std::string::npos && e == 1,
+          "one error, naming the wgmma's call site and operand A only:\n%s", errs.c_str());
+    e = proxy_kernel("proxy_fence", kProxyFence, got);
+    expect_clean("plain stores, fence_proxy_async, barrier, wgmma", e);
+    CHECK(memcmp(got.data(), want.data(), want.size() * sizeof(float)) == 0,
+          "the fenced stores give the TMA-loaded tile's product bit for bit");
+    {
+        Quiet q;
+        e = proxy_kernel("proxy_fence_after_issue", kProxyFenceAfterIssue, got);
+    }
+    expect_error("fence.proxy.async after the wgmma's issue", e, "written by ordinary stores since the last");
+    {
+        Quiet q;
+        e = proxy_kernel("proxy_write_in_flight", kProxyWriteInFlight, got);
+    }
+    expect_error("an operand written while the wgmma is in flight", e, "written after the wgmma's issue");
+}
+
 int main() {
     test_mbarrier_diagnostics();
     test_nan_fill_without_wait();
     test_warpgroup_diagnostics();
+    test_proxy_fence();
     printf("%d checks, %d failures\n", g_checks.load(), g_failures.load());
     return g_failures ? 1 : 0;
 }
