@@ -60,14 +60,16 @@ __device__ __forceinline__ void attn_tile_scores(float (&s_acc)[kAttnKeyTile / 8
     }
 }
 
-// The statistics half of `online_softmax_tile`: the new row maxes, each row's `correction`
-// (the factor the output accumulator must be rescaled by, `rescale_rows`), this thread's rescaled
-// part of the row sums plus the tile's P, and P in place of the scores. Split so that a kernel can
-// compute it while the previous tile's O += P V is still in flight (flash_attn_sm90.cu); the
-// operations on each value are those of `online_softmax_tile`.
-template <int kNTiles>
-__device__ __forceinline__ void online_softmax_stats(float (&s_acc)[kNTiles][4], float (&row_max)[2],
-                                                     float (&row_sum)[2], float (&correction)[2], float scale_log2) {
+// One online-softmax update for a warp's 16 rows (FlashAttention 2's), on mma.sync fragments:
+// each thread holds rows group_row and group_row + 8 (r = 0, 1) of the scores `s_acc` (raw
+// q.k, -inf where masked) and of the output accumulator `o_acc`. The row max is taken over the
+// 4 threads sharing a row; O and this thread's part of the row sum are rescaled by
+// 2^((old max - new max) scale); the scores become 2^(s scale - max scale) in place (the P of the
+// next MMA). A row with no visible key yet keeps max -inf and contributes zeros. Every rounding
+// is explicit (fmaf, __fmul_rn, __fadd_rn) so that no kernel's compiler contracts differently.
+template <int kNTiles, int kDTiles>
+__device__ __forceinline__ void online_softmax_tile(float (&s_acc)[kNTiles][4], float (&o_acc)[kDTiles][4],
+                                                    float (&row_max)[2], float (&row_sum)[2], float scale_log2) {
 #pragma unroll
     for (int r = 0; r < 2; ++r) {
         float tile_max = -INFINITY;
@@ -79,10 +81,15 @@ __device__ __forceinline__ void online_softmax_stats(float (&s_acc)[kNTiles][4],
         const float max_scaled = new_max == -INFINITY ? 0.0f : __fmul_rn(new_max, scale_log2);
         // Exactly 1 when the max did not move (a tile wholly masked for this row leaves it as it
         // was, as if the tile had not been visited: decode never visits the keys past its row).
-        correction[r] =
+        const float correction =
             row_max[r] == -INFINITY ? 0.0f : exp2f(__fsub_rn(__fmul_rn(row_max[r], scale_log2), max_scaled));
         row_max[r] = new_max;
-        row_sum[r] = __fmul_rn(row_sum[r], correction[r]);
+        row_sum[r] = __fmul_rn(row_sum[r], correction);
+#pragma unroll
+        for (int dt = 0; dt < kDTiles; ++dt) {
+            o_acc[dt][2 * r] = __fmul_rn(o_acc[dt][2 * r], correction);
+            o_acc[dt][2 * r + 1] = __fmul_rn(o_acc[dt][2 * r + 1], correction);
+        }
 #pragma unroll
         for (int nt = 0; nt < kNTiles; ++nt) {
             const float p0 = exp2f(fmaf(s_acc[nt][2 * r], scale_log2, -max_scaled));
@@ -94,33 +101,6 @@ __device__ __forceinline__ void online_softmax_stats(float (&s_acc)[kNTiles][4],
     }
 }
 
-// The output half: O's rows r = 0, 1 times their correction (one rounding each).
-template <int kDTiles>
-__device__ __forceinline__ void rescale_rows(float (&o_acc)[kDTiles][4], const float (&correction)[2]) {
-#pragma unroll
-    for (int dt = 0; dt < kDTiles; ++dt) {
-        o_acc[dt][0] = __fmul_rn(o_acc[dt][0], correction[0]);
-        o_acc[dt][1] = __fmul_rn(o_acc[dt][1], correction[0]);
-        o_acc[dt][2] = __fmul_rn(o_acc[dt][2], correction[1]);
-        o_acc[dt][3] = __fmul_rn(o_acc[dt][3], correction[1]);
-    }
-}
-
-// One online-softmax update for a warp's 16 rows (FlashAttention 2's), on mma.sync fragments:
-// each thread holds rows group_row and group_row + 8 (r = 0, 1) of the scores `s_acc` (raw
-// q.k, -inf where masked) and of the output accumulator `o_acc`. The row max is taken over the
-// 4 threads sharing a row; O and this thread's part of the row sum are rescaled by
-// 2^((old max - new max) scale); the scores become 2^(s scale - max scale) in place (the P of the
-// next MMA). A row with no visible key yet keeps max -inf and contributes zeros. Every rounding
-// is explicit (fmaf, __fmul_rn, __fadd_rn) so that no kernel's compiler contracts differently.
-template <int kNTiles, int kDTiles>
-__device__ __forceinline__ void online_softmax_tile(float (&s_acc)[kNTiles][4], float (&o_acc)[kDTiles][4],
-                                                    float (&row_max)[2], float (&row_sum)[2], float scale_log2) {
-    float correction[2];
-    online_softmax_stats<kNTiles>(s_acc, row_max, row_sum, correction, scale_log2);
-    rescale_rows<kDTiles>(o_acc, correction);
-}
-
 // O += P V for a warp's 16 rows and the 64 keys of the shared-memory tile `sV`: P is the score
 // accumulator after `online_softmax_tile`, rounded to bf16 here (its accumulator layout is the
 // A-fragment layout of the next MMA).
@@ -130,10 +110,7 @@ __device__ __forceinline__ void attn_tile_pv(float (&o_acc)[D / 8][4], const flo
 #pragma unroll
     for (int kk = 0; kk < kAttnKeyTile / 16; ++kk) {
         uint32_t p_frag[4];
-        p_frag[0] = pack_bf16x2(s_acc[2 * kk][0], s_acc[2 * kk][1]);
-        p_frag[1] = pack_bf16x2(s_acc[2 * kk][2], s_acc[2 * kk][3]);
-        p_frag[2] = pack_bf16x2(s_acc[2 * kk + 1][0], s_acc[2 * kk + 1][1]);
-        p_frag[3] = pack_bf16x2(s_acc[2 * kk + 1][2], s_acc[2 * kk + 1][3]);
+        acc_to_a_fragment(p_frag, s_acc, kk);
 #pragma unroll
         for (int dp = 0; dp < D / 16; ++dp) {
             uint32_t b[4];

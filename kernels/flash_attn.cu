@@ -462,10 +462,7 @@ __device__ __forceinline__ void flash_attn_bwd(const __nv_bfloat16* __restrict__
 #pragma unroll
         for (int kk = 0; kk < BM / 16; ++kk) {
             uint32_t p_frag[4];
-            p_frag[0] = pack_bf16x2(s_acc[2 * kk][0], s_acc[2 * kk][1]);
-            p_frag[1] = pack_bf16x2(s_acc[2 * kk][2], s_acc[2 * kk][3]);
-            p_frag[2] = pack_bf16x2(s_acc[2 * kk + 1][0], s_acc[2 * kk + 1][1]);
-            p_frag[3] = pack_bf16x2(s_acc[2 * kk + 1][2], s_acc[2 * kk + 1][3]);
+            acc_to_a_fragment(p_frag, s_acc, kk);
 #pragma unroll
             for (int dp = 0; dp < D / 16; ++dp) {
                 uint32_t b[4];
@@ -509,10 +506,7 @@ __device__ __forceinline__ void flash_attn_bwd(const __nv_bfloat16* __restrict__
 #pragma unroll
         for (int kk = 0; kk < BM / 16; ++kk) {
             uint32_t ds_frag[4];
-            ds_frag[0] = pack_bf16x2(dp_acc[2 * kk][0], dp_acc[2 * kk][1]);
-            ds_frag[1] = pack_bf16x2(dp_acc[2 * kk][2], dp_acc[2 * kk][3]);
-            ds_frag[2] = pack_bf16x2(dp_acc[2 * kk + 1][0], dp_acc[2 * kk + 1][1]);
-            ds_frag[3] = pack_bf16x2(dp_acc[2 * kk + 1][2], dp_acc[2 * kk + 1][3]);
+            acc_to_a_fragment(ds_frag, dp_acc, kk);
 #pragma unroll
             for (int dp = 0; dp < D / 16; ++dp) {
                 uint32_t b[4];

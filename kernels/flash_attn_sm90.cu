@@ -119,16 +119,28 @@ __device__ __forceinline__ uint64_t mnmajor_desc(uint32_t tile, int kk) {
     return wgmma_desc(addr, Cfg::kBlockN * Cfg::kSwizzleBytes, 8 * Cfg::kSwizzleBytes, sm90_swizzle<Cfg>());
 }
 
+// The block's mbarriers, in shared memory after the tiles: Q full, then per stage K full, V full
+// (the TMA's transaction bytes), K empty and V empty (one arrival per consumer warp).
+template <typename Cfg>
+struct Sm90Barriers {
+    uint64_t *q_full, *k_full, *v_full, *k_empty, *v_empty;
+    __device__ explicit Sm90Barriers(unsigned char* smem) {
+        q_full = reinterpret_cast<uint64_t*>(smem + Cfg::kBarrierOffset);
+        k_full = q_full + 1;
+        v_full = k_full + Cfg::kStages;
+        k_empty = v_full + Cfg::kStages;
+        v_empty = k_empty + Cfg::kStages;
+    }
+};
+
 // The producer: one thread loads Q, then K and V of every tile through the stage ring.
 template <typename Cfg>
 __device__ __forceinline__ void sm90_produce(const TmaMap* map_q, const TmaMap* map_k, const TmaMap* map_v,
-                                             unsigned char* smem, uint64_t* bars, int head, int kv_head,
-                                             int q_row0, int kv_row0, int n_blocks) {
-    uint64_t* q_full = bars;
-    uint64_t* k_full = bars + 1;
-    uint64_t* v_full = k_full + Cfg::kStages;
-    uint64_t* k_empty = v_full + Cfg::kStages;
-    uint64_t* v_empty = k_empty + Cfg::kStages;
+                                             unsigned char* smem, int head, int kv_head, int q_row0, int kv_row0,
+                                             int n_blocks) {
+    const Sm90Barriers<Cfg> bar(smem);
+    uint64_t *q_full = bar.q_full, *k_full = bar.k_full, *v_full = bar.v_full;
+    uint64_t *k_empty = bar.k_empty, *v_empty = bar.v_empty;
     unsigned char* sK = smem + Cfg::kQBytes;
     unsigned char* sV = sK + Cfg::kStages * Cfg::kKVBytes;
     tma_prefetch_map(map_q);
@@ -186,16 +198,11 @@ __device__ __forceinline__ void sm90_gemms(float (&s_acc)[kAttnKeyTile / 8][4], 
     wgmma_commit();
 }
 
-// P as the A fragments of O += P V: the softmaxed scores rounded to bf16 (attn_tile_pv's packing).
+// P as the A fragments of O += P V: the softmaxed scores rounded to bf16 (as attn_tile_pv does).
 __device__ __forceinline__ void sm90_pack_p(uint32_t (&p_frag)[kAttnKeyTile / 16][4],
                                             const float (&s_acc)[kAttnKeyTile / 8][4]) {
 #pragma unroll
-    for (int kk = 0; kk < kAttnKeyTile / 16; ++kk) {
-        p_frag[kk][0] = pack_bf16x2(s_acc[2 * kk][0], s_acc[2 * kk][1]);
-        p_frag[kk][1] = pack_bf16x2(s_acc[2 * kk][2], s_acc[2 * kk][3]);
-        p_frag[kk][2] = pack_bf16x2(s_acc[2 * kk + 1][0], s_acc[2 * kk + 1][1]);
-        p_frag[kk][3] = pack_bf16x2(s_acc[2 * kk + 1][2], s_acc[2 * kk + 1][3]);
-    }
+    for (int kk = 0; kk < kAttnKeyTile / 16; ++kk) acc_to_a_fragment(p_frag[kk], s_acc, kk);
 }
 
 template <typename Cfg>
@@ -219,12 +226,9 @@ __device__ __forceinline__ void flash_attn_fwd_sm90(const TmaMap* map_q, const T
     extern __shared__ __align__(16) unsigned char flash_sm90_smem[];
     unsigned char* smem = flash_sm90_smem + ((Cfg::kSmemAlign - smem_addr(flash_sm90_smem) % Cfg::kSmemAlign) %
                                              Cfg::kSmemAlign);
-    uint64_t* bars = reinterpret_cast<uint64_t*>(smem + Cfg::kBarrierOffset);
-    uint64_t* q_full = bars;
-    uint64_t* k_full = bars + 1;
-    uint64_t* v_full = k_full + Cfg::kStages;
-    uint64_t* k_empty = v_full + Cfg::kStages;
-    uint64_t* v_empty = k_empty + Cfg::kStages;
+    const Sm90Barriers<Cfg> bar(smem);
+    uint64_t *q_full = bar.q_full, *k_full = bar.k_full, *v_full = bar.v_full;
+    uint64_t *k_empty = bar.k_empty, *v_empty = bar.v_empty;
     if (threadIdx.x == 0) {
         mbarrier_init(q_full, 1);
         for (int s = 0; s < Cfg::kStages; ++s) {
@@ -240,7 +244,7 @@ __device__ __forceinline__ void flash_attn_fwd_sm90(const TmaMap* map_q, const T
     if (threadIdx.x < 128) {  // the producer warpgroup
         setmaxnreg_dec<Cfg::kProducerRegs>();
         if (threadIdx.x == 0) {
-            sm90_produce<Cfg>(map_q, map_k, map_v, smem, bars, head, kv_head, seq_start + m0, seq_start, n_blocks);
+            sm90_produce<Cfg>(map_q, map_k, map_v, smem, head, kv_head, seq_start + m0, seq_start, n_blocks);
         }
         return;
     }

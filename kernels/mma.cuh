@@ -88,6 +88,18 @@ __device__ __forceinline__ uint32_t pack_bf16x2(float lo, float hi) {
     return *reinterpret_cast<uint32_t*>(&v);
 }
 
+// The A fragment (m16n8k16, bf16) of k-step kk of a product whose left operand is an fp32
+// accumulator array of m16n8 tiles (acc[n][0..3]: C fragments of columns 8n .. 8n + 7): tiles
+// 2 kk and 2 kk + 1, each value rounded to bf16 once. An accumulator's layout is the A layout
+// of the next MMA (P of O += P V, dS of dK += dS^T Q), so no value moves between lanes.
+template <int kTiles>
+__device__ __forceinline__ void acc_to_a_fragment(uint32_t (&a)[4], const float (&acc)[kTiles][4], int kk) {
+    a[0] = pack_bf16x2(acc[2 * kk][0], acc[2 * kk][1]);
+    a[1] = pack_bf16x2(acc[2 * kk][2], acc[2 * kk][3]);
+    a[2] = pack_bf16x2(acc[2 * kk + 1][0], acc[2 * kk + 1][1]);
+    a[3] = pack_bf16x2(acc[2 * kk + 1][2], acc[2 * kk + 1][3]);
+}
+
 // The attention tile routine and its online softmax: attn_tile.cuh.
 
 // addr[0] += a, addr[1] += b (fp32, relaxed, device scope): one vector reduction on sm_90 (8-byte

@@ -15,11 +15,10 @@
 //! `T · heads · head_dim` f32 dQ accumulator (0.23 GB at 16k tokens x 28 heads x 128).
 
 use super::backend::CudaBackend;
-use super::flash_attn::{check_alignment, check_cu_seqlens, check_shared_memory, VarlenLayout};
+use super::flash_attn::{check_alignment, check_cu_seqlens, VarlenLayout};
 use super::tensor::{CudaTensor, DeviceDType};
 use super::{as_i32, grid_stride_config};
 use anyhow::{bail, ensure, Result};
-use cudarc::driver::sys::CUfunction_attribute;
 use cudarc::driver::{LaunchConfig, PushKernelArg};
 
 /// Keys per block of the backward (`FlashBwdConfig::kBlockN`).
@@ -238,18 +237,13 @@ impl CudaBackend {
         check_backward_alignment([q, k, v, out, d_out, d_q, d_k, d_v, lse], &scratch)?;
         let device = &self.device;
         let (name, smem) = backward_variant(g.head_dim)?; // a head dim check_backward accepted
-        check_shared_memory(device, name, smem)?;
+        let f = device.function_with_smem("flash_attn", name, smem)?;
 
         // 1. delta = rowsum(d_out * out), lse * log2(e), dq_accum = 0.
         self.backward_preprocess(out, d_out, lse, &scratch, &sizes)?;
 
         // 2. dK, dV (+= in place) and the fp32 dQ accumulator: one block per (key tile, kv head,
         // sequence).
-        let f = device.function("flash_attn", name)?;
-        f.set_attribute(
-            CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
-            smem as i32,
-        )?;
         let cfg = LaunchConfig {
             grid_dim: (
                 layout.max_seqlen().div_ceil(BWD_BLOCK_N).max(1) as u32,

@@ -9,7 +9,6 @@ use super::tensor::{CudaTensor, DeviceDType, DeviceUpload};
 use super::tma;
 use super::{as_i32, CudaDevice};
 use anyhow::{bail, ensure, Result};
-use cudarc::driver::sys::CUfunction_attribute;
 use cudarc::driver::{LaunchConfig, PushKernelArg};
 
 /// Mirrors `FlashFwdConfig` in the kernel: (kernel, kBlockM, threads, shared-memory bytes): the
@@ -144,12 +143,7 @@ impl CudaDevice {
             );
         }
         let (name, block_m, threads, smem) = forward_variant(head_dim)?;
-        check_shared_memory(self, name, smem)?;
-        let f = self.function("flash_attn", name)?;
-        f.set_attribute(
-            CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
-            smem as i32,
-        )?;
+        let f = self.function_with_smem("flash_attn", name, smem)?;
         as_i32("tokens", layout.total_tokens)?;
         let (heads_i, kv_i) = (as_i32("heads", heads)?, as_i32("kv_heads", kv_heads)?);
         let segment_keys = SEGMENT_KEYS as i32;
@@ -224,12 +218,7 @@ impl CudaDevice {
     ) -> Result<()> {
         const BLOCK_M: usize = 128;
         let (name, threads, smem) = forward_variant_sm90(head_dim)?;
-        check_shared_memory(self, name, smem)?;
-        let f = self.function("flash_attn_sm90", name)?;
-        f.set_attribute(
-            CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
-            smem as i32,
-        )?;
+        let f = self.function_with_smem("flash_attn_sm90", name, smem)?;
         let t = layout.total_tokens;
         as_i32("tokens", t)?;
         let map_q = tma::bf16_rows_heads_dim("attention q", q.ptr(), t, heads, head_dim, BLOCK_M)?;

@@ -252,6 +252,19 @@ impl CudaDevice {
             .load(std::sync::atomic::Ordering::Relaxed)
     }
 
+    /// A kernel that takes `smem` bytes of dynamic shared memory per block: refused with the
+    /// figures when the device cannot give a block that much, else loaded with its
+    /// dynamic-shared-memory attribute raised to `smem` (needed above 48 KiB).
+    pub fn function_with_smem(&self, family: &str, name: &str, smem: u32) -> Result<CudaFunction> {
+        flash_attn::check_shared_memory(self, name, smem)?;
+        let f = self.function(family, name)?;
+        f.set_attribute(
+            cudarc::driver::sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
+            smem as i32,
+        )?;
+        Ok(f)
+    }
+
     pub fn describe(&self) -> String {
         format!("cuda:{} ({})", self.ordinal, self.name)
     }

@@ -21,7 +21,7 @@ use super::tensor::{BufferPool, CudaTensor, DeviceDType, DeviceUpload};
 use super::{as_i32, grid_stride_config, CudaDevice};
 use crate::backend::PagedLayout;
 use anyhow::{bail, ensure, Context, Result};
-use cudarc::driver::sys::{CUdeviceptr, CUfunction_attribute};
+use cudarc::driver::sys::CUdeviceptr;
 use cudarc::driver::{LaunchConfig, PushKernelArg};
 use std::sync::{Arc, Mutex};
 
@@ -517,11 +517,7 @@ impl CudaDevice {
                 continue;
             }
             let (name, smem) = (&variant.name, variant.smem);
-            let f = self.function("paged_attn", name)?;
-            f.set_attribute(
-                CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
-                smem as i32,
-            )?;
+            let f = self.function_with_smem("paged_attn", name, smem)?;
             let blocks = count.div_ceil(per_block) * kv_heads;
             let cfg = LaunchConfig {
                 grid_dim: (as_i32("paged attention blocks", blocks)? as u32, 1, 1),
