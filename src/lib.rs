@@ -40,6 +40,9 @@
 //!   policies, episodes, rewards, concurrent rollouts): `swerve-train rollout` and `eval`.
 //! - [`rl`]: `swerve-train rl`, the method in one process: rollouts, rewards, DAPO through
 //!   [`train::learner`], weights handed to the engine in memory, iterated.
+//! - [`cli`]: what the binaries share to read their command lines: range-checked number flags
+//!   and `--config FILE.toml` for any clap command ([`cli::config_file`]), with the resolved
+//!   configuration it writes to `OUT/config.toml`.
 //! - [`bench`]: what `swerve-bench` measures; [`progress`]: progress bars; [`sysmem`]: the
 //!   host's available memory.
 //!
@@ -56,13 +59,14 @@
 //!                          dist           (collectives over the backend's tensors)
 //!                          backend        (a model calls back into it, never the reverse)
 //!  tokenizer  chat  toolcall
-//!  tensor  config  jsonl  progress  http_client  rng
+//!  tensor  config  jsonl  progress  http_client  rng  cli
 //! ```
 
 pub mod agent;
 pub mod backend;
 pub mod bench;
 pub mod chat;
+pub mod cli;
 pub mod config;
 pub mod dist;
 pub mod engine;

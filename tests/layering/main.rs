@@ -18,7 +18,7 @@
 //!                      │
 //!  layer 1   tokenizer ◄─ chat   toolcall   text
 //!
-//!  layer 0   tensor  config  jsonl  progress  http_client  rng
+//!  layer 0   tensor  config  jsonl  progress  http_client  rng  sysmem  cli
 //! ```
 //!
 //! The rules, checked by [`layering_points_down`]:
@@ -59,6 +59,7 @@ const LAYERS: &[&[&str]] = &[
         "http_client",
         "rng",
         "sysmem",
+        "cli",
     ],
     &["tokenizer", "chat", "toolcall"],
     &["backend"],
