@@ -48,6 +48,10 @@ pub struct AgentRunOptions {
     pub only_resolved: bool,
     /// Only the first N tasks of the file.
     pub limit_tasks: Option<usize>,
+    /// Every flag's final value as TOML ([`crate::cli::ResolvedConfig`]), written to
+    /// `OUT/config.toml` (by `rl` once OUT is ready and a resume's check has passed); `None`:
+    /// no file.
+    pub resolved_config: Option<String>,
 }
 
 /// The environment named by `--env`.
@@ -113,6 +117,9 @@ pub fn run_agent(options: &AgentRunOptions, name: &str) -> Result<AgentRun> {
     }
     std::fs::create_dir_all(&options.out)
         .with_context(|| format!("creating {}", options.out.display()))?;
+    if let Some(text) = &options.resolved_config {
+        crate::train::run_dir::write_config(&options.out, text)?;
+    }
     let tasks_path = builtin::resolve_tasks(&options.tasks)?;
     let mut tasks = load_tasks(&tasks_path)?;
     if let Some(n) = options.limit_tasks {

@@ -198,6 +198,7 @@ fn iteration_options(
             concurrency: options.tasks_per_iteration * options.group,
             seed: 0,
             policy: "model".into(),
+            resolved_config: None,
             server: None,
             api_key: None,
             device: options.device,

@@ -6,7 +6,7 @@
 //! arguments: each command is a function of the library.
 
 use anyhow::Result;
-use clap::{Parser, Subcommand};
+use clap::Subcommand;
 use std::path::PathBuf;
 use swerve::agent::command::{run_agent, AgentRunOptions};
 use swerve::agent::episode::EpisodeConfig;
@@ -14,13 +14,27 @@ use swerve::backend::DeviceChoice;
 use swerve::cli::numbers::{
     eps_low_f32, non_negative_f32, non_negative_f64, positive_f32, positive_f64,
 };
+use swerve::cli::{ConfigSpec, Parsed, ResolvedConfig};
 use swerve::env::{EnvKind, Limits};
 use swerve::rl::{RlDefaults, RlOptions};
 use swerve::train::optimizer::LrSchedule;
-use swerve::train::run_dir::RunStart;
+use swerve::train::run_dir::{decimal, RunStart};
 use swerve::train::trainer::{Algorithm, OldLogprobs, Parallel, TrainOptions};
 
-#[derive(Parser)]
+/// `rft`'s default `--lr` (RL-SPEC: the paper's RFT).
+const RFT_LR: f64 = 5e-6;
+/// `dapo`'s default `--lr` and `--eps-high` (DAPO's own).
+const DAPO_LR: f64 = 1e-6;
+const DAPO_EPS_HIGH: f32 = 0.28;
+
+/// The commands that take `--config FILE.toml` (src/cli/, docs/config.md); `--resume` and
+/// `--overwrite` say how to treat OUT, so OUT/config.toml leaves them out.
+const CONFIG: ConfigSpec = ConfigSpec {
+    subcommands: &["rl", "rollout", "eval", "rft", "dapo"],
+    not_recorded: &["resume", "overwrite"],
+};
+
+#[derive(clap::Parser)]
 #[command(
     name = "swerve-train",
     version,
@@ -320,7 +334,7 @@ struct AgentArgs {
 }
 
 impl AgentArgs {
-    fn options(&self, only_resolved: bool) -> AgentRunOptions {
+    fn options(&self, only_resolved: bool, resolved_config: Option<String>) -> AgentRunOptions {
         AgentRunOptions {
             model: self.model.clone(),
             tasks: self.tasks.clone(),
@@ -348,6 +362,7 @@ impl AgentArgs {
             device: self.device.device,
             only_resolved,
             limit_tasks: self.limit_tasks,
+            resolved_config,
         }
     }
 }
@@ -458,7 +473,7 @@ struct RlArgs {
 }
 
 impl RlArgs {
-    fn options(&self) -> RlOptions {
+    fn options(&self, resolved_config: Option<String>) -> RlOptions {
         let d = RlDefaults::for_tasks(&self.tasks);
         let episode = EpisodeConfig {
             max_turns: self.max_turns.unwrap_or(d.max_turns),
@@ -489,6 +504,7 @@ impl RlArgs {
                 device: self.device.device,
                 only_resolved: false,
                 limit_tasks: None,
+                resolved_config,
             },
             iterations: self.iterations.unwrap_or(d.iterations),
             tasks_per_iteration: self.tasks_per_iteration.unwrap_or(d.tasks_per_iteration),
@@ -569,7 +585,12 @@ struct TrainArgs {
 }
 
 impl TrainArgs {
-    fn options(&self, algorithm: Algorithm, default_lr: f64) -> TrainOptions {
+    fn options(
+        &self,
+        algorithm: Algorithm,
+        default_lr: f64,
+        resolved_config: Option<String>,
+    ) -> TrainOptions {
         TrainOptions {
             model: self.model.model.clone(),
             data: self.data.clone(),
@@ -591,6 +612,7 @@ impl TrainArgs {
             seed: self.seed,
             progress: true,
             parallel: self.parallel.parallel(),
+            resolved_config,
         }
     }
 }
@@ -599,7 +621,14 @@ fn main() -> Result<()> {
     if let Some(banner) = swerve::backend::cuda::emulation_banner() {
         eprintln!("{banner}");
     }
-    let cli = Cli::parse();
+    let Parsed { cli, resolved } = swerve::cli::parse_or_exit::<Cli>(&CONFIG);
+    let config = match resolved {
+        Some(mut resolved) => {
+            fill_computed_defaults(&mut resolved, &cli.command)?;
+            Some(resolved.to_toml())
+        }
+        None => None,
+    };
     swerve::backend::cuda::gemm::set_exact_logprobs(cli.exact_logprobs);
     match cli.command {
         Command::Score {
@@ -622,7 +651,8 @@ fn main() -> Result<()> {
             swerve::train::tokenize::run(&tokenizer, &files.input, &files.output)?;
         }
         Command::Rft { args } => {
-            swerve::train::trainer::run(args.device.device, &args.options(Algorithm::Rft, 5e-6))?;
+            let options = args.options(Algorithm::Rft, RFT_LR, config);
+            swerve::train::trainer::run(args.device.device, &options)?;
         }
         Command::Dapo {
             args,
@@ -631,7 +661,7 @@ fn main() -> Result<()> {
         } => {
             let algorithm = Algorithm::Dapo {
                 eps_low: clip.eps_low,
-                eps_high: clip.eps_high.unwrap_or(0.28),
+                eps_high: clip.eps_high.unwrap_or(DAPO_EPS_HIGH),
                 old_logprobs: if old_logprobs == "rollout" {
                     OldLogprobs::Rollout
                 } else {
@@ -639,21 +669,42 @@ fn main() -> Result<()> {
                 },
                 tis_cap: clip.tis_cap,
             };
-            swerve::train::trainer::run(args.device.device, &args.options(algorithm, 1e-6))?;
+            let options = args.options(algorithm, DAPO_LR, config);
+            swerve::train::trainer::run(args.device.device, &options)?;
         }
         Command::Rollout {
             args,
             only_resolved,
         } => {
-            run_agent(&args.options(only_resolved), "rollout")?;
+            run_agent(&args.options(only_resolved, config), "rollout")?;
         }
-        Command::Rl { args } => swerve::rl::run_on_device(args.device.device, &args.options())?,
+        Command::Rl { args } => {
+            swerve::rl::run_on_device(args.device.device, &args.options(config))?
+        }
         Command::Eval { args } => {
-            run_agent(&args.options(false), "eval")?;
+            run_agent(&args.options(false, config), "eval")?;
         }
     }
     Ok(())
 }
+
+/// The values the commands give flags that have no clap default (they depend on the command or
+/// on `--tasks`), so that OUT/config.toml has every value the run uses.
+fn fill_computed_defaults(resolved: &mut ResolvedConfig, command: &Command) -> Result<()> {
+    match command {
+        Command::Rft { .. } => resolved.fill_unset(serde_json::json!({ "lr": RFT_LR })),
+        Command::Dapo { .. } => resolved.fill_unset(serde_json::json!({
+            "lr": DAPO_LR,
+            "eps-high": decimal(DAPO_EPS_HIGH),
+        })),
+        Command::Rl { args } => resolved.fill_unset(RlDefaults::for_tasks(&args.tasks)),
+        _ => Ok(()),
+    }
+}
+
+#[cfg(test)]
+#[path = "swerve-train-tests/config_examples.rs"]
+mod config_examples;
 
 #[cfg(test)]
 mod tests {

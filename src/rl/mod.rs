@@ -96,8 +96,9 @@ pub struct RlOptions {
 }
 
 /// Settings `rl` uses where a flag is not given: the paper's stage 1 (RL-SPEC.md), or, for
-/// `builtin:toy`, a schedule the toy model learns in minutes on a CPU.
-#[derive(Clone, Debug, PartialEq)]
+/// `builtin:toy`, a schedule the toy model learns in minutes on a CPU. Each field is named as
+/// its flag (`OUT/config.toml` records these values for the flags not given).
+#[derive(Clone, Debug, PartialEq, serde::Serialize)]
 pub struct RlDefaults {
     pub iterations: usize,
     pub tasks_per_iteration: usize,
@@ -445,6 +446,9 @@ fn run_loop<T: Trainer>(
     let record = recorded_options(options, &setup.tasks_content, &setup.episode);
     let writer = processes.is_none_or(|p| p.comm.rank() == 0);
     let (first_iteration, progress, rft_done) = resume(options, &record, &mut learner, writer)?;
+    if let (true, Some(text)) = (writer, &agent.resolved_config) {
+        run_dir::write_config(&agent.out, text)?;
+    }
     let sampler = match &agent.server {
         Some(url) => Sampler::Server {
             policy: ServerPolicy::new(url, agent.api_key.clone(), setup.stop_ids.clone())?,

@@ -13,9 +13,15 @@
 //!                                        difference); without one, start over
 //! ```
 //!
-//! What swerve writes under OUT, and all `--overwrite` ever removes: `metrics.jsonl`,
-//! `iterations.jsonl`, `reward.png`, `base-model/`, `final/`, `handoff/`, `step-N/`,
-//! `iteration-N/`, and the `.NAME.partial` folders of checkpoints being written.
+//! What swerve writes under OUT, and all `--overwrite` ever removes: `config.toml`,
+//! `metrics.jsonl`, `iterations.jsonl`, `reward.png`, `base-model/`, `final/`, `handoff/`,
+//! `step-N/`, `iteration-N/`, and the `.NAME.partial` folders of checkpoints being written.
+//!
+//! `config.toml` is the run's resolved configuration (every flag's final value, `--config`
+//! file, command line and defaults: [`crate::cli::ResolvedConfig`]), written once OUT is ready
+//! and, on `--resume`, after the check below has passed (so a refused resume leaves the run's
+//! own). It is a record, not a second check: what a resume must repeat is checked once, against
+//! the options each checkpoint recorded ([`RecordedOptions`]), which the same flags produce.
 
 use crate::config::ModelConfig;
 use anyhow::{bail, Context, Result};
@@ -47,7 +53,13 @@ fn written_by_swerve(name: &str) -> bool {
     };
     matches!(
         name,
-        "metrics.jsonl" | "iterations.jsonl" | "reward.png" | "base-model" | "final" | "handoff"
+        "config.toml"
+            | "metrics.jsonl"
+            | "iterations.jsonl"
+            | "reward.png"
+            | "base-model"
+            | "final"
+            | "handoff"
     ) || numbered("step-")
         || numbered("iteration-")
         || name
@@ -131,6 +143,12 @@ pub fn prepare(out: &Path, start: RunStart) -> Result<()> {
     std::fs::create_dir_all(out).with_context(|| format!("cannot create {}", out.display()))
 }
 
+/// Writes `text`, the run's resolved configuration, to `OUT/config.toml`.
+pub fn write_config(out: &Path, text: &str) -> Result<()> {
+    let path = out.join("config.toml");
+    std::fs::write(&path, text).with_context(|| format!("cannot write {}", path.display()))
+}
+
 /// The options a resumed run must repeat, by flag name (`lr`, `batch-size`, ...), in the order
 /// they were added. Stored in every checkpoint's `trainer_state.json` under `"options"`.
 #[derive(Clone, Debug, Default, PartialEq)]
@@ -190,11 +208,21 @@ impl RecordedOptions {
             }
         }
         if !differences.is_empty() {
+            let out = checkpoint.parent().unwrap_or(checkpoint);
+            let config = out.join("config.toml");
+            let repeat = if config.is_file() {
+                format!(
+                    " (`--config {} --resume` repeats them all)",
+                    config.display()
+                )
+            } else {
+                String::new()
+            };
             bail!(
                 "--resume: this run's options differ from those of the run in {} (recorded in \
-                 {}):\n{}\nrepeat the run's options to continue it, or start a new run (--overwrite \
-                 or another output folder)",
-                checkpoint.parent().unwrap_or(checkpoint).display(),
+                 {}):\n{}\nrepeat the run's options to continue it{repeat}, or start a new run \
+                 (--overwrite or another output folder)",
+                out.display(),
                 state.display(),
                 differences.join("\n")
             );
@@ -287,6 +315,7 @@ mod tests {
     #[test]
     fn only_swerve_names_count_as_written_by_swerve() {
         for name in [
+            "config.toml",
             "metrics.jsonl",
             "iterations.jsonl",
             "reward.png",
@@ -309,6 +338,8 @@ mod tests {
             ".partial",
             ".x.partial",
             "trajectories.jsonl",
+            "config.tom",
+            "my-config.toml",
         ] {
             assert!(!written_by_swerve(name), "{name}");
         }
@@ -335,6 +366,7 @@ mod tests {
         );
         prepare(&out, RunStart::Resume).unwrap();
         assert!(out.join("metrics.jsonl").is_file());
+        write_config(&out, "lr = 1.0\n").unwrap();
         prepare(&out, RunStart::Overwrite).unwrap();
         assert_eq!(entries(&out).unwrap(), vec!["data.jsonl".to_string()]);
     }

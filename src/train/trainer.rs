@@ -89,6 +89,9 @@ pub struct TrainOptions {
     /// Tensor-parallel ranks per replica and data-parallel replicas in this process (the
     /// process group, from the environment, multiplies the replicas).
     pub parallel: Parallel,
+    /// Every flag's final value as TOML ([`crate::cli::ResolvedConfig`]), written to
+    /// `OUT/config.toml` once OUT is ready and a resume's check has passed; `None`: no file.
+    pub resolved_config: Option<String>,
 }
 
 /// `--tensor-parallel N --data-parallel M`: this process runs `M` replicas of `N` ranks, a thread
@@ -402,6 +405,9 @@ impl Prepared {
             RunStart::Resume => resume_checkpoint(opts, &record, first)?,
             RunStart::Fresh | RunStart::Overwrite => None,
         };
+        if let (true, Some(text)) = (first, &opts.resolved_config) {
+            run_dir::write_config(&opts.out, text)?;
+        }
         Ok(Self {
             model_dir,
             set,
