@@ -11,7 +11,8 @@ use serde_json::Value;
 use std::path::Path;
 use std::process::{Command, Output};
 
-/// The toy's settings, as flags: what examples/toy.toml says, written out independently.
+/// The toy's settings, as flags: what examples/toy.toml says, written out independently (but
+/// `--iterations`, which the test gives both runs, and `--out`).
 const TOY_FLAGS: &[&str] = &[
     "--model",
     "preset:toy",
@@ -19,8 +20,6 @@ const TOY_FLAGS: &[&str] = &[
     "builtin:toy",
     "--seed",
     "0",
-    "--iterations",
-    "60",
     "--tasks-per-iteration",
     "8",
     "--group",
@@ -216,4 +215,36 @@ fn a_resume_with_a_changed_config_is_refused_and_the_recorded_one_continues() {
         after.replace("\niterations = 2\n", "\niterations = 1\n"),
         before
     );
+}
+
+#[test]
+fn swerve_serve_takes_a_config_file_too() {
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("serve.toml");
+    std::fs::write(&file, "port = 0\nmax-num-seq = 4\n").unwrap();
+    let serve = |args: &[&str]| {
+        Command::new(bin_path("swerve-serve"))
+            .args(args)
+            .output()
+            .unwrap()
+    };
+    let out = serve(&["--config", file.to_str().unwrap(), "--model", "x"]);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success());
+    let want = format!(
+        "{}:2: unknown key `max-num-seq` for `swerve-serve`: did you mean `max-num-seqs`?",
+        file.display()
+    );
+    assert!(stderr.contains(&want), "{want} in:\n{stderr}");
+    // The file's model is the one the server tries to load.
+    let missing = dir.path().join("no-such-model");
+    let text = format!(
+        "model = {:?}\nport = 0\ndevice = \"cpu\"\n",
+        missing.to_str().unwrap()
+    );
+    std::fs::write(&file, text).unwrap();
+    let out = serve(&["--config", file.to_str().unwrap()]);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success());
+    assert!(stderr.contains("no-such-model"), "{stderr}");
 }

@@ -1,14 +1,21 @@
-//! swerve-serve: the OpenAI-compatible rollout server. Parses arguments and runs
-//! [`swerve::server::run`]; exits 0 after a graceful stop on SIGTERM.
+//! swerve-serve: the OpenAI-compatible rollout server. Parses arguments (`--config FILE.toml`
+//! too: docs/config.md) and runs [`swerve::server::run`]; exits 0 after a graceful stop on
+//! SIGTERM.
 
 use anyhow::Result;
-use clap::Parser;
 use std::path::PathBuf;
 use std::time::Duration;
 use swerve::backend::DeviceChoice;
+use swerve::cli::ConfigSpec;
 use swerve::server::{run, ServeOptions};
 
-#[derive(Parser)]
+/// `--config FILE.toml` on the command itself (it has no output folder to record it in).
+const CONFIG: ConfigSpec = ConfigSpec {
+    subcommands: &[],
+    not_recorded: &[],
+};
+
+#[derive(clap::Parser)]
 #[command(
     name = "swerve-serve",
     version,
@@ -79,7 +86,7 @@ fn main() -> Result<()> {
     if let Some(banner) = swerve::backend::cuda::emulation_banner() {
         eprintln!("{banner}");
     }
-    let cli = Cli::parse();
+    let cli: Cli = swerve::cli::parse_or_exit(&CONFIG).cli;
     swerve::backend::cuda::gemm::set_exact_logprobs(cli.exact_logprobs);
     anyhow::ensure!(
         cli.shutdown_grace_seconds.is_finite() && cli.shutdown_grace_seconds >= 0.0,
