@@ -188,24 +188,23 @@ fn file_entries(
 ) -> Result<Vec<FileEntry>> {
     let text = std::fs::read_to_string(path)
         .with_context(|| format!("--config {}: cannot read it", path.display()))?;
-    let entries = read_entries(path, &text, target).map_err(|e| anyhow!(e))?;
-    let mut problems = Vec::new();
+    let (entries, mut problems) = read_entries(path, &text, target).map_err(|e| anyhow!(e))?;
     for entry in &entries {
         let mut args: Vec<OsString> = vec![relaxed.get_name().into()];
         args.extend(subcommand.map(OsString::from));
         args.extend(entry.args.iter().cloned());
         if let Err(e) = relaxed.clone().try_get_matches_from(args) {
-            problems.push(format!(
-                "{}:{}: `{}`: {}",
-                path.display(),
-                entry.line,
-                entry.key,
-                first_paragraph(&e)
-            ));
+            let problem = format!("`{}`: {}", entry.key, first_paragraph(&e));
+            problems.push((entry.line, problem));
         }
     }
     if !problems.is_empty() {
-        return Err(anyhow!(problems.join("\n")));
+        problems.sort();
+        let lines: Vec<String> = problems
+            .into_iter()
+            .map(|(line, problem)| format!("{}:{line}: {problem}", path.display()))
+            .collect();
+        return Err(anyhow!(lines.join("\n")));
     }
     Ok(entries)
 }

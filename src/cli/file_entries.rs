@@ -49,13 +49,16 @@ pub(crate) fn line_of(text: &str, offset: usize) -> usize {
         .count()
 }
 
-/// The entries of the TOML document `text` (read from `path`), in file order; every problem in
-/// the file, one line each, when any.
+/// A problem with one key: its line and what is wrong.
+pub(crate) type Problem = (usize, String);
+
+/// The entries of the TOML document `text` (read from `path`), in file order, and the problems
+/// with the other keys; an error when the text is not TOML.
 pub(crate) fn read_entries(
     path: &Path,
     text: &str,
     target: &Target,
-) -> Result<Vec<FileEntry>, String> {
+) -> Result<(Vec<FileEntry>, Vec<Problem>), String> {
     let table = DeTable::parse(text).map_err(|e| {
         let line = e.span().map_or(1, |s| line_of(text, s.start));
         format!(
@@ -66,7 +69,7 @@ pub(crate) fn read_entries(
     })?;
     let keys = flag_keys(target.command);
     let mut entries = Vec::new();
-    let mut problems: Vec<(usize, String)> = Vec::new();
+    let mut problems: Vec<Problem> = Vec::new();
     for (key, value) in table.get_ref() {
         let line = line_of(text, key.span().start);
         let key = key.get_ref().as_ref();
@@ -90,16 +93,8 @@ pub(crate) fn read_entries(
             None => problems.push((line, unknown_key(key, target, &keys))),
         }
     }
-    if !problems.is_empty() {
-        problems.sort();
-        let lines: Vec<String> = problems
-            .into_iter()
-            .map(|(line, problem)| format!("{}:{line}: {problem}", path.display()))
-            .collect();
-        return Err(lines.join("\n"));
-    }
     entries.sort_by_key(|e| e.line);
-    Ok(entries)
+    Ok((entries, problems))
 }
 
 /// Why `key` is not one of `keys`: another command's flag (naming those that take it), a typo

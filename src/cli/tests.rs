@@ -279,10 +279,20 @@ fn a_wrong_type_names_the_line_the_key_and_both_types() {
         );
         assert!(e.contains("c.toml:2: ") && e.contains(want), "{line}: {e}");
     }
-    // Every problem of the file at once, in line order.
-    let e = error(dir.path(), "lr = \"a\"\nbatch-size = \"b\"\n", &["train"]);
-    assert_eq!(e.lines().count(), 2, "{e}");
-    assert!(e.lines().next().unwrap().contains(":1: `lr`"), "{e}");
+    // Every problem of the file at once, in line order: types, unknown keys, refused values.
+    let e = error(
+        dir.path(),
+        "lr = \"a\"\nbatch-size = -1\nbatchsize = 2\n",
+        &["train"],
+    );
+    let lines: Vec<&str> = e.lines().collect();
+    assert_eq!(lines.len(), 3, "{e}");
+    assert!(lines[0].contains(":1: `lr` takes a number"), "{e}");
+    assert!(
+        lines[1].contains(":2: `batch-size`: invalid value '-1'"),
+        "{e}"
+    );
+    assert!(lines[2].contains(":3: unknown key `batchsize`"), "{e}");
 }
 
 #[test]
