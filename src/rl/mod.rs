@@ -420,6 +420,21 @@ fn resume<T: Trainer>(
     Ok((done as usize + 1, progress, true))
 }
 
+/// [`resume`], then the run's resolved configuration to OUT/config.toml: only once a resume's
+/// check has passed, so a refused resume leaves the run's own.
+fn resume_and_record<T: Trainer>(
+    options: &RlOptions,
+    record: &RecordedOptions,
+    learner: &mut T,
+    writer: bool,
+) -> Result<(usize, Progress, bool)> {
+    let start = resume(options, record, learner, writer)?;
+    if let (true, Some(text)) = (writer, &options.agent.resolved_config) {
+        run_dir::write_config(&options.agent.out, text)?;
+    }
+    Ok(start)
+}
+
 /// Runs `rl` on the trainer's backend.
 pub fn run<B: BackendGrad>(backend: &B, options: &RlOptions) -> Result<()> {
     let setup = setup(options, true)?;
@@ -445,10 +460,8 @@ fn run_loop<T: Trainer>(
     let agent = &options.agent;
     let record = recorded_options(options, &setup.tasks_content, &setup.episode);
     let writer = processes.is_none_or(|p| p.comm.rank() == 0);
-    let (first_iteration, progress, rft_done) = resume(options, &record, &mut learner, writer)?;
-    if let (true, Some(text)) = (writer, &agent.resolved_config) {
-        run_dir::write_config(&agent.out, text)?;
-    }
+    let (first_iteration, progress, rft_done) =
+        resume_and_record(options, &record, &mut learner, writer)?;
     let sampler = match &agent.server {
         Some(url) => Sampler::Server {
             policy: ServerPolicy::new(url, agent.api_key.clone(), setup.stop_ids.clone())?,
