@@ -663,7 +663,10 @@ fn a_used_output_folder_needs_resume_or_overwrite() {
         .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
         .collect();
     names.sort();
-    assert_eq!(names, ["config.toml", "final", "metrics.jsonl", "notes.txt"]);
+    assert_eq!(
+        names,
+        ["config.toml", "final", "metrics.jsonl", "notes.txt"]
+    );
     // OUT/config.toml is the new run's (docs/config.md).
     let config = std::fs::read_to_string(out.join("config.toml")).unwrap();
     for line in ["batch-size = 4", "steps = 1", "epochs = 1", "lr = 5e-6"] {
