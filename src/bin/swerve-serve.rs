@@ -69,8 +69,8 @@ struct Cli {
     #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u64).range(1..))]
     tensor_parallel: u64,
     /// GEMMs pinned per shape class for every batch size, so that the logprobs served equal
-    /// swerve's trainer's bit for bit on GPUs (decode is slower: README, exact on-policy
-    /// logprobs). Off: cuBLASLt's per-shape choice.
+    /// swerve's trainer's bit for bit on GPUs (decode is slower: docs/training.md,
+    /// "Exact on-policy logprobs"). Off: cuBLASLt's per-shape choice.
     #[arg(long)]
     exact_logprobs: bool,
 }

@@ -73,7 +73,7 @@ struct Cli {
     #[command(subcommand)]
     command: Command,
     /// GEMMs with one configuration per shape class for every batch size, so that a rollout's
-    /// logprobs equal the trainer's bit for bit on GPUs (README: exact on-policy logprobs);
+    /// logprobs equal the trainer's bit for bit on GPUs (docs/training.md, "Exact on-policy logprobs");
     /// `false`: cuBLASLt's per-shape choice (faster decode, logprobs within rounding).
     #[arg(long, global = true, default_value_t = true, action = clap::ArgAction::Set)]
     exact_logprobs: bool,
@@ -170,7 +170,7 @@ struct ParallelArgs {
     tensor_parallel: u64,
     /// Data-parallel replicas in this process (each of --tensor-parallel ranks): micro-batches
     /// dealt over them, gradients summed, optimizer state sharded (ZeRO-1). A multi-process
-    /// launch (torchrun, Slurm: README "Multi-node training") multiplies them.
+    /// launch (torchrun, Slurm: docs/parallelism.md, "Multi-node training") multiplies them.
     #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u64).range(1..))]
     data_parallel: u64,
 }
@@ -217,7 +217,7 @@ struct RunDirArgs {
     out: PathBuf,
     /// Continue the run in OUT from its latest checkpoint. Refused, naming each difference, when
     /// an option the checkpoint recorded (data, objective, schedule, batch size, seed, model, ...;
-    /// README "Resuming") differs.
+    /// docs/training.md, "Output folders and resuming") differs.
     #[arg(long, conflicts_with = "overwrite")]
     resume: bool,
     /// Delete what swerve wrote in OUT (metrics, checkpoints, base-model; nothing else) and start
@@ -314,7 +314,7 @@ struct AgentArgs {
     /// they use the model's tokenizer, or the embedded Qwen2.5 one.
     #[arg(long)]
     model: Option<PathBuf>,
-    /// Task file (JSON lines; README "Tasks") or `builtin:NAME` (built in: python-bugs).
+    /// Task file (JSON lines; docs/rollouts.md, "Tasks") or `builtin:NAME` (built in: python-bugs).
     #[arg(long)]
     tasks: String,
     /// Output folder.
