@@ -3,7 +3,7 @@
 //! the commands of [`swerve::bench::commands`].
 
 use anyhow::Result;
-use clap::{Parser, Subcommand};
+use clap::{CommandFactory, Parser, Subcommand};
 use std::path::PathBuf;
 use swerve::backend::DeviceChoice;
 use swerve::bench::commands;
@@ -268,6 +268,12 @@ fn main() -> Result<()> {
         eprintln!("{banner}");
     }
     let cli = Cli::parse();
+    if swerve::parse_only::requested()? {
+        let matches = Cli::command().get_matches();
+        let command = matches.subcommand_name().unwrap_or("prefill");
+        println!("swerve-bench {command}: the arguments parse");
+        return Ok(());
+    }
     swerve::backend::cuda::gemm::set_exact_logprobs(cli.exact_logprobs);
     match cli.command.unwrap_or(Command::Prefill(cli.prefill)) {
         Command::Prefill(a) => commands::prefill(&commands::PrefillOptions {

@@ -6,7 +6,7 @@
 //! arguments: each command is a function of the library.
 
 use anyhow::Result;
-use clap::{Parser, Subcommand};
+use clap::{CommandFactory, Parser, Subcommand};
 use std::path::PathBuf;
 use swerve::agent::command::{run_agent, AgentRunOptions};
 use swerve::agent::episode::EpisodeConfig;
@@ -643,6 +643,12 @@ fn main() -> Result<()> {
         eprintln!("{banner}");
     }
     let cli = Cli::parse();
+    if swerve::parse_only::requested()? {
+        let matches = Cli::command().get_matches();
+        let command = matches.subcommand_name().unwrap_or_default();
+        println!("swerve-train {command}: the arguments parse");
+        return Ok(());
+    }
     swerve::backend::cuda::gemm::set_exact_logprobs(cli.exact_logprobs);
     match cli.command {
         Command::Score {
