@@ -17,7 +17,7 @@
 //! on a GPU, how busy the GPU is kept), the mean batch of a step, the mean episode wall time,
 //! and the start-up exposed (episodes waited) and hidden (a filler started it ahead).
 
-use crate::agent::episode::{EpisodeConfig, EpisodeContext};
+use crate::agent::episode::{EpisodeConfig, EpisodeContext, Finish};
 use crate::agent::policy::{
     tool_call_text, EnginePolicy, Policy, Script, ScriptedPolicy, TurnInput, TurnOutput,
 };
@@ -110,11 +110,14 @@ impl Sandbox for SlowSandbox {
 }
 
 /// The model generates a turn's tokens (the GPU work), then a script writes the reply: a
-/// command on every turn but the last, then a submit.
+/// command on every turn but the last, then a submit. The engine sees the transcript's ids
+/// modulo its vocabulary (a preset's random model may have a smaller one than the Qwen2.5
+/// tokenizer writing the transcript): the same lengths and prefixes, so the same work.
 struct GenerateThenCommand {
     model: EnginePolicy,
     script: ScriptedPolicy,
     gen_tokens: usize,
+    vocab: u32,
 }
 
 impl Policy for GenerateThenCommand {
@@ -123,7 +126,9 @@ impl Policy for GenerateThenCommand {
     }
 
     fn generate(&self, input: &TurnInput<'_>) -> Result<TurnOutput> {
+        let prompt: Vec<u32> = input.tokens.iter().map(|&t| t % self.vocab).collect();
         let generated = self.model.generate(&TurnInput {
+            tokens: &prompt,
             max_tokens: self.gen_tokens,
             ..*input
         })?;
@@ -148,6 +153,7 @@ pub fn run(options: &SlowEnvOptions, model_dir: &Path) -> Result<Vec<Value>> {
         bail!("--slow-env: the batch, --tasks, --group and the tokens per turn must be at least 1");
     }
     let tokenizer = Arc::new(Tokenizer::for_model_dir(model_dir)?);
+    let vocab = crate::config::ModelConfig::from_dir(model_dir)?.vocab_size as u32;
     let template = ChatTemplate::for_tokenizer(&tokenizer)?;
     let mut tasks = load_tasks(&builtin::resolve_tasks("builtin:toy")?)?;
     tasks.truncate(options.tasks);
@@ -187,6 +193,7 @@ pub fn run(options: &SlowEnvOptions, model_dir: &Path) -> Result<Vec<Value>> {
                 script: Script::Replies(vec![command.clone(); options.turns]),
             },
             gen_tokens: options.gen_tokens,
+            vocab,
         };
         let config = EpisodeConfig {
             max_turns: options.turns + 1,
@@ -209,6 +216,12 @@ pub fn run(options: &SlowEnvOptions, model_dir: &Path) -> Result<Vec<Value>> {
         let started = Instant::now();
         let episodes = run_episodes(&ctx, &tasks, options.group, workers, 0, name);
         let wall = started.elapsed().as_secs_f64();
+        if let Some(message) = episodes.iter().find_map(|e| match &e.finish {
+            Finish::Error(message) => Some(message),
+            _ => None,
+        }) {
+            bail!("{name}: an episode failed, so the figures would mean nothing: {message}");
+        }
         let after = engine.stats()?;
         let steps = (after.steps - before.steps).max(1);
         let times = episode_times(&episodes);
@@ -233,7 +246,6 @@ pub fn run(options: &SlowEnvOptions, model_dir: &Path) -> Result<Vec<Value>> {
             "episode_wall_mean_s": episode_wall,
             "startup_exposed_s": times["startup_exposed"],
             "startup_hidden_s": times["startup_hidden"],
-            "failed": crate::agent::rollout::infrastructure_failures(&episodes),
         }));
         drop(ctx);
         drop(policy);
@@ -263,9 +275,9 @@ pub fn print(records: &[Value]) {
         println!(
             "{:<14} {:>9} {:>5} {:>6} {:>8.2} {:>10.1}% {:>10.2} {:>12.2} {:>10.2} {:>10.2}",
             r["configuration"].as_str().unwrap_or(""),
-            r["sandboxes"],
-            r["warm_pool"],
-            r["engine_batch"],
+            r["sandboxes"].as_u64().unwrap_or(0),
+            r["warm_pool"].as_u64().unwrap_or(0),
+            r["engine_batch"].as_u64().unwrap_or(0),
             r["wall_s"].as_f64().unwrap_or(0.0),
             100.0 * r["engine_busy_fraction"].as_f64().unwrap_or(0.0),
             r["mean_step_batch"].as_f64().unwrap_or(0.0),
