@@ -153,35 +153,67 @@ pub fn run(options: &SlowEnvOptions, model_dir: &Path) -> Result<Vec<Value>> {
         bail!("--slow-env: the batch, --tasks, --group and the tokens per turn must be at least 1");
     }
     let tokenizer = Arc::new(Tokenizer::for_model_dir(model_dir)?);
-    let vocab = crate::config::ModelConfig::from_dir(model_dir)?.vocab_size as u32;
-    let template = ChatTemplate::for_tokenizer(&tokenizer)?;
     let mut tasks = load_tasks(&builtin::resolve_tasks("builtin:toy")?)?;
     tasks.truncate(options.tasks);
     if tasks.len() < options.tasks {
         bail!("--tasks {}: the toy set has {}", options.tasks, tasks.len());
     }
-    let env = SlowEnvironment {
-        start: Duration::from_secs_f64(options.start_s),
-        command: Duration::from_secs_f64(options.command_s),
-        limits: Limits::default(),
+    let bench = Bench {
+        options,
+        model_dir,
+        vocab: crate::config::ModelConfig::from_dir(model_dir)?.vocab_size as u32,
+        template: ChatTemplate::for_tokenizer(&tokenizer)?,
+        tokenizer,
+        tasks,
+        env: SlowEnvironment {
+            start: Duration::from_secs_f64(options.start_s),
+            command: Duration::from_secs_f64(options.command_s),
+            limits: Limits::default(),
+        },
     };
-    let command = tool_call_text("bash", &json!({"command": "sleep"}));
     let b = options.batch;
-    let configurations = [
+    [
         ("coupled", b, 0),
         ("separate", 4 * b, 0),
         ("separate+warm", 4 * b, b),
-    ];
-    let mut records = Vec::new();
-    for (name, sandboxes, warm_pool) in configurations {
+    ]
+    .into_iter()
+    .map(|(name, sandboxes, warm_pool)| {
+        bench.configuration(
+            name,
+            Workers {
+                sandboxes,
+                warm_pool,
+            },
+        )
+    })
+    .collect()
+}
+
+/// What every configuration shares.
+struct Bench<'a> {
+    options: &'a SlowEnvOptions,
+    model_dir: &'a Path,
+    vocab: u32,
+    tokenizer: Arc<Tokenizer>,
+    template: ChatTemplate,
+    tasks: Vec<Task>,
+    env: SlowEnvironment,
+}
+
+impl Bench<'_> {
+    /// One configuration on a fresh engine: its record.
+    fn configuration(&self, name: &str, workers: Workers) -> Result<Value> {
+        let options = self.options;
         let engine = Arc::new(launch_rollout_engine(
-            model_dir,
+            self.model_dir,
             options.device,
             4096,
-            b,
+            options.batch,
             0,
             1,
         )?);
+        let command = tool_call_text("bash", &json!({"command": "sleep"}));
         let policy = GenerateThenCommand {
             model: EnginePolicy {
                 engine: engine.clone(),
@@ -189,11 +221,11 @@ pub fn run(options: &SlowEnvOptions, model_dir: &Path) -> Result<Vec<Value>> {
                 temperature: 1.0,
             },
             script: ScriptedPolicy {
-                tokenizer: tokenizer.clone(),
-                script: Script::Replies(vec![command.clone(); options.turns]),
+                tokenizer: self.tokenizer.clone(),
+                script: Script::Replies(vec![command; options.turns]),
             },
             gen_tokens: options.gen_tokens,
-            vocab,
+            vocab: self.vocab,
         };
         let config = EpisodeConfig {
             max_turns: options.turns + 1,
@@ -202,27 +234,27 @@ pub fn run(options: &SlowEnvOptions, model_dir: &Path) -> Result<Vec<Value>> {
             ..EpisodeConfig::default()
         };
         let ctx = EpisodeContext {
-            env: &env,
+            env: &self.env,
             policy: &policy,
-            tokenizer: &tokenizer,
-            template: &template,
+            tokenizer: &self.tokenizer,
+            template: &self.template,
             config: &config,
-        };
-        let workers = Workers {
-            sandboxes,
-            warm_pool,
         };
         let before = engine.stats()?;
         let started = Instant::now();
-        let episodes = run_episodes(&ctx, &tasks, options.group, workers, 0, name);
+        let episodes = run_episodes(&ctx, &self.tasks, options.group, workers, 0, name);
         let wall = started.elapsed().as_secs_f64();
+        let after = engine.stats()?;
+        drop(policy);
+        if let Ok(handle) = Arc::try_unwrap(engine) {
+            handle.shutdown();
+        }
         if let Some(message) = episodes.iter().find_map(|e| match &e.finish {
             Finish::Error(message) => Some(message),
             _ => None,
         }) {
             bail!("{name}: an episode failed, so the figures would mean nothing: {message}");
         }
-        let after = engine.stats()?;
         let steps = (after.steps - before.steps).max(1);
         let times = episode_times(&episodes);
         let episode_wall: f64 = episodes
@@ -230,13 +262,13 @@ pub fn run(options: &SlowEnvOptions, model_dir: &Path) -> Result<Vec<Value>> {
             .map(|e| e.generation_s + e.environment_s + e.grading_s)
             .sum::<f64>()
             / episodes.len().max(1) as f64;
-        records.push(json!({
+        Ok(json!({
             "bench": "agent-slow-env",
             "preset": options.preset,
             "configuration": name,
-            "sandboxes": sandboxes,
-            "warm_pool": warm_pool,
-            "engine_batch": b,
+            "sandboxes": workers.sandboxes,
+            "warm_pool": workers.warm_pool,
+            "engine_batch": options.batch,
             "episodes": episodes.len(),
             "start_s": options.start_s,
             "command_s": options.command_s,
@@ -246,14 +278,8 @@ pub fn run(options: &SlowEnvOptions, model_dir: &Path) -> Result<Vec<Value>> {
             "episode_wall_mean_s": episode_wall,
             "startup_exposed_s": times["startup_exposed"],
             "startup_hidden_s": times["startup_hidden"],
-        }));
-        drop(ctx);
-        drop(policy);
-        if let Ok(handle) = Arc::try_unwrap(engine) {
-            handle.shutdown();
-        }
+        }))
     }
-    Ok(records)
 }
 
 /// The records as a table.
