@@ -10,6 +10,7 @@ use clap::{CommandFactory, Parser, Subcommand};
 use std::path::PathBuf;
 use swerve::agent::command::{run_agent, AgentRunOptions};
 use swerve::agent::episode::EpisodeConfig;
+use swerve::agent::rollout::Workers;
 use swerve::backend::DeviceChoice;
 use swerve::env::{EnvKind, Limits};
 use swerve::rl::{RlDefaults, RlOptions};
@@ -294,6 +295,16 @@ struct SandboxArgs {
     /// start, daemon, grader, policy server) before it is dropped as an error.
     #[arg(long, default_value_t = 2)]
     infra_retries: usize,
+    /// Episodes (so sandboxes) alive at once, each on its own thread (default: --concurrency).
+    /// Apart from the engine's batch limit (--concurrency): an episode waiting on a slow command
+    /// holds a sandbox, not a batch slot, so more sandboxes than batch slots keep the engine
+    /// busy while commands run.
+    #[arg(long)]
+    sandboxes: Option<usize>,
+    /// Sandboxes of the next episodes started (their setup run) while the current ones run, so
+    /// start-up leaves the episodes' critical path (default: a quarter of --sandboxes; 0: off).
+    #[arg(long)]
+    warm_pool: Option<usize>,
 }
 
 impl SandboxArgs {
@@ -303,6 +314,15 @@ impl SandboxArgs {
             memory_bytes: self.sandbox_memory_mb << 20,
             processes: self.sandbox_processes,
             ..Limits::default()
+        }
+    }
+
+    /// `--sandboxes` (default: the engine's batch limit) and `--warm-pool`.
+    fn workers(&self, concurrency: usize) -> Workers {
+        let sandboxes = self.sandboxes.unwrap_or(concurrency);
+        Workers {
+            sandboxes,
+            warm_pool: self.warm_pool.unwrap_or(sandboxes.div_ceil(4)),
         }
     }
 }
@@ -340,7 +360,8 @@ struct AgentArgs {
     observation_bytes: usize,
     #[command(flatten)]
     sandbox: SandboxArgs,
-    /// Episodes running at once.
+    /// Sequences the in-process engine generates at once (its batch limit); also the number of
+    /// sandboxes unless --sandboxes says otherwise.
     #[arg(long, default_value_t = 16)]
     concurrency: usize,
     /// Seeds every episode's sampling (with the task id and sample index).
@@ -384,6 +405,7 @@ impl AgentArgs {
             docker_image: self.sandbox.image.clone(),
             docker_cli: self.sandbox.docker_cli.clone(),
             concurrency: self.concurrency,
+            workers: self.sandbox.workers(self.concurrency),
             seed: self.seed,
             policy: self.policy.clone(),
             server: self.server.clone(),
@@ -445,7 +467,8 @@ struct RlArgs {
     observation_bytes: usize,
     #[command(flatten)]
     sandbox: SandboxArgs,
-    /// Episodes running at once (default 64).
+    /// Sequences the in-process engine generates at once (its batch limit; default 64); also
+    /// the number of sandboxes unless --sandboxes says otherwise.
     #[arg(long)]
     concurrency: Option<usize>,
     /// Seeds everything random: the task order, each episode's sampling, the batches.
@@ -525,6 +548,9 @@ impl RlArgs {
                 docker_image: self.sandbox.image.clone(),
                 docker_cli: self.sandbox.docker_cli.clone(),
                 concurrency: self.concurrency.unwrap_or(d.concurrency),
+                workers: self
+                    .sandbox
+                    .workers(self.concurrency.unwrap_or(d.concurrency)),
                 seed: self.seed,
                 policy: "model".into(),
                 server: self.server.clone(),
