@@ -44,7 +44,8 @@
 //!   and `--config FILE.toml` for any clap command ([`cli::config_file`]), with the resolved
 //!   configuration it writes to `OUT/config.toml`.
 //! - [`bench`]: what `swerve-bench` measures; [`progress`]: progress bars; [`sysmem`]: the
-//!   host's available memory.
+//!   host's available memory; [`parse_only`]: `SWERVE_PARSE_ONLY=1`, the binaries' arguments
+//!   parsed and nothing run.
 //!
 //! The binaries in `src/bin/` only parse arguments and call into these modules.
 //!
@@ -75,6 +76,7 @@ pub mod http_client;
 pub mod jsonl;
 pub mod kvcache;
 pub mod model;
+pub mod parse_only;
 pub mod progress;
 pub mod rl;
 pub mod rng;

@@ -247,4 +247,13 @@ fn swerve_serve_takes_a_config_file_too() {
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(!out.status.success());
     assert!(stderr.contains("no-such-model"), "{stderr}");
+    // The example parses (keys, types, values), the command line over it.
+    let out = Command::new(bin_path("swerve-serve"))
+        .args(["--config", "examples/serve.toml", "--port", "8001"])
+        .env("SWERVE_PARSE_ONLY", "1")
+        .current_dir(root())
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{stderr}");
 }

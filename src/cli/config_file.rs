@@ -36,6 +36,8 @@ pub struct ConfigSpec {
 pub struct Parsed<P> {
     pub cli: P,
     pub resolved: Option<ResolvedConfig>,
+    /// The subcommand given, if any (`rl`).
+    pub subcommand: Option<String>,
 }
 
 /// Parses the process's arguments as [`try_parse`]; exits as clap does on `--help` and on
@@ -114,6 +116,7 @@ pub fn try_parse<P: Parser>(spec: &ConfigSpec, args: Vec<OsString>) -> Result<Pa
                 return Ok(Parsed {
                     cli: P::from_arg_matches(&matches)?,
                     resolved: None,
+                    subcommand: matches.subcommand_name().map(str::to_string),
                 });
             }
         }
@@ -151,6 +154,7 @@ pub fn try_parse<P: Parser>(spec: &ConfigSpec, args: Vec<OsString>) -> Result<Pa
     Ok(Parsed {
         cli,
         resolved: Some(resolved),
+        subcommand: target_name,
     })
 }
 

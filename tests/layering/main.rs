@@ -60,6 +60,7 @@ const LAYERS: &[&[&str]] = &[
         "rng",
         "sysmem",
         "cli",
+        "parse_only",
     ],
     &["tokenizer", "chat", "toolcall"],
     &["backend"],
