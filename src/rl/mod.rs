@@ -12,7 +12,8 @@
 //!     (the engine's KV cache is released while the trainer runs, allocated again after)
 //!     handoff: the trainer's compute weights go to the engine in memory (prefix cache reset,
 //!              weight version + 1), or through /v1/weights/reload with --server
-//!     iterations.jsonl, metrics.jsonl, reward.png; a checkpoint every --save-every
+//!     iterations.jsonl, metrics.jsonl (and their scalars in OUT/tb/), reward.png; a checkpoint
+//!     every --save-every
 //! ```
 //!
 //! Everything random is seeded by (--seed, iteration), so `--resume` continues exactly: the same
@@ -42,6 +43,7 @@ use crate::train::group::{LearnerGroup, LearnerSpec, Trainer};
 use crate::train::learner::Learner;
 use crate::train::optimizer::AdamWConfig;
 use crate::train::run_dir::{self, decimal, RecordedOptions, RunStart};
+use crate::train::tensorboard::{self, EventWriter, Series};
 use anyhow::{anyhow, bail, Context, Result};
 use iteration::{handoff, Loop, Progress, Sampler};
 use serde_json::{json, Value};
@@ -370,8 +372,8 @@ fn setup(options: &RlOptions, prepare_out: bool) -> Result<Setup> {
 }
 
 /// Where a run starts: after the latest iteration checkpoint (restored into `learner`) with
-/// `--resume`, else at the beginning. Logs beyond the checkpoint are trimmed; a `--resume`
-/// without a checkpoint starts over.
+/// `--resume`, else at the beginning. Logs beyond the checkpoint (JSON lines and event files) are
+/// trimmed; a `--resume` without a checkpoint starts over.
 fn resume<T: Trainer>(
     options: &RlOptions,
     record: &RecordedOptions,
@@ -380,6 +382,7 @@ fn resume<T: Trainer>(
 ) -> Result<(usize, Progress, bool)> {
     let out = &options.agent.out;
     let (iterations_path, metrics_path) = (out.join("iterations.jsonl"), out.join("metrics.jsonl"));
+    let events = out.join(tensorboard::DIR);
     if options.start != RunStart::Resume {
         return Ok((1, Progress::default(), options.rft_first.is_none()));
     }
@@ -390,6 +393,12 @@ fn resume<T: Trainer>(
                 std::fs::remove_file(path)
                     .with_context(|| format!("removing {}", path.display()))?;
             }
+        }
+        if writer {
+            tensorboard::trim(
+                &events,
+                &[(Series::Iterations, None), (Series::Metrics, None)],
+            )?;
         }
         eprintln!(
             "rl: --resume: no checkpoint in {} yet; starting from the beginning",
@@ -414,6 +423,11 @@ fn resume<T: Trainer>(
     if writer {
         keep_lines(&iterations_path, "iteration", done)?;
         keep_lines(&metrics_path, "step", progress.step)?;
+        let last_kept = [
+            (Series::Iterations, Some(done)),
+            (Series::Metrics, Some(progress.step)),
+        ];
+        tensorboard::trim(&events, &last_kept)?;
     }
     eprintln!("rl: resuming after iteration {done} from {}", dir.display());
     Ok((done as usize + 1, progress, true))
@@ -445,6 +459,10 @@ fn run_loop<T: Trainer>(
     let record = recorded_options(options, &setup.tasks_content, &setup.episode);
     let writer = processes.is_none_or(|p| p.comm.rank() == 0);
     let (first_iteration, progress, rft_done) = resume(options, &record, &mut learner, writer)?;
+    // After the trim: a resumed run writes on in a new event file.
+    let tensorboard = writer
+        .then(|| EventWriter::create(&agent.out.join(tensorboard::DIR)))
+        .transpose()?;
     let sampler = match &agent.server {
         Some(url) => Sampler::Server {
             policy: ServerPolicy::new(url, agent.api_key.clone(), setup.stop_ids.clone())?,
@@ -525,6 +543,7 @@ fn run_loop<T: Trainer>(
         progress,
         history: read_history(&agent.out.join("iterations.jsonl"))?,
         processes,
+        tensorboard,
     };
     if let (false, Some(k)) = (rft_done, options.rft_first) {
         run.rft_phase(k)?;

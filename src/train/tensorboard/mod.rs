@@ -231,11 +231,11 @@ impl EventWriter {
 }
 
 /// For `--resume`: drops, from the event files in `dir`, the scalars of each listed series past
-/// its last kept step (as the JSON lines past the checkpoint are dropped), and an incomplete
-/// last record (a run stopped while writing it). A file left without scalars is removed; a
-/// changed one is written anew and renamed over the old. A damaged record is an error naming
-/// the file.
-pub fn trim(dir: &Path, last_kept: &[(Series, u64)]) -> Result<()> {
+/// its last kept step (`None`: all of them), as the JSON lines past the checkpoint are dropped,
+/// and an incomplete last record (a run stopped while writing it). A file left without scalars
+/// is removed; a changed one is written anew and renamed over the old. A damaged record is an
+/// error naming the file.
+pub fn trim(dir: &Path, last_kept: &[(Series, Option<u64>)]) -> Result<()> {
     let limit = |series: Series| last_kept.iter().find(|(s, _)| *s == series).map(|l| l.1);
     for path in event_files(dir)? {
         let bytes =
@@ -250,7 +250,7 @@ pub fn trim(dir: &Path, last_kept: &[(Series, u64)]) -> Result<()> {
                 What::Scalars(values) => values.iter().any(|(tag, _)| {
                     Series::of_tag(tag)
                         .and_then(limit)
-                        .is_some_and(|last| event.step > last as i64)
+                        .is_some_and(|last| last.is_none_or(|last| event.step > last as i64))
                 }),
                 _ => false,
             };

@@ -112,7 +112,11 @@ fn a_resume_trims_each_series_past_its_checkpoint_and_writes_on_in_a_new_file() 
     file.write_all(&tf_record::frame(b"cut short")[..10])
         .unwrap();
     // Resumed after iteration 2 (step 9): what follows is dropped.
-    trim(&tb, &[(Series::Iterations, 2), (Series::Metrics, 9)]).unwrap();
+    trim(
+        &tb,
+        &[(Series::Iterations, Some(2)), (Series::Metrics, Some(9))],
+    )
+    .unwrap();
     let kept = scalar_events(&tb);
     let metric_steps: Vec<i64> = kept
         .iter()
@@ -132,17 +136,20 @@ fn a_resume_trims_each_series_past_its_checkpoint_and_writes_on_in_a_new_file() 
         .unwrap();
     assert_eq!(scalar_events(&tb).len(), 13);
     // Nothing left in a file: it goes.
-    trim(&tb, &[(Series::Iterations, 0), (Series::Metrics, 0)]).unwrap();
+    let all_but_iteration_0 = [(Series::Iterations, Some(0)), (Series::Metrics, None)];
+    trim(&tb, &all_but_iteration_0).unwrap();
     let left: Vec<_> = scalar_events(&tb);
     assert_eq!(
         left,
         vec![(0, vec![("iterations/mean_reward".into(), 0.0)])]
     );
     assert_eq!(event_files(&tb).unwrap(), vec![first.path().to_path_buf()]);
-    trim(&tb, &[(Series::Iterations, 0), (Series::Metrics, 0)]).unwrap();
+    trim(&tb, &all_but_iteration_0).unwrap();
     assert_eq!(event_files(&tb).unwrap().len(), 1);
+    trim(&tb, &[(Series::Iterations, None)]).unwrap();
+    assert!(event_files(&tb).unwrap().is_empty());
     // No folder: nothing to trim.
-    trim(&dir.path().join("none"), &[(Series::Metrics, 0)]).unwrap();
+    trim(&dir.path().join("none"), &[(Series::Metrics, None)]).unwrap();
 }
 
 #[test]
@@ -158,7 +165,7 @@ fn a_damaged_event_file_is_an_error_naming_it() {
     std::fs::write(writer.path(), bytes).unwrap();
     let error = format!(
         "{:#}",
-        trim(dir.path(), &[(Series::Metrics, 0)]).unwrap_err()
+        trim(dir.path(), &[(Series::Metrics, None)]).unwrap_err()
     );
     assert!(
         error.contains(&writer.path().display().to_string()) && error.contains("checksum"),
