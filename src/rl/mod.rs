@@ -459,10 +459,6 @@ fn run_loop<T: Trainer>(
     let record = recorded_options(options, &setup.tasks_content, &setup.episode);
     let writer = processes.is_none_or(|p| p.comm.rank() == 0);
     let (first_iteration, progress, rft_done) = resume(options, &record, &mut learner, writer)?;
-    // After the trim: a resumed run writes on in a new event file.
-    let tensorboard = writer
-        .then(|| EventWriter::create(&agent.out.join(tensorboard::DIR)))
-        .transpose()?;
     let sampler = match &agent.server {
         Some(url) => Sampler::Server {
             policy: ServerPolicy::new(url, agent.api_key.clone(), setup.stop_ids.clone())?,
@@ -543,7 +539,7 @@ fn run_loop<T: Trainer>(
         progress,
         history: read_history(&agent.out.join("iterations.jsonl"))?,
         processes,
-        tensorboard,
+        tensorboard: EventWriter::for_run(&agent.out, writer)?,
     };
     if let (false, Some(k)) = (rft_done, options.rft_first) {
         run.rft_phase(k)?;

@@ -464,10 +464,7 @@ impl RankTask for TrainRank<'_> {
                 eprintln!("resuming after step {step} from {}", dir.display());
             }
         }
-        // After the trim: a resumed run writes on in a new event file.
-        let tensorboard = writer
-            .then(|| EventWriter::create(&opts.out.join(tensorboard::DIR)))
-            .transpose()?;
+        let tensorboard = EventWriter::for_run(&opts.out, writer)?;
         let set = &prepared.set;
         let steps_per_epoch = set.kept.len().div_ceil(opts.batch_size) as u64;
         let total_steps = opts

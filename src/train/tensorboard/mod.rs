@@ -73,7 +73,8 @@ impl Series {
 /// range becomes an infinity, as it is); strings, arrays and nulls are not scalars.
 pub fn scalars(series: Series, line: &Value) -> Result<(i64, Vec<(String, f32)>)> {
     let key = series.step_key();
-    let Some(step) = line.get(key).and_then(Value::as_u64) else {
+    let (Some(fields), Some(step)) = (line.as_object(), line.get(key).and_then(Value::as_u64))
+    else {
         bail!(
             "a line for {}.jsonl has no `{key}`: {line}",
             series.prefix()
@@ -81,9 +82,6 @@ pub fn scalars(series: Series, line: &Value) -> Result<(i64, Vec<(String, f32)>)
     };
     let step = i64::try_from(step).with_context(|| format!("`{key}` {step} is too large"))?;
     let mut out = Vec::new();
-    let Value::Object(fields) = line else {
-        unreachable!("a line with a key is an object");
-    };
     for (name, value) in fields.iter().filter(|(name, _)| *name != key) {
         flatten(&format!("{}/{name}", series.prefix()), value, &mut out);
     }
@@ -203,6 +201,12 @@ impl EventWriter {
             what: What::FileVersion(FILE_VERSION.into()),
         })?;
         Ok(writer)
+    }
+
+    /// The event file of the run in `out` (a new one in `out/tb/`) when this process writes the
+    /// run's logs (`writes`), else none. After [`trim`], for a resumed run.
+    pub fn for_run(out: &Path, writes: bool) -> Result<Option<Self>> {
+        writes.then(|| Self::create(&out.join(DIR))).transpose()
     }
 
     pub fn path(&self) -> &Path {
