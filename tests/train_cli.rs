@@ -663,7 +663,9 @@ fn a_used_output_folder_needs_resume_or_overwrite() {
         .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
         .collect();
     names.sort();
-    assert_eq!(names, ["final", "metrics.jsonl", "notes.txt"]);
+    assert_eq!(names, ["final", "metrics.jsonl", "notes.txt", "tb"]);
+    // The first run's event file went with the rest.
+    assert_eq!(std::fs::read_dir(out.join("tb")).unwrap().count(), 1);
     assert_eq!(
         std::fs::read_to_string(out.join("notes.txt")).unwrap(),
         "mine"
