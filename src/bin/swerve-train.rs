@@ -7,6 +7,8 @@
 
 use anyhow::Result;
 use clap::{Parser, Subcommand};
+#[path = "swerve_train_cli/envs.rs"]
+mod envs;
 use std::path::PathBuf;
 use swerve::agent::command::{run_agent, AgentRunOptions};
 use swerve::agent::episode::EpisodeConfig;
@@ -149,6 +151,11 @@ enum Command {
     Eval {
         #[command(flatten)]
         args: AgentArgs,
+    },
+    /// Environment housekeeping: `envs prepare` (the images a task file needs).
+    Envs {
+        #[command(subcommand)]
+        command: envs::EnvsCommand,
     },
 }
 
@@ -694,6 +701,7 @@ fn main() -> Result<()> {
         Command::Eval { args } => {
             run_agent(&args.options(false), "eval")?;
         }
+        Command::Envs { command } => envs::run(&command)?,
     }
     Ok(())
 }
