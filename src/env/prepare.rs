@@ -43,34 +43,51 @@ pub fn images_needed(tasks: &[Task], default_image: &str) -> Vec<ImageNeed> {
     needs
 }
 
-/// The lines an error or the report names, per file with runs of lines as ranges
-/// (`tasks.jsonl:1-5,9,12-14`); past 12 ranges, how many more lines.
-pub fn describe_origins(origins: &[String]) -> String {
-    const SHOWN_RANGES: usize = 12;
-    // (file, first line, last line) runs, in order.
-    let mut runs: Vec<(String, String, Option<(u64, u64)>)> = Vec::new();
+/// A run of consecutive lines of one file, or an origin that is not `file:line`.
+enum OriginRun {
+    Lines { file: String, first: u64, last: u64 },
+    Other(String),
+}
+
+fn origin_runs(origins: &[String]) -> Vec<OriginRun> {
+    let mut runs: Vec<OriginRun> = Vec::new();
     for origin in origins {
         let parsed = origin
             .rsplit_once(':')
             .and_then(|(file, line)| Some((file, line.parse::<u64>().ok()?)));
-        match (parsed, runs.last_mut()) {
-            (Some((file, line)), Some((last_file, _, Some((_, end)))))
-                if last_file == file && line == *end + 1 =>
-            {
-                *end = line
-            }
-            (Some((file, line)), _) => {
-                runs.push((file.to_string(), String::new(), Some((line, line))))
-            }
-            (None, _) => runs.push((String::new(), origin.clone(), None)),
+        let Some((file, line)) = parsed else {
+            runs.push(OriginRun::Other(origin.clone()));
+            continue;
+        };
+        match runs.last_mut() {
+            Some(OriginRun::Lines {
+                file: run_file,
+                last,
+                ..
+            }) if run_file == file && line == *last + 1 => *last = line,
+            _ => runs.push(OriginRun::Lines {
+                file: file.to_string(),
+                first: line,
+                last: line,
+            }),
         }
     }
+    runs
+}
+
+/// The lines an error or the report names, per file with runs of lines as ranges
+/// (`tasks.jsonl:1-5,9,12-14`); past 12 ranges, how many more lines.
+pub fn describe_origins(origins: &[String]) -> String {
+    const SHOWN_RANGES: usize = 12;
     let mut parts: Vec<String> = Vec::new();
     let mut current_file: Option<&str> = None;
     let mut lines_shown = 0;
-    for (file, raw, range) in runs.iter().take(SHOWN_RANGES) {
-        let Some((first, last)) = range else {
-            parts.push(raw.clone());
+    let runs = origin_runs(origins);
+    for run in runs.iter().take(SHOWN_RANGES) {
+        let OriginRun::Lines { file, first, last } = run else {
+            if let OriginRun::Other(origin) = run {
+                parts.push(origin.clone());
+            }
             current_file = None;
             lines_shown += 1;
             continue;
@@ -81,14 +98,12 @@ pub fn describe_origins(origins: &[String]) -> String {
             format!("{first}-{last}")
         };
         lines_shown += (last - first + 1) as usize;
-        if current_file == Some(file.as_str()) {
-            parts
-                .last_mut()
-                .expect("a part for the file")
-                .push_str(&format!(",{span}"));
-        } else {
-            parts.push(format!("{file}:{span}"));
-            current_file = Some(file.as_str());
+        match parts.last_mut() {
+            Some(part) if current_file == Some(file.as_str()) => write!(part, ",{span}").unwrap(),
+            _ => {
+                parts.push(format!("{file}:{span}"));
+                current_file = Some(file.as_str());
+            }
         }
     }
     let mut text = parts.join(", ");
