@@ -6,12 +6,13 @@
 //! arguments: each command is a function of the library.
 
 use anyhow::Result;
-use clap::{Parser, Subcommand};
+use clap::{CommandFactory, Parser, Subcommand};
 #[path = "swerve_train_cli/envs.rs"]
 mod envs;
 use std::path::PathBuf;
 use swerve::agent::command::{run_agent, AgentRunOptions};
 use swerve::agent::episode::EpisodeConfig;
+use swerve::agent::rollout::Workers;
 use swerve::backend::DeviceChoice;
 use swerve::env::{EnvKind, Limits};
 use swerve::rl::{RlDefaults, RlOptions};
@@ -75,7 +76,7 @@ struct Cli {
     #[command(subcommand)]
     command: Command,
     /// GEMMs with one configuration per shape class for every batch size, so that a rollout's
-    /// logprobs equal the trainer's bit for bit on GPUs (README: exact on-policy logprobs);
+    /// logprobs equal the trainer's bit for bit on GPUs (docs/training.md, "Exact on-policy logprobs");
     /// `false`: cuBLASLt's per-shape choice (faster decode, logprobs within rounding).
     #[arg(long, global = true, default_value_t = true, action = clap::ArgAction::Set)]
     exact_logprobs: bool,
@@ -177,7 +178,7 @@ struct ParallelArgs {
     tensor_parallel: u64,
     /// Data-parallel replicas in this process (each of --tensor-parallel ranks): micro-batches
     /// dealt over them, gradients summed, optimizer state sharded (ZeRO-1). A multi-process
-    /// launch (torchrun, Slurm: README "Multi-node training") multiplies them.
+    /// launch (torchrun, Slurm: docs/parallelism.md, "Multi-node training") multiplies them.
     #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u64).range(1..))]
     data_parallel: u64,
 }
@@ -224,7 +225,7 @@ struct RunDirArgs {
     out: PathBuf,
     /// Continue the run in OUT from its latest checkpoint. Refused, naming each difference, when
     /// an option the checkpoint recorded (data, objective, schedule, batch size, seed, model, ...;
-    /// README "Resuming") differs.
+    /// docs/training.md, "Output folders and resuming") differs.
     #[arg(long, conflicts_with = "overwrite")]
     resume: bool,
     /// Delete what swerve wrote in OUT (metrics, checkpoints, base-model; nothing else) and start
@@ -301,6 +302,16 @@ struct SandboxArgs {
     /// start, daemon, grader, policy server) before it is dropped as an error.
     #[arg(long, default_value_t = 2)]
     infra_retries: usize,
+    /// Episodes (so sandboxes) alive at once, each on its own thread (default: --concurrency).
+    /// Apart from the engine's batch limit (--concurrency): an episode waiting on a slow command
+    /// holds a sandbox, not a batch slot, so more sandboxes than batch slots keep the engine
+    /// busy while commands run.
+    #[arg(long)]
+    sandboxes: Option<usize>,
+    /// Sandboxes of the next episodes started (their setup run) while the current ones run, so
+    /// start-up leaves the episodes' critical path (default: a quarter of --sandboxes; 0: off).
+    #[arg(long)]
+    warm_pool: Option<usize>,
 }
 
 impl SandboxArgs {
@@ -312,6 +323,15 @@ impl SandboxArgs {
             ..Limits::default()
         }
     }
+
+    /// `--sandboxes` (default: the engine's batch limit) and `--warm-pool`.
+    fn workers(&self, concurrency: usize) -> Workers {
+        let sandboxes = self.sandboxes.unwrap_or(concurrency);
+        Workers {
+            sandboxes,
+            warm_pool: self.warm_pool.unwrap_or(sandboxes.div_ceil(4)),
+        }
+    }
 }
 
 /// Options shared by `rollout` and `eval`.
@@ -321,7 +341,7 @@ struct AgentArgs {
     /// they use the model's tokenizer, or the embedded Qwen2.5 one.
     #[arg(long)]
     model: Option<PathBuf>,
-    /// Task file (JSON lines; README "Tasks") or `builtin:NAME` (built in: python-bugs).
+    /// Task file (JSON lines; docs/rollouts.md, "Tasks") or `builtin:NAME` (built in: python-bugs).
     #[arg(long)]
     tasks: String,
     /// Output folder.
@@ -347,7 +367,8 @@ struct AgentArgs {
     observation_bytes: usize,
     #[command(flatten)]
     sandbox: SandboxArgs,
-    /// Episodes running at once.
+    /// Sequences the in-process engine generates at once (its batch limit); also the number of
+    /// sandboxes unless --sandboxes says otherwise.
     #[arg(long, default_value_t = 16)]
     concurrency: usize,
     /// Seeds every episode's sampling (with the task id and sample index).
@@ -391,6 +412,7 @@ impl AgentArgs {
             docker_image: self.sandbox.image.clone(),
             docker_cli: self.sandbox.docker_cli.clone(),
             concurrency: self.concurrency,
+            workers: self.sandbox.workers(self.concurrency),
             seed: self.seed,
             policy: self.policy.clone(),
             server: self.server.clone(),
@@ -452,7 +474,8 @@ struct RlArgs {
     observation_bytes: usize,
     #[command(flatten)]
     sandbox: SandboxArgs,
-    /// Episodes running at once (default 64).
+    /// Sequences the in-process engine generates at once (its batch limit; default 64); also
+    /// the number of sandboxes unless --sandboxes says otherwise.
     #[arg(long)]
     concurrency: Option<usize>,
     /// Seeds everything random: the task order, each episode's sampling, the batches.
@@ -532,6 +555,9 @@ impl RlArgs {
                 docker_image: self.sandbox.image.clone(),
                 docker_cli: self.sandbox.docker_cli.clone(),
                 concurrency: self.concurrency.unwrap_or(d.concurrency),
+                workers: self
+                    .sandbox
+                    .workers(self.concurrency.unwrap_or(d.concurrency)),
                 seed: self.seed,
                 policy: "model".into(),
                 server: self.server.clone(),
@@ -650,6 +676,12 @@ fn main() -> Result<()> {
         eprintln!("{banner}");
     }
     let cli = Cli::parse();
+    if swerve::parse_only::requested()? {
+        let matches = Cli::command().get_matches();
+        let command = matches.subcommand_name().unwrap_or_default();
+        println!("swerve-train {command}: the arguments parse");
+        return Ok(());
+    }
     swerve::backend::cuda::gemm::set_exact_logprobs(cli.exact_logprobs);
     match cli.command {
         Command::Score {

@@ -17,7 +17,7 @@
 //! - Kubernetes (one pod per episode, as the published system ran) is a third implementation of
 //!   the same two traits: `start` creates a pod from the task's image with the limits as resource
 //!   limits and `activeDeadlineSeconds`, `run` is `kubectl exec -i POD -- timeout ... sh -c`,
-//!   `copy_in` is `kubectl cp`, `close` deletes the pod (README, "Environments").
+//!   `copy_in` is `kubectl cp`, `close` deletes the pod (docs/rollouts.md, "Environments").
 //!
 //! Every command runs in a fresh shell in the workspace (as mini-swe-agent does): `cd` and
 //! variables do not carry over, and nothing it started outlives it.
