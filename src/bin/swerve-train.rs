@@ -7,6 +7,8 @@
 
 use anyhow::Result;
 use clap::{CommandFactory, Parser, Subcommand};
+#[path = "swerve_train_cli/envs.rs"]
+mod envs;
 use std::path::PathBuf;
 use swerve::agent::command::{run_agent, AgentRunOptions};
 use swerve::agent::episode::EpisodeConfig;
@@ -150,6 +152,11 @@ enum Command {
     Eval {
         #[command(flatten)]
         args: AgentArgs,
+    },
+    /// Environment housekeeping: `envs prepare` (the images a task file needs).
+    Envs {
+        #[command(subcommand)]
+        command: envs::EnvsCommand,
     },
 }
 
@@ -726,6 +733,7 @@ fn main() -> Result<()> {
         Command::Eval { args } => {
             run_agent(&args.options(false), "eval")?;
         }
+        Command::Envs { command } => envs::run(&command)?,
     }
     Ok(())
 }
