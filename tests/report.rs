@@ -184,11 +184,12 @@ fn png_size(png: &[u8]) -> (u32, u32) {
 
 /// The replayed agent of the first task: a command whose output is hostile HTML (the command's
 /// text spells `<script>` apart, so only the observation has it whole), a call to a tool that
-/// does not exist (a format error), an edit that puts HTML in the diff, then submit.
+/// does not exist (a format error), an edit that puts HTML in the diff and patches builtins
+/// (flagged suspicious), then submit.
 const REPLAY: &str = r#"{"task": "paginate-last-page", "tool_calls": [
   {"name": "bash", "arguments": {"command": "printf '<scr''ipt>document.title=\"pwned\"</scr''ipt></details><b>bold</b>\\n'; ls"}},
   {"name": "rm_rf", "arguments": {"path": "/"}},
-  {"name": "str_replace_editor", "arguments": {"command": "create", "path": "NOTES.md", "file_text": "<script>alert(1)</script>\n"}}
+  {"name": "str_replace_editor", "arguments": {"command": "create", "path": "NOTES.md", "file_text": "<script>alert(1)</script>\nbuiltins.print = None\n"}}
 ]}"#;
 
 #[test]
@@ -233,7 +234,7 @@ fn a_rollouts_report_opens_in_chromium_with_the_first_episodes_conversation() {
     assert!(set.contains("<code>paginate-last-page</code>"), "{set}");
     assert!(
         set.contains(
-            "href=\"episode-000001.html\">#0 · 0.00 · 4 turns · submitted · 1 format error</a>"
+            "<a class=\"episode suspicious-episode\" href=\"episode-000001.html\">#0 · 0.00 · 4 turns · submitted · 1 format error ⚠</a>"
         ),
         "{set}"
     );
@@ -243,6 +244,9 @@ fn a_rollouts_report_opens_in_chromium_with_the_first_episodes_conversation() {
     let dom = rendered_dom(&first, &profile);
     std::fs::write(output_dir().join("rollout-episode-dom.html"), &dom).unwrap();
     for text in [
+        // The suspicious flag, first, with its reason.
+        "⚠ SUSPICIOUS",
+        "NOTES.md: patches builtins",
         // The first user message (the task prompt), an assistant tool call and its observation.
         "The pager drops the last page when the number of items is not a multiple of the page size.",
         "<span class=\"tool-name\">bash</span>",

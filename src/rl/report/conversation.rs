@@ -103,11 +103,15 @@ fn assistant_html(content: &str, turn: usize, trained: bool, last: bool) -> (Str
             (true, Err(why)) => format!("<p class=\"note\">The parser: {}</p>", escape(&why)),
             _ => String::new(),
         };
+        let text = if content.is_empty() {
+            "<p class=\"note\">An empty reply (a stop token alone).</p>".to_string()
+        } else {
+            long_text(content, "text")
+        };
         let block = format!(
             "<section class=\"message format-error\" id=\"turn-{turn}\"><h3>{heading}\
              <span class=\"badge flag\">format error</span>\
-             <span class=\"badge masked-badge\">masked: not trained</span></h3>{reason}{}</section>",
-            long_text(content, "text")
+             <span class=\"badge masked-badge\">masked: not trained</span></h3>{reason}{text}</section>"
         );
         return (block, Vec::new());
     }
@@ -301,12 +305,14 @@ mod tests {
     fn odd_contents_and_roles_still_render() {
         let html = conversation_html(&[
             json!({"role": "user", "content": null}),
+            json!({"role": "assistant", "content": "", "loss": false}),
             json!({"role": "narrator", "content": [1, 2]}),
             json!({"role": "assistant", "content": "no calls at all, context ended"}),
             json!({"role": "tool", "content": "orphan"}),
         ]);
         assert!(html.contains("narrator") && html.contains("1,\n  2"));
         assert!(html.contains("No tool call"));
+        assert!(html.contains("An empty reply (a stop token alone)."));
         assert!(html.contains("orphan"));
     }
 }
