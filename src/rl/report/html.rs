@@ -95,21 +95,31 @@ pub fn display_cut(text: &str) -> Option<(usize, usize)> {
 pub fn long_text_with(text: &str, class: &str, mark: &dyn Fn(&str) -> String) -> String {
     let class = escape(class);
     match display_cut(text) {
-        None => format!("<pre class=\"{class}\">{}</pre>", mark(text)),
+        None => format!("<pre class=\"{class}\">{}</pre>", pre_content(mark(text))),
         Some((head, tail)) => {
             let hidden = &text[head..tail];
             format!(
                 "<pre class=\"{class}\">{}<span class=\"report-cut\">[report: {} bytes in {} lines \
                  not shown here: the whole text is below]</span>\n{}</pre>\n<details class=\"whole\">\
                  <summary>whole text ({} bytes)</summary><pre class=\"{class}\">{}</pre></details>",
-                mark(&text[..head]),
+                pre_content(mark(&text[..head])),
                 thousands(hidden.len()),
                 thousands(hidden.lines().count().max(1)),
                 mark(&text[tail..]),
                 thousands(text.len()),
-                mark(text)
+                pre_content(mark(text))
             )
         }
+    }
+}
+
+/// `html` as the start of a `<pre>`'s content: HTML drops one newline right after `<pre>`, so
+/// a text that starts with one gets another, and shows as it is.
+fn pre_content(html: String) -> String {
+    if html.starts_with('\n') {
+        format!("\n{html}")
+    } else {
+        html
     }
 }
 
@@ -176,6 +186,8 @@ mod tests {
         let html = long_text("a < b\nline two", "obs");
         assert_eq!(html, "<pre class=\"obs\">a &lt; b\nline two</pre>");
         assert!(display_cut(&"x".repeat(DISPLAY_BYTES)).is_none());
+        // HTML drops a newline right after <pre>: a text that starts with one keeps it.
+        assert_eq!(long_text("\nx", "t"), "<pre class=\"t\">\n\nx</pre>");
     }
 
     #[test]
