@@ -146,7 +146,7 @@ mod tests {
         );
         assert!(html.contains(&first), "{html}");
         assert!(
-            html.contains(&format!("\">hi &amp; bye&lt;|im_end|&gt;</span>")),
+            html.contains("\">hi &amp; bye&lt;|im_end|&gt;</span>"),
             "{html}"
         );
         assert!(html.contains(&format!("{} tokens: {} trained", tokens.len(), reply.len())));
