@@ -39,7 +39,8 @@
 //! - [`agent`]: the scaffold (prompts, tools, the editor, token-in token-out transcripts,
 //!   policies, episodes, rewards, concurrent rollouts): `swerve-train rollout` and `eval`.
 //! - [`rl`]: `swerve-train rl`, the method in one process: rollouts, rewards, DAPO through
-//!   [`train::learner`], weights handed to the engine in memory, iterated.
+//!   [`train::learner`], weights handed to the engine in memory, iterated; [`rl::report`]:
+//!   `swerve-train report`, a run's episodes as static HTML pages.
 //! - [`bench`]: what `swerve-bench` measures; [`progress`]: progress bars; [`sysmem`]: the
 //!   host's available memory; [`parse_only`]: `SWERVE_PARSE_ONLY=1`, the binaries' arguments
 //!   parsed and nothing run.

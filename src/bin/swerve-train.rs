@@ -2,8 +2,9 @@
 //! sequences; `tokenize` shows a data file as the trainer tokenizes it; `rft` (masked
 //! cross-entropy on successful trajectories) and `dapo` (the clipped policy-gradient step on
 //! rollout groups) train, as ../shared/RL-SPEC.md specifies; `rollout` and `eval` run agent
-//! episodes on coding tasks in sandboxes; `rl` runs the whole loop. This file only parses
-//! arguments: each command is a function of the library.
+//! episodes on coding tasks in sandboxes; `rl` runs the whole loop; `report` writes a run's
+//! episodes as HTML pages. This file only parses arguments: each command is a function of the
+//! library.
 
 use anyhow::Result;
 use clap::{CommandFactory, Parser, Subcommand};
@@ -15,6 +16,7 @@ use swerve::agent::episode::EpisodeConfig;
 use swerve::agent::rollout::Workers;
 use swerve::backend::DeviceChoice;
 use swerve::env::{EnvKind, Limits};
+use swerve::rl::report::ReportOptions;
 use swerve::rl::{RlDefaults, RlOptions};
 use swerve::train::optimizer::LrSchedule;
 use swerve::train::run_dir::RunStart;
@@ -157,6 +159,20 @@ enum Command {
     Envs {
         #[command(subcommand)]
         command: envs::EnvsCommand,
+    },
+    /// Static HTML pages of a run's episodes (docs/report.md): per task the group's rewards,
+    /// turns and finish reasons; each episode as its conversation, grading, diff and tokens.
+    Report {
+        /// The run folder: the OUT of `rollout` or `eval` (trajectories.jsonl), or of `rl
+        /// --save-rollouts` (rollouts/iteration-N.jsonl).
+        run: PathBuf,
+        /// Where the pages go (default RUN/report); an earlier report there is replaced.
+        #[arg(long)]
+        out: Option<PathBuf>,
+        /// Folder with the tokenizer.json to decode token ids with (default: the run's own
+        /// model's, found from what the run records).
+        #[arg(long)]
+        tokenizer: Option<PathBuf>,
     },
 }
 
@@ -734,6 +750,22 @@ fn main() -> Result<()> {
             run_agent(&args.options(false), "eval")?;
         }
         Command::Envs { command } => envs::run(&command)?,
+        Command::Report {
+            run,
+            out,
+            tokenizer,
+        } => {
+            let written = swerve::rl::report::write_report(&ReportOptions {
+                run,
+                html_dir: out,
+                tokenizer,
+            })?;
+            eprintln!(
+                "wrote {} episode pages; open {}",
+                written.episode_pages,
+                written.index.display()
+            );
+        }
     }
     Ok(())
 }

@@ -22,6 +22,7 @@
 
 pub mod iteration;
 pub mod plot;
+pub mod report;
 pub mod schedule;
 pub mod work_queue;
 
