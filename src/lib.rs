@@ -39,7 +39,8 @@
 //! - [`agent`]: the scaffold (prompts, tools, the editor, token-in token-out transcripts,
 //!   policies, episodes, rewards, concurrent rollouts): `swerve-train rollout` and `eval`.
 //! - [`rl`]: `swerve-train rl`, the method in one process: rollouts, rewards, DAPO through
-//!   [`train::learner`], weights handed to the engine in memory, iterated.
+//!   [`train::learner`], weights handed to the engine in memory, iterated; [`rl::report`]:
+//!   `swerve-train report`, a run's episodes as static HTML pages.
 //! - [`cli`]: what the binaries share to read their command lines: range-checked number flags
 //!   and `--config FILE.toml` for any clap command ([`cli::config_file`]), with the resolved
 //!   configuration it writes to `OUT/config.toml`.

@@ -665,8 +665,10 @@ fn a_used_output_folder_needs_resume_or_overwrite() {
     names.sort();
     assert_eq!(
         names,
-        ["config.toml", "final", "metrics.jsonl", "notes.txt"]
+        ["config.toml", "final", "metrics.jsonl", "notes.txt", "tb"]
     );
+    // The first run's event file went with the rest.
+    assert_eq!(std::fs::read_dir(out.join("tb")).unwrap().count(), 1);
     // OUT/config.toml is the new run's (docs/config.md).
     let config = std::fs::read_to_string(out.join("config.toml")).unwrap();
     for line in ["batch-size = 4", "steps = 1", "epochs = 1", "lr = 5e-6"] {

@@ -223,6 +223,8 @@ fn dapo_over_two_processes_launched_as_torchrun_does_equals_one_rank() {
     }
     compare("2 processes x tp 2", &out, &single);
     compare_checkpoints(&out, &single);
+    // Only the first process writes the logs: one event file.
+    assert_eq!(std::fs::read_dir(out.join("tb")).unwrap().count(), 1);
 }
 
 /// A port with the next few free too (the process group meets at it, each tensor-parallel rank's

@@ -298,6 +298,12 @@ fn write_outputs(
     })?;
     let mut summary = summarize(tasks, episodes, options.group);
     summary["policy"] = json!(options.policy);
+    // The model whose tokenizer the token ids are in (`null`: the embedded Qwen2.5 tokenizer):
+    // `swerve-train report` decodes them with it.
+    summary["model"] = json!(options
+        .model
+        .as_deref()
+        .map(crate::train::run_dir::model_source));
     summary["tasks_file"] = json!(options.tasks);
     summary["environment"] = json!(environment);
     summary["seed"] = json!(options.seed);

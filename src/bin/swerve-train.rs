@@ -2,11 +2,14 @@
 //! sequences; `tokenize` shows a data file as the trainer tokenizes it; `rft` (masked
 //! cross-entropy on successful trajectories) and `dapo` (the clipped policy-gradient step on
 //! rollout groups) train, as ../shared/RL-SPEC.md specifies; `rollout` and `eval` run agent
-//! episodes on coding tasks in sandboxes; `rl` runs the whole loop. This file only parses
-//! arguments: each command is a function of the library.
+//! episodes on coding tasks in sandboxes; `rl` runs the whole loop; `report` writes a run's
+//! episodes as HTML pages. This file only parses arguments: each command is a function of the
+//! library.
 
 use anyhow::Result;
 use clap::Subcommand;
+#[path = "swerve_train_cli/envs.rs"]
+mod envs;
 use std::path::PathBuf;
 use swerve::agent::command::{run_agent, AgentRunOptions};
 use swerve::agent::episode::EpisodeConfig;
@@ -17,6 +20,7 @@ use swerve::cli::numbers::{
 };
 use swerve::cli::{ConfigSpec, Parsed, ResolvedConfig};
 use swerve::env::{EnvKind, Limits};
+use swerve::rl::report::ReportOptions;
 use swerve::rl::{RlDefaults, RlOptions};
 use swerve::train::optimizer::LrSchedule;
 use swerve::train::run_dir::{decimal, RunStart};
@@ -121,6 +125,25 @@ enum Command {
     Eval {
         #[command(flatten)]
         args: AgentArgs,
+    },
+    /// Environment housekeeping: `envs prepare` (the images a task file needs).
+    Envs {
+        #[command(subcommand)]
+        command: envs::EnvsCommand,
+    },
+    /// Static HTML pages of a run's episodes (docs/report.md): per task the group's rewards,
+    /// turns and finish reasons; each episode as its conversation, grading, diff and tokens.
+    Report {
+        /// The run folder: the OUT of `rollout` or `eval` (trajectories.jsonl), or of `rl
+        /// --save-rollouts` (rollouts/iteration-N.jsonl).
+        run: PathBuf,
+        /// Where the pages go (default RUN/report); an earlier report there is replaced.
+        #[arg(long)]
+        out: Option<PathBuf>,
+        /// Folder with the tokenizer.json to decode token ids with (default: the run's own
+        /// model's, found from what the run records).
+        #[arg(long)]
+        tokenizer: Option<PathBuf>,
     },
 }
 
@@ -719,6 +742,23 @@ fn main() -> Result<()> {
         Command::Eval { args } => {
             run_agent(&args.options(false, config), "eval")?;
         }
+        Command::Envs { command } => envs::run(&command)?,
+        Command::Report {
+            run,
+            out,
+            tokenizer,
+        } => {
+            let written = swerve::rl::report::write_report(&ReportOptions {
+                run,
+                html_dir: out,
+                tokenizer,
+            })?;
+            eprintln!(
+                "wrote {} episode pages; open {}",
+                written.episode_pages,
+                written.index.display()
+            );
+        }
     }
     Ok(())
 }
@@ -738,62 +778,9 @@ fn fill_computed_defaults(resolved: &mut ResolvedConfig, command: &Command) -> R
 }
 
 #[cfg(test)]
-#[path = "swerve-train-tests/config_examples.rs"]
+#[path = "swerve_train_cli/config_examples.rs"]
 mod config_examples;
 
 #[cfg(test)]
-mod tests {
-    use super::Cli;
-    use clap::CommandFactory;
-
-    /// Every flag of every subcommand says what it is in `--help`.
-    #[test]
-    fn every_argument_has_help_text() {
-        fn visit(command: &clap::Command, path: &str, missing: &mut Vec<String>) {
-            for arg in command.get_arguments() {
-                let id = arg.get_id().as_str();
-                if matches!(id, "help" | "version") {
-                    continue;
-                }
-                let help = arg
-                    .get_help()
-                    .or(arg.get_long_help())
-                    .map(|h| h.to_string())
-                    .unwrap_or_default();
-                if help.trim().is_empty() {
-                    missing.push(format!("{path} --{}", arg.get_long().unwrap_or(id)));
-                }
-            }
-            for sub in command.get_subcommands() {
-                let path = format!("{path} {}", sub.get_name());
-                if sub
-                    .get_about()
-                    .is_none_or(|a| a.to_string().trim().is_empty())
-                    && sub.get_name() != "help"
-                {
-                    missing.push(format!("{path} (no description)"));
-                }
-                visit(sub, &path, missing);
-            }
-        }
-        let command = Cli::command();
-        command.clone().debug_assert();
-        let mut missing = Vec::new();
-        visit(&command, "swerve-train", &mut missing);
-        assert!(missing.is_empty(), "no help text: {missing:#?}");
-        // The walk sees the flattened shared structs.
-        let rl = command.find_subcommand("rl").unwrap();
-        let names: Vec<&str> = rl.get_arguments().filter_map(|a| a.get_long()).collect();
-        for flag in [
-            "device",
-            "out",
-            "resume",
-            "overwrite",
-            "eps-low",
-            "grad-clip",
-            "group",
-        ] {
-            assert!(names.contains(&flag), "rl --{flag}: {names:?}");
-        }
-    }
-}
+#[path = "swerve_train_cli/help_text.rs"]
+mod help_text;

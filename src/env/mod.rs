@@ -29,6 +29,7 @@ pub mod grading;
 pub mod local;
 pub mod logs;
 pub mod output;
+pub mod prepare;
 pub mod repos;
 pub mod task;
 pub mod toy;

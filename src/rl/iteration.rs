@@ -16,6 +16,7 @@ use crate::train::data::{group_advantages, group_signal, GroupReward, TrainSeque
 use crate::train::group::Trainer;
 use crate::train::loss::Objective;
 use crate::train::run_dir::RecordedOptions;
+use crate::train::tensorboard::{EventWriter, Series};
 use crate::train::trainer::append_line;
 use anyhow::{bail, Context, Result};
 use serde_json::{json, Value};
@@ -201,6 +202,8 @@ pub(crate) struct Loop<'a, T: Trainer> {
     /// The other processes of a multi-node run (one per node), which share each iteration's
     /// rollouts; `None` in one process.
     pub processes: Option<Processes<'a>>,
+    /// The writing process's event file, which gets every line of both files.
+    pub tensorboard: Option<EventWriter>,
 }
 
 impl<T: Trainer> Loop<'_, T> {
@@ -548,7 +551,8 @@ impl<T: Trainer> Loop<'_, T> {
         Ok(())
     }
 
-    /// Appends a step's metrics to `metrics.jsonl` (the writing process only).
+    /// Appends a step's metrics to `metrics.jsonl` and the event file (the writing process
+    /// only).
     fn append_step(&self, iteration: usize, metrics: Value) -> Result<()> {
         if !self.writer() {
             return Ok(());
@@ -557,14 +561,23 @@ impl<T: Trainer> Loop<'_, T> {
         for (k, v) in metrics.as_object().expect("an object") {
             line[k] = v.clone();
         }
-        append_line(&self.out().join("metrics.jsonl"), &line)
+        append_line(&self.out().join("metrics.jsonl"), &line)?;
+        self.tensorboard_line(Series::Metrics, &line)
     }
 
-    /// Appends the iteration's line to `iterations.jsonl` (the writing process only) and to
-    /// the history the plot reads.
+    fn tensorboard_line(&self, series: Series, line: &Value) -> Result<()> {
+        match &self.tensorboard {
+            Some(events) => events.write_line(series, line),
+            None => Ok(()),
+        }
+    }
+
+    /// Appends the iteration's line to `iterations.jsonl` and the event file (the writing
+    /// process only) and to the history the plot reads.
     fn record_line(&mut self, line: Value) -> Result<()> {
         if self.writer() {
             append_line(&self.out().join("iterations.jsonl"), &line)?;
+            self.tensorboard_line(Series::Iterations, &line)?;
         }
         self.history.push(line);
         Ok(())

@@ -12,7 +12,8 @@
 //!     (the engine's KV cache is released while the trainer runs, allocated again after)
 //!     handoff: the trainer's compute weights go to the engine in memory (prefix cache reset,
 //!              weight version + 1), or through /v1/weights/reload with --server
-//!     iterations.jsonl, metrics.jsonl, reward.png; a checkpoint every --save-every
+//!     iterations.jsonl, metrics.jsonl (and their scalars in OUT/tb/), reward.png; a checkpoint
+//!     every --save-every
 //! ```
 //!
 //! Everything random is seeded by (--seed, iteration), so `--resume` continues exactly: the same
@@ -21,6 +22,7 @@
 
 pub mod iteration;
 pub mod plot;
+pub mod report;
 pub mod schedule;
 pub mod work_queue;
 
@@ -42,6 +44,7 @@ use crate::train::group::{LearnerGroup, LearnerSpec, Trainer};
 use crate::train::learner::Learner;
 use crate::train::optimizer::AdamWConfig;
 use crate::train::run_dir::{self, decimal, RecordedOptions, RunStart};
+use crate::train::tensorboard::{self, EventWriter, Series};
 use anyhow::{anyhow, bail, Context, Result};
 use iteration::{handoff, Loop, Progress, Sampler};
 use serde_json::{json, Value};
@@ -370,9 +373,9 @@ fn setup(options: &RlOptions, prepare_out: bool) -> Result<Setup> {
 }
 
 /// Where a run starts: after the latest iteration checkpoint (restored into `learner`) with
-/// `--resume`, else at the beginning. Logs beyond the checkpoint are trimmed; a `--resume`
-/// without a checkpoint starts over.
-fn resume<T: Trainer>(
+/// `--resume`, else at the beginning. Logs beyond the checkpoint (JSON lines and event files) are
+/// trimmed; a `--resume` without a checkpoint starts over.
+fn resume_from_checkpoint<T: Trainer>(
     options: &RlOptions,
     record: &RecordedOptions,
     learner: &mut T,
@@ -380,6 +383,7 @@ fn resume<T: Trainer>(
 ) -> Result<(usize, Progress, bool)> {
     let out = &options.agent.out;
     let (iterations_path, metrics_path) = (out.join("iterations.jsonl"), out.join("metrics.jsonl"));
+    let events = out.join(tensorboard::DIR);
     if options.start != RunStart::Resume {
         return Ok((1, Progress::default(), options.rft_first.is_none()));
     }
@@ -390,6 +394,12 @@ fn resume<T: Trainer>(
                 std::fs::remove_file(path)
                     .with_context(|| format!("removing {}", path.display()))?;
             }
+        }
+        if writer {
+            tensorboard::trim(
+                &events,
+                &[(Series::Iterations, None), (Series::Metrics, None)],
+            )?;
         }
         eprintln!(
             "rl: --resume: no checkpoint in {} yet; starting from the beginning",
@@ -414,20 +424,25 @@ fn resume<T: Trainer>(
     if writer {
         keep_lines(&iterations_path, "iteration", done)?;
         keep_lines(&metrics_path, "step", progress.step)?;
+        let last_kept = [
+            (Series::Iterations, Some(done)),
+            (Series::Metrics, Some(progress.step)),
+        ];
+        tensorboard::trim(&events, &last_kept)?;
     }
     eprintln!("rl: resuming after iteration {done} from {}", dir.display());
     Ok((done as usize + 1, progress, true))
 }
 
-/// [`resume`], then the run's resolved configuration to OUT/config.toml: only once a resume's
-/// check has passed, so a refused resume leaves the run's own.
-fn resume_and_record<T: Trainer>(
+/// [`resume_from_checkpoint`], then the run's resolved configuration to OUT/config.toml: only
+/// once a resume's check has passed, so a refused resume leaves the run's own.
+fn resume<T: Trainer>(
     options: &RlOptions,
     record: &RecordedOptions,
     learner: &mut T,
     writer: bool,
 ) -> Result<(usize, Progress, bool)> {
-    let start = resume(options, record, learner, writer)?;
+    let start = resume_from_checkpoint(options, record, learner, writer)?;
     if let (true, Some(text)) = (writer, &options.agent.resolved_config) {
         run_dir::write_config(&options.agent.out, text)?;
     }
@@ -459,8 +474,7 @@ fn run_loop<T: Trainer>(
     let agent = &options.agent;
     let record = recorded_options(options, &setup.tasks_content, &setup.episode);
     let writer = processes.is_none_or(|p| p.comm.rank() == 0);
-    let (first_iteration, progress, rft_done) =
-        resume_and_record(options, &record, &mut learner, writer)?;
+    let (first_iteration, progress, rft_done) = resume(options, &record, &mut learner, writer)?;
     let sampler = match &agent.server {
         Some(url) => Sampler::Server {
             policy: ServerPolicy::new(url, agent.api_key.clone(), setup.stop_ids.clone())?,
@@ -541,6 +555,7 @@ fn run_loop<T: Trainer>(
         progress,
         history: read_history(&agent.out.join("iterations.jsonl"))?,
         processes,
+        tensorboard: EventWriter::for_run(&agent.out, writer)?,
     };
     if let (false, Some(k)) = (rft_done, options.rft_first) {
         run.rft_phase(k)?;

@@ -1,7 +1,8 @@
 //! The training side: `score` (per-token logprobs of given token sequences, the trainer's
 //! "recompute old logprobs" step), `tokenize` (a data file as the trainer tokenizes it), `loss`
 //! (the fused LM-head loss of RFT and DAPO, CPU reference; defined in [`crate::backend::loss`]) and
-//! `optimizer` (AdamW, clipping, schedules).
+//! `optimizer` (AdamW, clipping, schedules); `tensorboard` (the run's figures as TensorBoard
+//! event files).
 
 pub mod checkpoint;
 pub mod data;
@@ -14,5 +15,6 @@ pub mod offload;
 pub mod optimizer;
 pub mod run_dir;
 pub mod score;
+pub mod tensorboard;
 pub mod tokenize;
 pub mod trainer;

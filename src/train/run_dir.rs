@@ -14,8 +14,9 @@
 //! ```
 //!
 //! What swerve writes under OUT, and all `--overwrite` ever removes: `config.toml`,
-//! `metrics.jsonl`, `iterations.jsonl`, `reward.png`, `base-model/`, `final/`, `handoff/`,
-//! `step-N/`, `iteration-N/`, and the `.NAME.partial` folders of checkpoints being written.
+//! `metrics.jsonl`, `iterations.jsonl`, `reward.png`, `tb/` (TensorBoard's event files),
+//! `base-model/`, `final/`, `handoff/`, `step-N/`, `iteration-N/`, and the `.NAME.partial`
+//! folders of checkpoints being written.
 //!
 //! `config.toml` is the run's resolved configuration (every flag's final value, `--config`
 //! file, command line and defaults: [`crate::cli::ResolvedConfig`]), written once OUT is ready
@@ -57,6 +58,7 @@ fn written_by_swerve(name: &str) -> bool {
             | "metrics.jsonl"
             | "iterations.jsonl"
             | "reward.png"
+            | "tb"
             | "base-model"
             | "final"
             | "handoff"
@@ -319,6 +321,7 @@ mod tests {
             "metrics.jsonl",
             "iterations.jsonl",
             "reward.png",
+            "tb",
             "base-model",
             "final",
             "handoff",
@@ -356,10 +359,12 @@ mod tests {
         std::fs::create_dir_all(out.join("step-000002")).unwrap();
         std::fs::write(out.join("step-000002/x"), "x").unwrap();
         std::fs::write(out.join("metrics.jsonl"), "{}\n").unwrap();
+        std::fs::create_dir_all(out.join("tb")).unwrap();
+        std::fs::write(out.join("tb/events.out.tfevents.1.host.2"), "x").unwrap();
         std::fs::write(out.join("data.jsonl"), "{}\n").unwrap();
         let error = prepare(&out, RunStart::Fresh).unwrap_err().to_string();
         assert!(
-            error.contains("not empty (base-model, data.jsonl, metrics.jsonl, step-000002)")
+            error.contains("not empty (base-model, data.jsonl, metrics.jsonl, step-000002, tb)")
                 && error.contains("--resume")
                 && error.contains("--overwrite"),
             "{error}"

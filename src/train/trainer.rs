@@ -10,7 +10,8 @@
 //!     for each micro-batch (packed up to `micro_batch_tokens`):
 //!         forward (checkpointed) ─ fused loss / N_act ─ backward, gradients accumulate
 //!     AdamW on the f32 masters (clipped; skipped on NaN/Inf) ─ refresh compute weights
-//!     append metrics.jsonl; every `save_every` steps a checkpoint with resume state
+//!     append metrics.jsonl and its scalars to OUT/tb/; every `save_every` steps a checkpoint
+//!     with resume state
 //! ```
 //!
 //! Step `s` always trains the same trajectories (epoch `(s-1) / steps_per_epoch`, position
@@ -30,6 +31,7 @@ use crate::train::learner::Learner;
 use crate::train::loss::Objective;
 use crate::train::optimizer::{lr_at, AdamWConfig, LrSchedule};
 use crate::train::run_dir::{self, decimal, RecordedOptions, RunStart};
+use crate::train::tensorboard::{self, EventWriter, Series};
 use anyhow::{bail, Context, Result};
 use serde_json::{json, Value};
 use std::io::{IsTerminal, Write};
@@ -339,7 +341,7 @@ fn resume_checkpoint(
                 opts.out.display()
             );
         }
-        truncate_metrics(&metrics, 0)?;
+        truncate_logs(&opts.out, 0)?;
         return Ok(None);
     };
     record.check_resume(&state, &dir)?;
@@ -464,10 +466,11 @@ impl RankTask for TrainRank<'_> {
                 .context("trainer_state.json: no step")?;
             first_step = step + 1;
             if writer {
-                truncate_metrics(&opts.out.join("metrics.jsonl"), step)?;
+                truncate_logs(&opts.out, step)?;
                 eprintln!("resuming after step {step} from {}", dir.display());
             }
         }
+        let tensorboard = EventWriter::for_run(&opts.out, writer)?;
         let set = &prepared.set;
         let steps_per_epoch = set.kept.len().div_ceil(opts.batch_size) as u64;
         let total_steps = opts
@@ -483,6 +486,7 @@ impl RankTask for TrainRank<'_> {
             steps_per_epoch,
             total_steps,
             writer,
+            tensorboard,
         };
         run.steps(&mut learner, first_step)
     }
@@ -500,6 +504,8 @@ struct Run<'a> {
     /// This rank writes the metrics and prints progress (every rank writes checkpoints
     /// together: [`Learner::save`]).
     writer: bool,
+    /// The writer's event file.
+    tensorboard: Option<EventWriter>,
 }
 
 impl Run<'_> {
@@ -548,6 +554,9 @@ impl Run<'_> {
             let metrics = self.step(learner, &objective, step, &mut summary)?;
             if self.writer {
                 append_line(&metrics_path, &metrics)?;
+            }
+            if let Some(events) = &self.tensorboard {
+                events.write_line(Series::Metrics, &metrics)?;
             }
             if show_progress {
                 eprint!(
@@ -663,6 +672,16 @@ pub fn append_line(path: &std::path::Path, value: &Value) -> Result<()> {
         .open(path)
         .with_context(|| format!("cannot open {}", path.display()))?;
     writeln!(file, "{value}").with_context(|| format!("cannot write {}", path.display()))
+}
+
+/// Keeps the metrics of steps up to `last_step`, in `metrics.jsonl` and in the event files (a
+/// resumed run writes the rest again).
+fn truncate_logs(out: &Path, last_step: u64) -> Result<()> {
+    truncate_metrics(&out.join("metrics.jsonl"), last_step)?;
+    tensorboard::trim(
+        &out.join(tensorboard::DIR),
+        &[(Series::Metrics, Some(last_step))],
+    )
 }
 
 /// Keeps the metrics lines of steps up to `last_step` (a resumed run rewrites the rest).
