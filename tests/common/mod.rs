@@ -4,6 +4,7 @@
 pub mod coin;
 pub mod forgeries;
 pub mod gpu;
+pub mod k8s;
 pub mod nccl_ranks;
 pub mod paged;
 pub mod python;

@@ -3,10 +3,12 @@
 //!
 //! ```text
 //!   exec sh -c WRAPPER swerve-exec SECONDS SCRIPT STDIN_BYTES DIR
+//!     stderr channel ◄── the wrapper's own lines: `swerve-ready` (it waits for the go), then
+//!                        `swerve-pgid N` (the command's process group)
+//!     stdin channel  ──► `go` and a newline once `swerve-ready` came, then exactly STDIN_BYTES
+//!                        bytes (`head -c` hands them on: no end-of-stream signal needed, which
+//!                        the v4 protocol lacks)
 //!     stdout channel ◄── the command's stdout and stderr (2>&1), kept head and tail (Capture)
-//!     stderr channel ◄── the wrapper's own line `swerve-pgid N` (the command's process group)
-//!     stdin channel  ──► exactly STDIN_BYTES bytes (`head -c` hands them on: no end-of-stream
-//!                        signal needed, which the v4 protocol lacks)
 //!     status channel ◄── Success, or NonZeroExitCode with the exit code
 //! ```
 //!
@@ -15,12 +17,15 @@
 //! timeout and a grace) or past the output kill limit, the client kills the group through a
 //! second exec (`kill -KILL -N`) and drops the stream.
 //!
-//! Retries: an exec request answered 429 or 5xx, or whose connection failed before the
-//! websocket upgrade was answered, is sent again (backoff as every API call): the kubelet starts
-//! the command only once the streams are up, so it never ran. A stream that drops after the
-//! upgrade is not retried, whether or not stdin was sent or output came: the command may have
-//! run (partly), and running an agent's command twice is not safe in general (`git apply`,
-//! `echo >> file`). It is an infrastructure failure; the episode starts again in a fresh pod.
+//! Retries. Running an agent's command twice is not safe in general (`git apply`, `echo >>
+//! file`), so an exec is sent again only when its command provably did not start:
+//! - the request was answered 429 or 5xx, or its connection failed before the websocket
+//!   upgrade was answered (the kubelet runs nothing before the streams are up);
+//! - the stream dropped before the client sent `go`: the wrapper runs the command only after
+//!   reading `go` from stdin (a dropped stream closes its stdin: it exits without running it).
+//!
+//! A stream that drops after `go` was sent is an infrastructure failure, whether or not output
+//! came: the command may have run (partly). The episode then starts again in a fresh pod.
 
 use super::lifecycle::Pods;
 use super::pod::CONTAINER;
@@ -29,19 +34,21 @@ use crate::env::output::Capture;
 use crate::env::{CommandOutput, Limits};
 use anyhow::{anyhow, Result};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Status;
-use kube::api::{AttachParams, AttachedProcess};
+use kube::api::AttachParams;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWriteExt};
 
-/// What `exec` runs: `$1` the time limit in seconds, `$2` the script, `$3` the bytes of stdin,
-/// `$4` the working folder. The exit status is `timeout`'s (124 or 137 when it fired), 125 when
-/// the folder is missing.
+/// What `exec` runs: `$1` the time limit in seconds, `$2` the script, `$3` the bytes of stdin
+/// after the `go` line, `$4` the working folder. The exit status is `timeout`'s (124 or 137 when
+/// it fired), 125 when the folder is missing, 0 without a `go` (the client is gone). `read`
+/// takes its line a byte at a time, leaving the rest of stdin to `head`.
 pub const EXEC_WRAPPER: &str = concat!(
-    "cd \"$4\" 2>&1 || exit 125; ",
-    "if [ \"$3\" -gt 0 ]; then exec 3<&0; ",
-    "head -c \"$3\" <&3 | timeout -s KILL \"$1\" sh -c \"$2\" 2>&1 & ",
-    "else timeout -s KILL \"$1\" sh -c \"$2\" </dev/null 2>&1 & fi; ",
+    "cd \"$4\" 2>&1 || exit 125; exec 3<&0; echo swerve-ready >&2; ",
+    "read -r go <&3 || exit 0; [ \"$go\" = go ] || exit 0; ",
+    "if [ \"$3\" -gt 0 ]; then ",
+    "head -c \"$3\" <&3 | timeout -s KILL \"$1\" sh -c \"$2\" 2>&1 3<&- & ",
+    "else timeout -s KILL \"$1\" sh -c \"$2\" </dev/null 2>&1 3<&- & fi; ",
     "p=$!; echo \"swerve-pgid $p\" >&2; wait $p; r=$?; kill -KILL -$p 2>/dev/null; exit $r"
 );
 
@@ -124,7 +131,7 @@ async fn exec_once(
     let started = Instant::now();
     let params = AttachParams::default()
         .container(CONTAINER)
-        .stdin(request.stdin.is_some())
+        .stdin(true)
         .stdout(true)
         .stderr(true)
         .tty(false)
@@ -134,23 +141,36 @@ async fn exec_once(
     let mut attached = match tokio::time::timeout(pods.config.api_timeout, connect).await {
         Ok(Ok(attached)) => attached,
         Ok(Err(e)) => return Err(ExecFailure::NotStarted(CallError::from_kube(e))),
-        // The upgrade may have been answered and the command started: not retried.
+        // The upgrade may have been answered and the wrapper be waiting: it runs nothing
+        // without the go, and dropping the request closes its stdin.
         Err(_) => {
-            return Err(ExecFailure::AfterStart(format!(
+            return Err(ExecFailure::NotStarted(CallError::Transport(format!(
                 "the exec request had no answer within {:.0} s",
                 pods.config.api_timeout.as_secs_f64()
-            )))
+            ))))
         }
     };
-    let status = attached.take_status();
-    let (Some(status), Some(stdout), Some(stderr)) = (status, attached.stdout(), attached.stderr()) else {
+    let streams = (attached.take_status(), attached.stdout(), attached.stderr(), attached.stdin());
+    let (Some(status), Some(stdout), Some(stderr), Some(stdin)) = streams else {
         attached.abort();
         return Err(ExecFailure::AfterStart("the exec stream lacks a channel".into()));
     };
-    // Held until the end: dropping it would close stdin (all of the websocket on v4).
-    let (stdin_done, stdin_task) = feed_stdin(&mut attached, request.stdin);
     let control = Arc::new(Mutex::new(Vec::new()));
-    let control_reader = tokio::spawn(read_control(stderr, control.clone()));
+    let (ready_tx, ready_rx) = tokio::sync::oneshot::channel();
+    let control_reader = tokio::spawn(read_control(stderr, control.clone(), ready_tx));
+    let go = match tokio::time::timeout(pods.config.api_timeout, ready_rx).await {
+        Ok(Ok(())) => true,
+        // The wrapper ended before its ready line (its folder is missing): the status follows.
+        Ok(Err(_)) => false,
+        Err(_) => {
+            attached.abort();
+            return Err(ExecFailure::NotStarted(CallError::Transport(
+                "the wrapper did not say it was ready".into(),
+            )));
+        }
+    };
+    // Held until the end: dropping it would close stdin (all of the websocket on v4).
+    let (stdin_done, stdin_task) = feed_stdin(stdin, go.then_some(request.stdin.unwrap_or(&[])));
     let keep = request.output_bytes;
     let kill_bytes = limits.output_kill_bytes.max(keep as u64);
     let deadline = started + request.timeout + CLIENT_GRACE;
@@ -173,9 +193,7 @@ async fn exec_once(
     }
     let status = tokio::time::timeout(CLIENT_GRACE, status).await.ok().flatten();
     drop(stdin_done);
-    if let Some(task) = stdin_task {
-        let _ = task.await;
-    }
+    let _ = stdin_task.await;
     let _ = control_reader.await;
     let joined = attached.join().await;
     let Some(status) = status else {
@@ -183,7 +201,11 @@ async fn exec_once(
             Err(e) => format!("the stream broke ({e})"),
             Ok(()) => "the stream ended without the command's exit status".to_string(),
         };
-        return Err(ExecFailure::AfterStart(why));
+        return Err(if go {
+            ExecFailure::AfterStart(why)
+        } else {
+            ExecFailure::NotStarted(CallError::Transport(format!("{why}, before the go")))
+        });
     };
     out.exit_code = Some(exit_code(&status).map_err(ExecFailure::AfterStart)?);
     out.elapsed = started.elapsed();
@@ -195,22 +217,23 @@ async fn exec_once(
     Ok(out)
 }
 
-type StdinFeed = (Option<tokio::sync::oneshot::Sender<()>>, Option<tokio::task::JoinHandle<()>>);
-
-/// Writes `stdin` on a task that then holds the channel open until the sender is dropped.
-fn feed_stdin(attached: &mut AttachedProcess, stdin: Option<&[u8]>) -> StdinFeed {
-    let (Some(bytes), Some(mut writer)) = (stdin, attached.stdin()) else {
-        return (None, None);
-    };
-    let bytes = bytes.to_vec();
+/// On a task: writes `go` and `stdin` (when `Some`), then holds the channel open until the
+/// returned sender is dropped.
+fn feed_stdin(
+    mut writer: impl tokio::io::AsyncWrite + Unpin + Send + 'static,
+    stdin: Option<&[u8]>,
+) -> (tokio::sync::oneshot::Sender<()>, tokio::task::JoinHandle<()>) {
+    let bytes = stdin.map(|stdin| [b"go\n".as_slice(), stdin].concat());
     let (done, wait) = tokio::sync::oneshot::channel::<()>();
     let task = tokio::spawn(async move {
-        // A command that does not read its input leaves it unread: not an error.
-        let _ = writer.write_all(&bytes).await;
-        let _ = writer.flush().await;
+        if let Some(bytes) = bytes {
+            // A command that does not read its input leaves it unread: not an error.
+            let _ = writer.write_all(&bytes).await;
+            let _ = writer.flush().await;
+        }
         let _ = wait.await;
     });
-    (Some(done), Some(task))
+    (done, task)
 }
 
 /// How reading the output ended.
@@ -243,8 +266,14 @@ async fn read_output(
     }
 }
 
-/// Reads the wrapper's control channel (its stderr) into `into`, the first 4 KiB.
-async fn read_control(mut stderr: impl AsyncRead + Unpin, into: Arc<Mutex<Vec<u8>>>) {
+/// Reads the wrapper's control channel (its stderr) into `into`, the first 4 KiB, and says
+/// `ready` once the wrapper's ready line came.
+async fn read_control(
+    mut stderr: impl AsyncRead + Unpin,
+    into: Arc<Mutex<Vec<u8>>>,
+    ready: tokio::sync::oneshot::Sender<()>,
+) {
+    let mut ready = Some(ready);
     let mut buf = [0u8; 1024];
     while let Ok(n) = stderr.read(&mut buf).await {
         if n == 0 {
@@ -253,6 +282,11 @@ async fn read_control(mut stderr: impl AsyncRead + Unpin, into: Arc<Mutex<Vec<u8
         let mut kept = into.lock().unwrap_or_else(|e| e.into_inner());
         let room = 4096usize.saturating_sub(kept.len());
         kept.extend_from_slice(&buf[..n.min(room)]);
+        if String::from_utf8_lossy(&kept).lines().any(|l| l == "swerve-ready") {
+            if let Some(ready) = ready.take() {
+                let _ = ready.send(());
+            }
+        }
     }
 }
 
@@ -344,7 +378,7 @@ mod tests {
             .spawn()
             .and_then(|mut child| {
                 // More than the command's share: only STDIN_BYTES reach it.
-                child.stdin.take().unwrap().write_all(b"in\nnot for it")?;
+                child.stdin.take().unwrap().write_all(b"go\nin\nnot for it")?;
                 child.wait_with_output()
             })
             .unwrap();
@@ -352,5 +386,20 @@ mod tests {
         let expected = format!("{}\nin\nerr\n", dir.path().display());
         assert_eq!(String::from_utf8_lossy(&out.stdout), expected);
         assert!(pgid(&out.stderr).is_some(), "{}", String::from_utf8_lossy(&out.stderr));
+        assert!(String::from_utf8_lossy(&out.stderr).starts_with("swerve-ready\n"));
+        // Without the go (the stream dropped: stdin closed), the command does not run.
+        let request = ExecRequest {
+            script: "touch ran",
+            ..request
+        };
+        let argv = exec_argv(&request);
+        let status = std::process::Command::new(&argv[0])
+            .args(&argv[1..])
+            .stdin(std::process::Stdio::null())
+            .stderr(std::process::Stdio::null())
+            .status()
+            .unwrap();
+        assert_eq!(status.code(), Some(0));
+        assert!(!dir.path().join("ran").exists());
     }
 }
