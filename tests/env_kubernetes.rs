@@ -9,9 +9,9 @@
 
 mod common;
 
-use common::k8s::{docker_of_run, list_pods, Standin};
-use serde_json::json;
-use std::path::Path;
+use common::k8s_standin::StandIn;
+use serde_json::{json, Value};
+use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 use swerve::env::kubernetes::config::RetryPolicy;
 use swerve::env::kubernetes::{sweep, KubernetesConfig, KubernetesEnvironment, KubernetesOptions};
@@ -19,7 +19,72 @@ use swerve::env::{load_tasks, Environment, Limits, Sandbox, Task};
 
 const PYTHON: &str = "swerve-test-python:1";
 const SECOND: Duration = Duration::from_secs(1);
-const IGNORED: &str = "needs docker, the test images and python3 (the k8s stand-in): .ci/run runs them with --ignored";
+/// The namespace every test's kubeconfig context names.
+const NAMESPACE: &str = "swerve-test";
+
+/// A stand-in and a kubeconfig pointing at it (`server: http://127.0.0.1:PORT`).
+struct Standin {
+    api: StandIn,
+    kubeconfig: PathBuf,
+    _dir: tempfile::TempDir,
+}
+
+impl Standin {
+    fn start(extra: &[&str]) -> Self {
+        let api = StandIn::start(extra);
+        let dir = tempfile::tempdir().unwrap();
+        let kubeconfig = dir.path().join("kubeconfig");
+        let server = api.url();
+        std::fs::write(
+            &kubeconfig,
+            format!(
+                "apiVersion: v1\nkind: Config\nclusters:\n- name: standin\n  cluster:\n    server: {server}\nusers:\n- name: standin\n  user: {{}}\ncontexts:\n- name: standin\n  context:\n    cluster: standin\n    user: standin\n    namespace: {NAMESPACE}\ncurrent-context: standin\n"
+            ),
+        )
+        .unwrap();
+        Self {
+            api,
+            kubeconfig,
+            _dir: dir,
+        }
+    }
+
+    fn get_json(&self, path: &str) -> Value {
+        let (status, body) = self.api.request("GET", path, None);
+        assert_eq!(status, 200, "GET {path}: {body}\nthe stand-in's log:\n{}", self.api.log());
+        body
+    }
+
+    fn add_faults(&self, rules: Value) {
+        self.api.add_faults(&rules);
+    }
+}
+
+/// The names of the pods of run `run` in `namespace`, through the API.
+fn list_pods(standin: &Standin, namespace: &str, run: Option<&str>) -> Vec<String> {
+    let selector = match run {
+        Some(run) => format!("swerve.run%3D{run}"),
+        None => "swerve.run".to_string(),
+    };
+    let list = standin.get_json(&format!("/api/v1/namespaces/{namespace}/pods?labelSelector={selector}"));
+    let mut names: Vec<String> = list["items"]
+        .as_array()
+        .unwrap_or_else(|| panic!("no items: {list}"))
+        .iter()
+        .map(|p| p["metadata"]["name"].as_str().unwrap().to_string())
+        .collect();
+    names.sort();
+    names
+}
+
+/// The docker containers labelled with run `run` (the stand-in copies a pod's labels).
+fn docker_of_run(run: &str) -> String {
+    let out = std::process::Command::new("docker")
+        .args(["ps", "-aq", "--filter", &format!("label=swerve.run={run}")])
+        .output()
+        .unwrap();
+    String::from_utf8_lossy(&out.stdout).trim().to_string()
+}
 
 fn limits() -> Limits {
     Limits {
@@ -223,7 +288,7 @@ fn throttling_server_errors_and_name_conflicts_are_retried() {
     let mut sandbox = env.start(&folder_task(tmp.path()), "retried").unwrap();
     assert_eq!(run_ok(sandbox.as_mut(), "echo x >> count; wc -l < count").trim(), "1");
     sandbox.close().unwrap();
-    let stats = standin.get_json("/standin/stats");
+    let stats = standin.api.stats();
     for (status, count) in [("429", 3), ("500", 3), ("409", 1), ("503", 2)] {
         assert_eq!(stats["injected"][status], count, "{status}: {stats}");
     }
@@ -237,13 +302,13 @@ fn a_dropped_exec_is_retried_only_when_the_command_cannot_have_run() {
     let standin = Standin::start(&[]);
     let env = environment(&standin);
     let mut sandbox = env.start(&folder_task(tmp.path()), "dropped").unwrap();
-    let next = standin.get_json("/standin/stats")["exec_sessions"].as_u64().unwrap() + 1;
+    let next = standin.api.stats()["exec_sessions"].as_u64().unwrap() + 1;
     // Cut before the command started: sent again, and it ran once.
     standin.add_faults(json!({"exec_drops": [{"session": next, "when": "before_output"}]}));
     let out = sandbox.run("echo x >> count; wc -l < count", None, 10 * SECOND).unwrap();
     assert_eq!(out.output.trim(), "1", "{out:?}");
     // Cut after its output: it ran, so it is not sent again: an infrastructure failure.
-    let next = standin.get_json("/standin/stats")["exec_sessions"].as_u64().unwrap() + 1;
+    let next = standin.api.stats()["exec_sessions"].as_u64().unwrap() + 1;
     standin.add_faults(json!({"exec_drops": [{"session": next, "when": "after_output"}]}));
     let err = format!(
         "{:#}",
@@ -251,7 +316,7 @@ fn a_dropped_exec_is_retried_only_when_the_command_cannot_have_run() {
     );
     assert!(err.contains("may have run") && err.contains("infrastructure"), "{err}");
     assert_eq!(run_ok(sandbox.as_mut(), "wc -l < count").trim(), "2");
-    let stats = standin.get_json("/standin/stats");
+    let stats = standin.api.stats();
     assert_eq!(stats["exec_dropped"], json!({"before_output": 1, "after_output": 1}), "{stats}");
     sandbox.close().unwrap();
     assert_nothing_left(&standin, &env);
@@ -322,7 +387,7 @@ fn docker_label(image: &str) -> String {
 }
 
 /// SWE-bench Verified-shaped lines on the two repository images (as tests/env_docker.rs).
-fn swe_bench_lines(dir: &Path) -> std::path::PathBuf {
+fn swe_bench_lines(dir: &Path) -> PathBuf {
     let fixture = |name: &str| {
         let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/docker").join(name);
         std::fs::read_to_string(path).unwrap()
@@ -358,7 +423,7 @@ fn rollout(standin: &Standin, out: &Path, tasks: &str, policy: &str, extra: &[&s
     let stderr = String::from_utf8_lossy(&output.stderr);
     assert!(output.status.success(), "{args:?}: {stderr}");
     assert!(stderr.contains(&format!("envs sweep --run {run}")), "{stderr}");
-    assert_eq!(list_pods(standin, common::k8s::NAMESPACE, Some(&run)), Vec::<String>::new());
+    assert_eq!(list_pods(standin, NAMESPACE, Some(&run)), Vec::<String>::new());
     assert_eq!(docker_of_run(&run), "");
     let text = std::fs::read_to_string(out.join("rollout.json")).unwrap();
     serde_json::from_str(&text).unwrap()
@@ -408,22 +473,22 @@ fn a_run_killed_midway_leaves_pods_that_envs_sweep_removes() {
         .spawn()
         .unwrap();
     let started = Instant::now();
-    while list_pods(&standin, common::k8s::NAMESPACE, Some(&run)).len() < 4 {
+    while list_pods(&standin, NAMESPACE, Some(&run)).len() < 4 {
         assert!(started.elapsed() < 120 * SECOND, "no pods after 120 s");
         assert!(child.try_wait().unwrap().is_none(), "the run ended before it was killed");
         std::thread::sleep(Duration::from_millis(200));
     }
     child.kill().unwrap(); // SIGKILL: nothing of the run cleans up
     child.wait().unwrap();
-    let left = list_pods(&standin, common::k8s::NAMESPACE, Some(&run));
+    let left = list_pods(&standin, NAMESPACE, Some(&run));
     assert!(!left.is_empty());
     let sweep = swerve_train(&[
-        "envs", "sweep", "--run", &run, "--kubeconfig", &kubeconfig, "--namespace", common::k8s::NAMESPACE,
+        "envs", "sweep", "--run", &run, "--kubeconfig", &kubeconfig, "--namespace", NAMESPACE,
     ]);
     let said = String::from_utf8_lossy(&sweep.stdout);
     assert!(sweep.status.success(), "{said} {}", String::from_utf8_lossy(&sweep.stderr));
     assert!(said.starts_with("deleted ") && said.contains(&format!("of run {run} in namespace swerve-test")), "{said}");
-    assert_eq!(list_pods(&standin, common::k8s::NAMESPACE, Some(&run)), Vec::<String>::new());
+    assert_eq!(list_pods(&standin, NAMESPACE, Some(&run)), Vec::<String>::new());
     assert_eq!(docker_of_run(&run), "");
     // Malformed values are errors naming the flag and the value.
     let bad = swerve_train(&["envs", "sweep", "--run=-bad-", "--kubeconfig", &kubeconfig]);

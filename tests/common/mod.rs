@@ -4,7 +4,7 @@
 pub mod coin;
 pub mod forgeries;
 pub mod gpu;
-pub mod k8s;
+pub mod k8s_standin;
 pub mod nccl_ranks;
 pub mod paged;
 pub mod python;

@@ -28,9 +28,10 @@ impl Pods {
         let name = pod.metadata.name.clone().unwrap_or_default();
         let what = format!("creating the pod {name} in namespace {}", self.namespace);
         let mut replaced = 0;
+        let params = PostParams::default();
         loop {
             let created = with_retries(&self.config.retry, self.config.api_timeout, &what, || {
-                self.api.create(&PostParams::default(), pod)
+                self.api.create(&params, pod)
             })
             .await;
             match created {

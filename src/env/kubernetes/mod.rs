@@ -77,9 +77,8 @@ fn connect(config: &KubernetesConfig) -> Result<Connection> {
             config: config.clone(),
         };
         let what = format!("listing pods in namespace {}", pods.namespace);
-        retry::with_retries(&config.retry, config.api_timeout, &what, || {
-            pods.api.list(&ListParams::default().limit(1))
-        })
+        let one = ListParams::default().limit(1);
+        retry::with_retries(&config.retry, config.api_timeout, &what, || pods.api.list(&one))
         .await
         .map_err(|e| anyhow::anyhow!("the Kubernetes API does not answer {what}: {e}"))?;
         anyhow::Ok(pods)
