@@ -51,7 +51,12 @@ impl Standin {
 
     fn get_json(&self, path: &str) -> Value {
         let (status, body) = self.api.request("GET", path, None);
-        assert_eq!(status, 200, "GET {path}: {body}\nthe stand-in's log:\n{}", self.api.log());
+        assert_eq!(
+            status,
+            200,
+            "GET {path}: {body}\nthe stand-in's log:\n{}",
+            self.api.log()
+        );
         body
     }
 
@@ -66,7 +71,9 @@ fn list_pods(standin: &Standin, namespace: &str, run: Option<&str>) -> Vec<Strin
         Some(run) => format!("swerve.run%3D{run}"),
         None => "swerve.run".to_string(),
     };
-    let list = standin.get_json(&format!("/api/v1/namespaces/{namespace}/pods?labelSelector={selector}"));
+    let list = standin.get_json(&format!(
+        "/api/v1/namespaces/{namespace}/pods?labelSelector={selector}"
+    ));
     let mut names: Vec<String> = list["items"]
         .as_array()
         .unwrap_or_else(|| panic!("no items: {list}"))
@@ -125,7 +132,10 @@ fn write(path: &Path, text: &str) {
 
 /// A folder task: calc.py whose `div` multiplies, graded by tests/test_x.py.
 fn folder_task(dir: &Path) -> Task {
-    write(&dir.join("repo/calc.py"), "def div(a, b):\n    return a * b\n");
+    write(
+        &dir.join("repo/calc.py"),
+        "def div(a, b):\n    return a * b\n",
+    );
     write(&dir.join("tests/tests/__init__.py"), "");
     write(
         &dir.join("tests/tests/test_x.py"),
@@ -147,7 +157,10 @@ fn run_ok(sandbox: &mut dyn Sandbox, command: &str) -> String {
 /// No pod of the run through the API, no container through docker.
 fn assert_nothing_left(standin: &Standin, env: &KubernetesEnvironment) {
     let run = env.run_id();
-    assert_eq!(list_pods(standin, env.namespace(), Some(run)), Vec::<String>::new());
+    assert_eq!(
+        list_pods(standin, env.namespace(), Some(run)),
+        Vec::<String>::new()
+    );
     assert_eq!(docker_of_run(run), "");
 }
 
@@ -160,17 +173,32 @@ fn commands_stdin_exit_codes_files_and_close() {
     let task = folder_task(tmp.path());
     let mut sandbox = env.start(&task, "folder").unwrap();
     assert_eq!(sandbox.workdir(), "/workspace");
-    assert_eq!(run_ok(sandbox.as_mut(), "pwd; ls").trim(), "/workspace\ncalc.py");
+    assert_eq!(
+        run_ok(sandbox.as_mut(), "pwd; ls").trim(),
+        "/workspace\ncalc.py"
+    );
     let out = sandbox
-        .run("cat > note.txt && wc -c < note.txt", Some(b"hello"), 10 * SECOND)
+        .run(
+            "cat > note.txt && wc -c < note.txt",
+            Some(b"hello"),
+            10 * SECOND,
+        )
         .unwrap();
     assert_eq!((out.output.trim(), out.exit_code), ("5", Some(0)));
-    let out = sandbox.run("echo out; echo err >&2; exit 3", None, 10 * SECOND).unwrap();
-    assert_eq!((out.output.as_str(), out.exit_code), ("out\nerr\n", Some(3)));
+    let out = sandbox
+        .run("echo out; echo err >&2; exit 3", None, 10 * SECOND)
+        .unwrap();
+    assert_eq!(
+        (out.output.as_str(), out.exit_code),
+        ("out\nerr\n", Some(3))
+    );
     assert!(!out.success());
     // A fresh shell each time: cd and variables do not carry over.
     run_ok(sandbox.as_mut(), "cd /tmp; X=1");
-    assert_eq!(run_ok(sandbox.as_mut(), "pwd; echo \"[$X]\""), "/workspace\n[]\n");
+    assert_eq!(
+        run_ok(sandbox.as_mut(), "pwd; echo \"[$X]\""),
+        "/workspace\n[]\n"
+    );
     // Stdin larger than a websocket frame and the stream buffers, binary included.
     let big: Vec<u8> = (0..300_000u32).map(|i| (i % 251) as u8).collect();
     let out = sandbox.run("md5sum", Some(&big), 30 * SECOND).unwrap();
@@ -189,7 +217,10 @@ fn commands_stdin_exit_codes_files_and_close() {
     write(&extra.join("tests/test_x.py"), "replaced\n");
     write(&extra.join("calc.py"), "new\n");
     sandbox.copy_in(&extra).unwrap();
-    assert_eq!(run_ok(sandbox.as_mut(), "cat calc.py tests/test_x.py"), "new\nreplaced\n");
+    assert_eq!(
+        run_ok(sandbox.as_mut(), "cat calc.py tests/test_x.py"),
+        "new\nreplaced\n"
+    );
     let pod = list_pods(&standin, env.namespace(), Some(env.run_id()));
     assert_eq!(pod.len(), 1, "{pod:?}");
     sandbox.close().unwrap();
@@ -204,7 +235,10 @@ fn the_pod_carries_the_spec_the_api_stored() {
     let tmp = tempfile::tempdir().unwrap();
     let standin = Standin::start(&[]);
     let mut config = config(&standin);
-    config.options.node_selector.insert("kubernetes.io/os".into(), "linux".into());
+    config
+        .options
+        .node_selector
+        .insert("kubernetes.io/os".into(), "linux".into());
     config.options.active_deadline = Duration::from_secs(3600);
     let env = KubernetesEnvironment::new(config).unwrap();
     let task = folder_task(tmp.path());
@@ -222,12 +256,21 @@ fn the_pod_carries_the_spec_the_api_stored() {
     assert_eq!(spec["nodeSelector"]["kubernetes.io/os"], "linux");
     let container = &spec["containers"][0];
     assert_eq!(container["image"], PYTHON);
-    assert_eq!(container["resources"]["limits"]["memory"], (256u64 << 20).to_string());
+    assert_eq!(
+        container["resources"]["limits"]["memory"],
+        (256u64 << 20).to_string()
+    );
     assert_eq!(container["resources"]["requests"]["cpu"], "500m");
-    assert_eq!(container["securityContext"]["capabilities"]["drop"], json!(["ALL"]));
+    assert_eq!(
+        container["securityContext"]["capabilities"]["drop"],
+        json!(["ALL"])
+    );
     assert_eq!(pod["metadata"]["labels"]["swerve.run"], env.run_id());
     assert_eq!(pod["metadata"]["labels"]["swerve.episode"], "Spec_Check--1");
-    assert_eq!(pod["metadata"]["annotations"]["swerve.episode"], "Spec_Check #1");
+    assert_eq!(
+        pod["metadata"]["annotations"]["swerve.episode"],
+        "Spec_Check #1"
+    );
     assert_eq!(pod["status"]["phase"], "Running");
     drop(sandbox);
     assert_nothing_left(&standin, &env);
@@ -241,17 +284,27 @@ fn timeouts_output_limits_and_memory_hold_and_the_sandbox_survives_them() {
     let env = environment(&standin);
     let mut sandbox = env.start(&folder_task(tmp.path()), "limits").unwrap();
     let started = Instant::now();
-    let out = sandbox.run("echo start; sleep 30", None, 2 * SECOND).unwrap();
+    let out = sandbox
+        .run("echo start; sleep 30", None, 2 * SECOND)
+        .unwrap();
     assert!(out.timed_out && out.exit_code.is_none(), "{out:?}");
     assert!(started.elapsed() < 10 * SECOND, "{:?}", started.elapsed());
     assert!(out.output.contains("start"), "{out:?}");
     // Nothing the timed-out command started is left.
-    let out = sandbox.run("sleep 60 & echo $!; wait", None, SECOND).unwrap();
+    let out = sandbox
+        .run("sleep 60 & echo $!; wait", None, SECOND)
+        .unwrap();
     assert!(out.timed_out, "{out:?}");
-    assert_eq!(run_ok(sandbox.as_mut(), "ps -eo comm | grep -c '^sleep$' || true").trim(), "1");
+    assert_eq!(
+        run_ok(sandbox.as_mut(), "ps -eo comm | grep -c '^sleep$' || true").trim(),
+        "1"
+    );
 
     let out = sandbox.run("yes swerve", None, 20 * SECOND).unwrap();
-    assert!(out.output_overflow && !out.timed_out && out.exit_code.is_none(), "{out:?}");
+    assert!(
+        out.output_overflow && !out.timed_out && out.exit_code.is_none(),
+        "{out:?}"
+    );
     assert!(out.output.contains("bytes of output omitted"), "{out:?}");
     assert!(out.output.len() < 4096 + 100, "{}", out.output.len());
     let out = sandbox.run("seq 100000", None, 20 * SECOND).unwrap();
@@ -262,7 +315,10 @@ fn timeouts_output_limits_and_memory_hold_and_the_sandbox_survives_them() {
     // 256 MiB: a process taking 1 GiB is killed.
     let hog = "python3 -c 'b = bytearray(1 << 30); print(len(b))'";
     let out = sandbox.run(hog, None, 30 * SECOND).unwrap();
-    assert!(!out.success() && !out.output.contains("1073741824"), "{out:?}");
+    assert!(
+        !out.success() && !out.output.contains("1073741824"),
+        "{out:?}"
+    );
     assert_eq!(run_ok(sandbox.as_mut(), "echo ok"), "ok\n");
     sandbox.close().unwrap();
     assert_nothing_left(&standin, &env);
@@ -286,7 +342,10 @@ fn throttling_server_errors_and_name_conflicts_are_retried() {
         {"method": "DELETE", "path": pod, "status": 429, "count": 1, "retry_after": 0},
     ]}));
     let mut sandbox = env.start(&folder_task(tmp.path()), "retried").unwrap();
-    assert_eq!(run_ok(sandbox.as_mut(), "echo x >> count; wc -l < count").trim(), "1");
+    assert_eq!(
+        run_ok(sandbox.as_mut(), "echo x >> count; wc -l < count").trim(),
+        "1"
+    );
     sandbox.close().unwrap();
     let stats = standin.api.stats();
     for (status, count) in [("429", 3), ("500", 3), ("409", 1), ("503", 2)] {
@@ -305,19 +364,31 @@ fn a_dropped_exec_is_retried_only_when_the_command_cannot_have_run() {
     let next = standin.api.stats()["exec_sessions"].as_u64().unwrap() + 1;
     // Cut before the command started: sent again, and it ran once.
     standin.add_faults(json!({"exec_drops": [{"session": next, "when": "before_output"}]}));
-    let out = sandbox.run("echo x >> count; wc -l < count", None, 10 * SECOND).unwrap();
+    let out = sandbox
+        .run("echo x >> count; wc -l < count", None, 10 * SECOND)
+        .unwrap();
     assert_eq!(out.output.trim(), "1", "{out:?}");
     // Cut after its output: it ran, so it is not sent again: an infrastructure failure.
     let next = standin.api.stats()["exec_sessions"].as_u64().unwrap() + 1;
     standin.add_faults(json!({"exec_drops": [{"session": next, "when": "after_output"}]}));
     let err = format!(
         "{:#}",
-        sandbox.run("echo x >> count; wc -l < count", None, 10 * SECOND).err().unwrap()
+        sandbox
+            .run("echo x >> count; wc -l < count", None, 10 * SECOND)
+            .err()
+            .unwrap()
     );
-    assert!(err.contains("may have run") && err.contains("infrastructure"), "{err}");
+    assert!(
+        err.contains("may have run") && err.contains("infrastructure"),
+        "{err}"
+    );
     assert_eq!(run_ok(sandbox.as_mut(), "wc -l < count").trim(), "2");
     let stats = standin.api.stats();
-    assert_eq!(stats["exec_dropped"], json!({"before_output": 1, "after_output": 1}), "{stats}");
+    assert_eq!(
+        stats["exec_dropped"],
+        json!({"before_output": 1, "after_output": 1}),
+        "{stats}"
+    );
     sandbox.close().unwrap();
     assert_nothing_left(&standin, &env);
 }
@@ -333,16 +404,28 @@ fn the_active_deadline_ends_a_pod_and_a_missing_image_is_a_clear_error() {
     let mut task = folder_task(tmp.path());
     let mut sandbox = env.start_sandbox(&task, "deadline", None).unwrap();
     std::thread::sleep(6 * SECOND);
-    let err = format!("{:#}", sandbox.run("true", None, 10 * SECOND).err().unwrap());
-    assert!(err.contains("is gone") && err.contains("DeadlineExceeded"), "{err}");
+    let err = format!(
+        "{:#}",
+        sandbox.run("true", None, 10 * SECOND).err().unwrap()
+    );
+    assert!(
+        err.contains("is gone") && err.contains("DeadlineExceeded"),
+        "{err}"
+    );
     sandbox.close().unwrap();
 
     task.image = Some("swerve-test-absent:0".into());
     let started = Instant::now();
     let err = format!("{:#}", env.start(&task, "absent").err().unwrap());
     assert!(started.elapsed() < 30 * SECOND, "{:?}", started.elapsed());
-    assert!(err.contains("swerve-test-absent:0") && err.contains("ErrImagePull"), "{err}");
-    assert!(err.contains("swerve-") && err.contains("did not start"), "{err}");
+    assert!(
+        err.contains("swerve-test-absent:0") && err.contains("ErrImagePull"),
+        "{err}"
+    );
+    assert!(
+        err.contains("swerve-") && err.contains("did not start"),
+        "{err}"
+    );
     assert_nothing_left(&standin, &env);
 }
 
@@ -380,7 +463,13 @@ fn swerve_train(args: &[&str]) -> std::process::Output {
 
 fn docker_label(image: &str) -> String {
     let out = std::process::Command::new("docker")
-        .args(["image", "inspect", "-f", "{{index .Config.Labels \"swerve.base_commit\"}}", image])
+        .args([
+            "image",
+            "inspect",
+            "-f",
+            "{{index .Config.Labels \"swerve.base_commit\"}}",
+            image,
+        ])
         .output()
         .unwrap();
     String::from_utf8_lossy(&out.stdout).trim().to_string()
@@ -389,7 +478,9 @@ fn docker_label(image: &str) -> String {
 /// SWE-bench Verified-shaped lines on the two repository images (as tests/env_docker.rs).
 fn swe_bench_lines(dir: &Path) -> PathBuf {
     let fixture = |name: &str| {
-        let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/docker").join(name);
+        let path = Path::new(env!("CARGO_MANIFEST_DIR"))
+            .join("tests/fixtures/docker")
+            .join(name);
         std::fs::read_to_string(path).unwrap()
     };
     let swebench = json!({"instance_id": "pytest-dev__pytest-1", "repo": "pytest-dev/pytest",
@@ -410,20 +501,48 @@ fn swe_bench_lines(dir: &Path) -> PathBuf {
 }
 
 /// `rollout --env kubernetes` of `tasks`; its summary (rollout.json). No pod of the run is left.
-fn rollout(standin: &Standin, out: &Path, tasks: &str, policy: &str, extra: &[&str]) -> serde_json::Value {
+fn rollout(
+    standin: &Standin,
+    out: &Path,
+    tasks: &str,
+    policy: &str,
+    extra: &[&str],
+) -> serde_json::Value {
     let run = format!("cli-{}", swerve::env::docker::new_run_id());
     let kubeconfig = standin.kubeconfig.to_str().unwrap();
     let mut args = vec![
-        "rollout", "--env", "kubernetes", "--kubeconfig", kubeconfig, "--k8s-run-id", &run,
-        "--tasks", tasks, "--policy", policy, "--image", PYTHON, "--sandbox-memory-mb", "512",
-        "--out", out.to_str().unwrap(), "--infra-retries", "0",
+        "rollout",
+        "--env",
+        "kubernetes",
+        "--kubeconfig",
+        kubeconfig,
+        "--k8s-run-id",
+        &run,
+        "--tasks",
+        tasks,
+        "--policy",
+        policy,
+        "--image",
+        PYTHON,
+        "--sandbox-memory-mb",
+        "512",
+        "--out",
+        out.to_str().unwrap(),
+        "--infra-retries",
+        "0",
     ];
     args.extend_from_slice(extra);
     let output = swerve_train(&args);
     let stderr = String::from_utf8_lossy(&output.stderr);
     assert!(output.status.success(), "{args:?}: {stderr}");
-    assert!(stderr.contains(&format!("envs sweep --run {run}")), "{stderr}");
-    assert_eq!(list_pods(standin, NAMESPACE, Some(&run)), Vec::<String>::new());
+    assert!(
+        stderr.contains(&format!("envs sweep --run {run}")),
+        "{stderr}"
+    );
+    assert_eq!(
+        list_pods(standin, NAMESPACE, Some(&run)),
+        Vec::<String>::new()
+    );
     assert_eq!(docker_of_run(&run), "");
     let text = std::fs::read_to_string(out.join("rollout.json")).unwrap();
     serde_json::from_str(&text).unwrap()
@@ -435,22 +554,52 @@ fn rollout_cli_32_episodes_at_once_oracle_resolved_noop_not() {
     let tmp = tempfile::tempdir().unwrap();
     let standin = Standin::start(&[]);
     let at_once = ["--limit-tasks", "8", "--group", "4", "--concurrency", "32"];
-    let oracle = rollout(&standin, &tmp.path().join("oracle"), "builtin:python-bugs", "oracle", &at_once);
+    let oracle = rollout(
+        &standin,
+        &tmp.path().join("oracle"),
+        "builtin:python-bugs",
+        "oracle",
+        &at_once,
+    );
     assert_eq!(oracle["episodes"], 32, "{oracle}");
     assert_eq!(oracle["resolved"], 32, "{oracle}");
     assert_eq!(oracle["infrastructure_failures"], 0, "{oracle}");
     assert_eq!(oracle["environment"], "kubernetes");
-    let noop = rollout(&standin, &tmp.path().join("noop"), "builtin:python-bugs", "noop", &at_once);
-    assert_eq!((noop["episodes"].as_u64(), noop["resolved"].as_u64()), (Some(32), Some(0)), "{noop}");
+    let noop = rollout(
+        &standin,
+        &tmp.path().join("noop"),
+        "builtin:python-bugs",
+        "noop",
+        &at_once,
+    );
+    assert_eq!(
+        (noop["episodes"].as_u64(), noop["resolved"].as_u64()),
+        (Some(32), Some(0)),
+        "{noop}"
+    );
     assert_eq!(noop["infrastructure_failures"], 0, "{noop}");
 
     let lines = swe_bench_lines(tmp.path());
     let lines = lines.to_str().unwrap();
     let two = ["--group", "2", "--concurrency", "4"];
-    let oracle = rollout(&standin, &tmp.path().join("swe-oracle"), lines, "oracle", &two);
-    assert_eq!((oracle["episodes"].as_u64(), oracle["resolved"].as_u64()), (Some(4), Some(4)), "{oracle}");
+    let oracle = rollout(
+        &standin,
+        &tmp.path().join("swe-oracle"),
+        lines,
+        "oracle",
+        &two,
+    );
+    assert_eq!(
+        (oracle["episodes"].as_u64(), oracle["resolved"].as_u64()),
+        (Some(4), Some(4)),
+        "{oracle}"
+    );
     let noop = rollout(&standin, &tmp.path().join("swe-noop"), lines, "noop", &two);
-    assert_eq!((noop["episodes"].as_u64(), noop["resolved"].as_u64()), (Some(4), Some(0)), "{noop}");
+    assert_eq!(
+        (noop["episodes"].as_u64(), noop["resolved"].as_u64()),
+        (Some(4), Some(0)),
+        "{noop}"
+    );
     assert_eq!(noop["infrastructure_failures"], 0, "{noop}");
 }
 
@@ -463,9 +612,31 @@ fn a_run_killed_midway_leaves_pods_that_envs_sweep_removes() {
     let kubeconfig = standin.kubeconfig.to_str().unwrap().to_string();
     let out = tmp.path().join("out");
     let mut child = std::process::Command::new(env!("CARGO_BIN_EXE_swerve-train"))
-        .args(["rollout", "--env", "kubernetes", "--kubeconfig", &kubeconfig, "--k8s-run-id", &run])
-        .args(["--tasks", "builtin:python-bugs", "--limit-tasks", "8", "--group", "2"])
-        .args(["--concurrency", "8", "--policy", "oracle", "--image", PYTHON])
+        .args([
+            "rollout",
+            "--env",
+            "kubernetes",
+            "--kubeconfig",
+            &kubeconfig,
+            "--k8s-run-id",
+            &run,
+        ])
+        .args([
+            "--tasks",
+            "builtin:python-bugs",
+            "--limit-tasks",
+            "8",
+            "--group",
+            "2",
+        ])
+        .args([
+            "--concurrency",
+            "8",
+            "--policy",
+            "oracle",
+            "--image",
+            PYTHON,
+        ])
         .arg("--out")
         .arg(&out)
         .stdout(std::process::Stdio::null())
@@ -475,7 +646,10 @@ fn a_run_killed_midway_leaves_pods_that_envs_sweep_removes() {
     let started = Instant::now();
     while list_pods(&standin, NAMESPACE, Some(&run)).len() < 4 {
         assert!(started.elapsed() < 120 * SECOND, "no pods after 120 s");
-        assert!(child.try_wait().unwrap().is_none(), "the run ended before it was killed");
+        assert!(
+            child.try_wait().unwrap().is_none(),
+            "the run ended before it was killed"
+        );
         std::thread::sleep(Duration::from_millis(200));
     }
     child.kill().unwrap(); // SIGKILL: nothing of the run cleans up
@@ -483,18 +657,42 @@ fn a_run_killed_midway_leaves_pods_that_envs_sweep_removes() {
     let left = list_pods(&standin, NAMESPACE, Some(&run));
     assert!(!left.is_empty());
     let sweep = swerve_train(&[
-        "envs", "sweep", "--run", &run, "--kubeconfig", &kubeconfig, "--namespace", NAMESPACE,
+        "envs",
+        "sweep",
+        "--run",
+        &run,
+        "--kubeconfig",
+        &kubeconfig,
+        "--namespace",
+        NAMESPACE,
     ]);
     let said = String::from_utf8_lossy(&sweep.stdout);
-    assert!(sweep.status.success(), "{said} {}", String::from_utf8_lossy(&sweep.stderr));
-    assert!(said.starts_with("deleted ") && said.contains(&format!("of run {run} in namespace swerve-test")), "{said}");
-    assert_eq!(list_pods(&standin, NAMESPACE, Some(&run)), Vec::<String>::new());
+    assert!(
+        sweep.status.success(),
+        "{said} {}",
+        String::from_utf8_lossy(&sweep.stderr)
+    );
+    assert!(
+        said.starts_with("deleted ")
+            && said.contains(&format!("of run {run} in namespace swerve-test")),
+        "{said}"
+    );
+    assert_eq!(
+        list_pods(&standin, NAMESPACE, Some(&run)),
+        Vec::<String>::new()
+    );
     assert_eq!(docker_of_run(&run), "");
     // Malformed values are errors naming the flag and the value.
     let bad = swerve_train(&["envs", "sweep", "--run=-bad-", "--kubeconfig", &kubeconfig]);
     let err = String::from_utf8_lossy(&bad.stderr);
-    assert!(!bad.status.success() && err.contains("--run") && err.contains("-bad-"), "{err}");
+    assert!(
+        !bad.status.success() && err.contains("--run") && err.contains("-bad-"),
+        "{err}"
+    );
     let bad = swerve_train(&["envs", "sweep", "--all", "--k8s-toleration", "a:Sometimes"]);
     let err = String::from_utf8_lossy(&bad.stderr);
-    assert!(err.contains("--k8s-toleration") && err.contains("Sometimes"), "{err}");
+    assert!(
+        err.contains("--k8s-toleration") && err.contains("Sometimes"),
+        "{err}"
+    );
 }

@@ -14,7 +14,9 @@ use std::time::Duration;
 fn positive_seconds(text: &str) -> Result<u64, String> {
     match text.parse::<u64>() {
         Ok(n) if n > 0 => Ok(n),
-        _ => Err(format!("{text:?} is not a whole number of seconds of at least 1")),
+        _ => Err(format!(
+            "{text:?} is not a whole number of seconds of at least 1"
+        )),
     }
 }
 

@@ -162,7 +162,9 @@ pub fn parse_node_selector(text: &str) -> std::result::Result<BTreeMap<String, S
         };
         check_label_key(key)?;
         if !is_label_value(value) {
-            return Err(format!("the value {value:?} of {key:?} is not a label value"));
+            return Err(format!(
+                "the value {value:?} of {key:?} is not a label value"
+            ));
         }
         if map.insert(key.to_string(), value.to_string()).is_some() {
             return Err(format!("the key {key:?} is given twice"));
@@ -232,7 +234,9 @@ pub fn parse_run_id(text: &str) -> std::result::Result<String, String> {
 pub fn parse_cpus(text: &str) -> std::result::Result<f64, String> {
     match text.parse::<f64>() {
         Ok(v) if v.is_finite() && v >= 0.001 => Ok(v),
-        _ => Err(format!("{text:?} is not a number of CPU cores of at least 0.001")),
+        _ => Err(format!(
+            "{text:?} is not a number of CPU cores of at least 0.001"
+        )),
     }
 }
 
@@ -295,10 +299,18 @@ mod tests {
         let map = parse_node_selector("pool=sandbox,kubernetes.io/arch=amd64").unwrap();
         assert_eq!(map["pool"], "sandbox");
         assert_eq!(map["kubernetes.io/arch"], "amd64");
-        assert!(parse_node_selector("pool").unwrap_err().contains("KEY=VALUE"));
-        assert!(parse_node_selector("a=b,a=c").unwrap_err().contains("twice"));
-        assert!(parse_node_selector("a=b c").unwrap_err().contains("\"b c\""));
-        assert!(parse_node_selector("Bad_/x=1").unwrap_err().contains("prefix"));
+        assert!(parse_node_selector("pool")
+            .unwrap_err()
+            .contains("KEY=VALUE"));
+        assert!(parse_node_selector("a=b,a=c")
+            .unwrap_err()
+            .contains("twice"));
+        assert!(parse_node_selector("a=b c")
+            .unwrap_err()
+            .contains("\"b c\""));
+        assert!(parse_node_selector("Bad_/x=1")
+            .unwrap_err()
+            .contains("prefix"));
 
         let t = parse_toleration("gpu=no:NoSchedule").unwrap();
         assert_eq!(
@@ -308,13 +320,17 @@ mod tests {
         assert_eq!(t.effect.as_deref(), Some("NoSchedule"));
         let t = parse_toleration("sandbox").unwrap();
         assert_eq!((t.operator.as_deref(), t.effect), (Some("Exists"), None));
-        assert!(parse_toleration("a:Sometimes").unwrap_err().contains("Sometimes"));
+        assert!(parse_toleration("a:Sometimes")
+            .unwrap_err()
+            .contains("Sometimes"));
     }
 
     #[test]
     fn names_cpus_and_run_ids() {
         assert!(parse_object_name("swerve-sandboxes").is_ok());
-        assert!(parse_object_name("Swerve").unwrap_err().contains("\"Swerve\""));
+        assert!(parse_object_name("Swerve")
+            .unwrap_err()
+            .contains("\"Swerve\""));
         assert_eq!(parse_run_id("123-456-0").unwrap(), "123-456-0");
         assert!(parse_run_id("-x").is_err() && parse_run_id("").is_err());
         assert_eq!(parse_cpus("0.5").unwrap(), 0.5);

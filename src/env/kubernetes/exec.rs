@@ -93,7 +93,12 @@ enum ExecFailure {
 }
 
 /// Runs `request` in the pod `name`, retrying only what cannot have started the command.
-pub async fn exec(pods: &Pods, name: &str, request: &ExecRequest<'_>, limits: &Limits) -> Result<CommandOutput> {
+pub async fn exec(
+    pods: &Pods,
+    name: &str,
+    request: &ExecRequest<'_>,
+    limits: &Limits,
+) -> Result<CommandOutput> {
     let mut attempt = 0;
     loop {
         let failure = match exec_once(pods, name, request, limits).await {
@@ -101,7 +106,9 @@ pub async fn exec(pods: &Pods, name: &str, request: &ExecRequest<'_>, limits: &L
             Err(failure) => failure,
         };
         match failure {
-            ExecFailure::NotStarted(e) if e.retryable() && attempt + 1 < pods.config.retry.attempts => {
+            ExecFailure::NotStarted(e)
+                if e.retryable() && attempt + 1 < pods.config.retry.attempts =>
+            {
                 tokio::time::sleep(backoff(&pods.config.retry, attempt)).await;
                 attempt += 1;
             }
@@ -150,10 +157,17 @@ async fn exec_once(
             ))))
         }
     };
-    let streams = (attached.take_status(), attached.stdout(), attached.stderr(), attached.stdin());
+    let streams = (
+        attached.take_status(),
+        attached.stdout(),
+        attached.stderr(),
+        attached.stdin(),
+    );
     let (Some(status), Some(stdout), Some(stderr), Some(stdin)) = streams else {
         attached.abort();
-        return Err(ExecFailure::AfterStart("the exec stream lacks a channel".into()));
+        return Err(ExecFailure::AfterStart(
+            "the exec stream lacks a channel".into(),
+        ));
     };
     let control = Arc::new(Mutex::new(Vec::new()));
     let (ready_tx, ready_rx) = tokio::sync::oneshot::channel();
@@ -191,7 +205,10 @@ async fn exec_once(
         out.elapsed = started.elapsed();
         return Ok(out);
     }
-    let status = tokio::time::timeout(CLIENT_GRACE, status).await.ok().flatten();
+    let status = tokio::time::timeout(CLIENT_GRACE, status)
+        .await
+        .ok()
+        .flatten();
     drop(stdin_done);
     let _ = stdin_task.await;
     let _ = control_reader.await;
@@ -222,7 +239,10 @@ async fn exec_once(
 fn feed_stdin(
     mut writer: impl tokio::io::AsyncWrite + Unpin + Send + 'static,
     stdin: Option<&[u8]>,
-) -> (tokio::sync::oneshot::Sender<()>, tokio::task::JoinHandle<()>) {
+) -> (
+    tokio::sync::oneshot::Sender<()>,
+    tokio::task::JoinHandle<()>,
+) {
     let bytes = stdin.map(|stdin| [b"go\n".as_slice(), stdin].concat());
     let (done, wait) = tokio::sync::oneshot::channel::<()>();
     let task = tokio::spawn(async move {
@@ -282,7 +302,10 @@ async fn read_control(
         let mut kept = into.lock().unwrap_or_else(|e| e.into_inner());
         let room = 4096usize.saturating_sub(kept.len());
         kept.extend_from_slice(&buf[..n.min(room)]);
-        if String::from_utf8_lossy(&kept).lines().any(|l| l == "swerve-ready") {
+        if String::from_utf8_lossy(&kept)
+            .lines()
+            .any(|l| l == "swerve-ready")
+        {
             if let Some(ready) = ready.take() {
                 let _ = ready.send(());
             }
@@ -302,8 +325,18 @@ fn pgid(control: &[u8]) -> Option<u32> {
 /// Kills process group `group` in the pod (best effort: the pod's `timeout` and `close` are the
 /// backstops).
 async fn kill_group(pods: &Pods, name: &str, group: u32) {
-    let argv = ["sh", "-c", "kill -KILL -\"$1\"", "swerve-kill", &group.to_string()];
-    let params = AttachParams::default().container(CONTAINER).stdin(false).stdout(true).stderr(true);
+    let argv = [
+        "sh",
+        "-c",
+        "kill -KILL -\"$1\"",
+        "swerve-kill",
+        &group.to_string(),
+    ];
+    let params = AttachParams::default()
+        .container(CONTAINER)
+        .stdin(false)
+        .stdout(true)
+        .stderr(true);
     let kill = async {
         if let Ok(mut attached) = pods.api.exec(name, argv, &params).await {
             if let Some(status) = attached.take_status() {
@@ -355,7 +388,9 @@ mod tests {
         let broken: Status = serde_json::from_value(serde_json::json!({"status": "Failure",
             "reason": "InternalError", "message": "container not found"}))
         .unwrap();
-        assert!(exit_code(&broken).unwrap_err().contains("container not found"));
+        assert!(exit_code(&broken)
+            .unwrap_err()
+            .contains("container not found"));
     }
 
     #[test]
@@ -378,14 +413,22 @@ mod tests {
             .spawn()
             .and_then(|mut child| {
                 // More than the command's share: only STDIN_BYTES reach it.
-                child.stdin.take().unwrap().write_all(b"go\nin\nnot for it")?;
+                child
+                    .stdin
+                    .take()
+                    .unwrap()
+                    .write_all(b"go\nin\nnot for it")?;
                 child.wait_with_output()
             })
             .unwrap();
         assert_eq!(out.status.code(), Some(3));
         let expected = format!("{}\nin\nerr\n", dir.path().display());
         assert_eq!(String::from_utf8_lossy(&out.stdout), expected);
-        assert!(pgid(&out.stderr).is_some(), "{}", String::from_utf8_lossy(&out.stderr));
+        assert!(
+            pgid(&out.stderr).is_some(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
         assert!(String::from_utf8_lossy(&out.stderr).starts_with("swerve-ready\n"));
         // Without the go (the stream dropped: stdin closed), the command does not run.
         let request = ExecRequest {

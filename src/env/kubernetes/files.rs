@@ -89,7 +89,10 @@ mod tests {
             .unwrap();
         std::io::Write::write_all(&mut child.stdin.take().unwrap(), &archive).unwrap();
         assert!(child.wait().unwrap().success());
-        assert_eq!(std::fs::read_to_string(target.join("tests/x.py")).unwrap(), "x = 1\n");
+        assert_eq!(
+            std::fs::read_to_string(target.join("tests/x.py")).unwrap(),
+            "x = 1\n"
+        );
         assert!(tar_folder(&tmp.path().join("absent")).is_err());
     }
 }

@@ -109,10 +109,11 @@ impl Pods {
         let params = WatchParams::default()
             .fields(&format!("metadata.name={name}"))
             .timeout(left.as_secs().clamp(1, 290) as u32);
-        let stream = tokio::time::timeout(self.config.api_timeout, self.api.watch(&params, version))
-            .await
-            .map_err(|_| CallError::Transport("the watch did not answer".into()))?
-            .map_err(CallError::from_kube)?;
+        let stream =
+            tokio::time::timeout(self.config.api_timeout, self.api.watch(&params, version))
+                .await
+                .map_err(|_| CallError::Transport("the watch did not answer".into()))?
+                .map_err(CallError::from_kube)?;
         let mut stream = std::pin::pin!(stream);
         let mut last = None;
         loop {

@@ -78,7 +78,9 @@ fn connect(config: &KubernetesConfig) -> Result<Connection> {
         };
         let what = format!("listing pods in namespace {}", pods.namespace);
         let one = ListParams::default().limit(1);
-        retry::with_retries(&config.retry, config.api_timeout, &what, || pods.api.list(&one))
+        retry::with_retries(&config.retry, config.api_timeout, &what, || {
+            pods.api.list(&one)
+        })
         .await
         .map_err(|e| anyhow::anyhow!("the Kubernetes API does not answer {what}: {e}"))?;
         anyhow::Ok(pods)
@@ -109,7 +111,9 @@ impl KubernetesEnvironment {
     /// run id left.
     pub fn new(config: KubernetesConfig) -> Result<Self> {
         let run_id = match &config.options.run_id {
-            Some(id) => config::parse_run_id(id).map_err(|e| anyhow::anyhow!("--k8s-run-id: {e}"))?,
+            Some(id) => {
+                config::parse_run_id(id).map_err(|e| anyhow::anyhow!("--k8s-run-id: {e}"))?
+            }
             None => new_run_id(),
         };
         let connection = connect(&config)?;
@@ -140,9 +144,17 @@ impl KubernetesEnvironment {
     }
 
     /// [`Environment::start`] with an activation prefix (shell lines every command runs first).
-    pub fn start_sandbox(&self, task: &Task, episode: &str, activate: Option<&str>) -> Result<KubernetesSandbox> {
+    pub fn start_sandbox(
+        &self,
+        task: &Task,
+        episode: &str,
+        activate: Option<&str>,
+    ) -> Result<KubernetesSandbox> {
         let config = &self.pods.config;
-        let image = task.image.clone().unwrap_or_else(|| config.default_image.clone());
+        let image = task
+            .image
+            .clone()
+            .unwrap_or_else(|| config.default_image.clone());
         let (workdir, folder) = match &task.repo {
             RepoSource::InImage { workdir } => (workdir.clone(), None),
             RepoSource::Folder(dir) => (FOLDER_WORKDIR.to_string(), Some(dir.clone())),
@@ -189,7 +201,11 @@ impl Environment for KubernetesEnvironment {
     }
 
     fn start(&self, task: &Task, episode: &str) -> Result<Box<dyn Sandbox>> {
-        Ok(Box::new(self.start_sandbox(task, episode, task.activate.as_deref())?))
+        Ok(Box::new(self.start_sandbox(
+            task,
+            episode,
+            task.activate.as_deref(),
+        )?))
     }
 }
 
@@ -260,7 +276,8 @@ impl Sandbox for KubernetesSandbox {
             return Ok(());
         }
         self.closed = true;
-        self.runtime.block_on(self.pods.delete_confirmed(&self.name))
+        self.runtime
+            .block_on(self.pods.delete_confirmed(&self.name))
     }
 }
 

@@ -68,7 +68,13 @@ fn quantities(cpu: f64, memory: u64) -> BTreeMap<String, Quantity> {
 }
 
 /// The pod of one episode: `image` kept alive by `sleep infinity`, working in `workdir`.
-pub fn pod_spec(config: &KubernetesConfig, run: &str, episode: &str, image: &str, workdir: &str) -> Pod {
+pub fn pod_spec(
+    config: &KubernetesConfig,
+    run: &str,
+    episode: &str,
+    image: &str,
+    workdir: &str,
+) -> Pod {
     let options = &config.options;
     let memory = config.limits.memory_bytes;
     let container = Container {
@@ -233,21 +239,29 @@ mod tests {
         assert_ne!(a, b);
         for name in [&a, &b, &pod_name("r", &"x".repeat(300))] {
             assert!(name.len() <= 63, "{name}");
-            assert!(crate::env::kubernetes::config::is_dns_subdomain(name), "{name}");
+            assert!(
+                crate::env::kubernetes::config::is_dns_subdomain(name),
+                "{name}"
+            );
         }
         assert_eq!(label_value("task/3 #2"), "task-3--2");
         assert_eq!(label_value("_x_"), "x");
-        assert!(crate::env::kubernetes::config::is_label_value(&label_value(&"y".repeat(99))));
+        assert!(crate::env::kubernetes::config::is_label_value(
+            &label_value(&"y".repeat(99))
+        ));
     }
 
     #[test]
     fn the_spec_carries_limits_labels_and_hardening() {
         let mut options = KubernetesOptions::default();
-        options.node_selector.insert("pool".into(), "sandbox".into());
+        options
+            .node_selector
+            .insert("pool".into(), "sandbox".into());
         options.image_pull_secrets.push("regcred".into());
         options.runtime_class = Some("gvisor".into());
         let config = KubernetesConfig::new(Limits::default(), options);
-        let pod = serde_json::to_value(pod_spec(&config, "r1", "e 1", "img:1", "/testbed")).unwrap();
+        let pod =
+            serde_json::to_value(pod_spec(&config, "r1", "e 1", "img:1", "/testbed")).unwrap();
         let spec = &pod["spec"];
         assert_eq!(spec["restartPolicy"], "Never");
         assert_eq!(spec["automountServiceAccountToken"], false);
@@ -284,7 +298,9 @@ mod tests {
         let pod: Pod = serde_json::from_value(serde_json::json!({"status": {"phase": "Failed",
             "reason": "DeadlineExceeded", "message": "Pod was active too long"}}))
         .unwrap();
-        assert!(matches!(start_state(&pod), StartState::Failed(m) if m.contains("DeadlineExceeded")));
+        assert!(
+            matches!(start_state(&pod), StartState::Failed(m) if m.contains("DeadlineExceeded"))
+        );
         let pod: Pod = serde_json::from_value(serde_json::json!({"status": {"phase": "Pending",
             "conditions": [{"type": "PodScheduled", "status": "False", "reason": "Unschedulable",
             "message": "0/3 nodes are available"}]}}))

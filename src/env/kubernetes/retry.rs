@@ -22,9 +22,12 @@ impl CallError {
     pub fn from_kube(e: kube::Error) -> Self {
         match e {
             kube::Error::Api(r) => Self::Status(r.code, format!("{} ({})", r.message, r.reason)),
-            kube::Error::UpgradeConnection(kube::client::UpgradeConnectionError::ProtocolSwitch(
-                code,
-            )) => Self::Status(code.as_u16(), format!("the exec upgrade was answered {code}")),
+            kube::Error::UpgradeConnection(
+                kube::client::UpgradeConnectionError::ProtocolSwitch(code),
+            ) => Self::Status(
+                code.as_u16(),
+                format!("the exec upgrade was answered {code}"),
+            ),
             other => Self::Transport(format!("{other}")),
         }
     }
@@ -66,7 +69,9 @@ pub fn backoff(policy: &RetryPolicy, attempt: u32) -> Duration {
         .duration_since(UNIX_EPOCH)
         .map(|d| d.as_nanos() as u64)
         .unwrap_or(0)
-        ^ CALLS.fetch_add(1, Ordering::Relaxed).wrapping_mul(0x9e37_79b9_7f4a_7c15);
+        ^ CALLS
+            .fetch_add(1, Ordering::Relaxed)
+            .wrapping_mul(0x9e37_79b9_7f4a_7c15);
     let unit = (SplitMix64::new(seed).next_u64() >> 11) as f64 / (1u64 << 53) as f64;
     full / 2 + full.mul_f64(unit / 2.0)
 }
@@ -136,7 +141,10 @@ mod tests {
         assert!(CallError::Status(503, String::new()).retryable());
         assert!(CallError::Transport(String::new()).retryable());
         for code in [400, 403, 404, 409, 422] {
-            assert!(!CallError::Status(code, String::new()).retryable(), "{code}");
+            assert!(
+                !CallError::Status(code, String::new()).retryable(),
+                "{code}"
+            );
         }
     }
 }

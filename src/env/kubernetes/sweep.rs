@@ -18,7 +18,10 @@ pub fn selector(run: Option<&str>) -> String {
 
 /// The names of the pods `selector` picks.
 pub async fn list(pods: &Pods, selector: &str) -> Result<Vec<String>> {
-    let what = format!("listing the pods {selector} in namespace {}", pods.namespace);
+    let what = format!(
+        "listing the pods {selector} in namespace {}",
+        pods.namespace
+    );
     let params = ListParams::default().labels(selector);
     let list = with_retries(&pods.config.retry, pods.config.api_timeout, &what, || {
         pods.api.list(&params)
@@ -63,7 +66,11 @@ pub async fn sweep_pods(pods: &Pods, run: Option<&str>) -> Result<usize> {
                 "{} pods of {selector} are still there {:.0} s after their deletion: {}",
                 waiting.len(),
                 pods.config.delete_timeout.as_secs_f64(),
-                waiting.iter().map(|s| s.as_str()).collect::<Vec<_>>().join(", ")
+                waiting
+                    .iter()
+                    .map(|s| s.as_str())
+                    .collect::<Vec<_>>()
+                    .join(", ")
             );
         }
         tokio::time::sleep(pause).await;
