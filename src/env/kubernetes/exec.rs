@@ -34,7 +34,7 @@ use crate::env::output::Capture;
 use crate::env::{CommandOutput, Limits};
 use anyhow::{anyhow, Result};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Status;
-use kube::api::AttachParams;
+use kube::api::{AttachParams, AttachedProcess};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWriteExt};
@@ -129,13 +129,12 @@ pub async fn exec(
     }
 }
 
-async fn exec_once(
+/// Opens the exec websocket of `request` in the pod `name`.
+async fn connect(
     pods: &Pods,
     name: &str,
     request: &ExecRequest<'_>,
-    limits: &Limits,
-) -> Result<CommandOutput, ExecFailure> {
-    let started = Instant::now();
+) -> Result<AttachedProcess, ExecFailure> {
     let params = AttachParams::default()
         .container(CONTAINER)
         .stdin(true)
@@ -145,18 +144,26 @@ async fn exec_once(
         .max_stdout_buf_size(64 * 1024)
         .max_stdin_buf_size(64 * 1024);
     let connect = pods.api.exec(name, exec_argv(request), &params);
-    let mut attached = match tokio::time::timeout(pods.config.api_timeout, connect).await {
-        Ok(Ok(attached)) => attached,
-        Ok(Err(e)) => return Err(ExecFailure::NotStarted(CallError::from_kube(e))),
+    match tokio::time::timeout(pods.config.api_timeout, connect).await {
+        Ok(Ok(attached)) => Ok(attached),
+        Ok(Err(e)) => Err(ExecFailure::NotStarted(CallError::from_kube(e))),
         // The upgrade may have been answered and the wrapper be waiting: it runs nothing
         // without the go, and dropping the request closes its stdin.
-        Err(_) => {
-            return Err(ExecFailure::NotStarted(CallError::Transport(format!(
-                "the exec request had no answer within {:.0} s",
-                pods.config.api_timeout.as_secs_f64()
-            ))))
-        }
-    };
+        Err(_) => Err(ExecFailure::NotStarted(CallError::Transport(format!(
+            "the exec request had no answer within {:.0} s",
+            pods.config.api_timeout.as_secs_f64()
+        )))),
+    }
+}
+
+async fn exec_once(
+    pods: &Pods,
+    name: &str,
+    request: &ExecRequest<'_>,
+    limits: &Limits,
+) -> Result<CommandOutput, ExecFailure> {
+    let started = Instant::now();
+    let mut attached = connect(pods, name, request).await?;
     let streams = (
         attached.take_status(),
         attached.stdout(),

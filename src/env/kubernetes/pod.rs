@@ -191,6 +191,7 @@ pub fn start_state(pod: &Pod) -> StartState {
             None => reason.to_string(),
         }
     };
+    let mut container_end = None;
     for c in status.container_statuses.iter().flatten() {
         let state = c.state.as_ref();
         if let Some(w) = state.and_then(|s| s.waiting.as_ref()) {
@@ -199,16 +200,26 @@ pub fn start_state(pod: &Pod) -> StartState {
             }
         }
         if let Some(t) = state.and_then(|s| s.terminated.as_ref()) {
-            let exit = format!(" (exit {})", t.exit_code);
-            return StartState::Failed(said(&t.reason, &t.message) + &exit);
+            container_end = Some(format!(
+                "container {} (exit {})",
+                said(&t.reason, &t.message),
+                t.exit_code
+            ));
         }
     }
-    match phase {
-        "Running" => StartState::Running,
-        "Failed" | "Succeeded" => StartState::Failed(format!(
-            "phase {phase} {}",
-            said(&status.reason, &status.message)
-        )),
+    // The pod's own reason first (DeadlineExceeded, Evicted), then its container's end.
+    let pod_reason = said(&status.reason, &status.message);
+    match (phase, container_end) {
+        ("Failed" | "Succeeded", end) => StartState::Failed(
+            [format!("phase {phase}"), pod_reason]
+                .into_iter()
+                .chain(end)
+                .filter(|s| !s.is_empty())
+                .collect::<Vec<_>>()
+                .join(", "),
+        ),
+        (_, Some(end)) => StartState::Failed(end),
+        ("Running", None) => StartState::Running,
         _ => {
             let mut why = vec![format!("phase {phase}")];
             for c in status.conditions.iter().flatten() {
