@@ -205,7 +205,8 @@ async fn exec_once(
     if ended != Ended::Eof {
         out.timed_out = ended == Ended::Deadline;
         out.output_overflow = ended == Ended::Overflow;
-        if let Some(group) = pgid(&control.lock().unwrap_or_else(|e| e.into_inner())) {
+        let group = pgid(&control.lock().unwrap_or_else(|e| e.into_inner()));
+        if let Some(group) = group {
             kill_group(pods, name, group).await;
         }
         attached.abort();
