@@ -41,7 +41,8 @@
 //! - [`rl`]: `swerve-train rl`, the method in one process: rollouts, rewards, DAPO through
 //!   [`train::learner`], weights handed to the engine in memory, iterated.
 //! - [`bench`]: what `swerve-bench` measures; [`progress`]: progress bars; [`sysmem`]: the
-//!   host's available memory.
+//!   host's available memory; [`parse_only`]: `SWERVE_PARSE_ONLY=1`, the binaries' arguments
+//!   parsed and nothing run.
 //!
 //! The binaries in `src/bin/` only parse arguments and call into these modules.
 //!
@@ -71,6 +72,7 @@ pub mod http_client;
 pub mod jsonl;
 pub mod kvcache;
 pub mod model;
+pub mod parse_only;
 pub mod progress;
 pub mod rl;
 pub mod rng;

@@ -47,6 +47,61 @@ fn agent_refuses_a_context_beyond_the_model() {
 }
 
 #[test]
+fn slow_env_compares_one_knob_two_knobs_and_a_warm_pool() {
+    let dir = tempfile::tempdir().unwrap();
+    let jsonl = dir.path().join("slow.jsonl");
+    let out = Command::new(bin_path("swerve-bench"))
+        .args(["agent", "--device", "cpu", "--preset", "tiny"])
+        .args([
+            "--tasks",
+            "2",
+            "--group",
+            "8",
+            "--slow-env",
+            "0.2,0.05",
+            "--jsonl",
+        ])
+        .arg(&jsonl)
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{stdout}{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let records: Vec<Value> = std::fs::read_to_string(&jsonl)
+        .unwrap()
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    let names: Vec<&str> = records
+        .iter()
+        .map(|r| r["configuration"].as_str().unwrap())
+        .collect();
+    assert_eq!(names, ["coupled", "separate", "separate+warm"]);
+    for r in &records {
+        assert_eq!(r["episodes"], 16, "{r}");
+        let busy = r["engine_busy_fraction"].as_f64().unwrap();
+        assert!(busy > 0.0 && busy <= 1.0, "{r}");
+        let exposed = r["startup_exposed_s"].as_f64().unwrap();
+        let hidden = r["startup_hidden_s"].as_f64().unwrap();
+        // Every episode starts one sandbox of 0.2 s: exposed + hidden covers the 16 starts.
+        assert!(exposed + hidden >= 16.0 * 0.2 - 1e-6, "{r}");
+        if r["warm_pool"] == 0 {
+            assert_eq!(hidden, 0.0, "{r}");
+        } else {
+            // 8 sandboxes take the first 8 episodes at once; the pool starts the next ones.
+            assert!(hidden > 0.0, "{r}");
+        }
+    }
+    // One knob: 2 sandboxes for a batch of 2; two knobs: 8 sandboxes, the same batch.
+    assert_eq!(records[0]["sandboxes"], records[0]["engine_batch"]);
+    assert_eq!(records[1]["engine_batch"], records[0]["engine_batch"]);
+    assert!(records[1]["sandboxes"].as_u64() > records[0]["sandboxes"].as_u64());
+}
+
+#[test]
 fn decode_reports_each_batch_size_and_writes_jsonl() {
     let dir = tempfile::tempdir().unwrap();
     let jsonl = dir.path().join("decode.jsonl");

@@ -17,7 +17,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 use swerve::agent::episode::{EpisodeConfig, EpisodeContext, Finish};
 use swerve::agent::policy::{Policy, Script, ScriptedPolicy, TurnInput, TurnOutput};
-use swerve::agent::rollout::run_episodes;
+use swerve::agent::rollout::{run_episodes, Workers};
 use swerve::chat::ChatTemplate;
 use swerve::env::docker::{
     command_script, exec_args, new_run_id, run_args, sweep, DockerConfig, DockerEnvironment,
@@ -300,7 +300,11 @@ fn episodes(
         template: &template,
         config: &config,
     };
-    run_episodes(&ctx, tasks, 1, concurrency, 0, "docker")
+    let workers = Workers {
+        sandboxes: concurrency,
+        warm_pool: concurrency / 2,
+    };
+    run_episodes(&ctx, tasks, 1, workers, 0, "docker")
 }
 
 fn scripted(script: Script) -> ScriptedPolicy {

@@ -155,13 +155,13 @@ for turn in range(20):
     observation = [rng.randrange(150000) for _ in range(rng.randrange(5, 25))]
     history = history + c.token_ids + observation
 
-# The README's recipe: an observation tokenized by the server, appended to the exact history.
+# The recipe of docs/serving.md: an observation tokenized by the server, appended to the exact history.
 observation = client.post("/tokenize", body={"prompt": "<|im_start|>user\nok<|im_end|>\n<|im_start|>assistant\n"},
                           cast_to=object)["tokens"]
 check(observation[0] == 151644 and len(observation) == 9, f"tokenize: {observation}")
 r = client.completions.create(model=model, prompt=None, max_tokens=4,
                               extra_body={"prompt_token_ids": history + observation})
-check(r.usage.cached_tokens >= len(previous) // 16 * 16 > 0, f"README recipe: {r.usage}")
+check(r.usage.cached_tokens >= len(previous) // 16 * 16 > 0, f"docs/serving.md recipe: {r.usage}")
 
 # Errors: OpenAI-shaped, raised as the client's exception types.
 try:

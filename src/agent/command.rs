@@ -3,7 +3,7 @@
 
 use super::episode::{Episode, EpisodeConfig, EpisodeContext};
 use super::policy::{read_replay, EnginePolicy, Policy, Script, ScriptedPolicy, ServerPolicy};
-use super::rollout::{print_summary, run_episodes, summarize};
+use super::rollout::{print_summary, run_episodes, summarize, Workers};
 use super::sampling::{launch_rollout_engine, ModelLimits};
 use crate::backend::DeviceChoice;
 use crate::chat::ChatTemplate;
@@ -41,7 +41,10 @@ pub struct AgentRunOptions {
     pub docker_cli: PathBuf,
     /// `--env kubernetes`'s cluster, namespace and pod options.
     pub kubernetes: KubernetesOptions,
+    /// Sequences the in-process engine generates at once (its batch limit).
     pub concurrency: usize,
+    /// Episodes (sandboxes) at once, and sandboxes started ahead.
+    pub workers: Workers,
     pub seed: u64,
     /// `model`, `oracle`, `noop` or `replay:FILE`.
     pub policy: String,
@@ -123,8 +126,8 @@ pub struct AgentRun {
 
 /// Runs the episodes and writes `OUT/trajectories.jsonl` and `OUT/{name}.json`.
 pub fn run_agent(options: &AgentRunOptions, name: &str) -> Result<AgentRun> {
-    if options.group == 0 || options.concurrency == 0 {
-        bail!("--group and --concurrency must be at least 1");
+    if options.group == 0 || options.concurrency == 0 || options.workers.sandboxes == 0 {
+        bail!("--group, --concurrency and --sandboxes must be at least 1");
     }
     if options.episode.max_turns == 0 || options.episode.max_turn_tokens == 0 {
         bail!("--max-turns and --max-turn-tokens must be at least 1");
@@ -157,12 +160,14 @@ pub fn run_agent(options: &AgentRunOptions, name: &str) -> Result<AgentRun> {
     }
     let env = environment_for(&tasks, options)?;
     eprintln!(
-        "{name}: {} tasks from {} x {} samples, policy {}, environment {}, {} at a time, context {} tokens, {} turns",
+        "{name}: {} tasks from {} x {} samples, policy {}, environment {}, {} sandboxes at a time ({} started ahead), engine batch {}, context {} tokens, {} turns",
         tasks.len(),
         if builtin::is_builtin_path(&tasks_path) { options.tasks.clone() } else { tasks_path.display().to_string() },
         options.group,
         policy.name(),
         env.name(),
+        options.workers.sandboxes,
+        options.workers.warm_pool,
         options.concurrency,
         episode.max_context,
         episode.max_turns
@@ -178,7 +183,7 @@ pub fn run_agent(options: &AgentRunOptions, name: &str) -> Result<AgentRun> {
         &ctx,
         &tasks,
         options.group,
-        options.concurrency,
+        options.workers,
         options.seed,
         name,
     );

@@ -14,6 +14,7 @@ use super::editor::Editor;
 use super::policy::{Policy, TurnInput};
 use super::prompt;
 use super::reward::reward;
+use super::sandbox_pool::Prestarted;
 use super::transcript::Transcript;
 use super::turn::{reply_body, Reply};
 use crate::chat::ChatTemplate;
@@ -104,6 +105,15 @@ pub struct Episode {
     pub grading: Option<GradingRecord>,
     /// Attempts lost to infrastructure failures before this one.
     pub infra_retries: usize,
+    /// Seconds its sandboxes took to start (setup included), wherever they started: the
+    /// episode's own thread, or a warm-pool filler while other episodes ran.
+    #[serde(default)]
+    pub sandbox_start_s: f64,
+    /// Seconds the episode waited for its sandboxes: the whole start when it started one
+    /// itself, what was left of it when a warm one was still starting, 0 when one was ready.
+    /// `sandbox_start_s - sandbox_wait_s` is the start-up the warm pool hid.
+    #[serde(default)]
+    pub sandbox_wait_s: f64,
 }
 
 /// What grading found, as a trajectory keeps it.
@@ -200,21 +210,37 @@ impl Deadline {
 /// grader or the policy) starts the episode again, up to `infra_retries` times; past that it
 /// ends with [`Finish::Error`] (reward 0, never trained on), keeping the tokens it had.
 pub fn run_episode(ctx: &EpisodeContext<'_>, task: &Task, sample: usize, seed: u64) -> Episode {
-    run_episode_until(ctx, task, sample, seed, Deadline(None)).expect("no deadline")
+    run_episode_until(ctx, task, sample, seed, Deadline(None), None).expect("no deadline")
+}
+
+/// The name of an episode's sandbox (its container, folder or pod): unique in the run, per
+/// attempt, and known before the episode starts (a warm pool starts it ahead).
+pub fn sandbox_name(task: &Task, sample: usize, seed: u64, attempt: usize) -> String {
+    format!(
+        "{}-{}-{:08x}",
+        task.id,
+        sample,
+        (seed as u32 ^ std::process::id()).wrapping_add(attempt as u32)
+    )
 }
 
 /// [`run_episode`], stopped once `deadline` passes: before its next turn (its sandbox closed),
 /// or at once when its generation is aborted ([`super::policy::Policy::abort_in_flight`]: the
 /// error that follows is not retried). `None`: stopped, nothing to keep. A tool command that is
 /// running finishes first (its sandbox's timeout bounds it), and so does grading.
+///
+/// `prestarted`: the first attempt's sandbox, started ahead by a warm pool (named by
+/// [`sandbox_name`]); its start failing is that attempt's infrastructure failure.
 pub fn run_episode_until(
     ctx: &EpisodeContext<'_>,
     task: &Task,
     sample: usize,
     seed: u64,
     deadline: Deadline,
+    mut prestarted: Option<Prestarted>,
 ) -> Option<Episode> {
     let mut attempt = 0;
+    let (mut sandbox_start_s, mut sandbox_wait_s) = (0.0, 0.0);
     loop {
         let mut episode = Episode {
             task_id: task.id.clone(),
@@ -234,10 +260,14 @@ pub fn run_episode_until(
             patch: None,
             grading: None,
             infra_retries: attempt,
+            sandbox_start_s,
+            sandbox_wait_s,
         };
         let mut transcript = None;
-        let result = drive(ctx, task, &mut episode, &mut transcript, deadline);
+        let first = prestarted.take();
+        let result = drive(ctx, task, &mut episode, &mut transcript, deadline, first);
         episode.transcript = transcript;
+        (sandbox_start_s, sandbox_wait_s) = (episode.sandbox_start_s, episode.sandbox_wait_s);
         let Err(e) = result else {
             return Some(episode);
         };
@@ -266,16 +296,25 @@ fn drive(
     episode: &mut Episode,
     transcript_slot: &mut Option<Transcript>,
     deadline: Deadline,
+    prestarted: Option<Prestarted>,
 ) -> Result<()> {
     let config = ctx.config;
-    let name = format!(
-        "{}-{}-{:08x}",
-        task.id,
-        episode.sample,
-        (episode.seed as u32 ^ std::process::id()).wrapping_add(episode.infra_retries as u32)
-    );
+    let name = sandbox_name(task, episode.sample, episode.seed, episode.infra_retries);
     let started = Instant::now();
-    let mut sandbox = ctx.env.start(task, &name)?;
+    let mut sandbox = match prestarted {
+        Some(warm) => {
+            episode.sandbox_start_s += warm.start_s;
+            episode.sandbox_wait_s += warm.wait_s;
+            warm.sandbox?
+        }
+        None => {
+            let sandbox = ctx.env.start(task, &name);
+            let start_s = started.elapsed().as_secs_f64();
+            episode.sandbox_start_s += start_s;
+            episode.sandbox_wait_s += start_s;
+            sandbox?
+        }
+    };
     let baseline = match &task.grading {
         Grading::Tests(_) => Some(snapshot(sandbox.as_mut())?),
         Grading::Command { .. } => None,

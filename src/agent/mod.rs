@@ -9,7 +9,8 @@
 //!   (oracle, noop, replay); [`sampling`]: a model's stop ids, context limit and engine.
 //! - [`episode`]: one episode from setup to reward; [`turn`]: a reply's rules; [`reward`]:
 //!   RL-SPEC's reward.
-//! - [`rollout`]: many episodes at once on worker threads; pass@k and summaries.
+//! - [`rollout`]: many episodes at once on worker threads; pass@k and summaries;
+//!   [`sandbox_pool`]: their order, and the next episodes' sandboxes started ahead (warm pool).
 //! - [`command`]: `swerve-train rollout` and `eval`.
 
 pub mod command;
@@ -20,5 +21,6 @@ pub mod prompt;
 pub mod reward;
 pub mod rollout;
 pub mod sampling;
+pub mod sandbox_pool;
 pub mod transcript;
 pub mod turn;

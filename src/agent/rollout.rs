@@ -1,4 +1,4 @@
-//! Many episodes at once: `tasks x group` episodes on `concurrency` worker threads. Each worker
+//! Many episodes at once: `tasks x group` episodes on `sandboxes` worker threads. Each worker
 //! runs one episode at a time, blocking on the policy (the engine batches every worker's
 //! requests on its own thread) and on its sandbox (so the engine never waits on a sandbox).
 //! Episodes of one task are queued together, so their shared prompt is computed once and served
@@ -7,12 +7,13 @@
 //! Results come back in (task, sample) order whatever order they finish in; seeds depend on the
 //! task id, the sample index and `--seed` only.
 
-use super::episode::{run_episode_until, Deadline, Episode, EpisodeContext, Finish};
+use super::episode::{run_episode_until, sandbox_name, Deadline, Episode, EpisodeContext, Finish};
+use super::sandbox_pool::{Job, JobQueue, QueueSource};
 use crate::env::Task;
 use crate::progress::Progress;
 use crate::rng::{Rng, SplitMix64};
 use serde_json::{json, Map, Value};
-use std::collections::{BTreeMap, VecDeque};
+use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Mutex;
 
@@ -29,12 +30,13 @@ pub fn episode_seed(seed: u64, task_id: &str, sample: usize) -> u64 {
     mix(h ^ (sample as u64).wrapping_mul(0xD6E8_FEB8_6659_FD93))
 }
 
-/// Runs `group` episodes of every task, `concurrency` at a time.
+/// Runs `group` episodes of every task, `sandboxes` at a time, `warm_pool` sandboxes started
+/// ahead.
 pub fn run_episodes(
     ctx: &EpisodeContext<'_>,
     tasks: &[Task],
     group: usize,
-    concurrency: usize,
+    workers: Workers,
     seed: u64,
     label: &str,
 ) -> Vec<Episode> {
@@ -45,7 +47,7 @@ pub fn run_episodes(
     let plan = GroupPlan {
         tasks,
         group,
-        concurrency,
+        workers,
         seed,
         label,
         deadline: Deadline(None),
@@ -58,13 +60,23 @@ pub fn run_episodes(
         .collect()
 }
 
+/// How many episodes run at once, and how many sandboxes start ahead of them.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Workers {
+    /// Episodes at once (worker threads, each with its sandbox): `--sandboxes`. Independent of
+    /// the engine's batch limit: a worker waiting on a slow command holds a sandbox, never a
+    /// batch slot, and more sandboxes than batch slots keep the engine's queue full.
+    pub sandboxes: usize,
+    /// Sandboxes of the next episodes started while these run (`--warm-pool`; 0: none).
+    pub warm_pool: usize,
+}
+
 /// What [`run_task_groups`] runs.
 pub struct GroupPlan<'a> {
     pub tasks: &'a [Task],
     /// Episodes per task.
     pub group: usize,
-    /// Episodes at once (worker threads).
-    pub concurrency: usize,
+    pub workers: Workers,
     pub seed: u64,
     /// The progress line's label.
     pub label: &'a str,
@@ -84,9 +96,11 @@ pub struct GroupsRun {
 /// Runs whole task groups (a task with its `group` samples) as `next_group` hands them out:
 /// a worker that finds nothing queued here pulls the next group and queues its samples, so
 /// the group's shared prompt is computed once, and a process with idle workers pulls more.
+/// Warm-pool fillers start the queued episodes' sandboxes ahead ([`JobQueue`]).
 ///
 /// ```text
-///   next_group() ─► task t ─► local queue (t,0) (t,1) ... (t,G-1) ◄─ idle workers take
+///   next_group() ─► task t ─► queue (t,0) (t,1) ... (t,G-1) ◄─ idle workers take
+///                                     └─ fillers start their sandboxes ahead
 /// ```
 ///
 /// Past `plan.deadline` no episode starts; while any still runs, the policy's generations are
@@ -98,59 +112,57 @@ pub fn run_task_groups(
     next_group: &(dyn Fn() -> anyhow::Result<Option<usize>> + Sync),
 ) -> anyhow::Result<GroupsRun> {
     let group = plan.group;
-    let local: Mutex<VecDeque<(usize, usize)>> = Mutex::new(VecDeque::new());
     let results: Mutex<BTreeMap<usize, Vec<Option<Episode>>>> = Mutex::new(BTreeMap::new());
-    let failure: Mutex<Option<anyhow::Error>> = Mutex::new(None);
     let (stopped, running) = (AtomicUsize::new(0), AtomicUsize::new(0));
     let total = plan.tasks.len() * group;
     let progress = Progress::new(plan.label, total);
     let tally = Mutex::new((0usize, 0usize, 0usize)); // done, resolved, generated tokens
-                                                      // The next (task, sample) of this process, pulling a group when none is queued here.
-    let next_job = || -> Option<(usize, usize)> {
-        if plan.deadline.passed() {
-            return None;
-        }
-        let mut queue = local.lock().unwrap_or_else(|e| e.into_inner());
-        if let Some(job) = queue.pop_front() {
-            return Some(job);
-        }
-        let mut failed = failure.lock().unwrap_or_else(|e| e.into_inner());
-        if failed.is_some() {
-            return None;
-        }
-        match next_group() {
-            Ok(Some(t)) => {
-                let slots = (0..group).map(|_| None).collect();
-                lock(&results).insert(t, slots);
-                queue.extend((0..group).map(|s| (t, s)));
-                queue.pop_front()
-            }
-            Ok(None) => None,
-            Err(e) => {
-                *failed = Some(e);
-                None
-            }
-        }
+    let on_pull = |t: usize| {
+        lock(&results).insert(t, (0..group).map(|_| None).collect());
     };
-    let workers = plan.concurrency.clamp(1, total.max(1));
+    let seed_of = |t: usize, sample: usize| episode_seed(plan.seed, &plan.tasks[t].id, sample);
+    let name_of = |(t, sample): Job| sandbox_name(&plan.tasks[t], sample, seed_of(t, sample), 0);
+    let queue = JobQueue::new(QueueSource {
+        tasks: plan.tasks,
+        group,
+        next_group,
+        on_pull: &on_pull,
+        warm_pool: plan.workers.warm_pool,
+        env: ctx.env,
+        sandbox_name: &name_of,
+    });
+    let next_job = || {
+        if plan.deadline.passed() {
+            queue.close();
+            return None;
+        }
+        queue.next_job()
+    };
+    let workers = plan.workers.sandboxes.clamp(1, total.max(1));
     running.store(workers, Ordering::SeqCst);
     std::thread::scope(|scope| {
         if plan.deadline.0.is_some() {
             scope.spawn(|| {
                 while running.load(Ordering::SeqCst) > 0 {
                     if plan.deadline.passed() {
+                        queue.close();
                         ctx.policy.abort_in_flight();
                     }
                     std::thread::sleep(ABORT_SWEEP);
                 }
             });
         }
+        for _ in 0..plan.workers.warm_pool.min(total) {
+            scope.spawn(|| queue.fill());
+        }
         for _ in 0..workers {
             scope.spawn(|| {
                 while let Some((t, sample)) = next_job() {
                     let task = &plan.tasks[t];
-                    let seed = episode_seed(plan.seed, &task.id, sample);
-                    let Some(episode) = run_episode_until(ctx, task, sample, seed, plan.deadline)
+                    let warm = queue.take_sandbox((t, sample));
+                    let seed = seed_of(t, sample);
+                    let Some(episode) =
+                        run_episode_until(ctx, task, sample, seed, plan.deadline, warm)
                     else {
                         stopped.fetch_add(1, Ordering::SeqCst);
                         continue;
@@ -169,13 +181,16 @@ pub fn run_task_groups(
                     let rate = tokens as f64 / progress.elapsed().as_secs_f64().max(1e-9);
                     progress.update(done, &format!("resolved {resolved} · {rate:.0} tok/s"));
                 }
-                running.fetch_sub(1, Ordering::SeqCst);
+                if running.fetch_sub(1, Ordering::SeqCst) == 1 {
+                    queue.close(); // the last worker: fillers stop
+                }
             });
         }
     });
-    if let Some(e) = failure.into_inner().unwrap_or_else(|e| e.into_inner()) {
+    if let Some(e) = queue.take_failure() {
         return Err(e);
     }
+    drop(queue); // closes the sandboxes started ahead that no episode took (a deadline)
     let groups = results.into_inner().unwrap_or_else(|e| e.into_inner());
     let (done, resolved, _) = tally.into_inner().unwrap_or_else(|e| e.into_inner());
     let stopped = stopped.into_inner();
@@ -248,6 +263,13 @@ pub fn episode_times(episodes: &[Episode]) -> Map<String, Value> {
     times.insert("generation".into(), json!(sum(|e| e.generation_s)));
     times.insert("environment".into(), json!(sum(|e| e.environment_s)));
     times.insert("grading".into(), json!(sum(|e| e.grading_s)));
+    // Sandbox start-up (setup included): what episodes waited for, and what a warm pool
+    // started while other episodes ran.
+    times.insert("startup_exposed".into(), json!(sum(|e| e.sandbox_wait_s)));
+    times.insert(
+        "startup_hidden".into(),
+        json!(sum(|e| (e.sandbox_start_s - e.sandbox_wait_s).max(0.0))),
+    );
     times
 }
 

@@ -9,6 +9,7 @@ pub mod decode;
 pub mod kernels;
 pub mod plan;
 pub mod rl;
+pub mod slow_env;
 pub mod train;
 
 use crate::backend::Backend;

@@ -1,5 +1,5 @@
 //! Unit tests of the memory plan's arithmetic: small cases worked by hand, and the 72B figures
-//! the README quotes checked against their parts.
+//! docs/memory-plan.md quotes checked against their parts.
 
 use super::*;
 use crate::model::synthetic;

@@ -15,6 +15,7 @@
 
 use crate::agent::command::AgentRunOptions;
 use crate::agent::episode::EpisodeConfig;
+use crate::agent::rollout::Workers;
 use crate::backend::grad::BackendGrad;
 use crate::backend::DeviceChoice;
 use crate::engine::launch::{launch_engine, EngineLaunch};
@@ -197,6 +198,10 @@ fn iteration_options(
             docker_cli: "docker".into(),
             kubernetes: Default::default(),
             concurrency: options.tasks_per_iteration * options.group,
+            workers: Workers {
+                sandboxes: options.tasks_per_iteration * options.group,
+                warm_pool: 0,
+            },
             seed: 0,
             policy: "model".into(),
             server: None,

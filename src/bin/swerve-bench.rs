@@ -3,7 +3,7 @@
 //! the commands of [`swerve::bench::commands`].
 
 use anyhow::Result;
-use clap::{Parser, Subcommand};
+use clap::{CommandFactory, Parser, Subcommand};
 use std::path::PathBuf;
 use swerve::backend::DeviceChoice;
 use swerve::bench::commands;
@@ -141,8 +141,34 @@ struct AgentArgs {
     /// presets only) and report host time per generated token next to the in-process figure.
     #[arg(long)]
     http: bool,
+    /// START_S,COMMAND_S: instead, episodes through the rollout workers in an environment whose
+    /// sandboxes take START_S seconds to start and whose commands take COMMAND_S, with one knob
+    /// (sandboxes = engine batch), separate knobs (4x the sandboxes) and a warm pool: the
+    /// engine's busy fraction, episode wall time, start-up exposed and hidden.
+    #[arg(long, value_parser = parse_slow_env)]
+    slow_env: Option<(f64, f64)>,
     #[command(flatten)]
     jsonl: JsonlArg,
+}
+
+/// `START_S,COMMAND_S`: two non-negative numbers of seconds.
+fn parse_slow_env(s: &str) -> Result<(f64, f64), String> {
+    let parts: Vec<&str> = s.split(',').collect();
+    let seconds = |p: &str| {
+        p.trim()
+            .parse::<f64>()
+            .ok()
+            .filter(|x| x.is_finite() && *x >= 0.0 && *x <= 3600.0)
+    };
+    match parts.as_slice() {
+        [a, b] => match (seconds(a), seconds(b)) {
+            (Some(a), Some(b)) => Ok((a, b)),
+            _ => Err(format!(
+                "{s:?}: expected START_S,COMMAND_S, seconds from 0 to 3600"
+            )),
+        },
+        _ => Err(format!("{s:?}: expected START_S,COMMAND_S (e.g. 2,1)")),
+    }
 }
 
 #[derive(clap::Args)]
@@ -268,6 +294,12 @@ fn main() -> Result<()> {
         eprintln!("{banner}");
     }
     let cli = Cli::parse();
+    if swerve::parse_only::requested()? {
+        let matches = Cli::command().get_matches();
+        let command = matches.subcommand_name().unwrap_or("prefill");
+        println!("swerve-bench {command}: the arguments parse");
+        return Ok(());
+    }
     swerve::backend::cuda::gemm::set_exact_logprobs(cli.exact_logprobs);
     match cli.command.unwrap_or(Command::Prefill(cli.prefill)) {
         Command::Prefill(a) => commands::prefill(&commands::PrefillOptions {
@@ -305,6 +337,7 @@ fn main() -> Result<()> {
             kv_cache_fraction: a.kv_cache_fraction,
             http: a.http,
             jsonl: a.jsonl.jsonl,
+            slow_env: a.slow_env,
         }),
         Command::Decode(a) => commands::decode(&commands::DecodeOptions {
             preset: a.preset.preset,

@@ -8,6 +8,15 @@ use std::time::Duration;
 use swerve::backend::DeviceChoice;
 use swerve::server::{run, ServeOptions};
 
+/// A finite number of seconds, at least 0 (clap names the flag in the error).
+fn non_negative_seconds(text: &str) -> Result<f64, String> {
+    match text.parse::<f64>() {
+        Ok(v) if v.is_finite() && v >= 0.0 => Ok(v),
+        Ok(v) => Err(format!("{v} is not a non-negative number of seconds")),
+        Err(e) => Err(format!("{text:?} is not a number: {e}")),
+    }
+}
+
 #[derive(Parser)]
 #[command(
     name = "swerve-serve",
@@ -58,7 +67,7 @@ struct Cli {
     #[arg(long)]
     use_generation_config: bool,
     /// Seconds in-flight requests get to finish after SIGTERM before they are aborted.
-    #[arg(long, default_value_t = 30.0)]
+    #[arg(long, default_value_t = 30.0, value_parser = non_negative_seconds)]
     shutdown_grace_seconds: f64,
     /// Seeds the samplers of requests that bring no seed.
     #[arg(long, default_value_t = 0)]
@@ -69,8 +78,8 @@ struct Cli {
     #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u64).range(1..))]
     tensor_parallel: u64,
     /// GEMMs pinned per shape class for every batch size, so that the logprobs served equal
-    /// swerve's trainer's bit for bit on GPUs (decode is slower: README, exact on-policy
-    /// logprobs). Off: cuBLASLt's per-shape choice.
+    /// swerve's trainer's bit for bit on GPUs (decode is slower: docs/training.md,
+    /// "Exact on-policy logprobs"). Off: cuBLASLt's per-shape choice.
     #[arg(long)]
     exact_logprobs: bool,
 }
@@ -80,11 +89,11 @@ fn main() -> Result<()> {
         eprintln!("{banner}");
     }
     let cli = Cli::parse();
+    if swerve::parse_only::requested()? {
+        println!("swerve-serve: the arguments parse");
+        return Ok(());
+    }
     swerve::backend::cuda::gemm::set_exact_logprobs(cli.exact_logprobs);
-    anyhow::ensure!(
-        cli.shutdown_grace_seconds.is_finite() && cli.shutdown_grace_seconds >= 0.0,
-        "--shutdown-grace-seconds must be a non-negative number"
-    );
     run(ServeOptions {
         model: cli.model,
         host: cli.host,

@@ -6,10 +6,13 @@
 //! arguments: each command is a function of the library.
 
 use anyhow::Result;
-use clap::{Parser, Subcommand};
+use clap::{CommandFactory, Parser, Subcommand};
+#[path = "swerve_train_cli/envs.rs"]
+mod envs;
 use std::path::PathBuf;
 use swerve::agent::command::{run_agent, AgentRunOptions};
 use swerve::agent::episode::EpisodeConfig;
+use swerve::agent::rollout::Workers;
 use swerve::backend::DeviceChoice;
 use swerve::env::{EnvKind, Limits};
 use swerve::rl::{RlDefaults, RlOptions};
@@ -73,7 +76,7 @@ struct Cli {
     #[command(subcommand)]
     command: Command,
     /// GEMMs with one configuration per shape class for every batch size, so that a rollout's
-    /// logprobs equal the trainer's bit for bit on GPUs (README: exact on-policy logprobs);
+    /// logprobs equal the trainer's bit for bit on GPUs (docs/training.md, "Exact on-policy logprobs");
     /// `false`: cuBLASLt's per-shape choice (faster decode, logprobs within rounding).
     #[arg(long, global = true, default_value_t = true, action = clap::ArgAction::Set)]
     exact_logprobs: bool,
@@ -150,10 +153,10 @@ enum Command {
         #[command(flatten)]
         args: AgentArgs,
     },
-    /// Environments outside a run: `envs sweep` deletes the pods a killed run left.
+    /// Environment housekeeping: `envs prepare` (the images a task file needs).
     Envs {
         #[command(subcommand)]
-        command: swerve::env::envs::EnvsCommand,
+        command: envs::EnvsCommand,
     },
 }
 
@@ -175,7 +178,7 @@ struct ParallelArgs {
     tensor_parallel: u64,
     /// Data-parallel replicas in this process (each of --tensor-parallel ranks): micro-batches
     /// dealt over them, gradients summed, optimizer state sharded (ZeRO-1). A multi-process
-    /// launch (torchrun, Slurm: README "Multi-node training") multiplies them.
+    /// launch (torchrun, Slurm: docs/parallelism.md, "Multi-node training") multiplies them.
     #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u64).range(1..))]
     data_parallel: u64,
 }
@@ -222,7 +225,7 @@ struct RunDirArgs {
     out: PathBuf,
     /// Continue the run in OUT from its latest checkpoint. Refused, naming each difference, when
     /// an option the checkpoint recorded (data, objective, schedule, batch size, seed, model, ...;
-    /// README "Resuming") differs.
+    /// docs/training.md, "Output folders and resuming") differs.
     #[arg(long, conflicts_with = "overwrite")]
     resume: bool,
     /// Delete what swerve wrote in OUT (metrics, checkpoints, base-model; nothing else) and start
@@ -303,6 +306,16 @@ struct SandboxArgs {
     infra_retries: usize,
     #[command(flatten)]
     kubernetes: swerve::env::kubernetes::cli::KubernetesArgs,
+    /// Episodes (so sandboxes) alive at once, each on its own thread (default: --concurrency).
+    /// Apart from the engine's batch limit (--concurrency): an episode waiting on a slow command
+    /// holds a sandbox, not a batch slot, so more sandboxes than batch slots keep the engine
+    /// busy while commands run.
+    #[arg(long)]
+    sandboxes: Option<usize>,
+    /// Sandboxes of the next episodes started (their setup run) while the current ones run, so
+    /// start-up leaves the episodes' critical path (default: a quarter of --sandboxes; 0: off).
+    #[arg(long)]
+    warm_pool: Option<usize>,
 }
 
 impl SandboxArgs {
@@ -314,6 +327,15 @@ impl SandboxArgs {
             ..Limits::default()
         }
     }
+
+    /// `--sandboxes` (default: the engine's batch limit) and `--warm-pool`.
+    fn workers(&self, concurrency: usize) -> Workers {
+        let sandboxes = self.sandboxes.unwrap_or(concurrency);
+        Workers {
+            sandboxes,
+            warm_pool: self.warm_pool.unwrap_or(sandboxes.div_ceil(4)),
+        }
+    }
 }
 
 /// Options shared by `rollout` and `eval`.
@@ -323,7 +345,7 @@ struct AgentArgs {
     /// they use the model's tokenizer, or the embedded Qwen2.5 one.
     #[arg(long)]
     model: Option<PathBuf>,
-    /// Task file (JSON lines; README "Tasks") or `builtin:NAME` (built in: python-bugs).
+    /// Task file (JSON lines; docs/rollouts.md, "Tasks") or `builtin:NAME` (built in: python-bugs).
     #[arg(long)]
     tasks: String,
     /// Output folder.
@@ -349,7 +371,8 @@ struct AgentArgs {
     observation_bytes: usize,
     #[command(flatten)]
     sandbox: SandboxArgs,
-    /// Episodes running at once.
+    /// Sequences the in-process engine generates at once (its batch limit); also the number of
+    /// sandboxes unless --sandboxes says otherwise.
     #[arg(long, default_value_t = 16)]
     concurrency: usize,
     /// Seeds every episode's sampling (with the task id and sample index).
@@ -394,6 +417,7 @@ impl AgentArgs {
             docker_cli: self.sandbox.docker_cli.clone(),
             kubernetes: self.sandbox.kubernetes.options(),
             concurrency: self.concurrency,
+            workers: self.sandbox.workers(self.concurrency),
             seed: self.seed,
             policy: self.policy.clone(),
             server: self.server.clone(),
@@ -455,7 +479,8 @@ struct RlArgs {
     observation_bytes: usize,
     #[command(flatten)]
     sandbox: SandboxArgs,
-    /// Episodes running at once (default 64).
+    /// Sequences the in-process engine generates at once (its batch limit; default 64); also
+    /// the number of sandboxes unless --sandboxes says otherwise.
     #[arg(long)]
     concurrency: Option<usize>,
     /// Seeds everything random: the task order, each episode's sampling, the batches.
@@ -536,6 +561,9 @@ impl RlArgs {
                 docker_cli: self.sandbox.docker_cli.clone(),
                 kubernetes: self.sandbox.kubernetes.options(),
                 concurrency: self.concurrency.unwrap_or(d.concurrency),
+                workers: self
+                    .sandbox
+                    .workers(self.concurrency.unwrap_or(d.concurrency)),
                 seed: self.seed,
                 policy: "model".into(),
                 server: self.server.clone(),
@@ -654,6 +682,12 @@ fn main() -> Result<()> {
         eprintln!("{banner}");
     }
     let cli = Cli::parse();
+    if swerve::parse_only::requested()? {
+        let matches = Cli::command().get_matches();
+        let command = matches.subcommand_name().unwrap_or_default();
+        println!("swerve-train {command}: the arguments parse");
+        return Ok(());
+    }
     swerve::backend::cuda::gemm::set_exact_logprobs(cli.exact_logprobs);
     match cli.command {
         Command::Score {
@@ -705,7 +739,7 @@ fn main() -> Result<()> {
         Command::Eval { args } => {
             run_agent(&args.options(false), "eval")?;
         }
-        Command::Envs { command } => swerve::env::envs::run(&command)?,
+        Command::Envs { command } => envs::run(&command)?,
     }
     Ok(())
 }

@@ -31,6 +31,7 @@ pub mod kubernetes;
 pub mod local;
 pub mod logs;
 pub mod output;
+pub mod prepare;
 pub mod repos;
 pub mod task;
 pub mod toy;

@@ -249,7 +249,7 @@ impl<T: Trainer> Loop<'_, T> {
         let plan = GroupPlan {
             tasks,
             group,
-            concurrency: self.options.agent.concurrency,
+            workers: self.options.agent.workers,
             seed,
             label,
             deadline: Deadline(deadline_s.map(|s| Instant::now() + Duration::from_secs_f64(s))),

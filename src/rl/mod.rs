@@ -261,10 +261,9 @@ fn adamw_config(options: &RlOptions) -> AdamWConfig {
 /// `rft-epochs` the phase before iteration 1.
 ///
 /// Free to change: `--iterations` (nothing depends on the total: a resume may extend a run),
-/// `--save-every`, `--concurrency`, `--micro-batch-tokens`, `--device`, `--server`,
-/// `--offload-optimizer` (an exact round trip through host memory), `--rollout-deadline`
-/// (see [`RlOptions::rollout_deadline`]), and the
-/// sandbox's settings (`--env`, limits, binds, image): where commands run, not the method.
+/// `--save-every`, `--concurrency`, `--sandboxes`, `--warm-pool`, `--micro-batch-tokens`,
+/// `--device`, `--server`, `--offload-optimizer` (an exact round trip through host memory),
+/// `--rollout-deadline` (see [`RlOptions::rollout_deadline`]), and the sandbox's settings (`--env`, limits, binds, image): where commands run, not the method.
 pub fn recorded_options(
     options: &RlOptions,
     tasks: &crate::jsonl::ContentHash,

@@ -1,5 +1,5 @@
 //! The control routes RL frameworks call on a vLLM or SGLang server, with their paths and
-//! payloads (README "Control endpoints"):
+//! payloads (docs/serving.md, "Control and SGLang routes"):
 //!
 //! | route | what |
 //! | --- | --- |

@@ -1,4 +1,4 @@
-//! vLLM's extension fields that RL frameworks send (README "Field policy"), read with vLLM's
+//! vLLM's extension fields that RL frameworks send (docs/serving.md, "Field policy"), read with vLLM's
 //! meaning: `min_tokens`, `priority`, `cache_salt`, `include_stop_str_in_output`,
 //! `return_tokens_as_token_ids`, `spaces_between_special_tokens`, `prompt_logprobs`,
 //! `add_special_tokens` and `request_id`.

@@ -184,7 +184,7 @@ async fn detokenize(State(state): Shared, headers: HeaderMap, body: Body) -> Res
 
 async fn not_found(State(state): Shared) -> Response {
     let result = Err(ApiError::not_found(
-        "no such route; see the README's endpoint table (/v1/completions, /v1/chat/completions, /v1/models, /tokenize, /generate, /sleep, /wake_up, /update_weights_from_disk, /health, /metrics, ...)",
+        "no such route; see the endpoint table in docs/serving.md (/v1/completions, /v1/chat/completions, /v1/models, /tokenize, /generate, /sleep, /wake_up, /update_weights_from_disk, /health, /metrics, ...)",
     ));
     finish(&state, "other", result)
 }

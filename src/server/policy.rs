@@ -1,4 +1,4 @@
-//! The field policy (README "Field policy"): every field an RL framework sends to a vLLM or
+//! The field policy (docs/serving.md, "Field policy"): every field an RL framework sends to a vLLM or
 //! SGLang server is implemented with vLLM's meaning, refused, or ignored.
 //!
 //! - **Refused** ([`refuse_distribution_changers`]): fields that change the distribution sampled

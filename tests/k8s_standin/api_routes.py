@@ -5,6 +5,7 @@ apiserver uses; injected faults are answered before routing."""
 
 import json
 import re
+import sys
 import urllib.parse
 from http.server import BaseHTTPRequestHandler
 
@@ -136,6 +137,13 @@ class Handler(BaseHTTPRequestHandler):
             self._answer(e.code, e.status(), e.headers)
         except (BrokenPipeError, ConnectionResetError):
             self.close_connection = True
+        except Exception as e:  # a stand-in bug: a 500 naming it, not a dropped connection
+            print(f"k8s stand-in: {method} {self.path}: {e!r}", file=sys.stderr, flush=True)
+            self.close_connection = True
+            try:
+                self._answer(500, failure_status(500, "InternalError", f"k8s stand-in error: {e!r}"))
+            except OSError:
+                pass
 
     def _inject(self, rule):
         reason, message = INJECTABLE_REASONS[rule["status"]]

@@ -59,6 +59,7 @@ const LAYERS: &[&[&str]] = &[
         "http_client",
         "rng",
         "sysmem",
+        "parse_only",
     ],
     &["tokenizer", "chat", "toolcall"],
     &["backend"],

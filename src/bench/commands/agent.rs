@@ -7,6 +7,7 @@ use super::{append_jsonl, random_model};
 use crate::backend::{select, Backend, DeviceChoice, Selected};
 use crate::bench::agent::{print_report, run, AgentWorkload};
 use crate::bench::agent_http::{print_http_report, run_http, ServeProcess};
+use crate::bench::slow_env::SlowEnvOptions;
 use crate::config::ModelConfig;
 use crate::engine::{Engine, EngineConfig};
 use crate::model::{synthetic, PagedKv};
@@ -29,6 +30,9 @@ pub struct AgentOptions {
     pub http: bool,
     /// Also append the results as JSON records to this file.
     pub jsonl: Option<PathBuf>,
+    /// `(start_s, command_s)`: run the slow-environment comparison instead
+    /// ([`crate::bench::slow_env`]).
+    pub slow_env: Option<(f64, f64)>,
 }
 
 impl AgentOptions {
@@ -51,6 +55,11 @@ pub fn agent(options: &AgentOptions) -> Result<()> {
     let (config, tp_size) = synthetic::preset(&options.preset)?;
     let (backend, line) = select(options.device)?;
     println!("{line}");
+    if let Some((start_s, command_s)) = options.slow_env {
+        let gpu = matches!(backend, Selected::Cuda(_));
+        drop(backend);
+        return slow_env(options, gpu, start_s, command_s);
+    }
     match backend {
         Selected::Cpu(b) => {
             let workload = options.workload(AgentWorkload::cpu());
@@ -203,6 +212,38 @@ fn serve_and_run(
                 "host_us_per_token": report.host_seconds_per_token * 1e6, "note": device,
             })],
         )?;
+    }
+    Ok(())
+}
+
+/// `--slow-env START_S,COMMAND_S`: coupled knobs, separate knobs, separate knobs with a warm
+/// pool, on the preset's model written to a temporary folder.
+fn slow_env(options: &AgentOptions, gpu: bool, start_s: f64, command_s: f64) -> Result<()> {
+    let work = std::env::temp_dir().join(format!("swerve-bench-slow-env-{}", std::process::id()));
+    let model = PathBuf::from(format!("preset:{}", options.preset));
+    let result = crate::model::model_arg::resolve_model_arg(&model, &work).and_then(|dir| {
+        let bench = SlowEnvOptions {
+            preset: options.preset.clone(),
+            device: options.device,
+            start_s,
+            command_s,
+            batch: if gpu { 16 } else { 2 },
+            tasks: options.tasks.unwrap_or(if gpu { 4 } else { 2 }),
+            group: options.group.unwrap_or(if gpu { 16 } else { 8 }),
+            turns: if gpu { 5 } else { 3 },
+            gen_tokens: if gpu { 128 } else { 8 },
+        };
+        println!(
+            "slow environment: sandboxes start in {start_s} s, commands take {command_s} s; {} tasks x {} episodes, {} turns of {} generated tokens, engine batch {}",
+            bench.tasks, bench.group, bench.turns, bench.gen_tokens, bench.batch
+        );
+        crate::bench::slow_env::run(&bench, &dir)
+    });
+    let _ = std::fs::remove_dir_all(&work);
+    let records = result?;
+    crate::bench::slow_env::print(&records);
+    if let Some(path) = &options.jsonl {
+        append_jsonl(path, &records)?;
     }
     Ok(())
 }
