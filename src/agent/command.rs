@@ -10,6 +10,7 @@ use crate::chat::ChatTemplate;
 use crate::config::ModelConfig;
 use crate::engine::EngineHandle;
 use crate::env::docker::{DockerConfig, DockerEnvironment};
+use crate::env::kubernetes::{KubernetesConfig, KubernetesEnvironment, KubernetesOptions};
 use crate::env::local::{LocalConfig, LocalEnvironment};
 use crate::env::toy::ToyEnvironment;
 use crate::env::{builtin, load_tasks, EnvKind, Environment, Limits, RepoSource, Task};
@@ -38,6 +39,8 @@ pub struct AgentRunOptions {
     pub docker_image: String,
     /// The docker CLI (or `podman`).
     pub docker_cli: PathBuf,
+    /// `--env kubernetes`'s cluster, namespace and pod options.
+    pub kubernetes: KubernetesOptions,
     /// Sequences the in-process engine generates at once (its batch limit).
     pub concurrency: usize,
     /// Episodes (sandboxes) at once, and sandboxes started ahead.
@@ -64,6 +67,7 @@ pub fn make_environment(
     binds: &[PathBuf],
     image: &str,
     docker_cli: &Path,
+    kubernetes: &KubernetesOptions,
 ) -> Result<Box<dyn Environment>> {
     Ok(match kind {
         EnvKind::Local => {
@@ -76,6 +80,19 @@ pub fn make_environment(
             config.default_image = image.to_string();
             config.docker = docker_cli.to_path_buf();
             Box::new(DockerEnvironment::new(config)?)
+        }
+        EnvKind::Kubernetes => {
+            let mut config = KubernetesConfig::new(limits.clone(), kubernetes.clone());
+            config.default_image = image.to_string();
+            let env = KubernetesEnvironment::new(config)?;
+            eprintln!(
+                "kubernetes: run {} in namespace {} (its pods, should it be killed: swerve-train envs sweep --run {} --k8s-namespace {})",
+                env.run_id(),
+                env.namespace(),
+                env.run_id(),
+                env.namespace()
+            );
+            Box::new(env)
         }
     })
 }
@@ -101,6 +118,7 @@ pub fn environment_for(tasks: &[Task], options: &AgentRunOptions) -> Result<Box<
         &options.sandbox_binds,
         &options.docker_image,
         &options.docker_cli,
+        &options.kubernetes,
     )
 }
 

@@ -196,6 +196,7 @@ fn iteration_options(
             sandbox_binds: Vec::new(),
             docker_image: String::new(),
             docker_cli: "docker".into(),
+            kubernetes: Default::default(),
             concurrency: options.tasks_per_iteration * options.group,
             workers: Workers {
                 sandboxes: options.tasks_per_iteration * options.group,

@@ -264,13 +264,15 @@ struct ClipArgs {
 /// Where agent commands run and their limits (`rollout`, `eval`, `rl`).
 #[derive(clap::Args)]
 struct SandboxArgs {
-    /// Where commands run: local (bubblewrap) or docker (the task's image).
+    /// Where commands run: local (bubblewrap), docker (the task's image) or kubernetes (a pod
+    /// of the task's image per episode; the --k8s-* flags).
     #[arg(long, default_value = "local")]
     env: EnvKind,
     /// Wall-clock limit of one agent command, seconds.
     #[arg(long, default_value_t = 120)]
     command_timeout: u64,
-    /// Memory per sandboxed process (local) or per container (docker), MiB.
+    /// Memory per sandboxed process (local), per container (docker) or per pod (kubernetes),
+    /// MiB.
     #[arg(long, default_value_t = 8192)]
     sandbox_memory_mb: u64,
     /// Processes and threads an episode may have at once.
@@ -279,7 +281,7 @@ struct SandboxArgs {
     /// A host path bound read-only into the local sandbox (repeatable).
     #[arg(long)]
     sandbox_bind: Vec<PathBuf>,
-    /// Image for tasks that name none (docker).
+    /// Image for tasks that name none (docker, kubernetes).
     #[arg(long, default_value = "python:3.11-slim")]
     image: String,
     /// The docker CLI (`podman` works as a drop-in).
@@ -289,6 +291,8 @@ struct SandboxArgs {
     /// start, daemon, grader, policy server) before it is dropped as an error.
     #[arg(long, default_value_t = 2)]
     infra_retries: usize,
+    #[command(flatten)]
+    kubernetes: swerve::env::kubernetes::cli::KubernetesArgs,
     /// Episodes (so sandboxes) alive at once, each on its own thread (default: --concurrency).
     /// Apart from the engine's batch limit (--concurrency): an episode waiting on a slow command
     /// holds a sandbox, not a batch slot, so more sandboxes than batch slots keep the engine
@@ -398,6 +402,7 @@ impl AgentArgs {
             sandbox_binds: self.sandbox.sandbox_bind.clone(),
             docker_image: self.sandbox.image.clone(),
             docker_cli: self.sandbox.docker_cli.clone(),
+            kubernetes: self.sandbox.kubernetes.options(),
             concurrency: self.concurrency,
             workers: self.sandbox.workers(self.concurrency),
             seed: self.seed,
@@ -542,6 +547,7 @@ impl RlArgs {
                 sandbox_binds: self.sandbox.sandbox_bind.clone(),
                 docker_image: self.sandbox.image.clone(),
                 docker_cli: self.sandbox.docker_cli.clone(),
+                kubernetes: self.sandbox.kubernetes.options(),
                 concurrency: self.concurrency.unwrap_or(d.concurrency),
                 workers: self
                     .sandbox

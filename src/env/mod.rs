@@ -14,10 +14,10 @@
 //!   PID namespace, per-command timeout, memory / process / file-size limits).
 //! - [`docker::DockerEnvironment`]: one container per episode from the task's image
 //!   (SWE-bench / SWE-rebench), same limits through the docker CLI.
-//! - Kubernetes (one pod per episode, as the published system ran) is a third implementation of
-//!   the same two traits: `start` creates a pod from the task's image with the limits as resource
-//!   limits and `activeDeadlineSeconds`, `run` is `kubectl exec -i POD -- timeout ... sh -c`,
-//!   `copy_in` is `kubectl cp`, `close` deletes the pod (docs/rollouts.md, "Environments").
+//! - [`kubernetes::KubernetesEnvironment`]: one pod per episode (as the published system ran)
+//!   through the Kubernetes API (kube-rs): the pod watched until Running, commands over the exec
+//!   API's websocket with docker's wrapper, files in as a tar stream over exec, the pod deleted
+//!   with grace period 0 and confirmed gone, leftovers swept by label (docs/kubernetes.md).
 //!
 //! Every command runs in a fresh shell in the workspace (as mini-swe-agent does): `cd` and
 //! variables do not carry over, and nothing it started outlives it.
@@ -25,7 +25,9 @@
 pub mod builtin;
 pub mod diff;
 pub mod docker;
+pub mod envs;
 pub mod grading;
+pub mod kubernetes;
 pub mod local;
 pub mod logs;
 pub mod output;
@@ -206,11 +208,12 @@ pub fn describe_end(out: &CommandOutput) -> String {
     }
 }
 
-/// Parses `--env local|docker`.
+/// Parses `--env local|docker|kubernetes`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum EnvKind {
     Local,
     Docker,
+    Kubernetes,
 }
 
 impl std::str::FromStr for EnvKind {
@@ -219,8 +222,9 @@ impl std::str::FromStr for EnvKind {
         match s {
             "local" => Ok(Self::Local),
             "docker" => Ok(Self::Docker),
+            "kubernetes" => Ok(Self::Kubernetes),
             other => Err(format!(
-                "unknown environment {other:?} (expected local or docker)"
+                "unknown environment {other:?} (expected local, docker or kubernetes)"
             )),
         }
     }

@@ -22,14 +22,16 @@ use std::time::{Duration, Instant};
 
 /// Head, tail and count of a stream too long to keep whole.
 #[derive(Default)]
-struct Capture {
+pub(crate) struct Capture {
     head: Vec<u8>,
     tail: VecDeque<u8>,
-    total: u64,
+    /// Bytes pushed in all.
+    pub(crate) total: u64,
 }
 
 impl Capture {
-    fn push(&mut self, bytes: &[u8], keep: usize) {
+    /// Adds `bytes`, keeping `keep` bytes of all (the first half, the last half).
+    pub(crate) fn push(&mut self, bytes: &[u8], keep: usize) {
         self.total += bytes.len() as u64;
         let head_room = (keep / 2).saturating_sub(self.head.len());
         let (to_head, rest) = bytes.split_at(head_room.min(bytes.len()));
@@ -47,7 +49,7 @@ impl Capture {
     }
 
     /// The kept text, with a marker where bytes were dropped.
-    fn text(&self) -> (String, u64) {
+    pub(crate) fn text(&self) -> (String, u64) {
         let kept = (self.head.len() + self.tail.len()) as u64;
         let omitted = self.total - kept;
         let mut bytes = self.head.clone();

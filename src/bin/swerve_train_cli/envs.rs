@@ -12,6 +12,9 @@ pub enum EnvsCommand {
     /// into a pre-pull DaemonSet manifest (`--env kubernetes`), with their sizes, a disk
     /// estimate and the task lines that need each (docs/images.md).
     Prepare(PrepareArgs),
+    /// `envs sweep`: the pods a killed run left (kubernetes).
+    #[command(flatten)]
+    Kubernetes(swerve::env::envs::EnvsCommand),
 }
 
 #[derive(clap::Args)]
@@ -82,6 +85,7 @@ impl PrepareArgs {
 
 pub fn run(command: &EnvsCommand) -> Result<()> {
     match command {
+        EnvsCommand::Kubernetes(command) => swerve::env::envs::run(command),
         EnvsCommand::Prepare(args) => {
             let target = args.target()?;
             let path = builtin::resolve_tasks(&args.tasks)?;
