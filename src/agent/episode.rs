@@ -132,6 +132,14 @@ pub struct GradingRecord {
 const LOG_TAIL_BYTES: usize = 8 * 1024;
 
 impl Episode {
+    /// Grading found the test framework tampered with (grading/verdict.rs): reward 0.
+    pub fn tampered(&self) -> bool {
+        self.grading
+            .as_ref()
+            .and_then(|g| g.verdict.as_ref())
+            .is_some_and(|v| !v.tampered.is_empty())
+    }
+
     /// Action tokens (mask 1) of the trajectory.
     pub fn action_tokens(&self) -> usize {
         self.transcript
@@ -173,6 +181,9 @@ impl Episode {
         }
         if let Some(grading) = &self.grading {
             line["grading"] = json!(grading);
+            if self.tampered() {
+                line["tampered"] = json!(true);
+            }
         }
         if let Some(t) = &self.transcript {
             line["tokens"] = json!(t.tokens);
@@ -415,9 +426,15 @@ fn finish_episode(
             });
             None
         }
-        Ok(diff) => {
+        Ok(mut diff) => {
             let graded = if submitted {
                 let g = grade_fresh(ctx.env, task, plan, &diff.patch, name)?;
+                // What grading put back, read from the grading sandbox itself.
+                for (path, why) in &g.dropped {
+                    if !diff.dropped.iter().any(|(p, _)| p == path) {
+                        diff.dropped.push((path.clone(), why.clone()));
+                    }
+                }
                 episode.grading = Some(GradingRecord {
                     verdict: g.verdict.clone(),
                     failure: g.failure.clone(),

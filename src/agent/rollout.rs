@@ -245,6 +245,7 @@ pub fn episode_stats(episodes: &[Episode]) -> Map<String, Value> {
         "infrastructure_failures": infrastructure_failures(episodes),
         "infrastructure_retries": episodes.iter().map(|e| e.infra_retries).sum::<usize>(),
         "suspicious": suspicious_count(episodes),
+        "tampered": episodes.iter().filter(|e| e.tampered()).count(),
         "generated_tokens": episodes.iter().map(|e| e.generated).sum::<usize>(),
         "action_tokens": episodes.iter().map(Episode::action_tokens).sum::<usize>(),
         "finish": finishes,

@@ -21,12 +21,12 @@ use anyhow::{bail, Result};
 use std::time::Duration;
 
 /// Git with the settings that shape a diff pinned, whatever the agent configured.
-const GIT: &str = "GIT_CONFIG_NOSYSTEM=1 GIT_CONFIG_GLOBAL=/dev/null HOME=/nonexistent \
+pub(crate) const GIT: &str = "GIT_CONFIG_NOSYSTEM=1 GIT_CONFIG_GLOBAL=/dev/null HOME=/nonexistent \
      git -c core.quotepath=false -c diff.noprefix=false -c diff.mnemonicPrefix=false \
      -c core.autocrlf=false -c core.safecrlf=false -c safe.directory=*";
 
 /// A throwaway index under /tmp, so neither the agent's index nor HEAD changes.
-fn with_scratch_index(body: &str) -> String {
+pub(crate) fn with_scratch_index(body: &str) -> String {
     format!(
         "set -e; idx=$(mktemp /tmp/swerve-index.XXXXXX); rm -f \"$idx\"; \
          trap 'rm -f \"$idx\"' EXIT; export GIT_INDEX_FILE=\"$idx\"; {body}"

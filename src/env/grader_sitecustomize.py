@@ -73,3 +73,96 @@ _swerve_guard()
 _swerve_workdir = os.getcwd()
 if _swerve_workdir not in sys.path:
     sys.path.append(_swerve_workdir)
+
+
+# 3. Where the grader asks for it (SWERVE_GRADER_UNITTEST), every unittest result records each
+#    test's outcome as the runner decides it, one JSON line per event appended to the file
+#    SWERVE_GRADER_RESULTS names (the same records as the grader's pytest plugin: run start,
+#    test, run end). Subclasses (TextTestResult, Django's results) call these through super().
+def _swerve_record_unittest(path):
+    import json
+    import itertools
+
+    try:
+        from unittest import result as _result
+    except ImportError:
+        return
+    base = _result.TestResult
+    serial = itertools.count()
+    pid = os.getpid()
+
+    def write(result, record):
+        run = getattr(result, "_swerve_run", None)
+        if run is None:
+            run = "%d-%d" % (pid, next(serial))
+            try:
+                result._swerve_run = run
+            except Exception:
+                pass
+        record["run"] = run
+        line = (json.dumps(record, sort_keys=True) + "\n").encode("utf-8", "replace")
+        fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
+        try:
+            os.write(fd, line)
+        finally:
+            os.close(fd)
+
+    def describe(test):
+        try:
+            desc = test.shortDescription()
+        except Exception:
+            desc = None
+        return desc if isinstance(desc, str) else None
+
+    def outcome(status):
+        def wrap(original):
+            def method(self, test, *args):
+                write(self, {"ev": "test", "id": str(test), "desc": describe(test), "status": status})
+                return original(self, test, *args)
+
+            return method
+
+        return wrap
+
+    for name, status in (
+        ("addSuccess", "passed"),
+        ("addFailure", "failed"),
+        ("addError", "error"),
+        ("addSkip", "skipped"),
+        ("addExpectedFailure", "xfail"),
+        ("addUnexpectedSuccess", "xpass"),
+    ):
+        original = getattr(base, name, None)
+        if original is not None:
+            setattr(base, name, outcome(status)(original))
+
+    original_subtest = getattr(base, "addSubTest", None)
+    if original_subtest is not None:
+
+        def addSubTest(self, test, subtest, err):
+            if err is not None:
+                failure = getattr(test, "failureException", AssertionError)
+                status = "failed" if issubclass(err[0], failure) else "error"
+                write(self, {"ev": "test", "id": str(test), "desc": describe(test), "status": status})
+            return original_subtest(self, test, subtest, err)
+
+        base.addSubTest = addSubTest
+
+    original_start = base.startTestRun
+    original_stop = base.stopTestRun
+
+    def startTestRun(self):
+        write(self, {"ev": "start"})
+        return original_start(self)
+
+    def stopTestRun(self):
+        write(self, {"ev": "end"})
+        return original_stop(self)
+
+    base.startTestRun = startTestRun
+    base.stopTestRun = stopTestRun
+
+
+_swerve_results = os.environ.get("SWERVE_GRADER_RESULTS")
+if _swerve_results and os.environ.get("SWERVE_GRADER_UNITTEST") == "1":
+    _swerve_record_unittest(_swerve_results)

@@ -1,31 +1,40 @@
 //! Grading in a fresh environment, as SWE-bench's harness grades: the agent's change applied to
 //! a pristine copy of the task, the task's tests restored over it, the tests run in a hardened
-//! way, and the verdict read test by test from the log.
+//! way with the grader's canaries among them, and the verdict read from the runner's own record
+//! of each test, the log only as a cross-check.
 //!
 //! ```text
 //!   agent sandbox ──► diff (diff.rs) ──► closed (every agent process gone)
 //!   fresh sandbox (Environment::start: the task's starting state, setup run)
-//!     1. the pristine pytest configuration saved to the grader's folder; the diff applied
-//!        (git apply, then patch --fuzz): a diff that does not apply is unresolved, not an error
-//!     2. the task's tests: the `tests` folder copied over, or the files `test_patch` touches
-//!        restored to `base_commit` (removed where they are new) and the patch applied
-//!     3. the grader's script (fed on stdin, run by the sandbox's own shell):
-//!          __pycache__ removed; HOME an empty folder; user site-packages off (PYTHONNOUSERSITE);
-//!          safe-path mode (PYTHONSAFEPATH, where the runner allows); the grader's sitecustomize
-//!          (standard library first, the workspace after site-packages); pytest plugin autoload
-//!          off and pytest reading only the grader's copy of the pristine configuration
-//!          (`-c`, `--rootdir`, `--confcutdir`); the task's environment activated;
-//!          `>>>>> swerve tests start NONCE` ... the command ... `>>>>> swerve tests end NONCE N`
-//!     4. the log between the markers judged by the task's parser (TestPlan::judge)
+//!     1. the starting tree recorded (git); the pristine pytest configuration saved; the diff
+//!        applied (git apply, then patch --fuzz): a diff that does not apply is unresolved
+//!     2. what the change may not keep, read back from the sandbox (tree.rs: shadows of owned
+//!        modules, conftest.py, .pth, the runner's files) put back, named in patch_dropped
+//!     3. the task's tests: the `tests` folder copied over, or the files `test_patch` touches
+//!        restored to `base_commit` and the patch applied; canaries appended (canary.rs)
+//!     4. the tests run by a script fed on stdin to the sandbox's shell (no file, no argument,
+//!        no marker a test can read): __pycache__ removed; HOME an empty folder; user
+//!        site-packages off; safe-path mode where the runner allows; the grader's sitecustomize
+//!        (standard library first; unittest results recorded) and pytest plugin (results
+//!        recorded) from the grader's folder; pytest plugin autoload off and pytest reading only
+//!        the pristine configuration; the exit status is the sandbox's own process status
+//!     5. the runner's record (results.rs) read back in a command of its own; the verdict
+//!        (verdict.rs) from it, the log, the exit status and the canaries; where the run is off
+//!        the rules in a way a reference run could explain, the reference fix's run (reference.rs,
+//!        once per task) decides whether it does
 //!   fresh sandbox closed (a failing close is reported, the verdict kept)
 //! ```
 //!
-//! What this rules out: anything the agent left outside its diff (processes, `$HOME`, user
-//! site-packages, `.pth` files, compiled files, caches, replaced binaries in its container),
-//! shadowing the standard library, pytest configuration and `conftest.py` changes, and forged
-//! exit codes (verdicts come from per-test lines). What it cannot: the code under test runs in
-//! the test process, so a diff can still patch the framework from inside or print lines shaped
-//! like results; such diffs are flagged (`diff.rs`, `suspicious`).
+//! What is guaranteed and what is not: docs/grading.md.
+
+mod canary;
+mod reference;
+mod results;
+mod tree;
+mod verdict;
+
+pub use canary::{is_test_module, Anomaly, Canaries};
+pub use verdict::{decide, Channel, Decision, Observation, Reference};
 
 use super::task::{shell_quote, TestPlan};
 use super::{describe_end, CommandOutput, Environment, Sandbox, Task};
@@ -35,9 +44,15 @@ use std::time::Duration;
 
 /// The grader's sitecustomize.py.
 const SITECUSTOMIZE: &str = include_str!("grader_sitecustomize.py");
+/// The grader's pytest plugin.
+const PYTEST_PLUGIN: &str = include_str!("grader_pytest_plugin.py");
+/// The plugin's module name (in the grader's folder, on PYTHONPATH).
+const PYTEST_PLUGIN_MODULE: &str = "swerve_grader_results";
 
 /// Output kept from the test command: the whole log in practice (per-test lines are read from it).
 const GRADING_OUTPUT_BYTES: usize = 64 << 20;
+/// The largest runner record read back (past it the record is not trusted).
+const RESULTS_BYTES: usize = 64 << 20;
 
 /// What grading found.
 #[derive(Clone, Debug, PartialEq)]
@@ -47,11 +62,20 @@ pub struct GradeResult {
     pub verdict: Option<super::task::Verdict>,
     /// Why the tests did not run for the agent's sake (its change does not apply).
     pub failure: Option<String>,
-    /// The test command's output between the grader's markers (or all of it when they are
-    /// missing); exit code and timing of the whole grading command.
+    /// The test command's output; its exit status (the sandbox's process status) and timing.
     pub output: CommandOutput,
+    /// Paths of the agent's change grading put back (tree.rs), each with the reason.
+    pub dropped: Vec<(String, String)>,
     /// A cleanup that failed after the verdict (the verdict stands).
     pub cleanup_error: Option<String>,
+}
+
+/// The change a grading applies: the agent's diff, or a reference fix.
+#[derive(Clone, Copy, Debug)]
+pub enum Change<'a> {
+    Diff(&'a str),
+    /// A solution folder copied over the workspace (swerve's `solution`).
+    Folder(&'a std::path::Path),
 }
 
 /// Grades `patch` (the agent's filtered diff) on a fresh sandbox of `task`.
@@ -63,23 +87,53 @@ pub fn grade_fresh(
     episode: &str,
 ) -> Result<GradeResult> {
     let mut sandbox = env.start(task, &format!("{episode}-grade"))?;
-    let result = grade_in(sandbox.as_mut(), task, plan, patch);
+    let result = observe_in(sandbox.as_mut(), task, plan, Change::Diff(patch));
     let cleanup_error = sandbox.close().err().map(|e| format!("{e:#}"));
-    let mut result = result?;
+    let (observation, mut result) = match result? {
+        Observed::NotApplied(result) => {
+            return Ok(GradeResult {
+                cleanup_error,
+                ..result
+            })
+        }
+        Observed::Ran(observation, result) => (observation, result),
+    };
     result.cleanup_error = cleanup_error;
+    let mut verdict = decide(plan, &observation, None);
+    if verdict.needs_reference {
+        let reference = reference::observation(env, task, plan, episode)?;
+        verdict = decide(plan, &observation, Some(&reference));
+    }
+    result.resolved = verdict.verdict.resolved;
+    result.verdict = Some(verdict.verdict);
     Ok(result)
 }
 
-fn grade_in(
+/// A grading's run, or why it did not run.
+pub enum Observed {
+    /// The change does not apply: unresolved, with the reason.
+    NotApplied(GradeResult),
+    /// What the run showed, and the result so far (no verdict yet).
+    Ran(Observation, GradeResult),
+}
+
+/// Steps 1-5 of the module's diagram on `sandbox`: `change` applied, the tests run, what they
+/// showed.
+pub fn observe_in(
     sandbox: &mut dyn Sandbox,
     task: &Task,
     plan: &TestPlan,
-    patch: &str,
-) -> Result<GradeResult> {
+    change: Change<'_>,
+) -> Result<Observed> {
     let timeout = Duration::from_secs(task.timeout_s);
+    let tree = super::diff::snapshot(sandbox)?;
+    let patch = match change {
+        Change::Diff(patch) => patch,
+        Change::Folder(_) => "",
+    };
     let applied = sandbox.run(&prepare_command(), Some(patch.as_bytes()), timeout)?;
     if applied.exit_code == Some(DIFF_DOES_NOT_APPLY) {
-        return Ok(GradeResult {
+        return Ok(Observed::NotApplied(GradeResult {
             resolved: false,
             verdict: None,
             failure: Some(format!(
@@ -87,8 +141,9 @@ fn grade_in(
                 applied.output.trim()
             )),
             output: applied,
+            dropped: Vec::new(),
             cleanup_error: None,
-        });
+        }));
     }
     if !applied.success() {
         bail!(
@@ -98,26 +153,121 @@ fn grade_in(
             applied.output.trim()
         );
     }
+    if let Change::Folder(folder) = change {
+        sandbox.copy_in(folder)?;
+    }
+    let owned = plan.owned_paths()?;
+    let dropped = put_back(sandbox, task, plan, &tree, &owned, timeout)?;
     install_tests(sandbox, task, plan, timeout)?;
-    let nonce = format!("{:016x}", SplitMix64::new(nonce_seed()).next_u64());
-    let script = grader_script(task, plan, &nonce);
+    let mut rng = SplitMix64::new(nonce_seed());
+    let canaries = Canaries::new(&owned, &plan.command, rng.next_u64());
+    let installed = install_canaries(sandbox, task, &canaries, timeout)?;
+    let results_path = format!(".swerve-grader/r-{:016x}.jsonl", rng.next_u64());
+    let script = grader_script(task, plan, &results_path);
     let run = sandbox.exec(
-        "s=$(mktemp /tmp/swerve-grade.XXXXXX) && cat > \"$s\" && exec sh \"$s\"",
+        "exec sh -s",
         Some(script.as_bytes()),
         timeout + Duration::from_secs(30),
         GRADING_OUTPUT_BYTES,
     )?;
-    let (log, exit_code) = between_markers(&run.output, &nonce);
-    let verdict = plan.judge(&log, exit_code);
-    let mut output = run;
-    output.output = log;
-    output.exit_code = exit_code;
-    Ok(GradeResult {
-        resolved: verdict.resolved,
-        verdict: Some(verdict),
-        failure: None,
-        output,
-        cleanup_error: None,
+    let record = read_results(sandbox, &results_path, timeout)?;
+    let observation = Observation::new(plan, &canaries, &installed, &run, record);
+    Ok(Observed::Ran(
+        observation,
+        GradeResult {
+            resolved: false,
+            verdict: None,
+            failure: None,
+            output: run,
+            dropped,
+            cleanup_error: None,
+        },
+    ))
+}
+
+/// Step 2: the paths the change may not keep, read from the sandbox and put back.
+fn put_back(
+    sandbox: &mut dyn Sandbox,
+    task: &Task,
+    plan: &TestPlan,
+    tree: &str,
+    owned: &[String],
+    timeout: Duration,
+) -> Result<Vec<(String, String)>> {
+    let listed = sandbox.exec(&tree::changes_command(tree), None, timeout, 16 << 20)?;
+    if !listed.success() || listed.omitted_bytes > 0 {
+        bail!(
+            "task {}: listing the applied change failed ({}): {}",
+            task.id,
+            describe_end(&listed),
+            super::agent_text(&listed.output, 2000)
+        );
+    }
+    let changes = tree::parse_changes(&listed.output);
+    let runner = tree::runner_files(task.repo_name.as_deref(), &plan.command);
+    let reference = reference::changed_paths(task)?;
+    let dropped = tree::protected(&changes, owned, &runner, &reference);
+    if dropped.is_empty() {
+        return Ok(dropped);
+    }
+    let out = sandbox.run(&tree::restore_command(tree, &dropped), None, timeout)?;
+    if !out.success() {
+        bail!(
+            "task {}: putting back what the change may not keep failed ({}): {}",
+            task.id,
+            describe_end(&out),
+            out.output.trim()
+        );
+    }
+    Ok(dropped)
+}
+
+/// Step 3's canaries: the indices of the files that got them.
+fn install_canaries(
+    sandbox: &mut dyn Sandbox,
+    task: &Task,
+    canaries: &Canaries,
+    timeout: Duration,
+) -> Result<Vec<usize>> {
+    if canaries.files.is_empty() {
+        return Ok(Vec::new());
+    }
+    let out = sandbox.run(&canaries.install_command(), None, timeout)?;
+    if !out.success() {
+        bail!(
+            "task {}: adding the grader's canary tests failed ({}): {}",
+            task.id,
+            describe_end(&out),
+            out.output.trim()
+        );
+    }
+    Ok(out
+        .output
+        .lines()
+        .filter_map(|l| l.strip_prefix("canary ")?.trim().parse().ok())
+        .filter(|&i| i < canaries.files.len())
+        .collect())
+}
+
+/// The runner's record: `Absent` when the file was never written, `Unreadable` when it cannot
+/// be trusted (too big).
+fn read_results(sandbox: &mut dyn Sandbox, path: &str, timeout: Duration) -> Result<Channel> {
+    let q = shell_quote(path);
+    let out = sandbox.exec(
+        &format!("cd \"$HOME\" && if [ -f {q} ]; then cat {q}; else exit 3; fi"),
+        None,
+        timeout,
+        RESULTS_BYTES,
+    )?;
+    Ok(match out.exit_code {
+        Some(3) => Channel::Absent,
+        Some(0) if out.omitted_bytes == 0 => Channel::Written(out.output),
+        Some(0) => Channel::Unreadable(format!("over {RESULTS_BYTES} bytes")),
+        _ => bail!(
+            "reading the runner's record failed ({}): {}",
+            describe_end(&out),
+            out.output.trim()
+        ),
     })
 }
 
@@ -190,14 +340,24 @@ fn install_tests(
     Ok(())
 }
 
-/// The script the grading sandbox's shell runs: hardened environment, markers, the command.
-pub fn grader_script(task: &Task, plan: &TestPlan, nonce: &str) -> String {
-    let end_of_file = format!("SWERVE_GRADER_EOF_{nonce}");
+/// The script the grading sandbox's shell reads on stdin: hardened environment, the grader's
+/// Python files, the command (its stdin closed, so nothing of the script is readable from it);
+/// the shell's exit status is the command's.
+pub fn grader_script(task: &Task, plan: &TestPlan, results_path: &str) -> String {
+    let end_of_file = format!(
+        "SWERVE_GRADER_EOF_{:016x}",
+        SplitMix64::new(nonce_seed()).next_u64()
+    );
     let activate = task.activate.as_deref().unwrap_or(":");
     let safe_path = if plan.safe_path {
         "export PYTHONSAFEPATH=1"
     } else {
         "unset PYTHONSAFEPATH"
+    };
+    let recorder = if plan.parser.records_unittest() {
+        "export SWERVE_GRADER_UNITTEST=1"
+    } else {
+        "unset SWERVE_GRADER_UNITTEST"
     };
     format!(
         r#"exec 2>&1
@@ -205,42 +365,24 @@ g="$HOME/.swerve-grader"
 cat > "$g/py/sitecustomize.py" <<'{end_of_file}'
 {SITECUSTOMIZE}
 {end_of_file}
+cat > "$g/py/{PYTEST_PLUGIN_MODULE}.py" <<'{end_of_file}'
+{PYTEST_PLUGIN}
+{end_of_file}
 find . -name __pycache__ -type d -prune -exec rm -rf {{}} + 2>/dev/null
 cfg="$g/cfg/$(ls "$g/cfg" | head -n 1)"
-{activate}
+{{ {activate}
+}} >/dev/null 2>&1 </dev/null
+export SWERVE_GRADER_RESULTS="$HOME/{results_path}"
 export HOME="$g/home" PYTHONNOUSERSITE=1 PYTHONDONTWRITEBYTECODE=1 PYTHONPATH="$g/py"
-export PYTEST_DISABLE_PLUGIN_AUTOLOAD=1 PYTEST_ADDOPTS="-c $cfg --rootdir=$PWD --confcutdir=$PWD -p no:cacheprovider"
+export PYTEST_DISABLE_PLUGIN_AUTOLOAD=1 PYTEST_PLUGINS={PYTEST_PLUGIN_MODULE} PYTEST_ADDOPTS="-c $cfg --rootdir=$PWD --confcutdir=$PWD -p no:cacheprovider"
 unset PYTHONSTARTUP PYTHONHOME PYTHONINSPECT PYTHONUSERBASE PYTHONEXECUTABLE
 {safe_path}
-echo ">>>>> swerve tests start {nonce}"
-{command}
-echo ">>>>> swerve tests end {nonce} $?"
+{recorder}
+{{ {command}
+}} </dev/null
 "#,
         command = plan.command
     )
-}
-
-/// The log between the markers and the test command's exit status (`None`: no end marker, the
-/// command was killed).
-pub fn between_markers(output: &str, nonce: &str) -> (String, Option<i32>) {
-    let start = format!(">>>>> swerve tests start {nonce}\n");
-    let end = format!(">>>>> swerve tests end {nonce} ");
-    let Some(s) = output.find(&start) else {
-        return (output.to_string(), None);
-    };
-    let body = &output[s + start.len()..];
-    // The nonce is unknown to the code under test, so the marker counts wherever it is (a
-    // runner that leaves a line open puts it mid-line).
-    match body.rfind(&end) {
-        Some(e) => {
-            let code = body[e + end.len()..]
-                .lines()
-                .next()
-                .and_then(|l| l.trim().parse().ok());
-            (body[..e].to_string(), code)
-        }
-        None => (body.to_string(), None),
-    }
 }
 
 /// A seed nobody can predict from the task: time and process.
@@ -249,27 +391,4 @@ fn nonce_seed() -> u64 {
         .duration_since(std::time::UNIX_EPOCH)
         .map_or(0, |d| d.as_nanos() as u64);
     now ^ ((std::process::id() as u64) << 32)
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn markers_frame_the_log_and_carry_the_exit_status() {
-        let out = "setup noise\n>>>>> swerve tests start ab\nok 1\n>>>>> swerve tests end zz 0\n>>>>> swerve tests end ab 1\n";
-        let (log, code) = between_markers(out, "ab");
-        assert_eq!(log, "ok 1\n>>>>> swerve tests end zz 0\n");
-        assert_eq!(code, Some(1));
-        // A line left open by the runner: the marker still ends the log.
-        let (log, code) = between_markers(
-            ">>>>> swerve tests start ab\ntest_x ... >>>>> swerve tests end ab 0\n",
-            "ab",
-        );
-        assert_eq!((log.as_str(), code), ("test_x ... ", Some(0)));
-        let (log, code) = between_markers(">>>>> swerve tests start ab\nkilled mid-run", "ab");
-        assert_eq!((log.as_str(), code), ("killed mid-run", None));
-        let (log, code) = between_markers("no markers", "ab");
-        assert_eq!((log.as_str(), code), ("no markers", None));
-    }
 }

@@ -21,38 +21,80 @@ use std::collections::BTreeMap;
 use std::fmt;
 use std::str::FromStr;
 
-/// One test's outcome.
+/// One test's outcome, ordered from best to worst (the worst of several is their `max`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, serde::Serialize)]
 pub enum TestStatus {
+    /// The runner's own pass status: the only one that counts as passed.
     Passed,
-    /// An expected failure (pytest's XFAIL, unittest's "expected failure"): counts as passed.
+    /// An expected failure (pytest's XFAIL, unittest's "expected failure"). Not a pass: the code
+    /// under test can declare it (`pytest.xfail()`); a listed test matches it only where the
+    /// reference solution's run shows it too (grading.rs).
     XFail,
+    /// A test expected to fail that passed (pytest's XPASS, unittest's "unexpected success").
+    XPass,
+    /// Skipped: never a pass, whoever raised the skip.
     Skipped,
     Failed,
     Error,
+    /// Two different statuses for one test (after ids are made canonical): a log that says two
+    /// things, or a log that disagrees with the runner's own record. Never a pass.
+    Conflict,
 }
 
 impl TestStatus {
-    /// Passed or expected to fail, as SWE-bench's grading counts success.
+    /// The runner's own pass status, and nothing else.
     pub fn is_pass(self) -> bool {
-        matches!(self, Self::Passed | Self::XFail)
+        self == Self::Passed
     }
 
-    /// Failed or errored (a skip is neither).
+    /// Failed, errored or conflicting (a skip or an expected failure is neither).
     pub fn is_fail(self) -> bool {
-        matches!(self, Self::Failed | Self::Error)
+        matches!(self, Self::Failed | Self::Error | Self::Conflict)
     }
 
-    /// "passed", "xfail", "skipped", "failed", "error".
+    /// "passed", "xfail", "xpass", "skipped", "failed", "error", "conflicting".
     pub fn name(self) -> &'static str {
         match self {
             Self::Passed => "passed",
             Self::XFail => "xfail",
+            Self::XPass => "xpass",
             Self::Skipped => "skipped",
             Self::Failed => "failed",
             Self::Error => "error",
+            Self::Conflict => "conflicting",
         }
     }
+
+    /// The status from its [`Self::name`] (the grader's result records use these names).
+    pub fn from_name(name: &str) -> Option<Self> {
+        Some(match name {
+            "passed" => Self::Passed,
+            "xfail" => Self::XFail,
+            "xpass" => Self::XPass,
+            "skipped" => Self::Skipped,
+            "failed" => Self::Failed,
+            "error" => Self::Error,
+            "conflicting" => Self::Conflict,
+            _ => return None,
+        })
+    }
+
+    /// Two reports of one test: the same status, or [`Self::Conflict`].
+    pub fn merge(self, other: Self) -> Self {
+        if self == other {
+            self
+        } else {
+            Self::Conflict
+        }
+    }
+}
+
+/// Records `status` for `id`, merging with what is there ([`TestStatus::merge`]).
+pub fn record(statuses: &mut BTreeMap<String, TestStatus>, id: String, status: TestStatus) {
+    statuses
+        .entry(id)
+        .and_modify(|s| *s = s.merge(status))
+        .or_insert(status);
 }
 
 /// How a test command's output is read.
@@ -83,6 +125,19 @@ impl LogParser {
         django, sympy, unittest, or SWE-bench's parse_log_<name> for these and astroid, astropy, \
         flask, marshmallow, pvlib, pydicom, pylint, pyvista, requests, scikit, sphinx, sqlfluff, \
         xarray";
+}
+
+impl LogParser {
+    /// The runner is unittest's (the grader records unittest results in its processes).
+    pub fn records_unittest(self) -> bool {
+        matches!(self, Self::Django | Self::Unittest)
+    }
+
+    /// The grader's record of each test is expected from this runner (pytest's plugin or
+    /// unittest's results); sympy's own runner keeps none, its log is all there is.
+    pub fn expects_record(self) -> bool {
+        self != Self::Sympy
+    }
 }
 
 impl FromStr for LogParser {
@@ -127,38 +182,64 @@ impl fmt::Display for LogParser {
     }
 }
 
-/// Every test the log reports, with its status (a test reported twice keeps its last status).
+/// Every test the log reports, with its status, ids in canonical form ([`canonical_id`]); a
+/// test reported twice with different statuses is [`TestStatus::Conflict`] (not the last one
+/// printed: the code under test prints into the log too).
 pub fn parse_log(parser: LogParser, log: &str) -> BTreeMap<String, TestStatus> {
-    match parser {
+    let raw = match parser {
         LogParser::Django | LogParser::Unittest => unittest::parse(log),
         LogParser::Sympy => unittest::parse_sympy(log),
         _ => parse_pytest(parser, log),
-    }
+    };
+    canonical(raw)
 }
 
-/// `id`'s status in `statuses`: the id itself, else by the shortened forms SWE-bench's lists use
-/// (the first whitespace-separated word of a pytest id, the worst status when several share
-/// it; unittest's Python 3.11 form either way).
+/// `statuses` with every id in canonical form, merged where two become one.
+pub fn canonical(statuses: BTreeMap<String, TestStatus>) -> BTreeMap<String, TestStatus> {
+    let mut out = BTreeMap::new();
+    for (id, status) in statuses {
+        record(&mut out, canonical_id(&id).into_owned(), status);
+    }
+    out
+}
+
+/// A runner's own id for a test (pytest's node id, unittest's `str(test)`) as the parser's log
+/// form would show it ([`LogParser::PytestOptions`]' shortened paths, matplotlib's buttons), in
+/// canonical form.
+pub fn runner_id(parser: LogParser, id: &str) -> String {
+    let mut id = id.to_string();
+    if parser == LogParser::Matplotlib {
+        id = id
+            .replace("MouseButton.LEFT", "1")
+            .replace("MouseButton.RIGHT", "3");
+    }
+    if parser == LogParser::PytestOptions {
+        id = shorten_path_option(&id);
+    }
+    canonical_id(&id).into_owned()
+}
+
+/// `id`'s status in `statuses` (canonical ids, as [`parse_log`] gives them): the canonical id
+/// itself, else by the shortened form SWE-bench's lists use for a parametrised pytest id (its
+/// first whitespace-separated word; the worst status when several share it).
 pub fn lookup(statuses: &BTreeMap<String, TestStatus>, id: &str) -> Option<TestStatus> {
-    if let Some(&status) = statuses.get(id) {
+    let id = canonical_id(id);
+    if let Some(&status) = statuses.get(id.as_ref()) {
         return Some(status);
     }
-    let canonical = unittest_canonical(id);
-    let mut found: Option<TestStatus> = None;
-    for (key, &status) in statuses {
-        let same = unittest_canonical(key) == canonical
-            || (!id.contains(char::is_whitespace)
-                && key.split_whitespace().next() == Some(id)
-                && key.contains('['));
-        if same {
-            found = Some(found.map_or(status, |s| s.max(status)));
-        }
+    if id.contains(char::is_whitespace) {
+        return None;
     }
-    found
+    statuses
+        .iter()
+        .filter(|(key, _)| key.contains('[') && key.split_whitespace().next() == Some(&id))
+        .map(|(_, &status)| status)
+        .max()
 }
 
-/// `name (module.Class.name)` (Python 3.11+) as `name (module.Class)`; other ids unchanged.
-fn unittest_canonical(id: &str) -> Cow<'_, str> {
+/// The one form every id is matched in: unittest's Python 3.11 `name (module.Class.name)` as
+/// `name (module.Class)` (the form SWE-bench's lists use); other ids unchanged.
+pub fn canonical_id(id: &str) -> Cow<'_, str> {
     let Some((name, rest)) = id.split_once(" (") else {
         return Cow::Borrowed(id);
     };
@@ -176,8 +257,8 @@ const PYTEST_WORDS: &[(&str, TestStatus)] = &[
     ("ERROR", TestStatus::Error),
     ("SKIPPED", TestStatus::Skipped),
     ("XFAIL", TestStatus::XFail),
-    // A test expected to fail that passed (non-strict): pytest counts it as passing.
-    ("XPASS", TestStatus::Passed),
+    // A test expected to fail that passed (non-strict): not the runner's pass status.
+    ("XPASS", TestStatus::XPass),
 ];
 
 fn parse_pytest(parser: LogParser, log: &str) -> BTreeMap<String, TestStatus> {
@@ -194,7 +275,7 @@ fn parse_pytest(parser: LogParser, log: &str) -> BTreeMap<String, TestStatus> {
             if parser == LogParser::PytestOptions {
                 id = shorten_path_option(&id);
             }
-            statuses.insert(id, status);
+            record(&mut statuses, id, status);
         }
     }
     statuses

@@ -172,6 +172,7 @@ pub fn grade_in_place(sandbox: &mut dyn Sandbox, task: &Task) -> Result<GradeRes
         verdict: None,
         failure: None,
         output,
+        dropped: Vec::new(),
         cleanup_error: None,
     })
 }

@@ -22,7 +22,7 @@
 //!  "image": "python:3.11-slim"}                 optional, the docker environment's image
 //! ```
 
-use super::logs::{self, LogParser};
+use super::logs::LogParser;
 use crate::jsonl;
 use anyhow::{anyhow, bail, Context, Result};
 use serde_json::Value;
@@ -75,17 +75,24 @@ pub struct TestPlan {
     pub safe_path: bool,
 }
 
-/// What a test log says about a task.
+/// What a graded run says about a task (grading/verdict.rs).
 #[derive(Clone, Debug, PartialEq, serde::Serialize, serde::Deserialize)]
 pub struct Verdict {
     pub resolved: bool,
-    /// Tests the log reports passed (an expected failure included).
+    /// Tests that passed (the runner's own pass status; the grader's canaries left out).
     pub passed: usize,
-    /// Tests the log reports failed or errored.
+    /// Tests that failed, errored or were reported two ways.
     pub failed: usize,
     /// FAIL_TO_PASS/PASS_TO_PASS ids not passing, each with its status ("failed", "error",
-    /// "skipped", "missing").
+    /// "skipped", "xfail", "xpass", "conflicting", "missing").
     pub not_passing: Vec<(String, String)>,
+    /// Evidence the test framework was tampered with (a canary off its rule, an exit status
+    /// that contradicts the tests): the reward is 0. Empty: none.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub tampered: Vec<String>,
+    /// Other reasons the run does not count (the runner's record missing, the command killed).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub problems: Vec<String>,
 }
 
 impl TestPlan {
@@ -105,39 +112,10 @@ impl TestPlan {
         paths.dedup();
         Ok(paths)
     }
-
-    /// The verdict from the test log between the grader's markers and the command's exit code.
-    /// With FAIL_TO_PASS / PASS_TO_PASS: resolved iff every one passed (an expected failure
-    /// counts, as SWE-bench counts it; skipped or missing does not). Without: resolved iff the
-    /// command exited 0, a test was reported and none failed or errored.
-    pub fn judge(&self, log: &str, exit_code: Option<i32>) -> Verdict {
-        let statuses = logs::parse_log(self.parser, log);
-        let passed = statuses.values().filter(|s| s.is_pass()).count();
-        let failed = statuses.values().filter(|s| s.is_fail()).count();
-        let mut not_passing = Vec::new();
-        for id in self.fail_to_pass.iter().chain(&self.pass_to_pass) {
-            match logs::lookup(&statuses, id) {
-                Some(status) if status.is_pass() => {}
-                Some(status) => not_passing.push((id.clone(), status.name().to_string())),
-                None => not_passing.push((id.clone(), "missing".to_string())),
-            }
-        }
-        let resolved = if self.fail_to_pass.is_empty() && self.pass_to_pass.is_empty() {
-            exit_code == Some(0) && !statuses.is_empty() && failed == 0
-        } else {
-            not_passing.is_empty()
-        };
-        Verdict {
-            resolved,
-            passed,
-            failed,
-            not_passing,
-        }
-    }
 }
 
 /// The files under `dir`, as paths relative to `root` with `/` separators.
-fn files_under(root: &Path, dir: &Path, out: &mut Vec<String>) -> Result<()> {
+pub(crate) fn files_under(root: &Path, dir: &Path, out: &mut Vec<String>) -> Result<()> {
     let entries =
         std::fs::read_dir(dir).with_context(|| format!("reading the folder {}", dir.display()))?;
     for entry in entries {

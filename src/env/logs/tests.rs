@@ -4,7 +4,7 @@ use super::*;
 use TestStatus::*;
 
 fn status(map: &BTreeMap<String, TestStatus>, id: &str) -> Option<TestStatus> {
-    map.get(id).copied()
+    map.get(canonical_id(id).as_ref()).copied()
 }
 
 const PYTEST_RA: &str = "\
@@ -56,7 +56,7 @@ fn pytest_summary_lines() {
     );
     assert_eq!(
         status(&m, "tests/test_utils.py::test_fixed_already"),
-        Some(Passed)
+        Some(XPass)
     );
     assert_eq!(status(&m, "tests/test_broken.py"), Some(Error));
     assert_eq!(m.len(), 9, "{m:?}");
@@ -241,7 +241,7 @@ ImportError: Failed to import test module: tests.test_missing
     );
     assert_eq!(
         status(&m, "test_lucky (tests.test_pager.PagerTests.test_lucky)"),
-        Some(Failed)
+        Some(XPass)
     );
     assert_eq!(
         status(
@@ -321,4 +321,26 @@ fn parser_names() {
     }
     let err = "parse_log_gotest".parse::<LogParser>().unwrap_err();
     assert!(err.contains("\"parse_log_gotest\""), "{err}");
+}
+
+#[test]
+fn a_test_reported_two_ways_is_conflicting_whatever_the_order_or_form() {
+    // A short-form "ok" printed at import, the runner's long-form FAIL after it.
+    let log = "test_a (m.T) ... ok\ntest_a (m.T.test_a) ... FAIL\n";
+    assert_eq!(
+        lookup(&parse_log(LogParser::Unittest, log), "test_a (m.T)"),
+        Some(Conflict)
+    );
+    // A PASSED line printed after pytest's summary (a finaliser).
+    let log = "FAILED t.py::test_a - assert\n===== 1 failed in 0.1s =====\nPASSED t.py::test_a\n";
+    assert_eq!(
+        lookup(&parse_log(LogParser::Pytest, log), "t.py::test_a"),
+        Some(Conflict)
+    );
+    let log = "test_a ok\ntest_a F\n";
+    assert_eq!(
+        lookup(&parse_log(LogParser::Sympy, log), "test_a"),
+        Some(Conflict)
+    );
+    assert!(!Conflict.is_pass() && Conflict.is_fail() && !XFail.is_pass() && !XPass.is_pass());
 }

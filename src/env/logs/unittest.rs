@@ -1,7 +1,7 @@
 //! The unittest-shaped parsers: Django's `runtests.py --verbosity 2` and `python -m unittest -v`
 //! (one verbose shape), and sympy's `bin/test --verbose`.
 
-use super::{strip_ansi, TestStatus};
+use super::{record as merge_into, strip_ansi, TestStatus};
 use std::collections::BTreeMap;
 
 /// unittest's verbose result words (after ` ... `).
@@ -12,8 +12,8 @@ fn unittest_status(word: &str) -> Option<TestStatus> {
         "FAIL" => TestStatus::Failed,
         "ERROR" => TestStatus::Error,
         "expected failure" => TestStatus::XFail,
-        // unittest's run is unsuccessful with one (Python 3.11+ says so; older ones did not).
-        "unexpected success" => TestStatus::Failed,
+        // Not a pass (Python 3.11+ calls the run unsuccessful with one; older ones did not).
+        "unexpected success" => TestStatus::XPass,
         _ if word == "skip" || word.starts_with("skipped") => TestStatus::Skipped,
         _ => return None,
     })
@@ -51,7 +51,8 @@ pub(super) fn parse(log: &str) -> BTreeMap<String, TestStatus> {
         }
         // A Django test whose description spans lines (SWE-bench keeps this one by name).
         if line.contains("--version is equivalent to version") {
-            statuses.insert(
+            merge_into(
+                &mut statuses,
                 "--version is equivalent to version".to_string(),
                 TestStatus::Passed,
             );
@@ -65,15 +66,15 @@ pub(super) fn parse(log: &str) -> BTreeMap<String, TestStatus> {
             } else {
                 TestStatus::Error
             };
-            statuses.insert(rest.trim().to_string(), status);
+            merge_into(&mut statuses, rest.trim().to_string(), status);
             bare_id = None;
             continue;
         }
         let mut record = |test: String, doc_of: Option<String>, status: TestStatus| {
             if let Some(id) = doc_of {
-                statuses.insert(id, status);
+                merge_into(&mut statuses, id, status);
             }
-            statuses.insert(test, status);
+            merge_into(&mut statuses, test, status);
         };
         if let Some((test, rest)) = line.split_once(" ... ") {
             let doc_of = bare_id.take().filter(|_| !looks_like_test_id(test));
@@ -104,7 +105,7 @@ pub(super) fn parse(log: &str) -> BTreeMap<String, TestStatus> {
 }
 
 /// sympy's `bin/test --verbose`: `test_name ok`, `F`, `E`, `f` (expected to fail), `X` (expected
-/// to fail and passed: the body ran clean, counted passed), `s`/`w` (skipped; slow), `T`
+/// to fail and passed: not a pass), `s`/`w` (skipped; slow), `T`
 /// (timed out), `K` (interrupted), a skip's reason between name and letter. A failure's
 /// `___ path.py:test_name ___` header marks `path.py:test_name` failed when the verbose line
 /// did not report `test_name` (a run without `--verbose`). A file's closing `[OK]` / `[FAIL]`
@@ -137,18 +138,19 @@ pub(super) fn parse_sympy(log: &str) -> BTreeMap<String, TestStatus> {
         };
         let status = match last {
             _ if name == last => continue,
-            "ok" | "X" => TestStatus::Passed,
+            "ok" => TestStatus::Passed,
+            "X" => TestStatus::XPass,
             "F" | "T" | "K" => TestStatus::Failed,
             "E" => TestStatus::Error,
             "f" => TestStatus::XFail,
             "s" | "w" => TestStatus::Skipped,
             _ => continue,
         };
-        statuses.insert(name.to_string(), status);
+        merge_into(&mut statuses, name.to_string(), status);
     }
     for (key, name) in headers {
         if !statuses.contains_key(&name) {
-            statuses.insert(key, TestStatus::Failed);
+            merge_into(&mut statuses, key, TestStatus::Failed);
         }
     }
     statuses

@@ -1,6 +1,7 @@
 //! Task-file parsing: swerve's format and each SWE-bench-family dataset's line shape.
 
 use super::*;
+use crate::env::grading::{decide, Observation, Reference};
 use crate::env::repos::patch_paths;
 
 fn write(dir: &Path, name: &str, text: &str) -> PathBuf {
@@ -139,9 +140,9 @@ fn swe_bench_verified_django_line_gets_its_runner() {
         ]
     );
     let log = "test_ascii_validator (auth_tests.test_validators.UsernameValidatorsTests) ... ok\ntest_unicode_validator (auth_tests.test_validators.UsernameValidatorsTests) ... ok\ntest_help_text (auth_tests.test_validators.UserAttributeSimilarityValidatorTest) ... ok\n";
-    assert!(p.judge(log, Some(0)).resolved);
+    assert!(judge(&p, log, Some(0)).resolved);
     let failing = log.replacen("... ok", "... FAIL", 1);
-    let verdict = p.judge(&failing, Some(1));
+    let verdict = judge(&p, &failing, Some(1));
     assert!(!verdict.resolved);
     assert_eq!(
         verdict.not_passing,
@@ -164,10 +165,11 @@ fn swe_bench_verified_sympy_line_gets_bin_test() {
     );
     assert_eq!((p.parser, p.safe_path), (LogParser::Sympy, false));
     let log = "sympy/core/tests/test_basic.py[3] \ntest__aresame ok\ntest_structure ok\ntest_immutable F\n[FAIL]\n";
-    let v = p.judge(log, Some(1));
+    let v = judge(&p, log, Some(1));
     assert_eq!((v.resolved, v.passed, v.failed), (false, 2, 1));
     assert!(
-        p.judge(
+        judge(
+            &p,
             &log.replace("test_immutable F", "test_immutable ok"),
             Some(0)
         )
@@ -232,7 +234,7 @@ fn swe_smith_lines_apply_the_bug_and_run_the_suite() {
     );
     assert_eq!(p.test_patch, None);
     let log = "tests/test_common.py::CommonTests::test_add_params PASSED [ 50%]\ntests/test_common.py::CommonTests::test_urldecode PASSED [100%]\n";
-    assert!(p.judge(log, Some(0)).resolved);
+    assert!(judge(&p, log, Some(0)).resolved);
 }
 
 #[test]
@@ -248,13 +250,16 @@ fn judge_without_lists_needs_exit_zero_a_test_and_no_failure() {
         safe_path: false,
     };
     let pass = "test_a (tests.test_x.T.test_a) ... ok\n\n----------------------------------------------------------------------\nRan 1 test in 0.000s\n\nOK\n";
-    assert!(p.judge(pass, Some(0)).resolved);
+    assert!(judge(&p, pass, Some(0)).resolved);
     // An atexit os._exit(0) after a failing run; a run that reported nothing.
     let fail = "test_a (tests.test_x.T.test_a) ... FAIL\n";
-    assert!(!p.judge(fail, Some(0)).resolved);
-    assert!(!p.judge("\nRan 0 tests in 0.000s\n\nOK\n", Some(0)).resolved);
-    assert!(!p.judge(pass, Some(1)).resolved);
-    assert!(!p.judge(pass, None).resolved);
+    assert!(!judge(&p, fail, Some(0)).resolved);
+    assert!(!judge(&p, "\nRan 0 tests in 0.000s\n\nOK\n", Some(0)).resolved);
+    assert!(!judge(&p, pass, Some(1)).resolved);
+    // Skipped is not a pass; an exit status 0 with a failing test is evidence of tampering.
+    assert!(!judge(&p, "test_a (tests.test_x.T) ... skipped 'x'\n", Some(0)).resolved);
+    assert!(!judge(&p, fail, Some(0)).tampered.is_empty());
+    assert!(!judge(&p, pass, None).resolved);
 }
 
 #[test]
@@ -274,16 +279,41 @@ fn judge_with_lists_counts_xfail_and_names_what_did_not_pass() {
         safe_path: true,
     };
     let log = "PASSED t/b.py::test_x\nXFAIL t/b.py::test_y - known\nSKIPPED t/b.py::test_z\nPASSED t/b.py::test_w[a b]\n";
-    let v = p.judge(log, Some(0));
+    let v = judge(&p, log, Some(0));
     assert!(!v.resolved);
-    assert_eq!((v.passed, v.failed), (3, 0));
+    assert_eq!((v.passed, v.failed), (2, 0));
     assert_eq!(
         v.not_passing,
         vec![
             ("t/b.py::test_gone".to_string(), "missing".to_string()),
+            ("t/b.py::test_y".to_string(), "xfail".to_string()),
             ("t/b.py::test_z".to_string(), "skipped".to_string())
         ]
     );
+    // An XFAIL counts only where the reference fix's run shows the same status.
+    let good = "PASSED t/b.py::test_x\nPASSED t/b.py::test_gone\nXFAIL t/b.py::test_y - known\nPASSED t/b.py::test_z\nPASSED t/b.py::test_w[a b]\n";
+    let observed = Observation::from_log(p.parser, good, Some(0));
+    let decision = decide(&p, &observed, None);
+    assert!(decision.needs_reference && !decision.verdict.resolved);
+    for (reference_log, is_fix, resolved) in [
+        (good, true, true),
+        (good, false, false),
+        (
+            &*good.replace("XFAIL t/b.py::test_y - known", "PASSED t/b.py::test_y"),
+            true,
+            false,
+        ),
+    ] {
+        let reference = Reference {
+            observation: Observation::from_log(p.parser, reference_log, Some(0)),
+            is_fix,
+        };
+        assert_eq!(
+            decide(&p, &observed, Some(&reference)).verdict.resolved,
+            resolved,
+            "{reference_log} {is_fix}"
+        );
+    }
     assert_eq!(
         p.owned_paths().unwrap(),
         vec!["t/a.py".to_string(), "t/b.py".to_string()]
@@ -309,4 +339,9 @@ fn builtin_tasks_use_verbose_unittest() {
         );
         assert_eq!(p.parser, LogParser::Unittest);
     }
+}
+
+/// The verdict on a run whose log is all there is (as if the runner's record agreed).
+fn judge(p: &TestPlan, log: &str, exit_code: Option<i32>) -> Verdict {
+    decide(p, &Observation::from_log(p.parser, log, exit_code), None).verdict
 }

@@ -164,6 +164,15 @@ fn grading_html(line: &EpisodeLine) -> String {
             v.passed,
             v.failed
         ));
+        for why in &v.tampered {
+            html.push_str(&format!(
+                "<p class=\"unresolved\">⚠ TAMPERED: {}</p>\n",
+                escape(why)
+            ));
+        }
+        for why in &v.problems {
+            html.push_str(&format!("<p class=\"note\">{}</p>\n", escape(why)));
+        }
         if !v.not_passing.is_empty() {
             let rows: String = v
                 .not_passing
@@ -297,6 +306,8 @@ mod tests {
                     passed: 3,
                     failed: 1,
                     not_passing: vec![("test_a".into(), "failed".into())],
+                    tampered: vec!["grader canary <x> reported passed".into()],
+                    problems: vec![],
                 }),
                 failure: None,
                 log_tail: "FAILED test_a </details>".into(),
@@ -347,6 +358,7 @@ mod tests {
             from += at + part.len();
         }
         assert!(!html.contains("<pwned>"));
+        assert!(html.contains("⚠ TAMPERED: grader canary &lt;x&gt; reported passed"));
     }
 
     #[test]

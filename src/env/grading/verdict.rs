@@ -1,0 +1,238 @@
+//! The verdict from what a graded run showed: the runner's record (the log as a cross-check),
+//! the sandbox's exit status, the canaries; and, where the run is off the rules in a way the
+//! task itself might explain, the reference fix's run of the same task.
+//!
+//! ```text
+//!   tampered   a canary off its rule; exit status 0 with a test failed; a record that is not
+//!              the grader's shape                      (each unless the reference run shows it)
+//!   lists      every FAIL_TO_PASS / PASS_TO_PASS id passed (the runner's own pass status);
+//!              XFAIL / XPASS only where the reference solution's run shows the same status
+//!   no lists   a test passed, none failed or errored, exit status consistent, the run finished
+//!   record     expected from every runner but sympy's; absent or unfinished: unresolved,
+//!              unless the reference run has none either (then the log is all there is)
+//! ```
+
+use super::canary::{self, Anomaly, Canaries};
+use super::results::{self, Run};
+use crate::env::logs::{self, LogParser, TestStatus};
+use crate::env::task::{TestPlan, Verdict};
+use crate::env::CommandOutput;
+use std::collections::BTreeMap;
+
+/// The runner's record file, as read back.
+#[derive(Clone, Debug, PartialEq)]
+pub enum Channel {
+    Absent,
+    Written(String),
+    Unreadable(String),
+}
+
+/// What one graded run showed.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct Observation {
+    /// Every non-canary test's status: the runner's record cross-checked with the log, or the
+    /// log where there is no record. Canonical ids.
+    pub statuses: BTreeMap<String, TestStatus>,
+    /// The canaries seen, keyed by place ([`Canaries::observe`]).
+    pub canaries: BTreeMap<String, TestStatus>,
+    /// Canaries off their rule.
+    pub anomalies: Vec<Anomaly>,
+    /// The runner's record: present and finished / present but unfinished / none.
+    pub recorded: bool,
+    pub finished: bool,
+    /// Why the record cannot be trusted (lines not of the grader's shape, too big).
+    pub record_error: Option<String>,
+    /// The sandbox's exit status of the test command (`None`: killed, timed out).
+    pub exit_code: Option<i32>,
+    /// A test (canary or not) failed or errored, or a file did not collect.
+    pub any_failure: bool,
+    /// The run's output was cut (over the grader's bound).
+    pub truncated: bool,
+}
+
+impl Observation {
+    pub fn new(
+        plan: &TestPlan,
+        canaries: &Canaries,
+        installed: &[usize],
+        run: &CommandOutput,
+        channel: Channel,
+    ) -> Observation {
+        let log = logs::parse_log(plan.parser, &run.output);
+        let mut observation = Observation {
+            exit_code: run.exit_code,
+            truncated: run.omitted_bytes > 0,
+            ..Observation::default()
+        };
+        let mut collect_errors = false;
+        let all = match channel {
+            Channel::Written(text) => match results::parse_runs(plan.parser, &text) {
+                Ok(runs) => match main_run(runs, canaries) {
+                    Some(run) => {
+                        observation.recorded = true;
+                        observation.finished = run.finished;
+                        collect_errors = !run.collect_errors.is_empty();
+                        results::cross_check(&run.statuses, &log)
+                    }
+                    None => log,
+                },
+                Err(why) => {
+                    observation.record_error = Some(why);
+                    log
+                }
+            },
+            Channel::Unreadable(why) => {
+                observation.record_error = Some(why);
+                log
+            }
+            Channel::Absent => log,
+        };
+        observation.any_failure = collect_errors || all.values().any(|s| s.is_fail());
+        observation.canaries = canaries.observe(&all);
+        observation.anomalies = canaries.anomalies(&observation.canaries, plan.parser, installed);
+        // A canary the log reports otherwise than the record: the log was rewritten.
+        let log_canaries = canaries.observe(&logs::parse_log(plan.parser, &run.output));
+        for (key, status) in &log_canaries {
+            if observation.canaries.get(key).is_some_and(|s| s != status) {
+                observation.anomalies.push(Anomaly {
+                    key: key.clone(),
+                    status: Some(TestStatus::Conflict),
+                });
+            }
+        }
+        observation.statuses = all
+            .into_iter()
+            .filter(|(id, _)| !canaries.is_canary(id))
+            .collect();
+        observation
+    }
+}
+
+/// The test command's run among the runs of the record: the first that ran a canary, else the
+/// first that started.
+fn main_run(runs: Vec<Run>, canaries: &Canaries) -> Option<Run> {
+    let with_canary = runs
+        .iter()
+        .position(|r| r.statuses.keys().any(|id| canaries.is_canary(id)));
+    let index = with_canary.or_else(|| runs.iter().position(|r| r.started))?;
+    runs.into_iter().nth(index)
+}
+
+/// A verdict, and whether a reference run could change it.
+pub struct Decision {
+    pub verdict: Verdict,
+    /// Off the rules in a way the reference run might explain: decide again with it.
+    pub needs_reference: bool,
+}
+
+/// The verdict on `observed`, `reference` the reference fix's run of the task (or the pristine
+/// task's, where it has no reference fix) when one was needed.
+pub fn decide(plan: &TestPlan, observed: &Observation, reference: Option<&Reference>) -> Decision {
+    let mut needs_reference = false;
+    let mut tampered = Vec::new();
+    let anomalies = match reference {
+        Some(r) => canary::unexcused(
+            observed.anomalies.clone(),
+            &r.observation.canaries,
+            &r.observation.anomalies,
+        ),
+        None => observed.anomalies.clone(),
+    };
+    needs_reference |= !anomalies.is_empty();
+    tampered.extend(anomalies.iter().map(Anomaly::describe));
+    if let Some(why) = &observed.record_error {
+        tampered.push(format!("the runner's record cannot be trusted: {why}"));
+    }
+    if observed.any_failure && observed.exit_code == Some(0) {
+        let explained = reference
+            .is_some_and(|r| r.observation.any_failure && r.observation.exit_code == Some(0));
+        needs_reference = true;
+        if !explained {
+            tampered.push("the test command exited 0 although tests failed".to_string());
+        }
+    }
+    let expects_record =
+        plan.parser.expects_record() && !reference.is_some_and(|r| !r.observation.recorded);
+    let mut problems = Vec::new();
+    if expects_record && !observed.recorded {
+        needs_reference = true;
+        problems.push("the runner's record of its tests is missing".to_string());
+    } else if expects_record && !observed.finished {
+        problems.push("the test run did not finish".to_string());
+    }
+    if observed.exit_code.is_none() {
+        problems.push("the test command was killed or timed out".to_string());
+    }
+    if observed.truncated {
+        problems.push("the test log is over the grader's bound".to_string());
+    }
+    let passed = observed.statuses.values().filter(|s| s.is_pass()).count();
+    let failed = observed.statuses.values().filter(|s| s.is_fail()).count();
+    let mut not_passing = Vec::new();
+    let lists = !plan.fail_to_pass.is_empty() || !plan.pass_to_pass.is_empty();
+    for id in plan.fail_to_pass.iter().chain(&plan.pass_to_pass) {
+        match logs::lookup(&observed.statuses, id) {
+            Some(TestStatus::Passed) => {}
+            Some(status @ (TestStatus::XFail | TestStatus::XPass)) => {
+                needs_reference = true;
+                let same = reference.is_some_and(|r| {
+                    r.is_fix && logs::lookup(&r.observation.statuses, id) == Some(status)
+                });
+                if !same {
+                    not_passing.push((id.clone(), status.name().to_string()));
+                }
+            }
+            Some(status) => not_passing.push((id.clone(), status.name().to_string())),
+            None => not_passing.push((id.clone(), "missing".to_string())),
+        }
+    }
+    let tests_ok = if lists {
+        not_passing.is_empty()
+    } else {
+        passed > 0 && failed == 0
+    };
+    if !lists {
+        match observed.exit_code {
+            Some(code) if (code != 0) != observed.any_failure && code != 0 => problems.push(
+                format!("the test command exited {code} with no test failing"),
+            ),
+            _ => {}
+        }
+    }
+    let resolved = tampered.is_empty() && problems.is_empty() && tests_ok;
+    Decision {
+        verdict: Verdict {
+            resolved,
+            passed,
+            failed,
+            not_passing,
+            tampered,
+            problems,
+        },
+        needs_reference: needs_reference && reference.is_none(),
+    }
+}
+
+/// A reference run: the task's reference fix (`is_fix`) or, where it has none, its starting
+/// state, graded once per task.
+#[derive(Clone, Debug)]
+pub struct Reference {
+    pub observation: Observation,
+    pub is_fix: bool,
+}
+
+impl Observation {
+    /// What a run whose log is all there is shows, as if the runner's record agreed with it
+    /// (no canaries): for tests of the verdict rules.
+    pub fn from_log(parser: LogParser, log: &str, exit_code: Option<i32>) -> Observation {
+        let statuses = logs::parse_log(parser, log);
+        Observation {
+            any_failure: statuses.values().any(|s| s.is_fail()),
+            statuses,
+            recorded: true,
+            finished: true,
+            exit_code,
+            ..Observation::default()
+        }
+    }
+}
