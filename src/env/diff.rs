@@ -116,13 +116,59 @@ fn sections(diff: &str) -> Vec<Section<'_>> {
             // `diff --git a/P b/P`: without renames both sides name the same path.
             let rest = header.trim_start_matches("diff --git ");
             let n = rest.len().saturating_sub(5) / 2;
-            let path = match rest.get(2..2 + n) {
-                Some(p) if rest == format!("a/{p} b/{p}") => p.to_string(),
-                _ => rest.rsplit_once(" b/").map_or(rest, |(_, b)| b).to_string(),
+            let path = if rest.starts_with('"') {
+                // A path git quotes (a quote, a backslash, a control or non-ASCII byte).
+                c_unquote(rest)
+                    .and_then(|(a, _)| a.strip_prefix("a/").map(str::to_string))
+                    .unwrap_or_else(|| rest.to_string())
+            } else {
+                match rest.get(2..2 + n) {
+                    Some(p) if rest == format!("a/{p} b/{p}") => p.to_string(),
+                    _ => rest.rsplit_once(" b/").map_or(rest, |(_, b)| b).to_string(),
+                }
             };
             Section { path, text }
         })
         .collect()
+}
+
+/// The C-quoted string git writes at the start of `text` (`"a/caf\\303\\251 \\"x\\".py"`),
+/// decoded, and what follows it; `None` when `text` does not start with one.
+pub fn c_unquote(text: &str) -> Option<(String, &str)> {
+    let body = text.strip_prefix('"')?;
+    let bytes = body.as_bytes();
+    let mut out = Vec::new();
+    let mut i = 0;
+    while i < bytes.len() {
+        match bytes[i] {
+            b'"' => return Some((String::from_utf8_lossy(&out).into_owned(), &body[i + 1..])),
+            b'\\' => {
+                let c = *bytes.get(i + 1)?;
+                i += 2;
+                match c {
+                    b'0'..=b'7' => {
+                        let digits = bytes.get(i - 1..i + 2)?;
+                        let value = std::str::from_utf8(digits).ok()?;
+                        out.push(u8::from_str_radix(value, 8).ok()?);
+                        i += 2;
+                    }
+                    b'n' => out.push(b'\n'),
+                    b't' => out.push(b'\t'),
+                    b'r' => out.push(b'\r'),
+                    b'a' => out.push(7),
+                    b'b' => out.push(8),
+                    b'f' => out.push(12),
+                    b'v' => out.push(11),
+                    other => out.push(other),
+                }
+            }
+            b => {
+                out.push(b);
+                i += 1;
+            }
+        }
+    }
+    None
 }
 
 /// Path components and suffixes that are never the agent's change: caches, compiled files,
@@ -289,6 +335,23 @@ fn suspicious(raw: &str, dropped: &[(String, String)]) -> Vec<String> {
 
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn quoted_paths_are_read_as_git_means_them() {
+        let raw = "diff --git \"a/tests/caf\\303\\251/conftest.py\" \"b/tests/caf\\303\\251/conftest.py\"\nnew file mode 100644\n--- /dev/null\n+++ \"b/tests/caf\\303\\251/conftest.py\"\n@@ -0,0 +1 @@\n+x = 1\ndiff --git \"a/tests/test_\\\"q\\\".py\" \"b/tests/test_\\\"q\\\".py\"\n--- a\n+++ b\n";
+        let diff = super::filter_diff(raw, &["tests/test_\"q\".py".to_string()]);
+        assert!(diff.patch.is_empty(), "{}", diff.patch);
+        let paths: Vec<&str> = diff.dropped.iter().map(|(p, _)| p.as_str()).collect();
+        assert_eq!(
+            paths,
+            vec!["tests/caf\u{e9}/conftest.py", "tests/test_\"q\".py"]
+        );
+        assert_eq!(
+            super::c_unquote("\"a\\tb\\\\c\" rest"),
+            Some(("a\tb\\c".to_string(), " rest"))
+        );
+        assert_eq!(super::c_unquote("\"open"), None);
+    }
+
     use super::*;
 
     fn file_diff(path: &str, added: &str) -> String {

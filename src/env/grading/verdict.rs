@@ -7,7 +7,8 @@
 //!              the grader's shape                      (each unless the reference run shows it)
 //!   lists      every FAIL_TO_PASS / PASS_TO_PASS id passed (the runner's own pass status);
 //!              XFAIL / XPASS only where the reference solution's run shows the same status
-//!   no lists   a test passed, none failed or errored, exit status consistent, the run finished
+//!   no lists   a test passed, none failed or errored, none skipped or XFAIL / XPASS unless the
+//!              reference run shows it so, exit status consistent, the run finished
 //!   record     expected from every runner but sympy's; absent or unfinished: unresolved,
 //!              unless the reference run has none either (then the log is all there is)
 //! ```
@@ -186,10 +187,27 @@ pub fn decide(plan: &TestPlan, observed: &Observation, reference: Option<&Refere
             None => not_passing.push((id.clone(), "missing".to_string())),
         }
     }
+    // Without lists every test must pass: a skip or an expected failure the code under test can
+    // raise itself counts only where the reference run shows the same test the same way.
+    if !lists {
+        for (id, &status) in &observed.statuses {
+            if matches!(
+                status,
+                TestStatus::Skipped | TestStatus::XFail | TestStatus::XPass
+            ) {
+                needs_reference = true;
+                let same =
+                    reference.is_some_and(|r| r.observation.statuses.get(id) == Some(&status));
+                if !same {
+                    not_passing.push((id.clone(), status.name().to_string()));
+                }
+            }
+        }
+    }
     let tests_ok = if lists {
         not_passing.is_empty()
     } else {
-        passed > 0 && failed == 0
+        passed > 0 && failed == 0 && not_passing.is_empty()
     };
     if !lists {
         match observed.exit_code {
