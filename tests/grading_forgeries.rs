@@ -181,6 +181,7 @@ fn write_runner_task(dir: &Path) -> Task {
         "solution": "solution",
         "problem_statement": "ratio(3, 0) raises ZeroDivisionError; it should return 0.0.",
         "test_command": "python3 run_tests.py tests.test_calc",
+        "log_parser": "unittest",
         "timeout_s": 60,
     });
     std::fs::write(root.join("tasks.jsonl"), format!("{line}\n")).unwrap();
