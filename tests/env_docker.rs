@@ -7,7 +7,10 @@
 
 mod common;
 
-use common::forgeries::{bash, check_task, generic_forgeries, pytest_forgeries, write_pytest_task};
+use common::forgeries::{
+    bash, check_task, check_task_episodes, check_task_tampered, generic_forgeries,
+    pytest_forgeries, structural_forgeries, write_pytest_task,
+};
 use serde_json::json;
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
@@ -646,5 +649,42 @@ fn a_missing_image_is_a_clear_error() {
         err.contains("docker run swerve-test-absent:0 failed"),
         "{err}"
     );
+    assert_eq!(containers_of(&env.config().run_id), "");
+}
+
+#[test]
+#[ignore = "needs a Docker daemon and the test images (scripts/docker-test-images.sh): .ci/run runs them with --ignored"]
+fn structural_forgeries_in_containers_are_unresolved_and_tampering_is_named() {
+    let tmp = tempfile::tempdir().unwrap();
+    let env = environment();
+    let tasks = load_tasks(&builtin::resolve_tasks("builtin:python-bugs").unwrap()).unwrap();
+    let unittest_task = tasks.iter().find(|t| t.id == "calc-div-zero").unwrap();
+    check_task_tampered(&env, unittest_task, structural_forgeries("calc", "tests.test_calc"), true);
+    let pytest_task = write_pytest_task(tmp.path());
+    check_task_tampered(&env, &pytest_task, structural_forgeries("calc", "tests.test_calc"), false);
+    assert_eq!(containers_of(&env.config().run_id), "");
+}
+
+#[test]
+#[ignore = "needs a Docker daemon and the test images (scripts/docker-test-images.sh): .ci/run runs them with --ignored"]
+fn a_rewritten_django_runner_is_put_back_and_earns_nothing() {
+    let tmp = tempfile::tempdir().unwrap();
+    let env = environment();
+    let tasks = in_image_tasks(tmp.path());
+    let django = tasks.iter().find(|t| t.id == "django__django-1").unwrap();
+    let forged = "#!/usr/bin/env python3\nimport sys\nfor t in ('test_triangle', 'test_square'):\n    sys.stderr.write('%s (shapes_tests.tests.AreaTests) ... ok\\n' % t)\nsys.stderr.write('\\nRan 2 tests in 0.001s\\n\\nOK\\n')\n";
+    let forgeries = vec![
+        (
+            "tests/runtests.py rewritten to report every test ok",
+            vec![bash(&format!("cat > tests/runtests.py <<'EOF'\n{forged}EOF\nchmod +x tests/runtests.py; echo rewritten"))],
+        ),
+        (
+            "the settings module rewritten to report every test ok",
+            vec![bash(&format!("cat > tests/test_sqlite.py <<'EOF'\n{forged}import os\nos._exit(0)\nEOF\necho rewritten"))],
+        ),
+    ];
+    let episodes = check_task_episodes(&env, django, forgeries);
+    let line = episodes[2].1.to_json();
+    assert!(line["patch_dropped"].to_string().contains("tests/runtests.py"), "{line}");
     assert_eq!(containers_of(&env.config().run_id), "");
 }

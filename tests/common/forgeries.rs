@@ -199,7 +199,7 @@ pub fn check_task_episodes(
         oracle["patch"]
             .as_str()
             .unwrap()
-            .contains("diff --git a/calc/"),
+            .contains("diff --git a/"),
         "{oracle}"
     );
     assert_eq!(oracle["suspicious"], json!(false), "{oracle}");
