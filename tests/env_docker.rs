@@ -659,9 +659,19 @@ fn structural_forgeries_in_containers_are_unresolved_and_tampering_is_named() {
     let env = environment();
     let tasks = load_tasks(&builtin::resolve_tasks("builtin:python-bugs").unwrap()).unwrap();
     let unittest_task = tasks.iter().find(|t| t.id == "calc-div-zero").unwrap();
-    check_task_tampered(&env, unittest_task, structural_forgeries("calc", "tests.test_calc"), true);
+    check_task_tampered(
+        &env,
+        unittest_task,
+        structural_forgeries("calc", "tests.test_calc"),
+        true,
+    );
     let pytest_task = write_pytest_task(tmp.path());
-    check_task_tampered(&env, &pytest_task, structural_forgeries("calc", "tests.test_calc"), false);
+    check_task_tampered(
+        &env,
+        &pytest_task,
+        structural_forgeries("calc", "tests.test_calc"),
+        false,
+    );
     assert_eq!(containers_of(&env.config().run_id), "");
 }
 
@@ -685,6 +695,11 @@ fn a_rewritten_django_runner_is_put_back_and_earns_nothing() {
     ];
     let episodes = check_task_episodes(&env, django, forgeries);
     let line = episodes[2].1.to_json();
-    assert!(line["patch_dropped"].to_string().contains("tests/runtests.py"), "{line}");
+    assert!(
+        line["patch_dropped"]
+            .to_string()
+            .contains("tests/runtests.py"),
+        "{line}"
+    );
     assert_eq!(containers_of(&env.config().run_id), "");
 }

@@ -66,8 +66,12 @@ pub fn parse_runs(parser: LogParser, text: &str) -> Result<Vec<Run>, String> {
                     .ok_or_else(bad)?;
                 logs::record(&mut run.statuses, logs::runner_id(parser, id), status);
                 // Django's lists name a test with a docstring by the docstring's first line,
-                // as its verbose log prints it.
-                if let Some(desc) = value["desc"].as_str() {
+                // as its verbose log prints it (only Django's: elsewhere a docstring could claim
+                // another test's id).
+                if let Some(desc) = value["desc"]
+                    .as_str()
+                    .filter(|_| parser == LogParser::Django)
+                {
                     let first = desc.lines().next().unwrap_or("").trim();
                     if !first.is_empty() {
                         logs::record(&mut run.statuses, first.to_string(), status);
@@ -114,13 +118,16 @@ mod tests {
 {"run": "1-0", "ev": "test", "id": "test_c (m.T.test_c)", "status": "skipped"}
 {"run": "1-0", "ev": "end"}
 "#;
-        let runs = parse_runs(LogParser::Unittest, text).unwrap();
+        let runs = parse_runs(LogParser::Django, text).unwrap();
         assert_eq!(runs.len(), 2);
         let main = &runs[0];
         assert!(main.started && main.finished && !runs[1].finished);
         assert_eq!(main.statuses["test_a (m.T)"], TestStatus::Passed);
         assert_eq!(main.statuses["Checks b."], TestStatus::Failed);
         assert_eq!(main.statuses["test_c (m.T)"], TestStatus::Conflict);
+        assert!(!parse_runs(LogParser::Unittest, text).unwrap()[0]
+            .statuses
+            .contains_key("Checks b."));
         let log = logs::parse_log(
             LogParser::Unittest,
             "test_a (m.T) ... FAIL\ntest_b (m.T) ... FAIL\nforged (m.T) ... ok\n",
