@@ -48,6 +48,44 @@ def _swerve_phase_status(report):
     return "error"
 
 
+_swerve_code = {}
+_swerve_config = []
+
+
+def pytest_configure(config):
+    _swerve_config.append(config)
+
+
+def _swerve_rewrite():
+    # pytest's own assertion rewriting, as it compiles test modules (grader_check.py compares
+    # with both the plain and the rewritten compile).
+    try:
+        from _pytest.assertion.rewrite import rewrite_asserts
+    except Exception:
+        return None
+    config = _swerve_config[0] if _swerve_config else None
+
+    def rewrite(tree, source, path):
+        try:
+            rewrite_asserts(tree, source, path, config)
+        except TypeError:
+            rewrite_asserts(tree, path, config)
+
+    return rewrite
+
+
+def pytest_runtest_call(item):
+    try:
+        import swerve_grader_check as check
+
+        path = str(getattr(item, "path", None) or getattr(item, "fspath", ""))
+        func = getattr(item, "obj", None)
+        if func is not None and path:
+            _swerve_code[item.nodeid] = check.code_ok(func, path, (None, _swerve_rewrite()))
+    except Exception:
+        pass
+
+
 def pytest_runtest_logreport(report):
     status = _swerve_phase_status(report)
     current = _swerve_outcomes.get(report.nodeid)
@@ -55,7 +93,10 @@ def pytest_runtest_logreport(report):
         _swerve_outcomes[report.nodeid] = status
     if report.when == "teardown":
         final = _swerve_outcomes.pop(report.nodeid, None) or "passed"
-        _swerve_write({"ev": "test", "id": report.nodeid, "status": final})
+        record = {"ev": "test", "id": report.nodeid, "status": final}
+        if _swerve_code.pop(report.nodeid, None) is False:
+            record["code"] = False
+        _swerve_write(record)
 
 
 def pytest_collectreport(report):

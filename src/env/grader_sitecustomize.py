@@ -114,15 +114,59 @@ def _swerve_record_unittest(path):
             desc = None
         return desc if isinstance(desc, str) else None
 
+    # unittest's internal _ShouldStop ends a test quietly as passed; only failfast raises it.
+    # Raised by anything else (the code under test), the test is not passed.
+    try:
+        from unittest import case as _case
+
+        class _ShouldStop(_case._ShouldStop):
+            def __init__(self, *args):
+                state["stop"] = True
+                super(_ShouldStop, self).__init__(*args)
+
+        _case._ShouldStop = _ShouldStop
+    except (ImportError, AttributeError):
+        pass
+    state = {"stop": False}
+
+    def code_flag(test):
+        # The test method's code against its class's file (grader_check.py).
+        try:
+            import swerve_grader_check as check
+
+            name = getattr(test, "_testMethodName", None)
+            if not name:
+                return None
+            for klass in type(test).__mro__:
+                if name in vars(klass):
+                    module = sys.modules.get(klass.__module__)
+                    return check.code_ok(vars(klass)[name], getattr(module, "__file__", None))
+        except Exception:
+            return None
+        return None
+
     def outcome(status):
         def wrap(original):
             def method(self, test, *args):
-                write(self, {"ev": "test", "id": str(test), "desc": describe(test), "status": status})
+                record = {"ev": "test", "id": str(test), "desc": describe(test), "status": status}
+                if status == "passed" and state["stop"] and not getattr(self, "failfast", False):
+                    record["status"] = "error"
+                if code_flag(test) is False:
+                    record["code"] = False
+                write(self, record)
                 return original(self, test, *args)
 
             return method
 
         return wrap
+
+    original_start_test = base.startTest
+
+    def startTest(self, test):
+        state["stop"] = False
+        return original_start_test(self, test)
+
+    base.startTest = startTest
 
     for name, status in (
         ("addSuccess", "passed"),

@@ -46,6 +46,8 @@ use std::time::Duration;
 const SITECUSTOMIZE: &str = include_str!("grader_sitecustomize.py");
 /// The grader's pytest plugin.
 const PYTEST_PLUGIN: &str = include_str!("grader_pytest_plugin.py");
+/// The grader's test-code check, imported by both as `swerve_grader_check`.
+const CHECK: &str = include_str!("grader_check.py");
 /// The plugin's module name (in the grader's folder, on PYTHONPATH).
 const PYTEST_PLUGIN_MODULE: &str = "swerve_grader_results";
 
@@ -367,6 +369,9 @@ cat > "$g/py/sitecustomize.py" <<'{end_of_file}'
 {end_of_file}
 cat > "$g/py/{PYTEST_PLUGIN_MODULE}.py" <<'{end_of_file}'
 {PYTEST_PLUGIN}
+{end_of_file}
+cat > "$g/py/swerve_grader_check.py" <<'{end_of_file}'
+{CHECK}
 {end_of_file}
 find . -name __pycache__ -type d -prune -exec rm -rf {{}} + 2>/dev/null
 cfg="$g/cfg/$(ls "$g/cfg" | head -n 1)"

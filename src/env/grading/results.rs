@@ -28,6 +28,9 @@ pub struct Run {
     pub statuses: BTreeMap<String, TestStatus>,
     /// Files or modules that did not collect (pytest).
     pub collect_errors: Vec<String>,
+    /// Tests whose function, as run, is not what their file compiles to (the recorder's
+    /// `"code": false`).
+    pub code_changed: Vec<String>,
 }
 
 /// The runs in `text`, in the order they first appear. A line that is not a record of this
@@ -64,7 +67,11 @@ pub fn parse_runs(parser: LogParser, text: &str) -> Result<Vec<Run>, String> {
                     .as_str()
                     .and_then(TestStatus::from_name)
                     .ok_or_else(bad)?;
-                logs::record(&mut run.statuses, logs::runner_id(parser, id), status);
+                let canonical = logs::runner_id(parser, id);
+                if value["code"] == Value::Bool(false) && !run.code_changed.contains(&canonical) {
+                    run.code_changed.push(canonical.clone());
+                }
+                logs::record(&mut run.statuses, canonical, status);
                 // Django's lists name a test with a docstring by the docstring's first line,
                 // as its verbose log prints it (only Django's: elsewhere a docstring could claim
                 // another test's id).

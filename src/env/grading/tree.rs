@@ -2,7 +2,8 @@
 //! after the change is applied (git's `--name-status -z`: exact bytes, never a quoted form):
 //!
 //! ```text
-//!   owned test files, every conftest.py, every .pth      restored to the starting state
+//!   owned test files, every conftest.py, every .pth,     restored to the starting state
+//!   the __init__.py of the owned tests' packages
 //!   anything imported in place of an owned module:       (removed where the start had none)
 //!     tests/test_x/... or a tests/test_x symlink           a package or link of its name
 //!     tests/test_x.so, tests/test_x.cpython-311.pyc        a compiled module of its name
@@ -93,6 +94,13 @@ pub fn protected(
             Some("a file the task's tests own".to_string())
         } else if name == "conftest.py" {
             Some("test infrastructure (conftest.py)".to_string())
+        } else if name == "__init__.py"
+            && !reference.iter().any(|r| r == path)
+            && (owned_modules.iter().any(|o| o.rsplit_once('/').map_or("", |(d, _)| d) == parent)
+                || (matches!(parent.rsplit('/').next(), Some("tests" | "test" | "testing"))
+                    && owned_modules.iter().any(|o| o.starts_with(&format!("{parent}/")))))
+        {
+            Some("the package of the task's tests (runs before them)".to_string())
         } else if name.ends_with(".pth") {
             Some("a .pth file (runs code at interpreter start)".to_string())
         } else if let Some(module) = owned_modules
@@ -193,6 +201,7 @@ mod tests {
             "tests/runtests.py",
             "tests/test_sqlite.py",
             "tests/test_x.py",
+            "tests/__init__.py",
         ];
         let all: Vec<&str> = kept.iter().chain(&dropped).copied().collect();
         let got: Vec<String> = protected(&changed(&all), &owned, &runner, &[])

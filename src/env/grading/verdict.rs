@@ -49,6 +49,13 @@ pub struct Observation {
     pub any_failure: bool,
     /// The run's output was cut (over the grader's bound).
     pub truncated: bool,
+    /// Tests (canaries included) the log itself reports.
+    pub log_tests: usize,
+    /// Evidence of tampering beyond the canaries' statuses (the canaries run twice, tests whose
+    /// code is not their file's), compared with the reference run's like the anomalies.
+    pub notes: Vec<String>,
+    /// Tests whose code, as run, is not what their file compiles to.
+    pub code_changed: Vec<String>,
 }
 
 impl Observation {
@@ -65,18 +72,31 @@ impl Observation {
             truncated: run.omitted_bytes > 0,
             ..Observation::default()
         };
+        observation.log_tests = log.len();
         let mut collect_errors = false;
         let all = match channel {
             Channel::Written(text) => match results::parse_runs(plan.parser, &text) {
-                Ok(runs) => match main_run(runs, canaries) {
-                    Some(run) => {
-                        observation.recorded = true;
-                        observation.finished = run.finished;
-                        collect_errors = !run.collect_errors.is_empty();
-                        results::cross_check(&run.statuses, &log)
+                Ok(runs) => {
+                    let with_canaries = runs
+                        .iter()
+                        .filter(|r| r.statuses.keys().any(|id| canaries.is_canary(id)))
+                        .count();
+                    if with_canaries > 1 {
+                        observation
+                            .notes
+                            .push(format!("the grader's canaries ran in {with_canaries} test runs"));
                     }
-                    None => log,
-                },
+                    match main_run(runs, canaries) {
+                        Some(run) => {
+                            observation.recorded = true;
+                            observation.finished = run.finished;
+                            collect_errors = !run.collect_errors.is_empty();
+                            observation.code_changed = run.code_changed.clone();
+                            results::cross_check(&run.statuses, &log)
+                        }
+                        None => log,
+                    }
+                }
                 Err(why) => {
                     observation.record_error = Some(why);
                     log
@@ -141,6 +161,25 @@ pub fn decide(plan: &TestPlan, observed: &Observation, reference: Option<&Refere
     };
     needs_reference |= !anomalies.is_empty();
     tampered.extend(anomalies.iter().map(Anomaly::describe));
+    for note in &observed.notes {
+        needs_reference = true;
+        if !reference.is_some_and(|r| r.observation.notes.contains(note)) {
+            tampered.push(note.clone());
+        }
+    }
+    let mut code_changed = Vec::new();
+    for id in &observed.code_changed {
+        needs_reference = true;
+        if !reference.is_some_and(|r| r.observation.code_changed.contains(id)) {
+            code_changed.push(id.clone());
+        }
+    }
+    if !code_changed.is_empty() {
+        tampered.push(format!(
+            "tests whose code as run is not their file's: {}",
+            code_changed.join(", ")
+        ));
+    }
     if let Some(why) = &observed.record_error {
         tampered.push(format!("the runner's record cannot be trusted: {why}"));
     }
@@ -160,6 +199,14 @@ pub fn decide(plan: &TestPlan, observed: &Observation, reference: Option<&Refere
         problems.push("the runner's record of its tests is missing".to_string());
     } else if expects_record && !observed.finished {
         problems.push("the test run did not finish".to_string());
+    }
+    if observed.recorded && observed.log_tests == 0 && !observed.statuses.is_empty() {
+        // The runner's record has tests its log does not show: a quiet command, or a log
+        // silenced so that it cannot contradict the record.
+        needs_reference = true;
+        if reference.is_some_and(|r| r.observation.log_tests > 0) {
+            problems.push("the log reports no test, where the reference run's log does".to_string());
+        }
     }
     if observed.exit_code.is_none() {
         problems.push("the test command was killed or timed out".to_string());
