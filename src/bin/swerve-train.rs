@@ -13,6 +13,7 @@ mod envs;
 use std::path::PathBuf;
 use swerve::agent::command::{run_agent, AgentRunOptions};
 use swerve::agent::episode::EpisodeConfig;
+use swerve::agent::reward::SuspiciousReward;
 use swerve::agent::rollout::Workers;
 use swerve::backend::DeviceChoice;
 use swerve::cli::numbers::{
@@ -347,6 +348,10 @@ struct AgentArgs {
     /// L_thr of the turn penalty: episodes of this many turns or more lose reward.
     #[arg(long, default_value_t = 10)]
     turn_threshold: usize,
+    /// What a flagged change (a trajectory's `suspicious`) costs: keep (reported only), zero
+    /// (a flagged episode loses the resolved term) or penalty (that, and 1 more).
+    #[arg(long, default_value = "keep")]
+    suspicious_reward: SuspiciousReward,
     /// Context limit per episode in tokens (default: the model's context, at most 65536).
     #[arg(long)]
     max_context: Option<usize>,
@@ -395,6 +400,7 @@ impl AgentArgs {
                 max_turn_tokens: self.max_turn_tokens,
                 observation_bytes: self.observation_bytes,
                 infra_retries: self.sandbox.infra_retries,
+                suspicious_reward: self.suspicious_reward,
             },
             max_context: self.max_context,
             env: self.sandbox.env,
@@ -456,6 +462,10 @@ struct RlArgs {
     /// L_thr of the turn penalty: episodes of this many turns or more lose reward.
     #[arg(long)]
     turn_threshold: Option<usize>,
+    /// What a flagged change (a trajectory's `suspicious`) costs: keep (reported only), zero
+    /// (a flagged episode loses the resolved term) or penalty (that, and 1 more).
+    #[arg(long, default_value = "keep")]
+    suspicious_reward: SuspiciousReward,
     /// Context limit per episode (131072 with a YaRN model: stage 2).
     #[arg(long)]
     max_context: Option<usize>,
@@ -533,6 +543,7 @@ impl RlArgs {
             max_turn_tokens: self.max_turn_tokens.unwrap_or(d.max_turn_tokens),
             observation_bytes: self.observation_bytes,
             infra_retries: self.sandbox.infra_retries,
+            suspicious_reward: self.suspicious_reward,
         };
         RlOptions {
             agent: AgentRunOptions {
