@@ -13,7 +13,6 @@ mod envs;
 use std::path::PathBuf;
 use swerve::agent::command::{run_agent, AgentRunOptions};
 use swerve::agent::episode::EpisodeConfig;
-use swerve::agent::reward::SuspiciousReward;
 use swerve::agent::rollout::Workers;
 use swerve::backend::DeviceChoice;
 use swerve::cli::numbers::{
@@ -348,10 +347,9 @@ struct AgentArgs {
     /// L_thr of the turn penalty: episodes of this many turns or more lose reward.
     #[arg(long, default_value_t = 10)]
     turn_threshold: usize,
-    /// What a flagged change (a trajectory's `suspicious`) costs: keep (reported only), zero
-    /// (a flagged episode loses the resolved term) or penalty (that, and 1 more).
+    /// A flagged change's reward: keep, zero (the resolved term dropped) or penalty (and 1 less).
     #[arg(long, default_value = "keep")]
-    suspicious_reward: SuspiciousReward,
+    suspicious_reward: swerve::agent::reward::SuspiciousReward,
     /// Context limit per episode in tokens (default: the model's context, at most 65536).
     #[arg(long)]
     max_context: Option<usize>,
@@ -462,10 +460,9 @@ struct RlArgs {
     /// L_thr of the turn penalty: episodes of this many turns or more lose reward.
     #[arg(long)]
     turn_threshold: Option<usize>,
-    /// What a flagged change (a trajectory's `suspicious`) costs: keep (reported only), zero
-    /// (a flagged episode loses the resolved term) or penalty (that, and 1 more).
+    /// A flagged change's reward: keep, zero (the resolved term dropped) or penalty (and 1 less).
     #[arg(long, default_value = "keep")]
-    suspicious_reward: SuspiciousReward,
+    suspicious_reward: swerve::agent::reward::SuspiciousReward,
     /// Context limit per episode (131072 with a YaRN model: stage 2).
     #[arg(long)]
     max_context: Option<usize>,
