@@ -2,7 +2,7 @@
 //! syntax tree inside the grading sandbox.
 //!
 //! ```text
-//!   the agent's diff ──► added_lines(patch)   [("pkg/mod.py", [3, 4, 10]), ...]   (.py files)
+//!   the agent's diff ──► added_lines(patch)   [("pkg/mod.py", [3, 4, 10]), ...]  (.py only)
 //!        └─► {"files": [{"path", "lines"}]} on the stdin of flags_command(python)
 //!              (in the grading sandbox's workdir, the patch applied: grader_flags.py parses
 //!               each file with `ast` and checks rules over the tree, resolving names through
