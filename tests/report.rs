@@ -184,12 +184,12 @@ fn png_size(png: &[u8]) -> (u32, u32) {
 
 /// The replayed agent of the first task: a command whose output is hostile HTML (the command's
 /// text spells `<script>` apart, so only the observation has it whole), a call to a tool that
-/// does not exist (a format error), an edit that puts HTML in the diff and patches builtins
-/// (flagged suspicious), then submit.
+/// does not exist (a format error), an edit that puts HTML in the diff in a `.pth` file (flagged
+/// suspicious by its path), then submit.
 const REPLAY: &str = r#"{"task": "paginate-last-page", "tool_calls": [
   {"name": "bash", "arguments": {"command": "printf '<scr''ipt>document.title=\"pwned\"</scr''ipt></details><b>bold</b>\\n'; ls"}},
   {"name": "rm_rf", "arguments": {"path": "/"}},
-  {"name": "str_replace_editor", "arguments": {"command": "create", "path": "NOTES.md", "file_text": "<script>alert(1)</script>\nbuiltins.print = None\n"}}
+  {"name": "str_replace_editor", "arguments": {"command": "create", "path": "notes.pth", "file_text": "<script>alert(1)</script>\nimport builtins\n"}}
 ]}"#;
 
 #[test]
@@ -246,7 +246,7 @@ fn a_rollouts_report_opens_in_chromium_with_the_first_episodes_conversation() {
     for text in [
         // The suspicious flag, first, with its reason.
         "⚠ SUSPICIOUS",
-        "NOTES.md: patches builtins",
+        "notes.pth is a .pth file (run at interpreter start)",
         // The first user message (the task prompt), an assistant tool call and its observation.
         "The pager drops the last page when the number of items is not a multiple of the page size.",
         "<span class=\"tool-name\">bash</span>",
@@ -256,7 +256,7 @@ fn a_rollouts_report_opens_in_chromium_with_the_first_episodes_conversation() {
         "masked: not trained",
         "unknown tool `rm_rf`",
         // The edit, as a call and in the diff (coloured, escaped).
-        "<code>create</code> <code>NOTES.md</code>",
+        "<code>create</code> <code>notes.pth</code>",
         "<span class=\"add\">+&lt;script&gt;alert(1)&lt;/script&gt;</span>",
         // Grading: submitted with the bug in place, so the hidden tests fail.
         "Verdict: <b class=\"unresolved\">not resolved</b>",

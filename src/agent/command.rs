@@ -327,6 +327,7 @@ fn write_outputs(
     summary["seed"] = json!(options.seed);
     summary["max_context"] = json!(episode.max_context);
     summary["max_turns"] = json!(episode.max_turns);
+    summary["suspicious_reward"] = json!(episode.suspicious_reward.as_str());
     summary["trajectories_written"] = json!(episodes
         .iter()
         .filter(|e| !options.only_resolved || e.resolved)

@@ -13,7 +13,7 @@
 use super::editor::Editor;
 use super::policy::{Policy, TurnInput};
 use super::prompt;
-use super::reward::reward;
+use super::reward::{reward, SuspiciousReward};
 use super::sandbox_pool::Prestarted;
 use super::transcript::Transcript;
 use super::turn::{reply_body, Reply};
@@ -42,6 +42,8 @@ pub struct EpisodeConfig {
     /// Attempts after an infrastructure failure (sandbox start, daemon, grader crash, a policy
     /// request that fails) before the episode is given up as an error.
     pub infra_retries: usize,
+    /// What a flagged change (`AgentDiff::suspicious`) costs (`--suspicious-reward`).
+    pub suspicious_reward: SuspiciousReward,
 }
 
 impl Default for EpisodeConfig {
@@ -53,6 +55,7 @@ impl Default for EpisodeConfig {
             max_turn_tokens: 4096,
             observation_bytes: 16 * 1024,
             infra_retries: 2,
+            suspicious_reward: SuspiciousReward::Keep,
         }
     }
 }
@@ -376,11 +379,19 @@ fn drive(
         episode,
     )?;
     episode.resolved = graded.is_some_and(|g| g.resolved);
-    episode.reward = reward(
+    let flagged = episode
+        .patch
+        .as_ref()
+        .is_some_and(|d| !d.suspicious.is_empty());
+    episode.reward = config.suspicious_reward.apply(
+        reward(
+            episode.resolved,
+            episode.turns,
+            config.turn_threshold,
+            config.max_turns,
+        ),
         episode.resolved,
-        episode.turns,
-        config.turn_threshold,
-        config.max_turns,
+        flagged,
     );
     episode.finish = finish;
     Ok(())

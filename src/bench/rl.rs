@@ -189,6 +189,7 @@ fn iteration_options(
                 max_turn_tokens: options.max_turn_tokens,
                 observation_bytes: 16 * 1024,
                 infra_retries: 2,
+                suspicious_reward: Default::default(),
             },
             max_context: Some(options.max_context.min(model_max_context)),
             env: EnvKind::Local,

@@ -347,6 +347,9 @@ struct AgentArgs {
     /// L_thr of the turn penalty: episodes of this many turns or more lose reward.
     #[arg(long, default_value_t = 10)]
     turn_threshold: usize,
+    /// A flagged change's reward: keep, zero (the resolved term dropped) or penalty (and 1 less).
+    #[arg(long, default_value = "keep")]
+    suspicious_reward: swerve::agent::reward::SuspiciousReward,
     /// Context limit per episode in tokens (default: the model's context, at most 65536).
     #[arg(long)]
     max_context: Option<usize>,
@@ -395,6 +398,7 @@ impl AgentArgs {
                 max_turn_tokens: self.max_turn_tokens,
                 observation_bytes: self.observation_bytes,
                 infra_retries: self.sandbox.infra_retries,
+                suspicious_reward: self.suspicious_reward,
             },
             max_context: self.max_context,
             env: self.sandbox.env,
@@ -456,6 +460,9 @@ struct RlArgs {
     /// L_thr of the turn penalty: episodes of this many turns or more lose reward.
     #[arg(long)]
     turn_threshold: Option<usize>,
+    /// A flagged change's reward: keep, zero (the resolved term dropped) or penalty (and 1 less).
+    #[arg(long, default_value = "keep")]
+    suspicious_reward: swerve::agent::reward::SuspiciousReward,
     /// Context limit per episode (131072 with a YaRN model: stage 2).
     #[arg(long)]
     max_context: Option<usize>,
@@ -533,6 +540,7 @@ impl RlArgs {
             max_turn_tokens: self.max_turn_tokens.unwrap_or(d.max_turn_tokens),
             observation_bytes: self.observation_bytes,
             infra_retries: self.sandbox.infra_retries,
+            suspicious_reward: self.suspicious_reward,
         };
         RlOptions {
             agent: AgentRunOptions {

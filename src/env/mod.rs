@@ -26,6 +26,7 @@ pub mod builtin;
 pub mod diff;
 pub mod docker;
 pub mod envs;
+pub mod flags;
 pub mod grading;
 pub mod kubernetes;
 pub mod local;

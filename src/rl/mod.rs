@@ -29,6 +29,7 @@ pub mod work_queue;
 use crate::agent::command::{environment_for, AgentRunOptions};
 use crate::agent::episode::{EpisodeConfig, EpisodeContext};
 use crate::agent::policy::{EnginePolicy, Policy, ServerPolicy};
+use crate::agent::reward::SuspiciousReward;
 use crate::agent::sampling::{launch_rollout_engine, ModelLimits};
 use crate::backend::grad::BackendGrad;
 use crate::backend::{select, DeviceChoice, Selected};
@@ -259,7 +260,8 @@ fn adamw_config(options: &RlOptions) -> AdamWConfig {
 /// The options a `--resume` must repeat, and why each: `model`, `tasks` (length and FNV-1a hash
 /// of the task file), `seed`, `group`, `tasks-per-iteration` decide which episodes each
 /// iteration runs; `max-turns`, `turn-threshold`, `max-context` (as resolved from the model),
-/// `max-turn-tokens`, `observation-bytes` how they run and what they are rewarded; `batch-size`,
+/// `max-turn-tokens`, `observation-bytes` how they run and what they are rewarded (and
+/// `suspicious-reward`, recorded only when not `keep`, so runs from before it resume); `batch-size`,
 /// `lr`, `warmup-steps`, `weight-decay`, `grad-clip`, `eps-low`, `eps-high`, `tis-cap`,
 /// `adamw` each update; `rft-first`, `rft-lr`, `rft-warmup-steps`, `rft-batch-size`,
 /// `rft-epochs` the phase before iteration 1.
@@ -275,7 +277,7 @@ pub fn recorded_options(
 ) -> RecordedOptions {
     let (agent, adamw) = (&options.agent, AdamWConfig::default());
     let model = agent.model.as_deref().map(run_dir::model_source);
-    RecordedOptions::new()
+    let recorded = RecordedOptions::new()
         .with("command", "rl")
         .with("model", model)
         .with("tasks", tasks.to_string())
@@ -303,7 +305,11 @@ pub fn recorded_options(
         .with(
             "adamw",
             json!({"beta1": decimal(adamw.beta1), "beta2": decimal(adamw.beta2), "eps": decimal(adamw.eps)}),
-        )
+        );
+    match episode.suspicious_reward {
+        SuspiciousReward::Keep => recorded,
+        other => recorded.with("suspicious-reward", other.as_str()),
+    }
 }
 
 /// What the run needs from its model folder and task file.

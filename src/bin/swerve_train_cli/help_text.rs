@@ -53,3 +53,61 @@ fn every_argument_has_help_text() {
         assert!(names.contains(&flag), "rl --{flag}: {names:?}");
     }
 }
+
+/// `--suspicious-reward` and its config key take keep, zero or penalty (default keep) in
+/// `rollout`, `eval` and `rl`; anything else is refused naming the flag and the values.
+#[test]
+fn suspicious_reward_is_keep_zero_or_penalty() {
+    use super::{Command, CONFIG};
+    use swerve::agent::reward::SuspiciousReward;
+    let parse = |args: &[&str]| {
+        let mut all = vec!["swerve-train"];
+        all.extend_from_slice(args);
+        swerve::cli::try_parse::<Cli>(&CONFIG, all.iter().map(Into::into).collect())
+    };
+    let pick = |parsed: swerve::cli::Parsed<Cli>| match parsed.cli.command {
+        Command::Rollout { args, .. } | Command::Eval { args } => {
+            args.options(false, None).episode.suspicious_reward
+        }
+        Command::Rl { args } => args.options(None).agent.episode.suspicious_reward,
+        _ => unreachable!("not an episode command"),
+    };
+    let chosen = |args: &[&str]| pick(parse(args).unwrap());
+    let commands: [&[&str]; 3] = [
+        &["rollout", "--tasks", "builtin:python-bugs"],
+        &["eval", "--tasks", "builtin:python-bugs"],
+        &[
+            "rl",
+            "--tasks",
+            "builtin:toy",
+            "--model",
+            "preset:toy",
+            "--out",
+            "o",
+        ],
+    ];
+    for command in commands {
+        assert_eq!(chosen(command), SuspiciousReward::Keep, "{command:?}");
+        let with = |value: &'static str| [command, &["--suspicious-reward", value]].concat();
+        assert_eq!(chosen(&with("penalty")), SuspiciousReward::Penalty);
+        let error = format!("{:#}", parse(&with("nope")).err().unwrap());
+        assert!(
+            error.contains("--suspicious-reward") && error.contains("keep, zero or penalty"),
+            "{error}"
+        );
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("run.toml");
+    let from_file = |value: &str| {
+        let text = format!("tasks = \"builtin:python-bugs\"\nsuspicious-reward = \"{value}\"\n");
+        std::fs::write(&file, text).unwrap();
+        parse(&["rollout", "--config", file.to_str().unwrap()])
+    };
+    assert_eq!(pick(from_file("zero").unwrap()), SuspiciousReward::Zero);
+    let error = format!("{:#}", from_file("Zero").err().unwrap());
+    assert!(
+        error.contains("run.toml:2") && error.contains("suspicious-reward"),
+        "{error}"
+    );
+    assert!(error.contains("keep, zero or penalty"), "{error}");
+}

@@ -299,7 +299,10 @@ mod tests {
             patch: Some("+print('<pwned>')\n".into()),
             patch_dropped: vec![("x.pyc".into(), "compiled".into())],
             suspicious: true,
-            suspicious_reasons: vec!["touches conftest <hook>".into()],
+            suspicious_reasons: vec![
+                "touches conftest <hook>".into(),
+                "pkg/io.py:3: stream-replace: sys.stdout = Tee(\"<b>\", sys.stdout)".into(),
+            ],
             grading: Some(GradingRecord {
                 verdict: Some(Verdict {
                     resolved: false,
@@ -340,6 +343,7 @@ mod tests {
             "<a href=\"episode-000002.html\">next episode →</a>",
             "⚠ SUSPICIOUS",
             "<li>touches conftest &lt;hook&gt;</li>",
+            "<li>pkg/io.py:3: stream-replace: sys.stdout = Tee(&quot;&lt;b&gt;&quot;, sys.stdout)</li>",
             "<dt>advantage</dt><dd>0.5000</dd>",
             "Conversation",
             "Verdict: <b class=\"unresolved\">not resolved</b> · 3 tests passed · 1 failed",
