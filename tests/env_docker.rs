@@ -9,7 +9,7 @@ mod common;
 
 use common::forgeries::{
     bash, check_task, check_task_episodes, check_task_tampered, generic_forgeries,
-    pytest_forgeries, structural_forgeries, write_pytest_task,
+    pytest_forgeries, red_team_forgeries, structural_forgeries, write_pytest_task,
 };
 use serde_json::json;
 use std::collections::HashMap;
@@ -659,19 +659,13 @@ fn structural_forgeries_in_containers_are_unresolved_and_tampering_is_named() {
     let env = environment();
     let tasks = load_tasks(&builtin::resolve_tasks("builtin:python-bugs").unwrap()).unwrap();
     let unittest_task = tasks.iter().find(|t| t.id == "calc-div-zero").unwrap();
-    check_task_tampered(
-        &env,
-        unittest_task,
-        structural_forgeries("calc", "tests.test_calc"),
-        true,
-    );
+    let mut forgeries = structural_forgeries("calc", "tests.test_calc");
+    forgeries.extend(red_team_forgeries(false));
+    check_task_tampered(&env, unittest_task, forgeries, true);
     let pytest_task = write_pytest_task(tmp.path());
-    check_task_tampered(
-        &env,
-        &pytest_task,
-        structural_forgeries("calc", "tests.test_calc"),
-        false,
-    );
+    let mut forgeries = structural_forgeries("calc", "tests.test_calc");
+    forgeries.extend(red_team_forgeries(true));
+    check_task_tampered(&env, &pytest_task, forgeries, false);
     assert_eq!(containers_of(&env.config().run_id), "");
 }
 

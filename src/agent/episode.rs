@@ -440,12 +440,14 @@ fn finish_episode(
         Ok(mut diff) => {
             let graded = if submitted {
                 let g = grade_fresh(ctx.env, task, plan, &diff.patch, name)?;
-                // What grading put back, read from the grading sandbox itself.
+                // What grading put back, read from the grading sandbox itself, and what the
+                // syntax tree of the added lines shows.
                 for (path, why) in &g.dropped {
                     if !diff.dropped.iter().any(|(p, _)| p == path) {
                         diff.dropped.push((path.clone(), why.clone()));
                     }
                 }
+                diff.suspicious.extend(g.flags.iter().map(|f| f.describe()));
                 episode.grading = Some(GradingRecord {
                     verdict: g.verdict.clone(),
                     failure: g.failure.clone(),

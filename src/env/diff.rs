@@ -133,39 +133,19 @@ fn sections(diff: &str) -> Vec<Section<'_>> {
 }
 
 /// The C-quoted string git writes at the start of `text` (`"a/caf\\303\\251 \\"x\\".py"`),
-/// decoded, and what follows it; `None` when `text` does not start with one.
+/// decoded ([`super::flags::c_unquote`]), and what follows it; `None` when `text` does not start
+/// with one.
 pub fn c_unquote(text: &str) -> Option<(String, &str)> {
-    let body = text.strip_prefix('"')?;
-    let bytes = body.as_bytes();
-    let mut out = Vec::new();
-    let mut i = 0;
+    let bytes = text.as_bytes();
+    if bytes.first() != Some(&b'"') {
+        return None;
+    }
+    let mut i = 1;
     while i < bytes.len() {
         match bytes[i] {
-            b'"' => return Some((String::from_utf8_lossy(&out).into_owned(), &body[i + 1..])),
-            b'\\' => {
-                let c = *bytes.get(i + 1)?;
-                i += 2;
-                match c {
-                    b'0'..=b'7' => {
-                        let digits = bytes.get(i - 1..i + 2)?;
-                        let value = std::str::from_utf8(digits).ok()?;
-                        out.push(u8::from_str_radix(value, 8).ok()?);
-                        i += 2;
-                    }
-                    b'n' => out.push(b'\n'),
-                    b't' => out.push(b'\t'),
-                    b'r' => out.push(b'\r'),
-                    b'a' => out.push(7),
-                    b'b' => out.push(8),
-                    b'f' => out.push(12),
-                    b'v' => out.push(11),
-                    other => out.push(other),
-                }
-            }
-            b => {
-                out.push(b);
-                i += 1;
-            }
+            b'\\' => i += 2,
+            b'"' => return Some((super::flags::c_unquote(&text[..=i])?, &text[i + 1..])),
+            _ => i += 1,
         }
     }
     None

@@ -68,6 +68,9 @@ pub struct GradeResult {
     pub output: CommandOutput,
     /// Paths of the agent's change grading put back (tree.rs), each with the reason.
     pub dropped: Vec<(String, String)>,
+    /// What Python's syntax tree shows in the lines the change adds (flags.rs; `no-scanner`,
+    /// an image without Python 3, left out).
+    pub flags: Vec<super::flags::Flag>,
     /// A cleanup that failed after the verdict (the verdict stands).
     pub cleanup_error: Option<String>,
 }
@@ -144,6 +147,7 @@ pub fn observe_in(
             )),
             output: applied,
             dropped: Vec::new(),
+            flags: Vec::new(),
             cleanup_error: None,
         }));
     }
@@ -160,6 +164,10 @@ pub fn observe_in(
     }
     let owned = plan.owned_paths()?;
     let dropped = put_back(sandbox, task, plan, &tree, &owned, timeout)?;
+    let flags = match change {
+        Change::Diff(patch) if !patch.is_empty() => scan(sandbox, task, patch, timeout)?,
+        _ => Vec::new(),
+    };
     install_tests(sandbox, task, plan, timeout)?;
     let mut rng = SplitMix64::new(nonce_seed());
     let canaries = Canaries::new(&owned, &plan.command, rng.next_u64());
@@ -182,6 +190,7 @@ pub fn observe_in(
             failure: None,
             output: run,
             dropped,
+            flags,
             cleanup_error: None,
         },
     ))
@@ -222,6 +231,43 @@ fn put_back(
         );
     }
     Ok(dropped)
+}
+
+/// The syntax-tree flags of the lines `patch` adds to Python files, read by the grading
+/// sandbox's own Python 3 over the applied change (flags.rs).
+fn scan(
+    sandbox: &mut dyn Sandbox,
+    task: &Task,
+    patch: &str,
+    timeout: Duration,
+) -> Result<Vec<super::flags::Flag>> {
+    use super::flags;
+    let files: Vec<serde_json::Value> = flags::added_lines(patch)
+        .into_iter()
+        .map(|(path, lines)| serde_json::json!({"path": path, "lines": lines}))
+        .collect();
+    if files.is_empty() {
+        return Ok(Vec::new());
+    }
+    let input = serde_json::json!({ "files": files }).to_string();
+    let activate = task.activate.as_deref().unwrap_or(":");
+    let command = format!(
+        "{{ {activate}\n}} >/dev/null 2>&1 </dev/null\n{}",
+        flags::flags_command("")
+    );
+    let out = sandbox.exec(&command, Some(input.as_bytes()), timeout, 4 << 20)?;
+    if !out.success() {
+        bail!(
+            "task {}: the syntax-tree scan failed ({}): {}",
+            task.id,
+            describe_end(&out),
+            out.output.trim()
+        );
+    }
+    Ok(flags::parse_flags(&out.output)
+        .into_iter()
+        .filter(|f| f.rule != "no-scanner")
+        .collect())
 }
 
 /// Step 3's canaries: the indices of the files that got them.

@@ -174,6 +174,7 @@ pub fn grade_in_place(sandbox: &mut dyn Sandbox, task: &Task) -> Result<GradeRes
         failure: None,
         output,
         dropped: Vec::new(),
+        flags: Vec::new(),
         cleanup_error: None,
     })
 }

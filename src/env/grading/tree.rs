@@ -96,9 +96,15 @@ pub fn protected(
             Some("test infrastructure (conftest.py)".to_string())
         } else if name == "__init__.py"
             && !reference.iter().any(|r| r == path)
-            && (owned_modules.iter().any(|o| o.rsplit_once('/').map_or("", |(d, _)| d) == parent)
-                || (matches!(parent.rsplit('/').next(), Some("tests" | "test" | "testing"))
-                    && owned_modules.iter().any(|o| o.starts_with(&format!("{parent}/")))))
+            && (owned_modules
+                .iter()
+                .any(|o| o.rsplit_once('/').map_or("", |(d, _)| d) == parent)
+                || (matches!(
+                    parent.rsplit('/').next(),
+                    Some("tests" | "test" | "testing")
+                ) && owned_modules
+                    .iter()
+                    .any(|o| o.starts_with(&format!("{parent}/")))))
         {
             Some("the package of the task's tests (runs before them)".to_string())
         } else if name.ends_with(".pth") {

@@ -82,9 +82,9 @@ impl Observation {
                         .filter(|r| r.statuses.keys().any(|id| canaries.is_canary(id)))
                         .count();
                     if with_canaries > 1 {
-                        observation
-                            .notes
-                            .push(format!("the grader's canaries ran in {with_canaries} test runs"));
+                        observation.notes.push(format!(
+                            "the grader's canaries ran in {with_canaries} test runs"
+                        ));
                     }
                     match main_run(runs, canaries) {
                         Some(run) => {
@@ -205,7 +205,8 @@ pub fn decide(plan: &TestPlan, observed: &Observation, reference: Option<&Refere
         // silenced so that it cannot contradict the record.
         needs_reference = true;
         if reference.is_some_and(|r| r.observation.log_tests > 0) {
-            problems.push("the log reports no test, where the reference run's log does".to_string());
+            problems
+                .push("the log reports no test, where the reference run's log does".to_string());
         }
     }
     if observed.exit_code.is_none() {
