@@ -149,7 +149,6 @@ fn shadows(path: &str, parent: &str, stem: &str, owned: &str) -> bool {
         if path == ancestor
             || (parent == above
                 && stem == part
-                && path != ancestor
                 && !path.starts_with(&format!("{ancestor}/")))
         {
             return true;

@@ -192,7 +192,7 @@ pub fn decide(plan: &TestPlan, observed: &Observation, reference: Option<&Refere
         }
     }
     let expects_record =
-        plan.parser.expects_record() && !reference.is_some_and(|r| !r.observation.recorded);
+        plan.parser.expects_record() && reference.is_none_or(|r| r.observation.recorded);
     let mut problems = Vec::new();
     if expects_record && !observed.recorded {
         needs_reference = true;

@@ -140,9 +140,9 @@ fn swe_bench_verified_django_line_gets_its_runner() {
         ]
     );
     let log = "test_ascii_validator (auth_tests.test_validators.UsernameValidatorsTests) ... ok\ntest_unicode_validator (auth_tests.test_validators.UsernameValidatorsTests) ... ok\ntest_help_text (auth_tests.test_validators.UserAttributeSimilarityValidatorTest) ... ok\n";
-    assert!(judge(&p, log, Some(0)).resolved);
+    assert!(judge(p, log, Some(0)).resolved);
     let failing = log.replacen("... ok", "... FAIL", 1);
-    let verdict = judge(&p, &failing, Some(1));
+    let verdict = judge(p, &failing, Some(1));
     assert!(!verdict.resolved);
     assert_eq!(
         verdict.not_passing,
@@ -165,11 +165,11 @@ fn swe_bench_verified_sympy_line_gets_bin_test() {
     );
     assert_eq!((p.parser, p.safe_path), (LogParser::Sympy, false));
     let log = "sympy/core/tests/test_basic.py[3] \ntest__aresame ok\ntest_structure ok\ntest_immutable F\n[FAIL]\n";
-    let v = judge(&p, log, Some(1));
+    let v = judge(p, log, Some(1));
     assert_eq!((v.resolved, v.passed, v.failed), (false, 2, 1));
     assert!(
         judge(
-            &p,
+            p,
             &log.replace("test_immutable F", "test_immutable ok"),
             Some(0)
         )
@@ -234,7 +234,7 @@ fn swe_smith_lines_apply_the_bug_and_run_the_suite() {
     );
     assert_eq!(p.test_patch, None);
     let log = "tests/test_common.py::CommonTests::test_add_params PASSED [ 50%]\ntests/test_common.py::CommonTests::test_urldecode PASSED [100%]\n";
-    assert!(judge(&p, log, Some(0)).resolved);
+    assert!(judge(p, log, Some(0)).resolved);
 }
 
 #[test]
