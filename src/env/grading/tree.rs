@@ -147,9 +147,7 @@ fn shadows(path: &str, parent: &str, stem: &str, owned: &str) -> bool {
         }
         ancestor.push_str(part);
         if path == ancestor
-            || (parent == above
-                && stem == part
-                && !path.starts_with(&format!("{ancestor}/")))
+            || (parent == above && stem == part && !path.starts_with(&format!("{ancestor}/")))
         {
             return true;
         }
