@@ -266,6 +266,13 @@ pub fn structural_forgeries(module: &str, tests: &str) -> Vec<(&'static str, Vec
             )],
         ),
         (
+            "tamper: exit status forced to 0 at exit, the failures left as they are",
+            vec![append(
+                &format!("{module}/__init__.py"),
+                "import atexit as _a, os as _o, sys as _s\n_a.register(lambda: (_s.stdout.flush(), _s.stderr.flush(), _o._exit(0)))\n",
+            )],
+        ),
+        (
             "short-form ok lines printed at import",
             vec![append(
                 &format!("{module}/__init__.py"),

@@ -150,108 +150,12 @@ pub struct Decision {
 /// task's, where it has no reference fix) when one was needed.
 pub fn decide(plan: &TestPlan, observed: &Observation, reference: Option<&Reference>) -> Decision {
     let mut needs_reference = false;
-    let mut tampered = Vec::new();
-    let anomalies = match reference {
-        Some(r) => canary::unexcused(
-            observed.anomalies.clone(),
-            &r.observation.canaries,
-            &r.observation.anomalies,
-        ),
-        None => observed.anomalies.clone(),
-    };
-    needs_reference |= !anomalies.is_empty();
-    tampered.extend(anomalies.iter().map(Anomaly::describe));
-    for note in &observed.notes {
-        needs_reference = true;
-        if !reference.is_some_and(|r| r.observation.notes.contains(note)) {
-            tampered.push(note.clone());
-        }
-    }
-    let mut code_changed = Vec::new();
-    for id in &observed.code_changed {
-        needs_reference = true;
-        if !reference.is_some_and(|r| r.observation.code_changed.contains(id)) {
-            code_changed.push(id.clone());
-        }
-    }
-    if !code_changed.is_empty() {
-        tampered.push(format!(
-            "tests whose code as run is not their file's: {}",
-            code_changed.join(", ")
-        ));
-    }
-    if let Some(why) = &observed.record_error {
-        tampered.push(format!("the runner's record cannot be trusted: {why}"));
-    }
-    if observed.any_failure && observed.exit_code == Some(0) {
-        let explained = reference
-            .is_some_and(|r| r.observation.any_failure && r.observation.exit_code == Some(0));
-        needs_reference = true;
-        if !explained {
-            tampered.push("the test command exited 0 although tests failed".to_string());
-        }
-    }
-    let expects_record =
-        plan.parser.expects_record() && reference.is_none_or(|r| r.observation.recorded);
-    let mut problems = Vec::new();
-    if expects_record && !observed.recorded {
-        needs_reference = true;
-        problems.push("the runner's record of its tests is missing".to_string());
-    } else if expects_record && !observed.finished {
-        problems.push("the test run did not finish".to_string());
-    }
-    if observed.recorded && observed.log_tests == 0 && !observed.statuses.is_empty() {
-        // The runner's record has tests its log does not show: a quiet command, or a log
-        // silenced so that it cannot contradict the record.
-        needs_reference = true;
-        if reference.is_some_and(|r| r.observation.log_tests > 0) {
-            problems
-                .push("the log reports no test, where the reference run's log does".to_string());
-        }
-    }
-    if observed.exit_code.is_none() {
-        problems.push("the test command was killed or timed out".to_string());
-    }
-    if observed.truncated {
-        problems.push("the test log is over the grader's bound".to_string());
-    }
+    let tampered = tamper_evidence(observed, reference, &mut needs_reference);
+    let mut problems = run_problems(plan, observed, reference, &mut needs_reference);
     let passed = observed.statuses.values().filter(|s| s.is_pass()).count();
     let failed = observed.statuses.values().filter(|s| s.is_fail()).count();
-    let mut not_passing = Vec::new();
     let lists = !plan.fail_to_pass.is_empty() || !plan.pass_to_pass.is_empty();
-    for id in plan.fail_to_pass.iter().chain(&plan.pass_to_pass) {
-        match logs::lookup(&observed.statuses, id) {
-            Some(TestStatus::Passed) => {}
-            Some(status @ (TestStatus::XFail | TestStatus::XPass)) => {
-                needs_reference = true;
-                let same = reference.is_some_and(|r| {
-                    r.is_fix && logs::lookup(&r.observation.statuses, id) == Some(status)
-                });
-                if !same {
-                    not_passing.push((id.clone(), status.name().to_string()));
-                }
-            }
-            Some(status) => not_passing.push((id.clone(), status.name().to_string())),
-            None => not_passing.push((id.clone(), "missing".to_string())),
-        }
-    }
-    // Without lists every test must pass: a skip or an expected failure the code under test can
-    // raise itself counts only where the reference run shows the same test the same way.
-    if !lists {
-        for (id, &status) in &observed.statuses {
-            if matches!(
-                status,
-                TestStatus::Skipped | TestStatus::XFail | TestStatus::XPass
-            ) {
-                needs_reference = true;
-                let same =
-                    reference.is_some_and(|r| r.observation.statuses.get(id) == Some(&status));
-                if !same {
-                    not_passing.push((id.clone(), status.name().to_string()));
-                }
-            }
-        }
-    }
+    let not_passing = not_passing(plan, observed, reference, &mut needs_reference);
     let tests_ok = if lists {
         not_passing.is_empty()
     } else {
@@ -259,9 +163,9 @@ pub fn decide(plan: &TestPlan, observed: &Observation, reference: Option<&Refere
     };
     if !lists {
         match observed.exit_code {
-            Some(code) if (code != 0) != observed.any_failure && code != 0 => problems.push(
-                format!("the test command exited {code} with no test failing"),
-            ),
+            Some(code) if code != 0 && !observed.any_failure => problems.push(format!(
+                "the test command exited {code} with no test failing"
+            )),
             _ => {}
         }
     }
@@ -277,6 +181,136 @@ pub fn decide(plan: &TestPlan, observed: &Observation, reference: Option<&Refere
         },
         needs_reference: needs_reference && reference.is_none(),
     }
+}
+
+/// Evidence of tampering the reference run does not show too: canaries off their rule, notes,
+/// tests whose code is not their file's, an untrustworthy record, exit 0 over failures.
+fn tamper_evidence(
+    observed: &Observation,
+    reference: Option<&Reference>,
+    needs_reference: &mut bool,
+) -> Vec<String> {
+    let mut tampered = Vec::new();
+    let anomalies = match reference {
+        Some(r) => canary::unexcused(
+            observed.anomalies.clone(),
+            &r.observation.canaries,
+            &r.observation.anomalies,
+        ),
+        None => observed.anomalies.clone(),
+    };
+    *needs_reference |= !anomalies.is_empty();
+    tampered.extend(anomalies.iter().map(Anomaly::describe));
+    for note in &observed.notes {
+        *needs_reference = true;
+        if !reference.is_some_and(|r| r.observation.notes.contains(note)) {
+            tampered.push(note.clone());
+        }
+    }
+    let code_changed: Vec<&str> = observed
+        .code_changed
+        .iter()
+        .filter(|id| !reference.is_some_and(|r| r.observation.code_changed.contains(id)))
+        .map(String::as_str)
+        .collect();
+    *needs_reference |= !observed.code_changed.is_empty();
+    if !code_changed.is_empty() {
+        tampered.push(format!(
+            "tests whose code as run is not their file's: {}",
+            code_changed.join(", ")
+        ));
+    }
+    if let Some(why) = &observed.record_error {
+        tampered.push(format!("the runner's record cannot be trusted: {why}"));
+    }
+    if observed.any_failure && observed.exit_code == Some(0) {
+        let explained = reference
+            .is_some_and(|r| r.observation.any_failure && r.observation.exit_code == Some(0));
+        *needs_reference = true;
+        if !explained {
+            tampered.push("the test command exited 0 although tests failed".to_string());
+        }
+    }
+    tampered
+}
+
+/// Why the run does not count, tampering apart: no record where one is expected, an unfinished
+/// run, a silent log, a killed command, a log over the bound.
+fn run_problems(
+    plan: &TestPlan,
+    observed: &Observation,
+    reference: Option<&Reference>,
+    needs_reference: &mut bool,
+) -> Vec<String> {
+    let expects_record =
+        plan.parser.expects_record() && reference.is_none_or(|r| r.observation.recorded);
+    let mut problems = Vec::new();
+    if expects_record && !observed.recorded {
+        *needs_reference = true;
+        problems.push("the runner's record of its tests is missing".to_string());
+    } else if expects_record && !observed.finished {
+        problems.push("the test run did not finish".to_string());
+    }
+    if observed.recorded && observed.log_tests == 0 && !observed.statuses.is_empty() {
+        // The runner's record has tests its log does not show: a quiet command, or a log
+        // silenced so that it cannot contradict the record.
+        *needs_reference = true;
+        if reference.is_some_and(|r| r.observation.log_tests > 0) {
+            problems
+                .push("the log reports no test, where the reference run's log does".to_string());
+        }
+    }
+    if observed.exit_code.is_none() {
+        problems.push("the test command was killed or timed out".to_string());
+    }
+    if observed.truncated {
+        problems.push("the test log is over the grader's bound".to_string());
+    }
+    problems
+}
+
+/// The tests that do not pass: listed ones not passed (an XFAIL / XPASS only where the reference
+/// fix's run shows the same), and without lists any skip or XFAIL / XPASS the reference run does
+/// not show the same way (the code under test can raise them itself).
+fn not_passing(
+    plan: &TestPlan,
+    observed: &Observation,
+    reference: Option<&Reference>,
+    needs_reference: &mut bool,
+) -> Vec<(String, String)> {
+    let mut out = Vec::new();
+    let lists = !plan.fail_to_pass.is_empty() || !plan.pass_to_pass.is_empty();
+    for id in plan.fail_to_pass.iter().chain(&plan.pass_to_pass) {
+        match logs::lookup(&observed.statuses, id) {
+            Some(TestStatus::Passed) => {}
+            Some(status @ (TestStatus::XFail | TestStatus::XPass)) => {
+                *needs_reference = true;
+                let same = reference.is_some_and(|r| {
+                    r.is_fix && logs::lookup(&r.observation.statuses, id) == Some(status)
+                });
+                if !same {
+                    out.push((id.clone(), status.name().to_string()));
+                }
+            }
+            Some(status) => out.push((id.clone(), status.name().to_string())),
+            None => out.push((id.clone(), "missing".to_string())),
+        }
+    }
+    if lists {
+        return out;
+    }
+    for (id, &status) in &observed.statuses {
+        if matches!(
+            status,
+            TestStatus::Skipped | TestStatus::XFail | TestStatus::XPass
+        ) {
+            *needs_reference = true;
+            if reference.is_none_or(|r| r.observation.statuses.get(id) != Some(&status)) {
+                out.push((id.clone(), status.name().to_string()));
+            }
+        }
+    }
+    out
 }
 
 /// A reference run: the task's reference fix (`is_fix`) or, where it has none, its starting
