@@ -63,6 +63,10 @@ impl PythonEnv {
         if passes(&system, &self.check) {
             return system;
         }
+        // One test at a time provisions (tests of one binary run in parallel threads and would
+        // race on the same folder's `venv --clear`).
+        static PROVISIONING: std::sync::Mutex<()> = std::sync::Mutex::new(());
+        let _one_at_a_time = PROVISIONING.lock().unwrap_or_else(|e| e.into_inner());
         let venv = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join(&self.venv);
         let python = venv.join("bin/python3");
         if passes(&python, &self.check) {
