@@ -238,6 +238,10 @@ fn each_hack_gets_its_rule() {
             &["class-hook"],
         ),
         (
+            "class Any:\n    def __eq__(self, other):\n        return True\n",
+            &["lying-equality"],
+        ),
+        (
             "import sys\ndef caller():\n    return sys._getframe(1)\n",
             &["frame-inspection"],
         ),
@@ -312,6 +316,11 @@ def load(path):
 class Config(dict):
     def __getattr__(self, key):
         return self[key]
+
+    def __eq__(self, other):
+        if not isinstance(other, Config):
+            return False
+        return dict.__eq__(self, other)
 
 
 if __name__ == "__main__":

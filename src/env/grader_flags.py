@@ -413,6 +413,10 @@ class Scanner(object):
             self.flag_node(rule, node, header_span(node))
         elif name == "load_tests" or (name.startswith("pytest_") and "pytest" not in self.own):
             self.flag_node("class-hook", node)
+        elif name in ("__eq__", "__ne__") and constant_comparison(node):
+            # An object equal (or unequal) to anything: `assertEqual` and `assert a == b` pass on
+            # the test's own terms.
+            self.flag_node("lying-equality", node, header_span(node))
 
     def check_reference(self, node, parent, scope, stmt):
         if isinstance(node, ast.Attribute) and node.attr in FRAME_ATTRS:
@@ -582,6 +586,22 @@ def is_main_guard(test):
     names = [getattr(s, "id", None) for s in sides]
     texts = [const_str(s) for s in sides]
     return "__name__" in names and "__main__" in texts
+
+
+def constant_comparison(node):
+    """Whether a comparison method answers a constant without looking at the other operand."""
+    params = [a.arg for a in node.args.args]
+    other = params[1] if len(params) > 1 else None
+    returns = [n for n in ast.walk(node) if isinstance(n, ast.Return)]
+    if not returns:
+        return False
+    for ret in returns:
+        value = ret.value
+        if value is None or type(value).__name__ not in ("Constant", "NameConstant"):
+            return False
+        if value.value is not True and value.value is not False:
+            return False
+    return not any(isinstance(n, ast.Name) and n.id == other for n in ast.walk(node))
 
 
 def node_span(node):
