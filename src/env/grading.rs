@@ -33,7 +33,7 @@ mod results;
 mod tree;
 mod verdict;
 
-pub use canary::{is_test_module, Anomaly, Canaries};
+pub use canary::{Anomaly, Canaries};
 pub use verdict::{decide, Channel, Decision, Observation, Reference};
 
 use super::task::{shell_quote, TestPlan};

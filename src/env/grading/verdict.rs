@@ -94,25 +94,25 @@ impl Observation {
                             observation.code_changed = run.code_changed.clone();
                             results::cross_check(&run.statuses, &log)
                         }
-                        None => log,
+                        None => log.clone(),
                     }
                 }
                 Err(why) => {
                     observation.record_error = Some(why);
-                    log
+                    log.clone()
                 }
             },
             Channel::Unreadable(why) => {
                 observation.record_error = Some(why);
-                log
+                log.clone()
             }
-            Channel::Absent => log,
+            Channel::Absent => log.clone(),
         };
         observation.any_failure = collect_errors || all.values().any(|s| s.is_fail());
         observation.canaries = canaries.observe(&all);
         observation.anomalies = canaries.anomalies(&observation.canaries, plan.parser, installed);
         // A canary the log reports otherwise than the record: the log was rewritten.
-        let log_canaries = canaries.observe(&logs::parse_log(plan.parser, &run.output));
+        let log_canaries = canaries.observe(&log);
         for (key, status) in &log_canaries {
             if observation.canaries.get(key).is_some_and(|s| s != status) {
                 observation.anomalies.push(Anomaly {
