@@ -104,6 +104,8 @@ step rl-toy timeout 300 "$here/bin/swerve-train" rl --model preset:toy --tasks b
 step rollout-oracle timeout 120 "$here/bin/swerve-train" rollout --tasks builtin:python-bugs --policy oracle --group 1 --out "$out/rollout-oracle"
 step bench-rl timeout 300 "$here/bin/swerve-bench" rl --device cuda --jsonl "$out/swerve.jsonl"
 step bench-kernels "$here/bin/swerve-bench" kernels --jsonl "$out/swerve.jsonl"
+# Which per-M cuBLASLt choices keep a forward GEMM row's bits (issue 36): every Qwen2.5 shape.
+step bench-gemm timeout 360 "$here/bin/swerve-bench" gemm --rows 1,2,4,8,16,17,32,64,128,256,1024,4096 --candidates 6 --reps 10 --jsonl "$out/gemm.jsonl"
 step bench-prefill "$here/bin/swerve-bench" prefill --jsonl "$out/swerve.jsonl"
 step bench-agent timeout 400 "$here/bin/swerve-bench" agent --preset qwen2.5-0.5b --tasks 4 --group 10 --max-context 16384 --http --jsonl "$out/swerve.jsonl"
 step bench-prefill-7b timeout 240 "$here/bin/swerve-bench" prefill --preset qwen2.5-7b --seq-lens 4096,16384,32768 --jsonl "$out/swerve.jsonl"

@@ -74,6 +74,23 @@ pub fn rotation_sets(device: &CudaDevice, bytes_per_run: usize) -> usize {
 }
 
 pub fn measure_ceilings(backend: &CudaBackend) -> Result<Ceilings> {
+    let copy_gb_per_s = measure_copy_bandwidth(backend)?;
+    let device = &backend.device;
+
+    let n = 8192;
+    let a = upload_random(backend, &[n, n], 11, 1.0)?;
+    let w = upload_random(backend, &[n, n], 12, 1.0)?;
+    let mut out = backend.alloc(&[n, n], DeviceDType::Bf16)?;
+    let ms = time_ms(device, 20, |_| backend.gemm.linear(&a, &w, None, &mut out))?;
+    let gemm_tflops = 2.0 * (n as f64).powi(3) / (ms * 1e-3) / 1e12;
+    Ok(Ceilings {
+        copy_gb_per_s,
+        gemm_tflops,
+    })
+}
+
+/// Device-to-device copy of 1 GiB: bytes read + written per second / 1e9.
+pub fn measure_copy_bandwidth(backend: &CudaBackend) -> Result<f64> {
     let device = &backend.device;
     let elements = 1usize << 29; // 1 GiB of bf16
     let src = backend.alloc(&[elements], DeviceDType::Bf16)?;
@@ -92,17 +109,7 @@ pub fn measure_ceilings(backend: &CudaBackend) -> Result<Ceilings> {
     })?;
     let copy_gb_per_s = 2.0 * (elements * 2) as f64 / (ms * 1e-3) / 1e9;
     drop((src, dst));
-
-    let n = 8192;
-    let a = upload_random(backend, &[n, n], 11, 1.0)?;
-    let w = upload_random(backend, &[n, n], 12, 1.0)?;
-    let mut out = backend.alloc(&[n, n], DeviceDType::Bf16)?;
-    let ms = time_ms(device, 20, |_| backend.gemm.linear(&a, &w, None, &mut out))?;
-    let gemm_tflops = 2.0 * (n as f64).powi(3) / (ms * 1e-3) / 1e12;
-    Ok(Ceilings {
-        copy_gb_per_s,
-        gemm_tflops,
-    })
+    Ok(copy_gb_per_s)
 }
 
 /// Deterministic pseudo-random bf16 values in [-scale, scale].

@@ -6,6 +6,7 @@ pub mod agent;
 pub mod agent_http;
 pub mod commands;
 pub mod decode;
+pub mod gemm;
 pub mod kernels;
 pub mod plan;
 pub mod rl;

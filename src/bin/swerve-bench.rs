@@ -52,6 +52,39 @@ enum Command {
         #[command(flatten)]
         jsonl: JsonlArg,
     },
+    /// The Qwen2.5 forward GEMMs at each row count: the pinned algorithm, cuBLASLt's own choice
+    /// and every no-split-K algorithm it offers, each checked bit for bit against the pinned
+    /// rows and timed against the copy bandwidth (needs a GPU).
+    Gemm(GemmArgs),
+}
+
+#[derive(clap::Args)]
+struct GemmArgs {
+    /// Presets whose forward GEMM shapes are measured (comma-separated).
+    #[arg(
+        long,
+        value_delimiter = ',',
+        default_value = "qwen2.5-0.5b,qwen2.5-1.5b,qwen2.5-7b,qwen2.5-32b,qwen2.5-72b"
+    )]
+    presets: Vec<String>,
+    /// Tensor-parallel sizes (one rank's shapes each; comma-separated).
+    #[arg(long = "tp", value_delimiter = ',', default_value = "1,2,4,8")]
+    tensor_parallel: Vec<usize>,
+    /// Row counts M (tokens); the largest gives the reference rows.
+    #[arg(
+        long,
+        value_delimiter = ',',
+        default_value = "1,2,3,4,8,13,16,17,32,33,64,100,128,256,512,1024,4096"
+    )]
+    rows: Vec<usize>,
+    /// Algorithms asked of the heuristic per workspace setting.
+    #[arg(long, default_value_t = 8)]
+    candidates: usize,
+    /// Timed runs per measurement (a quarter above 512 rows).
+    #[arg(long, default_value_t = 20)]
+    reps: usize,
+    #[command(flatten)]
+    jsonl: JsonlArg,
 }
 
 /// `--preset`, for the commands that build a model of a preset shape.
@@ -328,6 +361,14 @@ fn main() -> Result<()> {
             num_sms: a.num_sms,
         }),
         Command::Kernels { jsonl } => commands::kernels(jsonl.jsonl.as_deref()),
+        Command::Gemm(a) => commands::gemm(&commands::GemmOptions {
+            presets: a.presets,
+            tensor_parallel: a.tensor_parallel,
+            rows: a.rows,
+            candidates: a.candidates,
+            reps: a.reps,
+            jsonl: a.jsonl.jsonl,
+        }),
         Command::Agent(a) => commands::agent(&commands::AgentOptions {
             preset: a.preset.preset,
             device: a.device.device,

@@ -85,6 +85,32 @@ pub fn exact_logprobs() -> bool {
 /// The cuBLASLt workspace every GEMM of a stream shares (allocated once per stream).
 pub const WORKSPACE_BYTES: usize = 32 << 20;
 
+impl GemmKey {
+    /// The forward linear `out[t, n] = x[t, k] W[n, k]^T (+ b)` as cuBLASLt's problem (module
+    /// doc), packed operands, pinned: an fp32 output is the LM head, pinned across N as well.
+    pub fn linear(n: usize, k: usize, t: usize, out_f32: bool, bias: bool) -> GemmKey {
+        GemmKey {
+            trans_a: true,
+            trans_b: false,
+            m: n as u64,
+            n: t as u64,
+            k: k as u64,
+            lda: k as i64,
+            ldb: k as i64,
+            ldd: n as i64,
+            out_f32,
+            bias,
+            accumulate: false,
+            align: 256,
+            pin: if out_f32 {
+                Pinning::RowsAndCols
+            } else {
+                Pinning::Rows
+            },
+        }
+    }
+}
+
 impl RowMajorGemm {
     /// The column-major cuBLASLt problem this is (see the type's doc): cuBLAS's A is `b`.
     pub fn key(&self) -> GemmKey {
@@ -147,11 +173,11 @@ pub struct RowMajorGemm {
     pub pin: Pinning,
 }
 
-struct Plan {
-    desc: sys::cublasLtMatmulDesc_t,
-    a: sys::cublasLtMatrixLayout_t,
-    b: sys::cublasLtMatrixLayout_t,
-    d: sys::cublasLtMatrixLayout_t,
+pub(super) struct Plan {
+    pub(super) desc: sys::cublasLtMatmulDesc_t,
+    pub(super) a: sys::cublasLtMatrixLayout_t,
+    pub(super) b: sys::cublasLtMatrixLayout_t,
+    pub(super) d: sys::cublasLtMatrixLayout_t,
     algo: sys::cublasLtMatmulAlgo_t,
 }
 
@@ -168,7 +194,7 @@ impl Drop for Plan {
 }
 
 impl Plan {
-    fn problem(&self) -> algo::Problem {
+    pub(super) fn problem(&self) -> algo::Problem {
         algo::Problem {
             desc: self.desc,
             a: self.a,
@@ -179,7 +205,7 @@ impl Plan {
 
     /// The matmul descriptor (fp32 compute and scale) and the bf16 A, B and (bf16 or f32) D
     /// layouts of `key`; the algorithm is left for the heuristic.
-    fn layouts(key: &GemmKey) -> Result<Plan> {
+    pub(super) fn layouts(key: &GemmKey) -> Result<Plan> {
         let (a_rows, a_cols) = if key.trans_a {
             (key.k, key.m)
         } else {
@@ -221,7 +247,7 @@ impl Plan {
     }
 
     /// The descriptor's transposes and epilogue (bias or none).
-    fn set_attributes(&self, key: &GemmKey) -> Result<()> {
+    pub(super) fn set_attributes(&self, key: &GemmKey) -> Result<()> {
         let set = |attr: sys::cublasLtMatmulDescAttributes_t, value: *const c_void, size: usize| {
             // SAFETY: `value` points to `size` readable bytes of the attribute's type.
             cublas("set descriptor attribute", unsafe {
@@ -253,7 +279,7 @@ impl Plan {
     }
 }
 
-struct Handle(sys::cublasLtHandle_t);
+pub(super) struct Handle(pub(super) sys::cublasLtHandle_t);
 
 impl Drop for Handle {
     fn drop(&mut self) {
@@ -266,7 +292,7 @@ impl Drop for Handle {
 
 /// The cuBLASLt handle, workspace and plan cache of one device stream.
 pub struct Gemm {
-    stream: Arc<CudaStream>,
+    pub(super) stream: Arc<CudaStream>,
     // Plans are dropped before the handle (field order).
     plans: Mutex<HashMap<GemmKey, Plan>>,
     /// Each pinned class's one algorithm ([`algo_class`] keys).
@@ -274,9 +300,9 @@ pub struct Gemm {
     /// The mutation issue 25's tests run: every GEMM planned per problem (see
     /// [`Gemm::set_unpinned`]).
     unpinned: AtomicBool,
-    handle: Handle,
+    pub(super) handle: Handle,
     _workspace: CudaSlice<u8>,
-    workspace_ptr: CUdeviceptr,
+    pub(super) workspace_ptr: CUdeviceptr,
     /// bf16 ones for column sums as GEMMs, grown to the longest column seen.
     ones: Mutex<Option<(CudaSlice<u16>, CUdeviceptr)>>,
 }
@@ -368,7 +394,7 @@ impl Gemm {
 
     /// The one algorithm of `key`'s pinned class: the heuristic's best, without split-K, for
     /// the class's reference problem, chosen the first time the class is seen.
-    fn pinned_algorithm(&self, key: &GemmKey) -> Result<sys::cublasLtMatmulAlgo_t> {
+    pub(super) fn pinned_algorithm(&self, key: &GemmKey) -> Result<sys::cublasLtMatmulAlgo_t> {
         let class = algo_class(key);
         let mut pinned = self
             .pinned
@@ -525,26 +551,7 @@ impl Gemm {
                 );
             }
         }
-        let key = GemmKey {
-            trans_a: true,
-            trans_b: false,
-            m: n as u64,
-            n: t as u64,
-            k: k as u64,
-            lda: k as i64,
-            ldb: k as i64,
-            ldd: n as i64,
-            out_f32,
-            bias: bias.is_some(),
-            accumulate: false,
-            align: 256,
-            // An fp32-output linear is the LM head (module doc): pinned across N as well.
-            pin: if out_f32 {
-                Pinning::RowsAndCols
-            } else {
-                Pinning::Rows
-            },
-        };
+        let key = GemmKey::linear(n, k, t, out_f32, bias.is_some());
         // SAFETY: the shapes were checked against the tensors' sizes above.
         unsafe {
             self.run(

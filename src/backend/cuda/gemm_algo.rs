@@ -162,6 +162,21 @@ pub(crate) fn heuristic(
     aligns: [u32; 4],
     no_split_k: bool,
 ) -> Result<sys::cublasLtMatmulAlgo_t> {
+    let best = heuristic_results(handle, p, workspace, aligns, no_split_k, 1)?;
+    best.first()
+        .map(|r| r.algo)
+        .ok_or_else(|| anyhow!("cuBLASLt heuristic: no algorithm for this problem"))
+}
+
+/// Up to `count` of the heuristic's algorithms for `p`, best first (see [`heuristic`]).
+pub(crate) fn heuristic_results(
+    handle: sys::cublasLtHandle_t,
+    p: &Problem,
+    workspace: usize,
+    aligns: [u32; 4],
+    no_split_k: bool,
+    count: usize,
+) -> Result<Vec<sys::cublasLtMatmulHeuristicResult_t>> {
     use sys::cublasLtMatmulPreferenceAttributes_t as P;
     let pref = cublas("create preference", lt::create_matmul_pref())?;
     let set = |attr: P, value: *const c_void, size: usize| {
@@ -192,13 +207,120 @@ pub(crate) fn heuristic(
             )
         });
     }
-    // SAFETY: the descriptor and layouts are live (owned by the caller's plan).
-    let result = r.and_then(|_| unsafe {
-        lt::get_matmul_algo_heuristic(handle, p.desc, p.a, p.b, p.d, p.d, pref)
+    let count = count.clamp(1, 64);
+    // SAFETY: plain data, written by the call.
+    let mut results: Vec<sys::cublasLtMatmulHeuristicResult_t> =
+        (0..count).map(|_| unsafe { std::mem::zeroed() }).collect();
+    let mut returned = 0i32;
+    let result = r.and_then(|_| {
+        // SAFETY: the descriptor and layouts are live (owned by the caller's plan); `results`
+        // holds `count` writable entries.
+        let st = unsafe {
+            sys::cublasLtMatmulAlgoGetHeuristic(
+                handle,
+                p.desc,
+                p.a,
+                p.b,
+                p.d,
+                p.d,
+                pref,
+                count as i32,
+                results.as_mut_ptr(),
+                &mut returned,
+            )
+        };
+        match st {
+            sys::cublasStatus_t::CUBLAS_STATUS_SUCCESS => Ok(()),
+            other => Err(lt::CublasError(other)),
+        }
     });
     // SAFETY: created above, destroyed once.
     let _ = unsafe { lt::destroy_matmul_pref(pref) };
-    Ok(cublas("heuristic (no algorithm for this problem)", result)?.algo)
+    cublas("heuristic (no algorithm for this problem)", result)?;
+    results.truncate(returned.max(0) as usize);
+    results.retain(|r| r.state == sys::cublasStatus_t::CUBLAS_STATUS_SUCCESS);
+    ensure!(
+        !results.is_empty(),
+        "cuBLASLt heuristic: no algorithm for this problem"
+    );
+    Ok(results)
+}
+
+/// An algorithm's configuration as cuBLASLt reports it (`cublasLtMatmulAlgoConfigGetAttribute`):
+/// what tells two kernels apart when their bits are compared. `None` where the library does not
+/// report the attribute (the emulated device reports only some).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Serialize)]
+pub struct AlgoConfig {
+    pub id: Option<u64>,
+    pub tile: Option<u64>,
+    pub stages: Option<u64>,
+    pub split_k: Option<u64>,
+    pub reduction: Option<u64>,
+    pub swizzle: Option<u64>,
+    pub custom: Option<u64>,
+    pub inner_shape: Option<u64>,
+    pub cluster_shape: Option<u64>,
+}
+
+impl AlgoConfig {
+    pub fn of(algo: &sys::cublasLtMatmulAlgo_t) -> AlgoConfig {
+        use sys::cublasLtMatmulAlgoConfigAttributes_t as A;
+        AlgoConfig {
+            id: config_value(algo, A::CUBLASLT_ALGO_CONFIG_ID),
+            tile: config_value(algo, A::CUBLASLT_ALGO_CONFIG_TILE_ID),
+            stages: config_value(algo, A::CUBLASLT_ALGO_CONFIG_STAGES_ID),
+            split_k: config_value(algo, A::CUBLASLT_ALGO_CONFIG_SPLITK_NUM),
+            reduction: config_value(algo, A::CUBLASLT_ALGO_CONFIG_REDUCTION_SCHEME),
+            swizzle: config_value(algo, A::CUBLASLT_ALGO_CONFIG_CTA_SWIZZLING),
+            custom: config_value(algo, A::CUBLASLT_ALGO_CONFIG_CUSTOM_OPTION),
+            inner_shape: config_value(algo, A::CUBLASLT_ALGO_CONFIG_INNER_SHAPE_ID),
+            cluster_shape: config_value(algo, A::CUBLASLT_ALGO_CONFIG_CLUSTER_SHAPE_ID),
+        }
+    }
+
+    /// `id/tile/stages/inner/cluster/swizzle/custom/splitk`, `-` for an unreported one.
+    pub fn label(&self) -> String {
+        let f = |v: Option<u64>| v.map_or("-".to_string(), |v| v.to_string());
+        format!(
+            "{}/{}/{}/{}/{}/{}/{}/{}",
+            f(self.id),
+            f(self.tile),
+            f(self.stages),
+            f(self.inner_shape),
+            f(self.cluster_shape),
+            f(self.swizzle),
+            f(self.custom),
+            f(self.split_k)
+        )
+    }
+}
+
+/// One algo config attribute of at most 8 bytes (little-endian), `None` where unsupported.
+fn config_value(
+    algo: &sys::cublasLtMatmulAlgo_t,
+    attr: sys::cublasLtMatmulAlgoConfigAttributes_t,
+) -> Option<u64> {
+    let mut size = 0usize;
+    // SAFETY: the documented size query (NULL buffer, size 0).
+    let st = unsafe {
+        sys::cublasLtMatmulAlgoConfigGetAttribute(algo, attr, std::ptr::null_mut(), 0, &mut size)
+    };
+    if st != sys::cublasStatus_t::CUBLAS_STATUS_SUCCESS || size == 0 || size > 8 {
+        return None;
+    }
+    let mut bytes = [0u8; 8];
+    let mut written = 0usize;
+    // SAFETY: `bytes` holds the `size` <= 8 bytes the attribute has.
+    let st = unsafe {
+        sys::cublasLtMatmulAlgoConfigGetAttribute(
+            algo,
+            attr,
+            bytes.as_mut_ptr() as *mut c_void,
+            size,
+            &mut written,
+        )
+    };
+    (st == sys::cublasStatus_t::CUBLAS_STATUS_SUCCESS).then(|| u64::from_le_bytes(bytes))
 }
 
 /// A `u32` algo config attribute (`SPLITK_NUM`, `REDUCTION_SCHEME`).

@@ -4,6 +4,7 @@
 
 mod agent;
 mod decode;
+mod gemm;
 mod kernels;
 mod plan;
 mod prefill;
@@ -12,6 +13,7 @@ mod train;
 
 pub use agent::{agent, AgentOptions};
 pub use decode::{decode, DecodeOptions};
+pub use gemm::{gemm, GemmOptions};
 pub use kernels::kernels;
 pub use plan::{plan, print_plan, PlanMode, PlanOptions};
 pub use prefill::{prefill, PrefillOptions};
