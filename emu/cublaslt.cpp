@@ -40,7 +40,18 @@
 // chunks and a 1024-row one in order: different bits for the same output row, as on a GPU. The
 // preference CUBLASLT_MATMUL_PREF_REDUCTION_SCHEME_MASK = CUBLASLT_REDUCTION_SCHEME_NONE (0) rules
 // split-K out (s = 1). cublasLtMatmulAlgoConfigGet/SetAttribute read and set SPLITK_NUM and
-// REDUCTION_SCHEME (ID, TILE_ID, STAGES_ID read 0); cublasLtMatmulAlgoCheck checks an algo against
+// REDUCTION_SCHEME (ID, TILE_ID, STAGES_ID read 0);
+//
+// A second behaviour models what issue 36's per-M choice must guard against: a library whose
+// narrow-tile kernels sum K in another order. Asked for an algorithm with no workspace and no
+// reduction scheme (both set explicitly: what gemm_rows.rs asks for each M), for a problem of at
+// most 8 columns (token rows) whose k is a multiple of 3, the heuristic returns one that sums
+// each output's k products in descending order and rounds its running sums to bf16 every 16
+// products (W_KORDER): other bits than the in-order algorithm of the same class at more rows, in
+// most bf16 outputs (a real kernel's other K order changes far fewer, which is why the engine's
+// probe multiplies many rows), which the engine's probe must notice.
+//
+// cublasLtMatmulAlgoCheck checks an algo against
 // a problem (types, transposes, epilogue, s <= k). cublasLtMatmul with a NULL algo runs the
 // heuristic's choice for that problem, as cuBLASLt does.
 //
@@ -327,6 +338,7 @@ struct Work {
     int type_ab, type_cd;
     bool trans_a, trans_b, read_c, bias;
     int64_t m, n, k, batch, splits;
+    bool reversed_k;  // W_KORDER 1: each chunk summed from its last k down
     Matrix a, b, c, d;
     const char* bias_ptr;
     int64_t bias_stride;
@@ -366,7 +378,12 @@ void run_batch(const Work& w, int64_t batch, std::vector<float>& ap, std::vector
                 // Eight named accumulators so they stay in registers.
                 v4 c00 = {}, c01 = {}, c10 = {}, c11 = {}, c20 = {}, c21 = {}, c30 = {}, c31 = {};
                 const int64_t k1 = k0 + chunk < k ? k0 + chunk : k;
-                for (int64_t p = k0; p < k1; ++p) {  // each output's chunk sum runs over p in order
+                for (int64_t q = k0; q < k1; ++q) {  // each output's chunk sum runs over p in order
+                    const int64_t p = w.reversed_k ? k0 + k1 - 1 - q : q;
+                    if (w.reversed_k && (q - k0) % 16 == 0) {  // the other family's bf16 partials
+                        for (v4* c : {&c00, &c01, &c10, &c11, &c20, &c21, &c30, &c31})
+                            for (int e = 0; e < 4; ++e) (*c)[e] = bf16_to_f32(f32_to_bf16((*c)[e]));
+                    }
                     v4 b0, b1;
                     memcpy(&b0, pb + p * NR, 16);
                     memcpy(&b1, pb + p * NR + 4, 16);
@@ -606,6 +623,8 @@ API int cublasLtMatmulAlgoGetHeuristic(void* handle, void* desc, void* a, void* 
     const uint64_t splits = (p->reduction_mask & RED_MASK) ? heuristic_splits(pr) : 1;
     r.algo.data[W_SPLITK] = splits;
     r.algo.data[W_REDUCTION] = splits > 1 ? RED_INPLACE : RED_NONE;
+    const bool narrow_family = p->max_workspace == 0 && (p->reduction_mask & RED_MASK) == 0;
+    r.algo.data[W_KORDER] = narrow_family && pr.n <= 8 && pr.k % 3 == 0 ? 1 : 0;
     r.workspaceSize = 0;
     r.state = OK;
     r.wavesCount = 1.0f;
@@ -678,6 +697,7 @@ API int cublasLtMatmul(void* handle, void* desc, const void* alpha, const void* 
     w->trans_a = pr.trans_a, w->trans_b = pr.trans_b, w->read_c = read_c, w->bias = pr.bias;
     w->m = int64_t(pr.m), w->n = int64_t(pr.n), w->k = int64_t(pr.k), w->batch = pr.batch;
     w->splits = int64_t(splits);
+    w->reversed_k = algo && static_cast<const Algo*>(algo)->data[W_KORDER] == 1;
     const int64_t one = pr.batch > 1 ? 1 : 0;  // strides only matter for more than one batch
     w->a = {static_cast<const char*>(a), L[0]->ld, L[0]->stride * one};
     w->b = {static_cast<const char*>(b), L[1]->ld, L[1]->stride * one};

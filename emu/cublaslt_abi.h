@@ -46,6 +46,7 @@ static_assert(sizeof(HeuristicResult) == 96 && offsetof(HeuristicResult, state) 
 constexpr uint64_t kAlgoTag = 0x544C4556'52455753ull;  // "SWERVELT" in memory: our algorithm
 // Our algorithm's words: data[0] the tag, [1] the problem class (Problem::fingerprint), [2] the
 // promised alignments (16 bits each, A B C D), [3] workspace bytes, [4] SPLITK_NUM,
-// [5] REDUCTION_SCHEME.
-enum : int { W_TAG = 0, W_CLASS = 1, W_ALIGN = 2, W_WORKSPACE = 3, W_SPLITK = 4, W_REDUCTION = 5 };
+// [5] REDUCTION_SCHEME, [6] the K order (0: ascending; 1: descending, a narrow-tile kernel family
+// that sums K the other way: see kReversedK in cublaslt.cpp).
+enum : int { W_TAG = 0, W_CLASS = 1, W_ALIGN = 2, W_WORKSPACE = 3, W_SPLITK = 4, W_REDUCTION = 5, W_KORDER = 6 };
 constexpr uint64_t kEmuSms = 16, kTile = 64, kMinChunk = 32, kMaxSplits = 8;

@@ -26,7 +26,7 @@
 //        L' = L a + l b;  O' = O a + o b                          (each product and sum rounded)
 //    and the row's output is bf16(O * (1 / L)) (`attn_normalizer`).
 //
-// Decode parallelises over segments (one warp per segment, the fold in paged_attn_merge);
+// Decode parallelises over segments (one block per segment, the fold in paged_attn_merge);
 // prefill and the trainer iterate the same segments in the same order and fold them in the
 // kernel. Which warp, block or launch computes a segment never changes its bits: a row's result
 // depends only on its query, its keys and values, and this order, never on the batch, the chunk
@@ -38,26 +38,34 @@
 
 constexpr int kAttnKeyTile = 64;
 
-// S = Q K^T for a warp's 16 rows (`q_frag`: the A fragments of head-dim steps of 16) and the 64
-// keys of a shared-memory tile `sK` (rows of `stride` bf16).
-template <int D>
-__device__ __forceinline__ void attn_tile_scores(float (&s_acc)[kAttnKeyTile / 8][4], const uint32_t (&q_frag)[D / 16][4],
-                                                 const __nv_bfloat16* sK, int stride, int lane) {
-    constexpr int kNTiles = kAttnKeyTile / 8;
+// S = Q K^T for a warp's 16 rows (`q_frag`: the A fragments of head-dim steps of 16) and the
+// keys [16 np0, 16 (np0 + kNP)) of a shared-memory tile `sK` (rows of `stride` bf16): s_acc[i]
+// holds the scores of keys 16 np0 + 8 i .. + 7. Each score is one MMA chain over the head-dim
+// steps in order, whichever keys a call covers (paged_decode_split splits a tile's keys over warps).
+template <int D, int kNP>
+__device__ __forceinline__ void attn_tile_scores_cols(float (&s_acc)[2 * kNP][4], const uint32_t (&q_frag)[D / 16][4],
+                                                      const __nv_bfloat16* sK, int stride, int lane, int np0) {
 #pragma unroll
-    for (int i = 0; i < kNTiles; ++i) s_acc[i][0] = s_acc[i][1] = s_acc[i][2] = s_acc[i][3] = 0.0f;
+    for (int i = 0; i < 2 * kNP; ++i) s_acc[i][0] = s_acc[i][1] = s_acc[i][2] = s_acc[i][3] = 0.0f;
 #pragma unroll
     for (int kk = 0; kk < D / 16; ++kk) {
 #pragma unroll
-        for (int np = 0; np < kNTiles / 2; ++np) {
+        for (int np = 0; np < kNP; ++np) {
             uint32_t b[4];
-            const int r = np * 16 + (lane % 8) + (lane / 16) * 8;
+            const int r = (np0 + np) * 16 + (lane % 8) + (lane / 16) * 8;
             const int c = kk * 16 + ((lane / 8) % 2) * 8;
             ldmatrix_x4(b, sK + r * stride + c);
             mma_bf16_16816(s_acc[2 * np], q_frag[kk], b[0], b[1]);
             mma_bf16_16816(s_acc[2 * np + 1], q_frag[kk], b[2], b[3]);
         }
     }
+}
+
+// S = Q K^T for a warp's 16 rows and all 64 keys of the tile.
+template <int D>
+__device__ __forceinline__ void attn_tile_scores(float (&s_acc)[kAttnKeyTile / 8][4], const uint32_t (&q_frag)[D / 16][4],
+                                                 const __nv_bfloat16* sK, int stride, int lane) {
+    attn_tile_scores_cols<D, kAttnKeyTile / 16>(s_acc, q_frag, sK, stride, lane, 0);
 }
 
 // One online-softmax update for a warp's 16 rows (FlashAttention 2's), on mma.sync fragments:
@@ -101,26 +109,35 @@ __device__ __forceinline__ void online_softmax_tile(float (&s_acc)[kNTiles][4], 
     }
 }
 
-// O += P V for a warp's 16 rows and the 64 keys of the shared-memory tile `sV`: P is the score
+// O += P V for a warp's 16 rows, the 64 keys of the shared-memory tile `sV` and the head-dim
+// columns [16 dp0, 16 (dp0 + kDP)) (o_acc[i]: columns 16 dp0 + 8 i .. + 7): P is the score
 // accumulator after `online_softmax_tile`, rounded to bf16 here (its accumulator layout is the
-// A-fragment layout of the next MMA).
-template <int D>
-__device__ __forceinline__ void attn_tile_pv(float (&o_acc)[D / 8][4], const float (&s_acc)[kAttnKeyTile / 8][4],
-                                             const __nv_bfloat16* sV, int stride, int lane) {
+// A-fragment layout of the next MMA). Each output element is one MMA chain over the keys in order,
+// whichever columns a call covers (paged_decode_split splits the head dim over warps).
+template <int D, int kDP>
+__device__ __forceinline__ void attn_tile_pv_cols(float (&o_acc)[2 * kDP][4], const float (&s_acc)[kAttnKeyTile / 8][4],
+                                                  const __nv_bfloat16* sV, int stride, int lane, int dp0) {
 #pragma unroll
     for (int kk = 0; kk < kAttnKeyTile / 16; ++kk) {
         uint32_t p_frag[4];
         acc_to_a_fragment(p_frag, s_acc, kk);
 #pragma unroll
-        for (int dp = 0; dp < D / 16; ++dp) {
+        for (int dp = 0; dp < kDP; ++dp) {
             uint32_t b[4];
             const int r = kk * 16 + (lane % 8) + ((lane / 8) % 2) * 8;
-            const int c = dp * 16 + (lane / 16) * 8;
+            const int c = (dp0 + dp) * 16 + (lane / 16) * 8;
             ldmatrix_x4_trans(b, sV + r * stride + c);
             mma_bf16_16816(o_acc[2 * dp], p_frag, b[0], b[1]);
             mma_bf16_16816(o_acc[2 * dp + 1], p_frag, b[2], b[3]);
         }
     }
+}
+
+// O += P V for a warp's 16 rows, the 64 keys of `sV` and every head-dim column.
+template <int D>
+__device__ __forceinline__ void attn_tile_pv(float (&o_acc)[D / 8][4], const float (&s_acc)[kAttnKeyTile / 8][4],
+                                             const __nv_bfloat16* sV, int stride, int lane) {
+    attn_tile_pv_cols<D, D / 16>(o_acc, s_acc, sV, stride, lane, 0);
 }
 
 // Sets the scores of masked keys to -inf: `masked(r, key)` for this thread's row r = 0, 1 and

@@ -31,10 +31,14 @@
 //     by the kernel that computed it; a split row leaves one partial per segment in the scratch
 //     (row_plan[r] = {first scratch row, segments}) and paged_attn_merge folds them in order.
 //   * decode kernel: sequences with rows * group <= 16 (decode, short speculative chunks). One
-//     WARP per work item (sequence, 16 flat rows, segment), each with its own cp.async ring in
-//     its own slice of shared memory, so that every warp walks whole 64-key tiles exactly as the
-//     trainer's warps do; kWarps independent items per block (no block barrier). A lone
-//     131k-token decode row is 256 items per kv head at 512 keys per segment.
+//     BLOCK of up to 4 warps per work item (sequence, 16 flat rows, segment), sharing one cp.async
+//     ring (paged_decode_split, issue 36): warp w scores keys 16w .. 16w + 15 of each 64-key tile,
+//     every warp runs the tile's softmax on the whole score tile (the same arithmetic in each), and
+//     warp w multiplies P V for its slice of the head dim. Each value goes through attn_tile's
+//     operations in attn_tile's order, so a row's bits are those of one warp walking the tiles
+//     (the earlier kernel, paged_decode: one WARP per item with its own ring, kWarps independent
+//     items per block, kept to compare against). A lone 131k-token decode row is 256 items per kv
+//     head at 512 keys per segment.
 //   * prefill kernel: longer chunks. kWarps warps x 16 flat rows walk every key tile together
 //     (one ring, one barrier per tile); whole-context items (segment -1) fold their segments in
 //     the kernel like flash_attn.cu (the folded O thread-private in shared memory); the host
@@ -86,6 +90,32 @@ struct PagedDecodeConfig {
     static_assert(kStages >= 2, "at least double buffering");
 };
 
+// Decode, kWarps warps per item (paged_decode_split): Q (16 rows), kStages x (K and V tiles)
+// and two fp32 score tiles [16, 64 + 8] (the pad spreads a row's float2 stores over the banks).
+// hd128, 4 warps, 2 stages: 4,352 + 69,632 + 9,216 = 83,200 B: two blocks (8 warps, two tiles
+// of 34.8 KB in flight) per sm_90 SM, one per sm_80 / sm_86 / sm_89 SM. Unmeasured alternatives:
+// 3 stages (one block of 118 KB per SM), 8 warps (2 keys columns of 8 per warp: more barrier
+// time per tile).
+template <int kHeadDim_, int kWarps_, int kStages_>
+struct PagedDecodeSplitConfig {
+    static constexpr int kHeadDim = kHeadDim_;
+    static constexpr int kWarps = kWarps_;  // warps of one item
+    static constexpr int kThreads = kWarps * SWERVE_WARP;
+    static constexpr int kBlockN = kAttnKeyTile;
+    static constexpr int kStages = kStages_;
+    static constexpr int kSmemStride = kHeadDim + 8;
+    static constexpr int kQElems = 16 * kSmemStride;
+    static constexpr int kTileElems = kBlockN * kSmemStride;
+    static constexpr int kScoreStride = kBlockN + 8;
+    static constexpr int kScoresOffset = (kQElems + kStages * 2 * kTileElems) * 2;
+    static constexpr int kSmemBytes = kScoresOffset + 2 * 16 * kScoreStride * 4;
+    static constexpr int kChunks = kHeadDim / 8;
+    static constexpr int kCopyThreads = kThreads;
+    static_assert(kHeadDim % 16 == 0 && kThreads % kChunks == 0, "whole rows per copy pass");
+    static_assert((kBlockN / 16) % kWarps == 0 && (kHeadDim / 16) % kWarps == 0, "whole MMA steps per warp");
+    static_assert(kStages >= 2, "at least double buffering");
+};
+
 template <int kHeadDim_, int kWarps_, int kStages_>
 struct PagedPrefillConfig {
     static constexpr int kHeadDim = kHeadDim_;
@@ -110,6 +140,8 @@ template <int D>
 using PagedDecode = PagedDecodeConfig<D, (D >= 128 ? 2 : 4), 2>;
 template <int D>
 using PagedDecodeSmall = PagedDecodeConfig<D, (D >= 128 ? 1 : 2), 2>;  // for GPUs with 99 KiB per block
+template <int D>
+using PagedDecodeSplit = PagedDecodeSplitConfig<D, (D / 16 < 4 ? D / 16 : 4), 2>;
 template <int D>
 using PagedPrefill = PagedPrefillConfig<D, 4, 2>;
 template <int D>
@@ -220,13 +252,15 @@ __device__ __forceinline__ void issue_q(__nv_bfloat16* sQ, const __nv_bfloat16* 
 // here (`whole`, or a context of one segment) are normalised and written to `out`; a split row
 // writes this segment's raw (max, sum, O) to the scratch for paged_attn_merge. `m_warp`: the
 // warp's first flat row. Every lane must call this (quad sums).
-template <int D>
+// `o_acc` holds head-dim columns [d0, d0 + 8 kDTiles) (paged_decode_split: one warp's slice; the
+// row statistics are every warp's, and only the warp with `write_stats` stores them).
+template <int D, int kDTiles = D / 8>
 __device__ __forceinline__ void finish_rows(const PagedWork& w, int m_warp, bool whole, float* fold_o, int fold_stride,
-                                            float (&fold_max)[2], float (&fold_sum)[2], float (&o_acc)[D / 8][4],
+                                            float (&fold_max)[2], float (&fold_sum)[2], float (&o_acc)[kDTiles][4],
                                             float (&row_max)[2], float (&row_sum)[2], __nv_bfloat16* out,
                                             float* part_o, float2* part_stats, const int2* row_plan, int heads,
-                                            int segment_keys, float scale_log2, int lane) {
-    constexpr int kDTiles = D / 8;
+                                            int segment_keys, float scale_log2, int lane, int d0 = 0,
+                                            bool write_stats = true) {
     const int group_row = lane / 4, group_col = 2 * (lane % 4);
     float seg_sum[2];
 #pragma unroll
@@ -241,9 +275,10 @@ __device__ __forceinline__ void finish_rows(const PagedWork& w, int m_warp, bool
         const size_t idx = (size_t)(row_plan[row].x + w.segment) * heads + head;
 #pragma unroll
         for (int dt = 0; dt < kDTiles; ++dt) {
-            *reinterpret_cast<float2*>(part_o + idx * D + dt * 8 + group_col) = make_float2(o_acc[dt][2 * r], o_acc[dt][2 * r + 1]);
+            *reinterpret_cast<float2*>(part_o + idx * D + d0 + dt * 8 + group_col) =
+                make_float2(o_acc[dt][2 * r], o_acc[dt][2 * r + 1]);
         }
-        if (lane % 4 == 0) part_stats[idx] = make_float2(row_max[r], seg_sum[r]);
+        if (write_stats && lane % 4 == 0) part_stats[idx] = make_float2(row_max[r], seg_sum[r]);
     }
     fold_segment<kDTiles>(fold_o, fold_stride, fold_max, fold_sum, o_acc, row_max, row_sum, scale_log2);
 #pragma unroll
@@ -254,7 +289,7 @@ __device__ __forceinline__ void finish_rows(const PagedWork& w, int m_warp, bool
         if (flat >= w.m_end || (!whole && (pos >= segment_keys || w.segment != 0))) continue;
         const int row = w.row_start + flat / w.group, head = w.kv_head * w.group + flat % w.group;
         const float inv = attn_normalizer(fold_sum[r]);
-        __nv_bfloat16* out_row = out + ((size_t)row * heads + head) * D;
+        __nv_bfloat16* out_row = out + ((size_t)row * heads + head) * D + d0;
 #pragma unroll
         for (int dt = 0; dt < kDTiles; ++dt) {
             *reinterpret_cast<__nv_bfloat162*>(out_row + dt * 8 + group_col) =
@@ -354,6 +389,120 @@ __device__ __forceinline__ void paged_decode(PAGED_ATTN_PARAMS) {
                    row_plan, heads, segment_keys, scale_log2, lane);
 }
 
+// Decode with kWarps warps per item (issue 36): one block per work item (one segment of <= 16
+// flat rows of one kv head; blockIdx.x = item * kv_heads + kv_head), its warps sharing one
+// cp.async ring. Per 64-key tile, warp w computes the scores of keys [w 64 / kWarps,
+// (w + 1) 64 / kWarps) with attn_tile's MMA chain and stores them; after a barrier every warp
+// reads the whole score tile back in the fragment layout, masks it and runs online_softmax_tile
+// (the same arithmetic in every warp, so all hold the same P, maxima and sums), then accumulates
+// O += P V for its head-dim columns [w D / kWarps, (w + 1) D / kWarps). Every score, sum and
+// output element goes through the same operations in the same order as attn_tile in one warp:
+// the bits of paged_decode, with kWarps warps loading and multiplying instead of one.
+template <typename Cfg>
+__device__ __forceinline__ void paged_decode_split(PAGED_ATTN_PARAMS) {
+    constexpr int D = Cfg::kHeadDim, BN = Cfg::kBlockN, S = Cfg::kSmemStride, kStages = Cfg::kStages;
+    constexpr int kW = Cfg::kWarps, kNP = (BN / 16) / kW, kDP = (D / 16) / kW, kDSlice = 2 * kDP;
+    constexpr int kSS = Cfg::kScoreStride;
+    const int warp = threadIdx.x / SWERVE_WARP, lane = threadIdx.x % SWERVE_WARP;
+    const int index = blockIdx.x / kv_heads;
+    if (index >= num_items) return;  // the whole block
+    PagedWork w;
+    if (!paged_work(w, items, index, blockIdx.x % kv_heads, 16, cu_query, context_lens, block_tables,
+                    max_blocks_per_seq, heads, kv_heads, segment_keys)) {
+        return;  // the same for every thread of the block
+    }
+    const int n_tiles = (w.n_end - w.n_begin + BN - 1) / BN;
+    const float scale_log2 = softmax_scale * 1.4426950408889634f;
+
+    extern __shared__ __align__(16) unsigned char paged_smem[];
+    __nv_bfloat16* sQ = reinterpret_cast<__nv_bfloat16*>(paged_smem);
+    auto stage_k = [&](int stage) { return sQ + Cfg::kQElems + stage * 2 * Cfg::kTileElems; };
+    float* sScores = reinterpret_cast<float*>(paged_smem + Cfg::kScoresOffset);  // [2][16][kSS]
+
+    issue_q<D>(sQ, q, w, w.m0, 16, heads, threadIdx.x, Cfg::kThreads);
+#pragma unroll
+    for (int s = 0; s < kStages - 1; ++s) {
+        if (s < n_tiles) {
+            issue_tile<Cfg>(stage_k(s), stage_k(s) + Cfg::kTileElems, k_cache, v_cache, w, w.n_begin + s * BN,
+                            block_size, kv_heads, threadIdx.x);
+        }
+        cp_async_commit();
+    }
+
+    const int group_row = lane / 4, group_col = 2 * (lane % 4);
+    int pos[2];  // this thread's rows' positions; padding rows see every key and are never written
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+        const int flat = w.m0 + group_row + r * 8;
+        pos[r] = flat < w.m_end ? w.first_pos + flat / w.group : 0x7fffffff;
+    }
+    const int mask_from = min(w.n_end, w.first_pos + w.m0 / w.group + 1);
+
+    uint32_t q_frag[D / 16][4];
+    float o_acc[kDSlice][4];
+#pragma unroll
+    for (int i = 0; i < kDSlice; ++i) o_acc[i][0] = o_acc[i][1] = o_acc[i][2] = o_acc[i][3] = 0.0f;
+    float row_max[2] = {-INFINITY, -INFINITY}, row_sum[2] = {0.0f, 0.0f};
+
+    for (int t = 0; t < n_tiles; ++t) {
+        // Tile t has landed for every thread; every warp is done with stage (t - 1) % kStages
+        // (its P V) and with score buffer t % 2 (read two tiles ago).
+        cp_async_wait<kStages - 2>();
+        __syncthreads();
+        const int t_next = t + kStages - 1;
+        if (t_next < n_tiles) {
+            __nv_bfloat16* sK_next = stage_k(t_next % kStages);
+            issue_tile<Cfg>(sK_next, sK_next + Cfg::kTileElems, k_cache, v_cache, w, w.n_begin + t_next * BN,
+                            block_size, kv_heads, threadIdx.x);
+        }
+        cp_async_commit();  // possibly empty: keeps the group count uniform
+        if (t == 0) {
+#pragma unroll
+            for (int kk = 0; kk < D / 16; ++kk) {
+                ldmatrix_x4(q_frag[kk], sQ + ((lane % 8) + ((lane / 8) % 2) * 8) * S + kk * 16 + (lane / 16) * 8);
+            }
+        }
+        const __nv_bfloat16* sK = stage_k(t % kStages);
+        float* scores = sScores + (t % 2) * 16 * kSS;
+        {
+            float s_part[2 * kNP][4];
+            attn_tile_scores_cols<D, kNP>(s_part, q_frag, sK, S, lane, warp * kNP);
+#pragma unroll
+            for (int i = 0; i < 2 * kNP; ++i) {
+                const int col = (warp * 2 * kNP + i) * 8 + group_col;
+                *reinterpret_cast<float2*>(scores + group_row * kSS + col) = make_float2(s_part[i][0], s_part[i][1]);
+                *reinterpret_cast<float2*>(scores + (group_row + 8) * kSS + col) =
+                    make_float2(s_part[i][2], s_part[i][3]);
+            }
+        }
+        __syncthreads();  // the whole score tile is in shared memory
+        float s_acc[BN / 8][4];
+#pragma unroll
+        for (int nt = 0; nt < BN / 8; ++nt) {
+            const float2 lo = *reinterpret_cast<const float2*>(scores + group_row * kSS + nt * 8 + group_col);
+            const float2 hi = *reinterpret_cast<const float2*>(scores + (group_row + 8) * kSS + nt * 8 + group_col);
+            s_acc[nt][0] = lo.x;
+            s_acc[nt][1] = lo.y;
+            s_acc[nt][2] = hi.x;
+            s_acc[nt][3] = hi.y;
+        }
+        const int n0 = w.n_begin + t * BN;
+        if (n0 + BN > mask_from) {
+            mask_tile(s_acc, lane, [&](int r, int key) { return n0 + key >= w.n_end || n0 + key > pos[r]; });
+        }
+        online_softmax_tile<BN / 8, kDSlice>(s_acc, o_acc, row_max, row_sum, scale_log2);
+        attn_tile_pv_cols<D, kDP>(o_acc, s_acc, sK + Cfg::kTileElems, S, lane, warp * kDP);
+    }
+    cp_async_wait<0>();
+
+    float fold_o[kDSlice * 4];
+#pragma unroll
+    for (int i = 0; i < kDSlice * 4; ++i) fold_o[i] = 0.0f;
+    float fold_max[2] = {-INFINITY, -INFINITY}, fold_sum[2] = {0.0f, 0.0f};
+    finish_rows<D, kDSlice>(w, w.m0, false, fold_o, 1, fold_max, fold_sum, o_acc, row_max, row_sum, out, part_o,
+                            part_stats, row_plan, heads, segment_keys, scale_log2, lane, warp * (D / kW), warp == 0);
+}
+
 // Prefill: a block of kWarps x 16 flat rows walks the item's keys (all of them, folding segments
 // here, or one segment of a split item); blockIdx.x = item * kv_heads + kv_head.
 template <typename Cfg>
@@ -441,6 +590,11 @@ __device__ __forceinline__ void paged_prefill(PAGED_ATTN_PARAMS) {
         name(PAGED_ATTN_PARAMS) {                                                       \
         paged_decode<Cfg>(PAGED_ATTN_ARGS);                                                  \
     }
+#define PAGED_DECODE_SPLIT_ENTRY(name, Cfg)                                            \
+    extern "C" __global__ void __launch_bounds__(Cfg::kThreads, 2)                      \
+        name(PAGED_ATTN_PARAMS) {                                                       \
+        paged_decode_split<Cfg>(PAGED_ATTN_ARGS);                                            \
+    }
 #define PAGED_PREFILL_ENTRY(name, Cfg)                                                  \
     extern "C" __global__ void __launch_bounds__(Cfg::kThreads, 1)                      \
         name(PAGED_ATTN_PARAMS) {                                                       \
@@ -453,6 +607,10 @@ PAGED_DECODE_ENTRY(paged_attn_decode_hd64, PagedDecode<64>)
 PAGED_DECODE_ENTRY(paged_attn_decode_hd64_small, PagedDecodeSmall<64>)  // sm_86 / sm_89
 PAGED_DECODE_ENTRY(paged_attn_decode_hd32, PagedDecode<32>)  // small test models
 PAGED_DECODE_ENTRY(paged_attn_decode_hd16, PagedDecode<16>)  // small test models
+PAGED_DECODE_SPLIT_ENTRY(paged_attn_decode_split_hd128, PagedDecodeSplit<128>)
+PAGED_DECODE_SPLIT_ENTRY(paged_attn_decode_split_hd64, PagedDecodeSplit<64>)
+PAGED_DECODE_SPLIT_ENTRY(paged_attn_decode_split_hd32, PagedDecodeSplit<32>)
+PAGED_DECODE_SPLIT_ENTRY(paged_attn_decode_split_hd16, PagedDecodeSplit<16>)
 PAGED_PREFILL_ENTRY(paged_attn_prefill_hd128, PagedPrefill<128>)
 PAGED_PREFILL_ENTRY(paged_attn_prefill_hd128_small, PagedPrefillSmall<128>)  // sm_86 / sm_89
 PAGED_PREFILL_ENTRY(paged_attn_prefill_hd64, PagedPrefill<64>)

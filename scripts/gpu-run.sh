@@ -109,10 +109,13 @@ step bench-gemm timeout 360 "$here/bin/swerve-bench" gemm --rows 1,2,4,8,16,17,3
 step bench-prefill "$here/bin/swerve-bench" prefill --jsonl "$out/swerve.jsonl"
 step bench-agent timeout 400 "$here/bin/swerve-bench" agent --preset qwen2.5-0.5b --tasks 4 --group 10 --max-context 16384 --http --jsonl "$out/swerve.jsonl"
 step bench-prefill-7b timeout 240 "$here/bin/swerve-bench" prefill --preset qwen2.5-7b --seq-lens 4096,16384,32768 --jsonl "$out/swerve.jsonl"
+step bench-prefill-7b-per-shape timeout 240 "$here/bin/swerve-bench" prefill --preset qwen2.5-7b --seq-lens 4096,16384,32768 --exact-logprobs false
 step bench-decode-7b timeout 300 "$here/bin/swerve-bench" decode --preset qwen2.5-7b --jsonl "$out/swerve.jsonl"
-step bench-decode-7b-per-shape timeout 300 "$here/bin/swerve-bench" decode --preset qwen2.5-7b --exact-logprobs false --jsonl "$out/swerve.jsonl"
+step bench-decode-7b-per-shape timeout 300 "$here/bin/swerve-bench" decode --preset qwen2.5-7b --exact-logprobs false --attention-contexts 0
+step bench-decode-7b-class-tiles timeout 300 "$here/bin/swerve-bench" decode --preset qwen2.5-7b --exact-gemm-tiles class --attention-contexts 0
 step bench-decode-7b-eager timeout 200 "$here/bin/swerve-bench" decode --preset qwen2.5-7b --batch-sizes 1,8 --attention-contexts 0 --no-cuda-graphs
 step bench-train-1.5b timeout 400 "$here/bin/swerve-bench" train --preset qwen2.5-1.5b --jsonl "$out/swerve.jsonl"
+step bench-train-1.5b-per-shape timeout 400 "$here/bin/swerve-bench" train --preset qwen2.5-1.5b --exact-logprobs false
 step bench-train-1.5b-131k timeout 500 "$here/bin/swerve-bench" train --preset qwen2.5-1.5b-yarn4 --tokens 131072 --reps 1 --jsonl "$out/swerve.jsonl"
 # The previous kernels on the same card, when the pack carries a baseline swerve-bench
 # (BASELINE_BENCH=path scripts/gpu-pack.sh): the same decode, prefill and training rows, to

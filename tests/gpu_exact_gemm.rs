@@ -129,6 +129,16 @@ fn forward_gemm_rows_are_the_same_at_every_batch_size() {
     for (s, d) in SHAPES.iter().zip(&differing) {
         assert_eq!(*d, 0, "{}: {d} rows changed bits with M", s.name);
     }
+    // Issue 36: each M ran cuBLASLt's own no-split-K choice once a probe showed it keeps its
+    // class's bits. The emulated library offers, for at most 8 rows and k a multiple of 3
+    // (down_proj, k = 192), kernels that sum K in descending order: the probe must have turned
+    // them down (the rows above stayed equal). (Its other choices are the reference algorithm
+    // itself there, which needs no probe.)
+    let (kept, rejected) = gpu.gemm.probes().unwrap();
+    println!("per-M algorithms probed: {kept} kept the class's bits, {rejected} did not");
+    if cfg!(swerve_emu) {
+        assert!(rejected > 0, "kept {kept}, rejected {rejected}");
+    }
     // Packed training micro-batches reach 16k rows; a tiny shape keeps the emulation cheap.
     let tiny = [shape("tiny", 16, 64, true, false)];
     let differing = rows_differing(&gpu, &tiny, &[1, 7, 257, 16384], 2600);
@@ -157,6 +167,26 @@ fn per_problem_algorithms_change_rows_with_the_batch_size() {
         assert!(
             differing.iter().any(|&d| d > 0),
             "per-problem algorithms gave every row the same bits: the invariance test could not fail"
+        );
+    }
+}
+
+#[test]
+#[cfg_attr(
+    not(swerve_emu),
+    ignore = "needs a CUDA GPU (or a SWERVE_EMU=1 build: the emulated device)"
+)]
+fn per_m_algorithms_trusted_without_the_probe_change_rows() {
+    // Issue 36's mutation: the per-M choice run unprobed. The emulated library's descending-K
+    // kernels then reach down_proj's rows at M <= 8, and the invariance check sees it.
+    let gpu = gpu();
+    gpu.gemm.set_unprobed(true).unwrap();
+    let differing = rows_differing(&gpu, &SHAPES, &ROWS, 2500);
+    println!("rows differing per shape with unprobed per-M algorithms: {differing:?}");
+    if cfg!(swerve_emu) {
+        assert!(
+            differing[4] > 0,
+            "unprobed per-M algorithms kept every row: the probe's test could not fail"
         );
     }
 }

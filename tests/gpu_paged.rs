@@ -25,7 +25,9 @@ use common::paged::{
     naive_paged_attention, paged_attention_f64, shuffled_layout, Heads, SM89_SMEM, SM90_SMEM,
 };
 use swerve::backend::cpu::{CpuBackend, CpuTensor};
-use swerve::backend::cuda::paged_attn::{attention_variant, DevicePagedLayout, WorkPlan};
+use swerve::backend::cuda::paged_attn::{
+    attention_variant, warp_per_item_decode_variant, DevicePagedLayout, WorkPlan,
+};
 use swerve::backend::cuda::{CudaBackend, DeviceDType};
 use swerve::backend::{Backend, PagedLayout};
 use swerve::bench::kernels::{max_abs_diff, random_bf16};
@@ -37,6 +39,8 @@ use swerve::bench::kernels::{max_abs_diff, random_bf16};
 struct Forced {
     segment_keys: Option<usize>,
     smem_limit: Option<usize>,
+    /// The earlier one-warp-per-item decode kernel instead of `paged_decode_split`.
+    warp_per_item: bool,
 }
 
 impl Forced {
@@ -82,13 +86,14 @@ fn run_paged(
     let scale = 1.0 / (hd as f32).sqrt();
     let mut out = poisoned(gpu, &[rows, heads, hd], DeviceDType::Bf16);
     let kernel_layout = kernel_layout.unwrap_or(layout);
-    if forced.segment_keys.is_none() && forced.smem_limit.is_none() {
+    if forced.segment_keys.is_none() && forced.smem_limit.is_none() && !forced.warp_per_item {
         gpu.paged_attention(&q, &k_cache, &v_cache, kernel_layout, scale, &mut out)
             .unwrap();
     } else {
         let mut device_layout = DevicePagedLayout::upload(gpu, kernel_layout).unwrap();
         device_layout.segment_keys = forced.segment_keys;
         device_layout.smem_limit = forced.smem_limit;
+        device_layout.decode_warp_per_item = forced.warp_per_item;
         gpu.device
             .paged_attention(
                 &q,
@@ -406,25 +411,28 @@ fn segment_boundaries_and_many_segments_match_cpu_reference() {
     }
 }
 
-/// The one-warp hd128 decode kernel a GPU with 99 KiB of shared memory per block runs (sm_86,
-/// sm_89: A10, L4, L40S, RTX 30/40), forced here by the limit the variant is chosen for: decode
-/// rows of different contexts, a 4-row chunk at group 4 (16 flat rows: still the decode kernel),
-/// split rows through the merge. The two-warp kernel over the same inputs for comparison.
+/// The earlier one-warp-per-item decode kernel, in its hd128 form for GPUs with 99 KiB of shared
+/// memory per block (sm_86, sm_89: A10, L4, L40S, RTX 30/40) and its two-warp form, against the
+/// reference: decode rows of different contexts, a 4-row chunk at group 4 (16 flat rows: still
+/// the decode kernel), split rows through the merge.
 #[test]
 #[cfg_attr(
     not(swerve_emu),
     ignore = "needs a CUDA GPU (or a SWERVE_EMU=1 build: the emulated device)"
 )]
-fn the_small_shared_memory_decode_variant_matches_the_reference() {
+fn the_warp_per_item_decode_variants_match_the_reference() {
     let (gpu, cpu) = (gpu(), CpuBackend::new());
     assert_eq!(
-        attention_variant(128, false, SM89_SMEM).unwrap().name,
+        warp_per_item_decode_variant(128, SM89_SMEM).unwrap().name,
         "paged_attn_decode_hd128_small"
     );
     let device_limit = gpu.device.max_shared_memory_per_block_optin().unwrap();
     println!(
-        "this device: {device_limit} B per block -> {}",
-        attention_variant(128, false, device_limit).unwrap().name
+        "this device: {device_limit} B per block -> {} / {}",
+        attention_variant(128, false, device_limit).unwrap().name,
+        warp_per_item_decode_variant(128, device_limit)
+            .unwrap()
+            .name
     );
     let (layout, num_blocks) = shuffled_layout(16, &[1, 1, 4, 1], &[1, 70, 200, 333], 800);
     for (i, segment) in [None, Some(64)].into_iter().enumerate() {
@@ -439,11 +447,94 @@ fn the_small_shared_memory_decode_variant_matches_the_reference() {
                 Forced {
                     segment_keys: segment,
                     smem_limit: Some(smem_limit),
+                    warp_per_item: true,
                 },
                 8000 + i as u64,
             );
         }
     }
+}
+
+/// Issue 36: `paged_decode_split` (a block of up to 4 warps per item: scores split by keys,
+/// P V by head-dim columns) gives the bits of the one-warp-per-item kernel, for every head dim,
+/// GQA 1, 4, 7 and 8, contexts on and around tile and segment boundaries, chunks of several
+/// rows, with the canonical 512-key segments and with forced 64-key ones (the merge). Each is
+/// also checked against the reference.
+#[test]
+#[cfg_attr(
+    not(swerve_emu),
+    ignore = "needs a CUDA GPU (or a SWERVE_EMU=1 build: the emulated device)"
+)]
+fn the_split_decode_kernel_gives_the_warp_per_item_kernels_bits() {
+    let (gpu, cpu) = (gpu(), CpuBackend::new());
+    let contexts = [1, 63, 64, 65, 511, 512, 513, 700, 1100];
+    let rows = [1, 1, 1, 1, 1, 1, 1, 2, 1];
+    let (layout, num_blocks) = shuffled_layout(16, &rows, &contexts, 8100);
+    let mut checked = 0;
+    for (j, heads) in [
+        (8, 2, 16),
+        (4, 4, 32),
+        (14, 2, 64),
+        (28, 4, 128),
+        (32, 4, 128),
+        (16, 2, 128),
+    ]
+    .into_iter()
+    .enumerate()
+    {
+        for segment in [None, Some(64)] {
+            let seed = 8200 + 10 * j as u64;
+            let run = |warp_per_item| {
+                let forced = Forced {
+                    segment_keys: segment,
+                    warp_per_item,
+                    ..Forced::default()
+                };
+                let forced_layout = Forced {
+                    smem_limit: Some(gpu.device.max_shared_memory_per_block_optin().unwrap()),
+                    ..forced
+                };
+                run_paged(
+                    &gpu,
+                    &cpu,
+                    "split decode",
+                    &layout,
+                    None,
+                    num_blocks,
+                    heads,
+                    forced_layout,
+                    seed,
+                )
+            };
+            let (split, one_warp) = (run(false), run(true));
+            let differ = split
+                .kernel
+                .iter()
+                .zip(&one_warp.kernel)
+                .filter(|(a, b)| a.to_bits() != b.to_bits())
+                .count();
+            assert_eq!(
+                differ, 0,
+                "{}: {differ} values differ between the kernels",
+                split.what
+            );
+            check_paged(
+                &gpu,
+                &cpu,
+                "split decode",
+                &layout,
+                num_blocks,
+                heads,
+                Forced {
+                    segment_keys: segment,
+                    ..Forced::default()
+                },
+                seed,
+            );
+            checked += 1;
+        }
+    }
+    assert_eq!(checked, 12);
 }
 
 #[test]
@@ -457,6 +548,11 @@ fn every_paged_kernel_loads() {
     gpu.device
         .function("paged_attn", "paged_attn_decode_hd128_small")
         .unwrap();
+    for hd in [16, 32, 64, 128] {
+        gpu.device
+            .function("paged_attn", &format!("paged_attn_decode_split_hd{hd}"))
+            .unwrap();
+    }
     for name in [
         "paged_attn_decode_hd64_small",
         "paged_attn_prefill_hd128_small",

@@ -15,7 +15,8 @@ use common::paged::{
 };
 use swerve::backend::cuda::graphs::decode_graph_attention_inputs;
 use swerve::backend::cuda::paged_attn::{
-    attention_variant, AttentionVariant, WorkPlan, DECODE_BLOCK_M, PREFILL_BLOCK_M, SEGMENT_KEYS,
+    attention_variant, warp_per_item_decode_variant, AttentionVariant, WorkPlan, DECODE_BLOCK_M,
+    PREFILL_BLOCK_M, SEGMENT_KEYS,
 };
 use swerve::backend::cuda::DeviceDType;
 use swerve::backend::{Backend, PagedLayout};
@@ -261,15 +262,25 @@ fn paged_kernels_fit_hopper_shared_memory_without_a_gpu() {
         }
     }
     let decode = attention_variant(128, false, SM90_SMEM).unwrap();
-    assert_eq!((decode.smem, decode.warps), (147_968, 2));
+    assert_eq!(
+        (decode.smem, decode.warps, decode.items_per_block),
+        (83_200, 4, 1)
+    );
+    assert_eq!(decode.name, "paged_attn_decode_split_hd128");
+    let one_warp = warp_per_item_decode_variant(128, SM90_SMEM).unwrap();
+    assert_eq!(
+        (one_warp.smem, one_warp.warps, one_warp.items_per_block),
+        (147_968, 2, 2)
+    );
     let prefill = attention_variant(128, true, SM90_SMEM).unwrap();
     assert_eq!((prefill.smem, prefill.warps), (119_808, 4));
     assert!(attention_variant(80, false, SM90_SMEM).is_err());
 }
 
-/// On sm_86 / sm_89 (99 KiB per block) the hd128 kernels and hd64 decode run with fewer warps per
-/// block (the same per-warp arithmetic, so the same bits); every other kernel fits every sm_80+
-/// GPU as it is.
+/// On sm_86 / sm_89 (99 KiB per block) the hd128 prefill runs with fewer warps per block (the
+/// same per-warp arithmetic, so the same bits), and so does the earlier one-warp-per-item decode
+/// at hd128 and hd64; the split decode kernel and every other kernel fit every sm_80+ GPU as they
+/// are.
 #[test]
 fn paged_kernel_variants_fit_each_gpus_shared_memory_without_a_gpu() {
     for limit in [SM90_SMEM, SM80_SMEM, SM89_SMEM] {
@@ -277,26 +288,31 @@ fn paged_kernel_variants_fit_each_gpus_shared_memory_without_a_gpu() {
             for prefill in [false, true] {
                 let v = attention_variant(hd, prefill, limit).unwrap();
                 assert!(v.smem as usize <= limit, "{v:?} at {limit}");
-                let small = limit == SM89_SMEM && (hd == 128 || (hd == 64 && !prefill));
+                let small = limit == SM89_SMEM && hd == 128 && prefill;
                 assert_eq!(v.name.ends_with("_small"), small, "{v:?} at {limit}");
                 if !small {
                     assert_eq!(v, attention_variant(hd, prefill, SM90_SMEM).unwrap());
                 }
             }
+            let v = warp_per_item_decode_variant(hd, limit).unwrap();
+            assert!(v.smem as usize <= limit, "{v:?} at {limit}");
+            let small = limit == SM89_SMEM && (hd == 128 || hd == 64);
+            assert_eq!(v.name.ends_with("_small"), small, "{v:?} at {limit}");
         }
     }
     assert_eq!(
-        attention_variant(128, false, SM89_SMEM).unwrap(),
+        warp_per_item_decode_variant(128, SM89_SMEM).unwrap(),
         AttentionVariant {
             name: "paged_attn_decode_hd128_small".into(),
             smem: 73_984,
-            warps: 1
+            warps: 1,
+            items_per_block: 1,
         }
     );
     let err = attention_variant(128, false, 64 * 1024).unwrap_err();
     assert!(
         format!("{err}")
-            .contains("needs 73984 B of shared memory per block; this GPU allows 65536 B"),
+            .contains("needs 83200 B of shared memory per block; this GPU allows 65536 B"),
         "{err}"
     );
 }

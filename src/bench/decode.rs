@@ -18,7 +18,7 @@
 use crate::backend::cuda::paged_attn::DevicePagedLayout;
 use crate::backend::cuda::{CudaBackend, DeviceDType};
 use crate::backend::{Backend, PagedLayout, RowDraw};
-use crate::bench::kernels::{measure_ceilings, time_ms};
+use crate::bench::kernels::{measure_copy_bandwidth, time_ms};
 use crate::engine::sampler::SampleRng;
 use crate::kvcache::DEFAULT_BLOCK_SIZE;
 use crate::model::{PagedKv, Qwen2Model, Qwen2Params};
@@ -194,13 +194,14 @@ pub struct DecodeAttentionRow {
 
 /// Paged decode attention (one query row per sequence, GQA `heads`/`kv_heads`, head dim 128) of
 /// `seqs` sequences of `context` tokens each, timed with CUDA events. The K/V caches hold random
-/// values and each sequence its own blocks.
+/// values and each sequence its own blocks. `warp_per_item`: the earlier one-warp-per-item
+/// kernel instead of the split one (the same bits).
 pub fn decode_attention(
     backend: &CudaBackend,
     seqs: usize,
     context: usize,
-    heads: usize,
-    kv_heads: usize,
+    (heads, kv_heads): (usize, usize),
+    warp_per_item: bool,
 ) -> Result<DecodeAttentionRow> {
     let head_dim = 128;
     let block_size = DEFAULT_BLOCK_SIZE;
@@ -224,7 +225,8 @@ pub fn decode_attention(
     let scale = 1.0 / (head_dim as f32).sqrt();
     // The layout and its work plan are uploaded once, as every layer of a step shares them: the
     // events time the kernels alone.
-    let device_layout = DevicePagedLayout::upload(backend, &layout)?;
+    let mut device_layout = DevicePagedLayout::upload(backend, &layout)?;
+    device_layout.decode_warp_per_item = warp_per_item;
     let ms = time_ms(&backend.device, 20, |_| {
         backend.device.paged_attention(
             &q,
@@ -238,7 +240,14 @@ pub fn decode_attention(
     })?;
     let bytes = (2 * seqs * context * kv_heads * head_dim * 2) as f64;
     Ok(DecodeAttentionRow {
-        key: format!("seqs={seqs} context={context} heads={heads}/{kv_heads} d={head_dim}"),
+        key: format!(
+            "seqs={seqs} context={context} heads={heads}/{kv_heads} d={head_dim} kernel={}",
+            if warp_per_item {
+                "warp-per-item"
+            } else {
+                "split"
+            }
+        ),
         median_ms: ms,
         gb_per_s: bytes / (ms * 1e-3) / 1e9,
     })
@@ -246,5 +255,5 @@ pub fn decode_attention(
 
 /// The measured copy bandwidth (GB/s) of the card, for the roofline columns.
 pub fn copy_bandwidth(backend: &CudaBackend) -> Result<f64> {
-    Ok(measure_ceilings(backend)?.copy_gb_per_s)
+    measure_copy_bandwidth(backend)
 }

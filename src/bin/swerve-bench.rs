@@ -25,6 +25,11 @@ struct Cli {
     /// commands' default); `false`: cuBLASLt's per-shape choice (`swerve-serve`'s default).
     #[arg(long, global = true, default_value_t = true, action = clap::ArgAction::Set)]
     exact_logprobs: bool,
+    /// With exact logprobs, the tiles of the forward GEMMs: `per-m` (cuBLASLt's no-split-K
+    /// choice for each row count, probed to keep each class's bits) or `class` (one algorithm per
+    /// class for every row count, the earlier exact GEMMs): the same bits, for comparing speed.
+    #[arg(long, global = true, default_value = "per-m", value_parser = ["per-m", "class"])]
+    exact_gemm_tiles: String,
 }
 
 #[derive(Subcommand)]
@@ -219,7 +224,7 @@ struct DecodeArgs {
     #[arg(long, default_value_t = 16)]
     steps: usize,
     /// Contexts of the decode-attention rows (GPU only), comma-separated; 0 skips them.
-    #[arg(long, value_delimiter = ',', default_values_t = [32768usize, 131072])]
+    #[arg(long, value_delimiter = ',', default_values_t = [4096usize, 32768, 131072])]
     attention_contexts: Vec<usize>,
     /// Run every step op by op instead of replaying captured CUDA graphs (always so with
     /// --tensor-parallel above 1, as the engine's tensor-parallel steps).
@@ -334,6 +339,7 @@ fn main() -> Result<()> {
         return Ok(());
     }
     swerve::backend::cuda::gemm::set_exact_logprobs(cli.exact_logprobs);
+    swerve::backend::cuda::gemm_rows::set_tiles_per_m(cli.exact_gemm_tiles == "per-m");
     match cli.command.unwrap_or(Command::Prefill(cli.prefill)) {
         Command::Prefill(a) => commands::prefill(&commands::PrefillOptions {
             preset: a.preset.preset,

@@ -84,10 +84,11 @@ struct Cli {
     /// lockstep. On GPUs the ranks talk through NCCL when libnccl is found.
     #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u64).range(1..))]
     tensor_parallel: u64,
-    /// GEMMs pinned per shape class for every batch size, so that the logprobs served equal
-    /// swerve's trainer's bit for bit on GPUs (decode is slower: docs/training.md,
-    /// "Exact on-policy logprobs"). Off: cuBLASLt's per-shape choice.
-    #[arg(long)]
+    /// GEMMs that keep one K order per shape class at every batch size, so that the logprobs
+    /// served equal swerve's trainer's bit for bit on GPUs (docs/training.md, "Exact on-policy
+    /// logprobs"); on by default (`--exact-logprobs` alone also means true). `false`: cuBLASLt's
+    /// per-shape choice, split-K included.
+    #[arg(long, default_value_t = true, num_args = 0..=1, default_missing_value = "true", action = clap::ArgAction::Set)]
     exact_logprobs: bool,
 }
 

@@ -16,23 +16,26 @@
 //! heuristic picks the algorithm per problem, M included (it splits K when M x N is too small to
 //! fill the GPU), so left alone it gives a row different bits at different batch sizes. Hence:
 //!
-//! - **Forward GEMMs are pinned** ([`Pinning::Rows`]): one algorithm per (transposes, N, K,
-//!   leading dimensions, dtypes, epilogue, accumulation), used for every M. It is the
-//!   heuristic's best for that class at a reference M of
+//! - **Forward GEMMs keep one K order per class** ([`Pinning::Rows`]): each (transposes, N, K,
+//!   leading dimensions, dtypes, epilogue, accumulation) class has a reference algorithm, the
+//!   heuristic's best for the class at a reference M of
 //!   [`REFERENCE_ROWS`](super::gemm_algo::REFERENCE_ROWS) rows (a constant, so the choice never
 //!   depends on which batch came first), asked with `CUBLASLT_MATMUL_PREF_REDUCTION_SCHEME_MASK
 //!   = NONE` (no split-K) and its `SPLITK_NUM` forced to 1 (no fixed split either), and with a
 //!   minimum pointer alignment fixed by the class (16 bytes where the leading dimensions allow,
 //!   [`pinned_alignments`](super::gemm_algo::pinned_alignments)), so a view at an odd row offset
 //!   gets the same algorithm, and a less aligned pointer is an error, not another algorithm.
-//!   Each new M is checked with `cublasLtMatmulAlgoCheck`; an M the algorithm cannot run is an
-//!   error naming the problem, never a silent fallback. These are q/k/v (with bias), o,
-//!   gate/up and down.
+//!   Each problem then runs the heuristic's own no-split-K, no-workspace choice for its M (narrow
+//!   tiles that stream the weights at decode sizes) once a probe has shown that it gives the
+//!   reference's bits, else the reference itself (`gemm_rows.rs`, issue 36). Each new M is
+//!   checked with `cublasLtMatmulAlgoCheck`; an M the algorithm cannot run is an error naming the
+//!   problem, never a silent fallback. These are q/k/v (with bias), o, gate/up and down.
 //! - **The LM head is pinned across N too** ([`Pinning::RowsAndCols`]): one algorithm per
 //!   (transposes, K, dtypes, ...), chosen at [`REFERENCE_COLS`](super::gemm_algo::REFERENCE_COLS)
 //!   x `REFERENCE_ROWS`, because the engine (and `swerve-train score`) computes logits over the
 //!   whole vocabulary (N = V) while the fused loss computes the same logits in vocabulary tiles
-//!   (N = `LossTiles::vocab`, and a shorter last tile). Same algorithm, same k order, same bits.
+//!   (N = `LossTiles::vocab`, and a shorter last tile). Same k order, same bits; each (M, N)
+//!   problem runs its own probed choice as above.
 //!   [`Gemm::linear`] with an fp32 output is the LM head (the model's only fp32-output forward
 //!   GEMM); the loss's tiles say so explicitly.
 //! - **Backward-only GEMMs are not pinned** ([`Pinning::PerProblem`]: `d_x`, `d_weight`,
@@ -300,6 +303,14 @@ pub struct Gemm {
     /// The mutation issue 25's tests run: every GEMM planned per problem (see
     /// [`Gemm::set_unpinned`]).
     unpinned: AtomicBool,
+    /// Run every pinned problem with its class's reference algorithm, never one fitted to its M
+    /// (see [`Gemm::set_class_algorithm_only`]).
+    pub(super) class_only: AtomicBool,
+    /// Per (class, algorithm): whether the algorithm gave the class's reference bits on a probe
+    /// (`gemm_rows.rs`).
+    pub(super) verified: Mutex<HashMap<(GemmKey, [u64; 8]), bool>>,
+    /// The mutation issue 36's tests run: per-M algorithms trusted without a probe.
+    pub(super) unprobed: AtomicBool,
     pub(super) handle: Handle,
     _workspace: CudaSlice<u8>,
     pub(super) workspace_ptr: CUdeviceptr,
@@ -341,6 +352,9 @@ impl Gemm {
             plans: Mutex::new(HashMap::new()),
             pinned: Mutex::new(HashMap::new()),
             unpinned: AtomicBool::new(false),
+            class_only: AtomicBool::new(false),
+            verified: Mutex::new(HashMap::new()),
+            unprobed: AtomicBool::new(false),
             handle,
             _workspace: workspace,
             workspace_ptr,
@@ -365,9 +379,22 @@ impl Gemm {
         Ok(())
     }
 
+    /// Benchmarks and tests: with `true`, every pinned problem runs its class's reference
+    /// algorithm (one tile for every M: the first exact GEMMs, slow at decode sizes) instead of
+    /// the algorithm fitted to its M; the bits are the same either way. Clears the plan cache.
+    pub fn set_class_algorithm_only(&self, on: bool) -> Result<()> {
+        self.class_only.store(on, Ordering::SeqCst);
+        self.plans
+            .lock()
+            .map_err(|_| anyhow!("GEMM plan cache lock poisoned"))?
+            .clear();
+        Ok(())
+    }
+
     /// A plan for `key`: layouts and descriptor, then its algorithm: the heuristic's for this
-    /// problem, or its pinned class's, checked against this problem.
-    fn plan(&self, key: &GemmKey) -> Result<Plan> {
+    /// problem, or for a pinned class the one fitted to this M that keeps the class's bits
+    /// (`gemm_rows.rs`), checked against this problem.
+    fn plan(&self, key: &GemmKey, a: CUdeviceptr, bias: Option<CUdeviceptr>) -> Result<Plan> {
         let mut plan = Plan::layouts(key)?;
         plan.set_attributes(key)?;
         if key.pin == Pinning::PerProblem {
@@ -380,7 +407,8 @@ impl Gemm {
                 false,
             )?;
         } else {
-            plan.algo = self.pinned_algorithm(key)?;
+            let reference = self.pinned_algorithm(key)?;
+            plan.algo = self.row_tiled_algorithm(&plan, key, reference, a, bias)?;
             algo::check(
                 self.handle.0,
                 &plan.problem(),
@@ -469,7 +497,7 @@ impl Gemm {
             .map_err(|_| anyhow!("GEMM plan cache lock poisoned"))?;
         let plan = match plans.entry(key) {
             std::collections::hash_map::Entry::Occupied(e) => e.into_mut(),
-            std::collections::hash_map::Entry::Vacant(e) => e.insert(self.plan(&key)?),
+            std::collections::hash_map::Entry::Vacant(e) => e.insert(self.plan(&key, a, bias)?),
         };
         if let Some(bias) = bias {
             cublas(

@@ -26,6 +26,7 @@ pub mod flash_attn;
 pub mod gemm;
 pub mod gemm_algo;
 pub mod gemm_backward;
+pub mod gemm_rows;
 pub mod gemm_survey;
 pub mod grad;
 pub mod graph_inputs;

@@ -3,8 +3,8 @@
 //!
 //! The attention is cut into work items on the host ([`WorkPlan`]): each sequence's flat rows
 //! (query row x query head of a kv head's group) in tiles, each decode tile's keys in the
-//! canonical segments of [`SEGMENT_KEYS`] (one warp each, so a lone 131k-token decode row still
-//! fills the GPU). Rows whose context spans several segments leave one fp32 partial per segment
+//! canonical segments of [`SEGMENT_KEYS`] (one block of up to 4 warps each, so a lone 131k-token
+//! decode row still fills the GPU). Rows whose context spans several segments leave one fp32 partial per segment
 //! in a pooled scratch buffer, folded left to right by a second kernel. Prefill tiles walk all
 //! their keys in one block and fold in the kernel, unless they are too few to fill the GPU: then
 //! they are split per segment like decode. Either way every row gets the same bits.
@@ -12,7 +12,7 @@
 //! ```text
 //!  sequence s, kv head g:   keys 0 ............................................ p_last
 //!  tile of flat rows  ──►   [ segment 0   ][ segment 1   ][ segment 2   ][ ... ]    (512 keys each)
-//!  decode:                     warp           warp           warp      (items of one kv head)
+//!  decode:                    block          block          block      (items of one kv head)
 //!  row r (position p):      partials 0 ..= p / 512 ──► merge (fold in order) ──► out[r]
 //!                           (p < 512: one segment, written straight to out, no merge)
 //! ```
@@ -50,14 +50,28 @@ fn smem_bytes(head_dim: usize, prefill: bool, warps: usize, stages: usize) -> u3
     bytes as u32
 }
 
+/// Mirrors `PagedDecodeSplitConfig`: Q, the ring and two fp32 score tiles of 16 x (64 + 8).
+fn split_smem_bytes(head_dim: usize, stages: usize) -> u32 {
+    let stride = head_dim + 8;
+    ((16 * stride + stages * 2 * KEY_TILE * stride) * 2 + 2 * 16 * (KEY_TILE + 8) * 4) as u32
+}
+
+/// Warps of one decode item in `paged_decode_split` (`PagedDecodeSplit`): a 16-column slice of
+/// the head dim and 16 keys of each tile per warp, at most 4.
+pub fn split_decode_warps(head_dim: usize) -> usize {
+    (head_dim / 16).min(4)
+}
+
 /// One compiled configuration of an attention kernel.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct AttentionVariant {
     pub name: String,
     /// Dynamic shared memory per block.
     pub smem: u32,
-    /// Warps per block: decode, independent work items; prefill, 16 flat rows each.
+    /// Warps per block.
     pub warps: usize,
+    /// Work items per block: `warps` for the one-warp-per-item decode kernel, else 1.
+    pub items_per_block: usize,
 }
 
 /// The shared-memory opt-in limit of the smallest GPUs the compute_80 PTX runs on (sm_86, sm_89:
@@ -65,33 +79,71 @@ pub struct AttentionVariant {
 pub const SMALLEST_SMEM_OPTIN: usize = 101_376;
 
 /// The decode (`prefill == false`) or prefill kernel for `head_dim`: the configuration with the
-/// most warps whose shared memory fits `smem_limit` (the device's opt-in limit per block). The
-/// `_small` variants (fewer warps) are for GPUs with 99 KiB; every variant runs the same per-warp
-/// arithmetic, so the choice never changes a bit.
+/// most warps whose shared memory fits `smem_limit` (the device's opt-in limit per block). Decode
+/// runs `paged_decode_split` (a block of up to 4 warps per item, 83 KB at hd128: every sm_80+ GPU);
+/// the prefill's `_small` variants (fewer warps) are for GPUs with 99 KiB. Every variant runs the
+/// same per-element arithmetic, so the choice never changes a bit.
 pub fn attention_variant(
     head_dim: usize,
     prefill: bool,
     smem_limit: usize,
 ) -> Result<AttentionVariant> {
+    choose_variant(head_dim, prefill, false, smem_limit)
+}
+
+/// The earlier decode kernel, `paged_decode` (one warp per item, `warps` items per block; its
+/// `_small` variants for 99 KiB GPUs), kept to compare against ([`DevicePagedLayout`]'s
+/// `decode_warp_per_item`): the same bits as [`attention_variant`]'s.
+pub fn warp_per_item_decode_variant(
+    head_dim: usize,
+    smem_limit: usize,
+) -> Result<AttentionVariant> {
+    choose_variant(head_dim, false, true, smem_limit)
+}
+
+fn choose_variant(
+    head_dim: usize,
+    prefill: bool,
+    warp_per_item: bool,
+    smem_limit: usize,
+) -> Result<AttentionVariant> {
     if ![16, 32, 64, 128].contains(&head_dim) {
         bail!("paged attention: head_dim {head_dim} has no kernel (16, 32, 64, 128)");
     }
-    // (name suffix, warps), most warps first: `PagedDecode`, `PagedDecodeSmall`, `PagedPrefill`
-    // and `PagedPrefillSmall` in the kernel (2 stages each).
-    let candidates: &[(&str, usize)] = match (prefill, head_dim) {
-        (true, 128) => &[("", 4), ("_small", 2)],
-        (true, _) => &[("", 4)],
-        (false, 128) => &[("", 2), ("_small", 1)],
-        (false, 64) => &[("", 4), ("_small", 2)],
-        (false, _) => &[("", 4)],
-    };
     let kind = if prefill { "prefill" } else { "decode" };
-    let variants = candidates.iter().map(|&(suffix, warps)| AttentionVariant {
-        name: format!("paged_attn_{kind}_hd{head_dim}{suffix}"),
-        smem: smem_bytes(head_dim, prefill, warps, 2),
-        warps,
-    });
-    let smallest = variants.clone().map(|v| v.smem).min().unwrap_or(0);
+    // (name suffix, warps, items per block), most warps first: `PagedDecodeSplit`, `PagedDecode`,
+    // `PagedDecodeSmall`, `PagedPrefill` and `PagedPrefillSmall` in the kernel (2 stages each).
+    let split = split_decode_warps(head_dim);
+    let candidates: Vec<(&str, usize, usize)> = match (prefill, head_dim) {
+        (true, 128) => vec![("", 4, 1), ("_small", 2, 1)],
+        (true, _) => vec![("", 4, 1)],
+        (false, _) if !warp_per_item => vec![("split_", split, 1)],
+        (false, 128) => vec![("", 2, 2), ("_small", 1, 1)],
+        (false, 64) => vec![("", 4, 4), ("_small", 2, 2)],
+        (false, _) => vec![("", 4, 4)],
+    };
+    let variants = candidates
+        .into_iter()
+        .map(|(tag, warps, items_per_block)| {
+            let (name, smem) = match tag {
+                "split_" => (
+                    format!("paged_attn_decode_split_hd{head_dim}"),
+                    split_smem_bytes(head_dim, 2),
+                ),
+                suffix => (
+                    format!("paged_attn_{kind}_hd{head_dim}{suffix}"),
+                    smem_bytes(head_dim, prefill, warps, 2),
+                ),
+            };
+            AttentionVariant {
+                name,
+                smem,
+                warps,
+                items_per_block,
+            }
+        })
+        .collect::<Vec<_>>();
+    let smallest = variants.iter().map(|v| v.smem).min().unwrap_or(0);
     variants
         .into_iter()
         .find(|v| v.smem as usize <= smem_limit)
@@ -244,6 +296,9 @@ pub struct DevicePagedLayout {
     /// [`Self::upload`] sets): the device's opt-in limit. Tests force a smaller one to run the
     /// fallback variants a GPU with less shared memory would.
     pub smem_limit: Option<usize>,
+    /// Decode with the earlier one-warp-per-item kernel ([`warp_per_item_decode_variant`])
+    /// instead of `paged_decode_split`: the same bits, for benchmarks and tests to compare.
+    pub decode_warp_per_item: bool,
     /// Host copies the work plan is built from.
     host_cu_query: Vec<u32>,
     host_context_lens: Vec<u32>,
@@ -288,6 +343,7 @@ impl DevicePagedLayout {
             )?,
             segment_keys: None,
             smem_limit: None,
+            decode_warp_per_item: false,
             host_cu_query: layout.cu_query.clone(),
             host_context_lens: layout.context_lens.clone(),
             max_block_id: layout.block_tables.iter().copied().max().unwrap_or(0) as usize,
@@ -331,6 +387,7 @@ impl DevicePagedLayout {
             block_tables,
             segment_keys: Some(segment_keys),
             smem_limit: None,
+            decode_warp_per_item: false,
             host_cu_query: Vec::new(),
             host_context_lens: Vec::new(),
             max_block_id: 0,
@@ -500,8 +557,8 @@ impl CudaDevice {
         );
         let operands = [q, k_cache, v_cache, &*out];
         let (args, scratch) = paged_args(operands, layout, &shape, &device_plan, pool)?;
-        // One launch per kernel with work: a decode block runs `warps` items (one warp each), a
-        // prefill block one item; each for one kv head, into `out` (rows finished there) or the
+        // One launch per kernel with work: a block runs `items_per_block` items (the one-warp
+        // decode kernel: one per warp; the others: one); each for one kv head, into `out` (rows finished there) or the
         // scratch (partials of split rows).
         let (decode_items, prefill_items, row_plan, _) = args.plan_parts(plan);
         for (variant, items, count, per_block) in [
@@ -509,7 +566,7 @@ impl CudaDevice {
                 &kernels.decode,
                 decode_items,
                 plan.decode.len(),
-                kernels.decode.warps,
+                kernels.decode.items_per_block,
             ),
             (&kernels.prefill, prefill_items, plan.prefill.len(), 1),
         ] {
@@ -552,7 +609,11 @@ impl CudaDevice {
             None => self.max_shared_memory_per_block_optin()?,
         };
         Ok(PagedKernels {
-            decode: attention_variant(head_dim, false, smem_limit)?,
+            decode: if layout.decode_warp_per_item {
+                warp_per_item_decode_variant(head_dim, smem_limit)?
+            } else {
+                attention_variant(head_dim, false, smem_limit)?
+            },
             prefill: attention_variant(head_dim, true, smem_limit)?,
             merge: format!("paged_attn_merge_hd{head_dim}"),
         })
