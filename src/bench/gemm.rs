@@ -259,7 +259,7 @@ fn read_rows(
 /// and the fastest algorithm whose rows equal the pinned ones.
 pub fn print_summary(rows: &[GemmRow]) {
     println!(
-        "{:>7} {:>6} {:>5} {:>5} | {:>9} {:>5} | {:>9} {:>3} | {:>9} {:>3} | {:>9} {:>5} {:>5} {}",
+        "{:>7} {:>6} {:>5} {:>5} | {:>9} {:>5} | {:>9} {:>3} | {:>9} {:>3} | {:>9} {:>5} {:>5} best algo",
         "N",
         "K",
         "M",
@@ -273,7 +273,6 @@ pub fn print_summary(rows: &[GemmRow]) {
         "best eq",
         "bw",
         "eq/n",
-        "best algo"
     );
     let mut keys: Vec<(usize, usize, bool, bool, usize)> = rows
         .iter()
