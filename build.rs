@@ -77,7 +77,7 @@ fn main() {
                 println!(
                     "cargo:warning=swerve: SWERVE_EMU=1: kernels compiled for the emulated CUDA device (CPU), not for GPUs"
                 );
-                write_kernels_rs(&out_dir, true, &emu.families, &emu.libraries);
+                write_kernels_rs(&out_dir, true, &emu.families, &emu.libraries, None);
                 return;
             }
             Err(e) => fail(&format!("SWERVE_EMU=1: {e}")),
@@ -96,7 +96,7 @@ fn main() {
             fail("SWERVE_REQUIRE_CUDA=1 but no nvcc was found (looked at NVCC, CUDA_HOME/bin, CUDA_PATH/bin, PATH); run scripts/install-cuda-toolchain.sh and set NVCC to the path it prints");
         }
         println!("cargo:warning=swerve: no nvcc found (NVCC, CUDA_HOME, CUDA_PATH, PATH): building CPU-only, CUDA kernels are not embedded (scripts/install-cuda-toolchain.sh installs nvcc)");
-        write_kernels_rs(&out_dir, false, &[], &[]);
+        write_kernels_rs(&out_dir, false, &[], &[], None);
         return;
     };
 
@@ -173,8 +173,9 @@ fn main() {
         compiled.push((stem, fatbin));
     }
     eprintln!("{report}");
-    fs::write(out_dir.join("ptxas-report.txt"), &report).unwrap();
-    write_kernels_rs(&out_dir, true, &compiled, &[]);
+    let report_path = out_dir.join("ptxas-report.txt");
+    fs::write(&report_path, &report).unwrap();
+    write_kernels_rs(&out_dir, true, &compiled, &[], Some(&report_path));
 }
 
 fn find_nvcc() -> Option<PathBuf> {
@@ -203,8 +204,21 @@ fn write_kernels_rs(
     compiled: bool,
     fatbins: &[(String, PathBuf)],
     emulator_libraries: &[PathBuf],
+    ptxas_report: Option<&Path>,
 ) {
     let mut rs = format!("pub const CUDA_KERNELS_COMPILED: bool = {compiled};\n");
+    // The ptxas resource report of the GPU build (`swerve-bench kernels --static`); empty in an
+    // emulated or CPU-only build.
+    match ptxas_report {
+        Some(path) => {
+            let _ = writeln!(
+                rs,
+                "pub static PTXAS_REPORT: &str = include_str!({:?});",
+                path.display().to_string()
+            );
+        }
+        None => rs.push_str("pub static PTXAS_REPORT: &str = \"\";\n"),
+    }
     let _ = writeln!(
         rs,
         "pub const CUDA_EMULATED: bool = {};",

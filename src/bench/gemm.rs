@@ -12,8 +12,8 @@
 //! answers on a GPU (issue 36, item 2): which per-M choices keep a row's bits, and how close
 //! they come to the copy bandwidth at decode sizes, where the weights dominate the bytes.
 
-use crate::backend::cuda::gemm::GemmKey;
-use crate::backend::cuda::gemm_survey::Candidate;
+use crate::backend::cuda::gemm::{GemmKey, WORKSPACE_BYTES};
+use crate::backend::cuda::gemm_survey::{Candidate, ExplicitPlan};
 use crate::backend::cuda::{CudaBackend, CudaTensor, DeviceDType};
 use crate::bench::kernels::{rotation_sets, time_ms, upload_random, Ceilings};
 use crate::model::synthetic;
@@ -104,6 +104,40 @@ pub struct SurveyOptions<'a> {
     pub reps: usize,
 }
 
+/// A survey's device operands: rotated weight copies, the inputs, the bias and the output.
+struct Operands {
+    weights: Vec<CudaTensor>,
+    x: CudaTensor,
+    bias: Option<CudaTensor>,
+    out: CudaTensor,
+}
+
+impl Operands {
+    fn upload(backend: &CudaBackend, shape: &GemmShape, m_max: usize) -> Result<Operands> {
+        let (n, k) = (shape.n, shape.k);
+        let sets = rotation_sets(&backend.device, n * k * 2);
+        let scale = (3.0 / k as f32).sqrt();
+        let weights = (0..sets)
+            .map(|i| upload_random(backend, &[n, k], 700 + i as u64, scale))
+            .collect::<Result<Vec<_>>>()?;
+        let bias = match shape.bias {
+            true => Some(upload_random(backend, &[n], 698, 0.1)?),
+            false => None,
+        };
+        let dtype = if shape.f32_out {
+            DeviceDType::F32
+        } else {
+            DeviceDType::Bf16
+        };
+        Ok(Operands {
+            weights,
+            x: upload_random(backend, &[m_max, k], 699, 1.0)?,
+            bias,
+            out: backend.alloc(&[m_max, n], dtype)?,
+        })
+    }
+}
+
 /// Measures every variant of `shape` at every M of `opts.rows` (module doc).
 pub fn survey_shape(
     backend: &CudaBackend,
@@ -116,22 +150,13 @@ pub fn survey_shape(
     let (n, k) = (shape.n, shape.k);
     let m_max = opts.rows.iter().copied().max().unwrap_or(1).max(1);
     let elem = if shape.f32_out { 4 } else { 2 };
-    let dtype = if shape.f32_out {
-        DeviceDType::F32
-    } else {
-        DeviceDType::Bf16
-    };
-    let sets = rotation_sets(device, n * k * 2);
-    let scale = (3.0 / k as f32).sqrt();
-    let weights = (0..sets)
-        .map(|i| upload_random(backend, &[n, k], 700 + i as u64, scale))
-        .collect::<Result<Vec<_>>>()?;
-    let x = upload_random(backend, &[m_max, k], 699, 1.0)?;
-    let bias = match shape.bias {
-        true => Some(upload_random(backend, &[n], 698, 0.1)?),
-        false => None,
-    };
-    let out = backend.alloc(&[m_max, n], dtype)?;
+    let Operands {
+        weights,
+        x,
+        bias,
+        out,
+    } = Operands::upload(backend, shape, m_max)?;
+    let sets = weights.len();
     let bias_ptr = bias.as_ref().map(CudaTensor::ptr);
 
     // The reference: the pinned algorithm at the largest M.
@@ -160,23 +185,7 @@ pub fn survey_shape(
     for &m in opts.rows {
         let key = GemmKey::linear(n, k, m, shape.f32_out, shape.bias);
         let plan = gemm.explicit_plan(key)?;
-        let mut variants: Vec<(String, Candidate)> = vec![("pinned".into(), pinned)];
-        variants.push(("per-problem".into(), gemm.per_problem_candidate(&plan)?));
-        let mut offered: Vec<Candidate> = Vec::new();
-        for (prefix, workspace) in [
-            ("ws0", 0),
-            ("ws", crate::backend::cuda::gemm::WORKSPACE_BYTES),
-        ] {
-            let found = gemm
-                .no_split_k_candidates(&plan, workspace, opts.candidates)
-                .unwrap_or_default();
-            for (i, c) in found.into_iter().enumerate() {
-                if !offered.iter().any(|o| o.algo.data == c.algo.data) {
-                    offered.push(c);
-                    variants.push((format!("{prefix}-{i}"), c));
-                }
-            }
-        }
+        let variants = variants(backend, &plan, pinned, opts.candidates)?;
         let bytes = (n * k * 2 + m * k * 2 + m * n * elem) as f64;
         for (variant, c) in variants {
             let mut row = GemmRow {
@@ -226,6 +235,33 @@ pub fn survey_shape(
         }
     }
     Ok(rows)
+}
+
+/// The algorithms measured at one M: the pinned one, cuBLASLt's per-problem choice, and each
+/// distinct no-split-K algorithm offered with no workspace (`ws0-i`) and with the full one
+/// (`ws-i`).
+fn variants(
+    backend: &CudaBackend,
+    plan: &ExplicitPlan,
+    pinned: Candidate,
+    candidates: usize,
+) -> Result<Vec<(String, Candidate)>> {
+    let gemm = &backend.gemm;
+    let mut variants: Vec<(String, Candidate)> = vec![("pinned".into(), pinned)];
+    variants.push(("per-problem".into(), gemm.per_problem_candidate(plan)?));
+    let mut offered: Vec<Candidate> = Vec::new();
+    for (prefix, workspace) in [("ws0", 0), ("ws", WORKSPACE_BYTES)] {
+        let found = gemm
+            .no_split_k_candidates(plan, workspace, candidates)
+            .unwrap_or_default();
+        for (i, c) in found.into_iter().enumerate() {
+            if !offered.iter().any(|o| o.algo.data == c.algo.data) {
+                offered.push(c);
+                variants.push((format!("{prefix}-{i}"), c));
+            }
+        }
+    }
+    Ok(variants)
 }
 
 /// The bytes of rows `which` of a row-major `[rows, row_bytes]` device tensor.

@@ -7,6 +7,7 @@ pub mod agent_http;
 pub mod commands;
 pub mod decode;
 pub mod gemm;
+pub mod kernel_static;
 pub mod kernels;
 pub mod plan;
 pub mod rl;

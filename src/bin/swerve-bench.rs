@@ -52,8 +52,13 @@ enum Command {
     /// The memory of one GPU, part by part, for training and rollouts of a model on N GPUs of a
     /// given size (no GPU needed): whether it fits, and the context parallelism it would need.
     Plan(PlanArgs),
-    /// Each CUDA kernel against the CPU reference and the card's measured ceilings (needs a GPU).
+    /// Each CUDA kernel against the CPU reference and the card's measured ceilings (needs a GPU);
+    /// with --static, no GPU: each kernel's registers, spills and shared memory from the build's
+    /// ptxas report, and the decode configurations' blocks per SM and bytes in flight on H100/H200.
     Kernels {
+        /// The static report instead of the measurements (no GPU needed).
+        #[arg(long = "static")]
+        static_report: bool,
         #[command(flatten)]
         jsonl: JsonlArg,
     },
@@ -366,7 +371,11 @@ fn main() -> Result<()> {
             reserve: a.reserve,
             num_sms: a.num_sms,
         }),
-        Command::Kernels { jsonl } => commands::kernels(jsonl.jsonl.as_deref()),
+        Command::Kernels {
+            static_report: true,
+            ..
+        } => swerve::bench::kernel_static::print_static_report().map(|_| ()),
+        Command::Kernels { jsonl, .. } => commands::kernels(jsonl.jsonl.as_deref()),
         Command::Gemm(a) => commands::gemm(&commands::GemmOptions {
             presets: a.presets,
             tensor_parallel: a.tensor_parallel,
