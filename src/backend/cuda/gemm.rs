@@ -499,6 +499,23 @@ impl Gemm {
             std::collections::hash_map::Entry::Occupied(e) => e.into_mut(),
             std::collections::hash_map::Entry::Vacant(e) => e.insert(self.plan(&key, a, bias)?),
         };
+        let algo = plan.algo;
+        self.matmul_with(plan, &algo, (alpha, beta), (a, b, d), bias)
+    }
+
+    /// `d = alpha a op b + beta d (+ bias)` for `plan`'s problem with `algo`: the one
+    /// `cublasLtMatmul` call (the plan's own algorithm, or a probe's or survey's).
+    ///
+    /// # Safety
+    /// The pointers must address device memory of the sizes the plan's layouts describe.
+    pub(super) unsafe fn matmul_with(
+        &self,
+        plan: &Plan,
+        algo: &sys::cublasLtMatmulAlgo_t,
+        (alpha, beta): (f32, f32),
+        (a, b, d): (CUdeviceptr, CUdeviceptr, CUdeviceptr),
+        bias: Option<CUdeviceptr>,
+    ) -> Result<()> {
         if let Some(bias) = bias {
             cublas(
                 "set bias pointer",
@@ -525,7 +542,7 @@ impl Gemm {
                 plan.d,
                 d as *mut c_void,
                 plan.d,
-                &plan.algo,
+                algo,
                 self.workspace_ptr as *mut c_void,
                 WORKSPACE_BYTES,
                 self.stream.cu_stream() as *mut _,

@@ -30,12 +30,9 @@ use super::gemm::{Gemm, GemmKey, Plan, WORKSPACE_BYTES};
 use super::gemm_algo::{self as algo, algo_class};
 use crate::rng::{Rng, XorShift64};
 use anyhow::{anyhow, Context, Result};
-use cudarc::cublaslt::result as lt;
 use cudarc::cublaslt::sys;
 use cudarc::driver::sys::{CUdeviceptr, CUstreamCaptureStatus};
 use cudarc::driver::{CudaSlice, DevicePtr};
-use std::ffi::c_void;
-use std::mem::size_of;
 use std::sync::atomic::{AtomicBool, Ordering};
 
 /// Outputs a probe aims for: enough that a K order differing by an ulp or two of f32 in a few
@@ -206,7 +203,9 @@ impl Gemm {
         for algo in algos {
             let d: CudaSlice<u8> = self.stream.alloc_zeros(d_len).context("probe output")?;
             let (b_ptr, d_ptr) = (device_ptr(&b, &self.stream), device_ptr(&d, &self.stream));
-            self.matmul_raw(plan, algo, a, b_ptr, d_ptr, bias)?;
+            // SAFETY: the probe's buffers have the sizes its layouts describe; the weights and
+            // bias are the real problem's.
+            unsafe { self.matmul_with(plan, algo, (1.0, 0.0), (a, b_ptr, d_ptr), bias) }?;
             outs.push(d);
         }
         let first = self
@@ -218,58 +217,6 @@ impl Gemm {
             .clone_dtoh(&outs[1])
             .context("reading a probe")?;
         Ok(first == second)
-    }
-
-    /// `d = a op b (+ bias)` for `plan`'s problem with `algo` (alpha 1, beta 0).
-    fn matmul_raw(
-        &self,
-        plan: &Plan,
-        algo: &Algo,
-        a: CUdeviceptr,
-        b: CUdeviceptr,
-        d: CUdeviceptr,
-        bias: Option<CUdeviceptr>,
-    ) -> Result<()> {
-        let cublas = |what: &str, r: std::result::Result<(), lt::CublasError>| {
-            r.map_err(|e| anyhow!("cuBLASLt {what}: {e:?}"))
-        };
-        // SAFETY: the descriptor is live; the pointers address buffers of the sizes the probe's
-        // layouts describe (the weights and bias are the real problem's).
-        unsafe {
-            if let Some(bias) = bias {
-                cublas(
-                    "set bias pointer",
-                    lt::set_matmul_desc_attribute(
-                        plan.desc,
-                        sys::cublasLtMatmulDescAttributes_t::CUBLASLT_MATMUL_DESC_BIAS_POINTER,
-                        &bias as *const CUdeviceptr as *const c_void,
-                        size_of::<CUdeviceptr>(),
-                    ),
-                )?;
-            }
-            let (alpha, beta) = (1.0f32, 0.0f32);
-            cublas(
-                "matmul",
-                lt::matmul(
-                    self.handle.0,
-                    plan.desc,
-                    &alpha as *const f32 as *const c_void,
-                    &beta as *const f32 as *const c_void,
-                    a as *const c_void,
-                    plan.a,
-                    b as *const c_void,
-                    plan.b,
-                    d as *const c_void,
-                    plan.d,
-                    d as *mut c_void,
-                    plan.d,
-                    algo,
-                    self.workspace_ptr as *mut c_void,
-                    WORKSPACE_BYTES,
-                    self.stream.cu_stream() as *mut _,
-                ),
-            )
-        }
     }
 }
 

@@ -6,12 +6,9 @@
 
 use super::gemm::{Gemm, GemmKey, Plan, WORKSPACE_BYTES};
 use super::gemm_algo::{self as algo, AlgoConfig};
-use anyhow::{anyhow, ensure, Result};
-use cudarc::cublaslt::result as lt;
+use anyhow::{ensure, Result};
 use cudarc::cublaslt::sys;
 use cudarc::driver::sys::CUdeviceptr;
-use std::ffi::c_void;
-use std::mem::size_of;
 
 /// A problem's descriptor and layouts, ready to run with any algorithm.
 pub struct ExplicitPlan {
@@ -136,41 +133,6 @@ impl Gemm {
             plan.key.bias == bias.is_some(),
             "GEMM bias flag and pointer disagree"
         );
-        let cublas = |what: &str, r: std::result::Result<(), lt::CublasError>| {
-            r.map_err(|e| anyhow!("cuBLASLt {what}: {e:?}"))
-        };
-        if let Some(bias) = bias {
-            cublas(
-                "set bias pointer",
-                lt::set_matmul_desc_attribute(
-                    plan.plan.desc,
-                    sys::cublasLtMatmulDescAttributes_t::CUBLASLT_MATMUL_DESC_BIAS_POINTER,
-                    &bias as *const CUdeviceptr as *const c_void,
-                    size_of::<CUdeviceptr>(),
-                ),
-            )?;
-        }
-        let (alpha, beta) = (1.0f32, 0.0f32);
-        cublas(
-            "matmul",
-            lt::matmul(
-                self.handle.0,
-                plan.plan.desc,
-                &alpha as *const f32 as *const c_void,
-                &beta as *const f32 as *const c_void,
-                a as *const c_void,
-                plan.plan.a,
-                b as *const c_void,
-                plan.plan.b,
-                d as *const c_void,
-                plan.plan.d,
-                d as *mut c_void,
-                plan.plan.d,
-                &candidate.algo,
-                self.workspace_ptr as *mut c_void,
-                WORKSPACE_BYTES,
-                self.stream.cu_stream() as *mut _,
-            ),
-        )
+        self.matmul_with(&plan.plan, &candidate.algo, (1.0, 0.0), (a, b, d), bias)
     }
 }
