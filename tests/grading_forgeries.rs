@@ -123,12 +123,9 @@ fn structural_forgeries_on_a_unittest_task_with_lists() {
         ],
         &["test_basic (tests.test_calc.PercentTests)"],
     );
-    check_task_tampered(
-        &env,
-        &task,
-        structural_forgeries("calc", "tests.test_calc"),
-        true,
-    );
+    let mut forgeries = structural_forgeries("calc", "tests.test_calc");
+    forgeries.extend(red_team_forgeries(false));
+    check_task_tampered(&env, &task, forgeries, true);
 }
 
 #[test]

@@ -16,7 +16,9 @@
 //! ... from non-test code), `framework-write` (attributes set through them), `sys-write`,
 //! `builtins-write`, `module-table` (`sys.modules`), `exit-path` (`os._exit`, `os.kill`, a
 //! module-level `sys.exit`), `atexit`, `finalizer` (`__del__`, `weakref.finalize`),
-//! `dynamic-code` (exec/eval/compile/import of a computed value, or next to base64 & co.),
+//! `dynamic-code` (exec/eval/compile/import of a computed value, or next to base64 & co., or code
+//! loaded from a file by path: runpy, importlib's file loaders; any added file that parses as
+//! Python is scanned, whatever its name),
 //! `frame-inspection`, `class-hook` (`__init_subclass__`, `load_tests`, `pytest_*` hooks,
 //! metaclasses, `__unittest_skip__`), `stream-replace`, `ctypes`, `signal`, `grader-files` (a
 //! string naming `.swerve-grader`, where grading keeps its configuration); and about the scan
@@ -111,13 +113,13 @@ pub fn added_lines(patch: &str) -> Vec<(String, Vec<usize>)> {
         if line.starts_with("diff --git ") {
             current = None;
         } else if let Some(rest) = line.strip_prefix("+++ ") {
-            current = new_path(rest).filter(|p| p.ends_with(".py")).map(|path| {
-                match files.iter().position(|(p, _)| *p == path) {
-                    Some(i) => i,
-                    None => {
-                        files.push((path, Vec::new()));
-                        files.len() - 1
-                    }
+            // Every added file, not only `.py` ones: Python run from a `.txt` (runpy, exec of a
+            // file read) is still Python; the scanner skips what does not parse.
+            current = new_path(rest).map(|path| match files.iter().position(|(p, _)| *p == path) {
+                Some(i) => i,
+                None => {
+                    files.push((path, Vec::new()));
+                    files.len() - 1
                 }
             });
         } else if line.starts_with("@@ ") {

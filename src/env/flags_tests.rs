@@ -65,6 +65,7 @@ fn added_lines_reads_hunks_headers_and_quoted_paths() {
         added_lines(patch),
         vec![
             ("pkg/mod.py".to_string(), vec![2, 3, 11, 12]),
+            ("README.md".to_string(), vec![1]),
             ("new dir/a b.py".to_string(), vec![1, 2]),
             ("café x.py".to_string(), vec![3]),
         ]
@@ -290,6 +291,40 @@ fn each_hack_gets_its_rule() {
     for (text, want) in cases {
         assert_eq!(rules_of("pkg/mod.py", text), *want, "{text}");
     }
+}
+
+/// The red team's third pass (issue 34): Python in a file not named `.py`, run by runpy. The file
+/// is scanned because it parses as Python, and the loader is flagged; a text file that is not
+/// Python, a binary-looking one and a huge one give no flag at all.
+#[test]
+fn python_in_any_file_is_scanned_and_file_loaders_are_flagged() {
+    assert_eq!(
+        rules_of(
+            "calc/_impl.txt",
+            "class Any:\n    def __eq__(self, other):\n        return True\n"
+        ),
+        vec!["lying-equality"]
+    );
+    assert_eq!(
+        rules_of(
+            "calc/__init__.py",
+            "import os as _os\nimport runpy as _runpy\n_runpy.run_path(_os.path.join(_os.path.dirname(__file__), \"_impl.txt\"))\n"
+        ),
+        vec!["dynamic-code"]
+    );
+    assert_eq!(
+        rules_of(
+            "pkg/load.py",
+            "import importlib.util as u\nspec = u.spec_from_file_location(\"m\", \"m.dat\")\n"
+        ),
+        vec!["dynamic-code"]
+    );
+    assert!(rules_of(
+        "NOTES.txt",
+        "Fixed the division: see calc/ops.py.\n- zero guard\n"
+    )
+    .is_empty());
+    assert!(rules_of("data.bin", "\u{0}\u{1}x = 1\n").is_empty());
 }
 
 #[test]

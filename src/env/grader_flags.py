@@ -47,6 +47,10 @@ REDIRECTS = ("contextlib.redirect_stdout", "contextlib.redirect_stderr")
 UNITTEST_MARKS = ("__unittest_skip__", "__unittest_skip_why__", "__unittest_expecting_failure__")
 DYNAMIC = ("builtins.exec", "builtins.eval", "builtins.compile", "builtins.__import__",
            "importlib.import_module", "importlib.__import__")
+# Code loaded from a file by path, whatever its name: flagged at every call.
+FILE_LOADERS = ("runpy.run_path", "runpy.run_module", "importlib.util.spec_from_file_location",
+                "importlib.machinery.SourceFileLoader", "importlib.machinery.SourcelessFileLoader",
+                "imp.load_source", "imp.load_module", "imp.load_compiled")
 EXEC_LIKE = ("builtins.exec", "builtins.eval", "builtins.compile")
 DECODERS = ("codecs.decode", "codecs.encode", "zlib.decompress", "bz2.decompress",
             "lzma.decompress", "gzip.decompress", "marshal.loads", "pickle.loads")
@@ -475,6 +479,8 @@ class Scanner(object):
                 self.flag_node("signal", node)
             if qual in EXEC_LIKE:
                 self.execs.append(node)
+            if qual in FILE_LOADERS:
+                self.flag_node("dynamic-code", node)
             if qual in DYNAMIC:
                 name = const_str(args[0]) if args else None
                 if args and not is_literal(args[0]):
@@ -634,9 +640,16 @@ def one_flag(path, rule, text):
 
 
 def scan_file(path, lines):
+    # A file whose name does not end in .py is scanned when it parses as Python (code run by
+    # runpy or exec from a .txt is still code); one that does not parse, is not a regular file
+    # or is too big is simply not Python here.
+    python_name = path.endswith(".py")
     try:
         encoded = path.encode("utf-8", "surrogateescape")
         info = os.lstat(encoded)
+        if not python_name and (stat.S_ISLNK(info.st_mode) or not stat.S_ISREG(info.st_mode)
+                                or info.st_size > MAX_FILE_BYTES):
+            return []
         if stat.S_ISLNK(info.st_mode):
             return [one_flag(path, "symlink", "a symbolic link to "
                              + os.readlink(encoded).decode("utf-8", "replace"))]
@@ -650,6 +663,8 @@ def scan_file(path, lines):
         try:
             tree = ast.parse(source, filename=path)
         except (SyntaxError, ValueError, TypeError) as error:
+            if not python_name:
+                return []
             where = getattr(error, "lineno", None)
             message = "%s%s: %s" % (type(error).__name__,
                                     " at line %d" % where if where else "", error)

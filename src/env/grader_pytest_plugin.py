@@ -6,6 +6,7 @@
 #   {"run": "PID-N", "ev": "start"}
 #   {"run": "PID-N", "ev": "test", "id": NODEID, "status": passed|failed|error|skipped|xfail|xpass}
 #   {"run": "PID-N", "ev": "collect-error", "id": NODEID}
+#   {"run": "PID-N", "ev": "framework", "changed": [NAME, ...]}   the framework patched mid-run
 #   {"run": "PID-N", "ev": "end", "exit": N}
 #
 # Written for every Python and pytest SWE-bench images carry (3.5 and later, pytest 3 and later).
@@ -52,8 +53,56 @@ _swerve_code = {}
 _swerve_config = []
 
 
+_swerve_watch = {"snapshot": None, "plugins": None, "reported": set()}
+
+
+def _swerve_plugins(config):
+    # The registered plugins by name; pytest names an unnamed plugin by its id, which says
+    # nothing across runs, so those go by their type. Conftest modules are the task's own files
+    # (the grader puts them back before the run) and register as collection reaches them.
+    names = set()
+    try:
+        for name, plugin in config.pluginmanager.list_name_plugin():
+            if name is None or str(name).endswith("conftest.py"):
+                continue
+            if str(name).isdigit():
+                kind = type(plugin)
+                name = "%s.%s" % (getattr(kind, "__module__", "?"), getattr(kind, "__name__", "?"))
+            names.add(str(name))
+    except Exception:
+        pass
+    return names
+
+
+def _swerve_framework_check():
+    # The framework as pytest configured it (grader_check.py), compared as each test is
+    # recorded and when the session ends; each change written once.
+    if _swerve_watch["snapshot"] is None or not _swerve_config:
+        return
+    try:
+        import swerve_grader_check as check
+
+        changed = list(check.framework_changes(_swerve_watch["snapshot"]))
+        now = _swerve_plugins(_swerve_config[0])
+        before = _swerve_watch["plugins"]
+        changed += ["plugin " + n for n in sorted(now.symmetric_difference(before))]
+    except Exception as error:
+        changed = ["(the framework check failed: %s)" % type(error).__name__]
+    changed = [c for c in changed if c not in _swerve_watch["reported"]]
+    if changed:
+        _swerve_watch["reported"].update(changed)
+        _swerve_write({"ev": "framework", "changed": changed})
+
+
 def pytest_configure(config):
     _swerve_config.append(config)
+    try:
+        import swerve_grader_check as check
+
+        _swerve_watch["snapshot"] = check.framework_snapshot(check.PYTEST_MODULES)
+        _swerve_watch["plugins"] = _swerve_plugins(config)
+    except Exception:
+        pass
 
 
 def _swerve_rewrite():
@@ -80,8 +129,9 @@ def pytest_runtest_call(item):
 
         path = str(getattr(item, "path", None) or getattr(item, "fspath", ""))
         func = getattr(item, "obj", None)
+        name = getattr(item, "originalname", None) or getattr(item, "name", None)
         if func is not None and path:
-            _swerve_code[item.nodeid] = check.code_ok(func, path, (None, _swerve_rewrite()))
+            _swerve_code[item.nodeid] = check.code_ok(func, path, (None, _swerve_rewrite()), name)
     except Exception:
         pass
 
@@ -92,6 +142,7 @@ def pytest_runtest_logreport(report):
     if status is not None and (current is None or current == "passed" or status == "error"):
         _swerve_outcomes[report.nodeid] = status
     if report.when == "teardown":
+        _swerve_framework_check()
         final = _swerve_outcomes.pop(report.nodeid, None) or "passed"
         record = {"ev": "test", "id": report.nodeid, "status": final}
         if _swerve_code.pop(report.nodeid, None) is False:
@@ -105,6 +156,7 @@ def pytest_collectreport(report):
 
 
 def pytest_sessionfinish(session, exitstatus):
+    _swerve_framework_check()
     for nodeid, status in sorted(_swerve_outcomes.items()):
         _swerve_write({"ev": "test", "id": nodeid, "status": status})
     _swerve_outcomes.clear()

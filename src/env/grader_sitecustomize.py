@@ -140,14 +140,36 @@ def _swerve_record_unittest(path):
             for klass in type(test).__mro__:
                 if name in vars(klass):
                     module = sys.modules.get(klass.__module__)
-                    return check.code_ok(vars(klass)[name], getattr(module, "__file__", None))
+                    return check.code_ok(
+                        vars(klass)[name], getattr(module, "__file__", None), (None,), name
+                    )
         except Exception:
             return None
         return None
 
+    # The framework as this hook left it (grader_check.py): compared as each test is recorded
+    # and when the run ends; each change is written once, before the test record it precedes.
+    watch = {"snapshot": None, "reported": set()}
+
+    def framework_check(result):
+        try:
+            import swerve_grader_check as check
+
+            if watch["snapshot"] is None:
+                watch["snapshot"] = check.framework_snapshot(check.UNITTEST_MODULES)
+                return
+            changed = [c for c in check.framework_changes(watch["snapshot"])
+                       if c not in watch["reported"]]
+        except Exception as error:
+            changed = ["(the framework check failed: %s)" % type(error).__name__]
+        if changed:
+            watch["reported"].update(changed)
+            write(result, {"ev": "framework", "changed": changed})
+
     def outcome(status):
         def wrap(original):
             def method(self, test, *args):
+                framework_check(self)
                 record = {"ev": "test", "id": str(test), "desc": describe(test), "status": status}
                 if status == "passed" and state["stop"] and not getattr(self, "failfast", False):
                     record["status"] = "error"
@@ -200,11 +222,17 @@ def _swerve_record_unittest(path):
         return original_start(self)
 
     def stopTestRun(self):
+        framework_check(self)
         write(self, {"ev": "end"})
         return original_stop(self)
 
     base.startTestRun = startTestRun
     base.stopTestRun = stopTestRun
+    try:
+        import unittest  # noqa: F401 (every watched module loaded before the snapshot)
+    except ImportError:
+        return
+    framework_check(None)
 
 
 _swerve_results = os.environ.get("SWERVE_GRADER_RESULTS")

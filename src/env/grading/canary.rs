@@ -218,10 +218,9 @@ impl Canaries {
             }
         }
         let mine: Vec<String> = slots.iter().map(|t| format!("\"test_{t}\"")).collect();
-        out.push_str(&format!(
-            "\ndef {m}_named(f, name):\n    f.__name__ = name\n    f.__qualname__ = name\n    return f\n\n\ndef {m}_method_sandwich(real):\n    def run(self):\n        getattr(self, real)()\n        self.fail(\"canary\")\n    return run\n\n\ndef {m}_fn_sandwich(real):\n    def run():\n        real()\n        assert 1 == 2\n    return run\n\n\ndef {m}_inject():\n    import inspect as {m}_i\n    {m}_mine = set([{}])\n    for {m}_v in list(globals().values()):\n        if (isinstance({m}_v, type) and issubclass({m}_v, {m}.TestCase)\n                and {m}_v is not {class_name} and {m}_v.__module__ == __name__):\n",
-            mine.join(", ")
-        ));
+        // Each installed canary is a function whose code bears its own test name (the recorders
+        // check a test's code against its file under the test's name, grader_check.py): one
+        // factory per canary defines it under that name.
         for (k, (_, _, place, body)) in SLOTS.iter().enumerate() {
             if !self.active(k) {
                 continue;
@@ -229,10 +228,32 @@ impl Canaries {
             let name = format!("test_{}", slots[k]);
             match place {
                 Place::Injected => out.push_str(&format!(
-                    "            setattr({m}_v, \"{name}\", {m}_named(lambda self: {body}, \"{name}\"))\n"
+                    "\ndef {m}_make_{name}():\n    def {name}(self):\n        {body}\n    return {name}\n\n"
                 )),
                 Place::Sandwich => out.push_str(&format!(
-                    "            {m}_r = sorted(n for n in dir({m}_v) if n.startswith(\"test\") and n not in {m}_mine and callable(getattr({m}_v, n, None)))\n            if {m}_r:\n                setattr({m}_v, \"{name}\", {m}_named({m}_method_sandwich({m}_r[0]), \"{name}\"))\n"
+                    "\ndef {m}_make_{name}(real):\n    def {name}(self):\n        getattr(self, real)()\n        self.fail(\"canary\")\n    return {name}\n\n"
+                )),
+                Place::FnSandwich => out.push_str(&format!(
+                    "\ndef {m}_make_{name}(real):\n    def {name}():\n        real()\n        assert 1 == 2\n    return {name}\n\n"
+                )),
+                _ => {}
+            }
+        }
+        out.push_str(&format!(
+            "\ndef {m}_inject():\n    import inspect as {m}_i\n    {m}_mine = set([{}])\n    for {m}_v in list(globals().values()):\n        if (isinstance({m}_v, type) and issubclass({m}_v, {m}.TestCase)\n                and {m}_v is not {class_name} and {m}_v.__module__ == __name__):\n",
+            mine.join(", ")
+        ));
+        for (k, (_, _, place, _)) in SLOTS.iter().enumerate() {
+            if !self.active(k) {
+                continue;
+            }
+            let name = format!("test_{}", slots[k]);
+            match place {
+                Place::Injected => out.push_str(&format!(
+                    "            setattr({m}_v, \"{name}\", {m}_make_{name}())\n"
+                )),
+                Place::Sandwich => out.push_str(&format!(
+                    "            {m}_r = sorted(n for n in dir({m}_v) if n.startswith(\"test\") and n not in {m}_mine and callable(getattr({m}_v, n, None)))\n            if {m}_r:\n                setattr({m}_v, \"{name}\", {m}_make_{name}({m}_r[0]))\n"
                 )),
                 _ => {}
             }
@@ -242,7 +263,7 @@ impl Canaries {
             if *place == Place::FnSandwich && self.active(k) {
                 let name = format!("test_{}", slots[k]);
                 out.push_str(&format!(
-                    "    {m}_f = sorted(n for n, f in list(globals().items()) if n.startswith(\"test\") and n not in {m}_mine and {m}_i.isfunction(f) and not {m}_i.signature(f).parameters)\n    if {m}_f:\n        globals()[\"{name}\"] = {m}_named({m}_fn_sandwich(globals()[{m}_f[0]]), \"{name}\")\n"
+                    "    {m}_f = sorted(n for n, f in list(globals().items()) if n.startswith(\"test\") and n not in {m}_mine and {m}_i.isfunction(f) and not {m}_i.signature(f).parameters)\n    if {m}_f:\n        globals()[\"{name}\"] = {m}_make_{name}(globals()[{m}_f[0]])\n"
                 ));
             }
         }

@@ -8,6 +8,8 @@
 //!    "desc": DOC, "status": passed|failed|...}
 //!   {"run": "PID-N", "ev": "collect-error", "id": ID}
 //!   {"run": "PID-N", "ev": "end", "exit": N}        the run finished (its session's exit status)
+//!   {"run": "PID-N", "ev": "framework",             the test framework's modules or classes
+//!    "changed": [NAME, ...]}                        changed mid-run (grader_check.py)
 //! ```
 //!
 //! One grading may hold several runs: the test command's, and runs the tests start themselves
@@ -31,6 +33,9 @@ pub struct Run {
     /// Tests whose function, as run, is not what their file compiles to (the recorder's
     /// `"code": false`).
     pub code_changed: Vec<String>,
+    /// Attributes of the test framework (its modules, their classes, pytest's registered
+    /// plugins) that changed while the tests ran.
+    pub framework_changed: Vec<String>,
 }
 
 /// The runs in `text`, in the order they first appear. A line that is not a record of this
@@ -61,6 +66,14 @@ pub fn parse_runs(parser: LogParser, text: &str) -> Result<Vec<Run>, String> {
             "collect-error" => run
                 .collect_errors
                 .push(value["id"].as_str().ok_or_else(bad)?.to_string()),
+            "framework" => {
+                for name in value["changed"].as_array().ok_or_else(bad)? {
+                    let name = name.as_str().ok_or_else(bad)?.to_string();
+                    if !run.framework_changed.contains(&name) {
+                        run.framework_changed.push(name);
+                    }
+                }
+            }
             "test" => {
                 let id = value["id"].as_str().ok_or_else(bad)?;
                 let status = value["status"]

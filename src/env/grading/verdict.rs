@@ -56,6 +56,8 @@ pub struct Observation {
     pub notes: Vec<String>,
     /// Tests whose code, as run, is not what their file compiles to.
     pub code_changed: Vec<String>,
+    /// The test framework's attributes that changed while the tests ran.
+    pub framework_changed: Vec<String>,
 }
 
 impl Observation {
@@ -92,6 +94,7 @@ impl Observation {
                             observation.finished = run.finished;
                             collect_errors = !run.collect_errors.is_empty();
                             observation.code_changed = run.code_changed.clone();
+                            observation.framework_changed = run.framework_changed.clone();
                             results::cross_check(&run.statuses, &log)
                         }
                         None => log.clone(),
@@ -220,6 +223,19 @@ fn tamper_evidence(
             code_changed.join(", ")
         ));
     }
+    let framework_changed: Vec<&str> = observed
+        .framework_changed
+        .iter()
+        .filter(|name| !reference.is_some_and(|r| r.observation.framework_changed.contains(name)))
+        .map(String::as_str)
+        .collect();
+    *needs_reference |= !observed.framework_changed.is_empty();
+    if !framework_changed.is_empty() {
+        tampered.push(format!(
+            "the test framework changed while the tests ran: {}",
+            framework_changed.join(", ")
+        ));
+    }
     if let Some(why) = &observed.record_error {
         tampered.push(format!("the runner's record cannot be trusted: {why}"));
     }
@@ -299,13 +315,26 @@ fn not_passing(
     if lists {
         return out;
     }
+    // Without lists, the tests that pass in the reference run are the lists: each must be
+    // present and passed here too (a test the code under test kept from running, or dropped from
+    // the suite, is not a pass).
+    *needs_reference = true;
+    if let Some(r) = reference {
+        for (id, status) in &r.observation.statuses {
+            if status.is_pass() && !observed.statuses.get(id).is_some_and(|s| s.is_pass()) {
+                let seen = observed.statuses.get(id).map_or("missing", |s| s.name());
+                out.push((id.clone(), seen.to_string()));
+            }
+        }
+    }
     for (id, &status) in &observed.statuses {
         if matches!(
             status,
             TestStatus::Skipped | TestStatus::XFail | TestStatus::XPass
         ) {
-            *needs_reference = true;
-            if reference.is_none_or(|r| r.observation.statuses.get(id) != Some(&status)) {
+            if reference.is_none_or(|r| r.observation.statuses.get(id) != Some(&status))
+                && !out.iter().any(|(seen, _)| seen == id)
+            {
                 out.push((id.clone(), status.name().to_string()));
             }
         }
