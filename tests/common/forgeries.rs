@@ -429,6 +429,16 @@ pub fn red_team_forgeries(pytest: bool) -> Vec<(&'static str, Vec<Value>)> {
                 "tamper: pytest's runtestprotocol drops the tests that fail in the code under test (from a .txt)",
                 run_from_txt(include_str!("../fixtures/forgeries/drop_failing_pytest.py")),
             ),
+            // The fourth pass: forgiving only the real failure's exception type
+            // (ZeroDivisionError), through objects the framework watch does not cover.
+            (
+                "tamper: pluggy's hook-call monitoring forces pytest_pyfunc_call's result on ZeroDivisionError",
+                vec![append("calc/ops.py", include_str!("../fixtures/forgeries/hookcall_monitoring_pytest.py"))],
+            ),
+            (
+                "tamper: ExceptionInfo.__bool__ false for ZeroDivisionError (found by a subclass walk)",
+                vec![append("calc/ops.py", include_str!("../fixtures/forgeries/excinfo_bool_pytest.py"))],
+            ),
         ]);
     } else {
         let thread = include_str!("../fixtures/forgeries/thread_replace_unittest.py");
@@ -451,6 +461,16 @@ pub fn red_team_forgeries(pytest: bool) -> Vec<(&'static str, Vec<Value>)> {
             (
                 "tamper: a thread replacing the failing tests by a passing sibling test",
                 vec![append("calc/__init__.py", &thread.replace("MODE = \"lambda\"", "MODE = \"alias\""))],
+            ),
+            // The fourth pass: forgiving only the real failure's exception type
+            // (ZeroDivisionError), through objects the framework watch does not cover.
+            (
+                "tamper: the test file's own TestCase classes get a forgiving _callTestMethod",
+                vec![append("calc/ops.py", include_str!("../fixtures/forgeries/subclass_call_test_method.py"))],
+            ),
+            (
+                "tamper: contextlib's context-manager exit swallows ZeroDivisionError",
+                vec![append("calc/ops.py", include_str!("../fixtures/forgeries/contextlib_exit.py"))],
             ),
             (
                 "tamper: a thread replacing the failing tests by a partial (no code object)",
