@@ -331,12 +331,10 @@ fn not_passing(
         if matches!(
             status,
             TestStatus::Skipped | TestStatus::XFail | TestStatus::XPass
-        ) {
-            if reference.is_none_or(|r| r.observation.statuses.get(id) != Some(&status))
-                && !out.iter().any(|(seen, _)| seen == id)
-            {
-                out.push((id.clone(), status.name().to_string()));
-            }
+        ) && reference.is_none_or(|r| r.observation.statuses.get(id) != Some(&status))
+            && !out.iter().any(|(seen, _)| seen == id)
+        {
+            out.push((id.clone(), status.name().to_string()));
         }
     }
     out
