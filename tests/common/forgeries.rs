@@ -412,85 +412,99 @@ pub fn red_team_forgeries(pytest: bool) -> Vec<(&'static str, Vec<Value>)> {
             ],
         ),
     ];
-    if pytest {
-        out.push((
-            "a thread swapping the failing test's __code__ for a no-op",
-            vec![write_file(
-                "calc/__init__.py",
-                include_str!("../fixtures/forgeries/thread_swap_code_pytest.py"),
-            )],
-        ));
-        out.extend([
-            (
-                "tamper: pytest's Function.runtest forgives failures raised in the code under test (from a .txt)",
-                run_from_txt(include_str!("../fixtures/forgeries/forgive_raised_in_code_pytest.py")),
-            ),
-            (
-                "tamper: pytest's runtestprotocol drops the tests that fail in the code under test (from a .txt)",
-                run_from_txt(include_str!("../fixtures/forgeries/drop_failing_pytest.py")),
-            ),
-            // The fourth pass: forgiving only the real failure's exception type
-            // (ZeroDivisionError), through objects the framework watch does not cover.
-            (
-                "tamper: pluggy's hook-call monitoring forces pytest_pyfunc_call's result on ZeroDivisionError",
-                vec![append("calc/ops.py", include_str!("../fixtures/forgeries/hookcall_monitoring_pytest.py"))],
-            ),
-            (
-                "tamper: ExceptionInfo.__bool__ false for ZeroDivisionError (found by a subclass walk)",
-                vec![append("calc/ops.py", include_str!("../fixtures/forgeries/excinfo_bool_pytest.py"))],
-            ),
-        ]);
+    out.extend(if pytest {
+        red_team_pytest_only()
     } else {
-        let thread = include_str!("../fixtures/forgeries/thread_replace_unittest.py");
-        out.extend([
-            (
-                "tamper: TestLoader.getTestCaseNames drops the tests that fail in the code under test",
-                vec![append(
-                    "calc/__init__.py",
-                    include_str!("../fixtures/forgeries/drop_failing_unittest.py"),
-                )],
-            ),
-            (
-                "tamper: TestCase._callTestMethod forgives failures raised in the code under test (from a .txt)",
-                run_from_txt(include_str!("../fixtures/forgeries/forgive_raised_in_code_unittest.py")),
-            ),
-            (
-                "tamper: the failing tests replaced at load time by a passing sibling (from a .txt)",
-                run_from_txt(include_str!("../fixtures/forgeries/replace_failing_at_load.py")),
-            ),
-            (
-                "tamper: a thread replacing the failing tests by a passing sibling test",
-                vec![append("calc/__init__.py", &thread.replace("MODE = \"lambda\"", "MODE = \"alias\""))],
-            ),
-            // The fourth pass: forgiving only the real failure's exception type
-            // (ZeroDivisionError), through objects the framework watch does not cover.
-            (
-                "tamper: the test file's own TestCase classes get a forgiving _callTestMethod",
-                vec![append("calc/ops.py", include_str!("../fixtures/forgeries/subclass_call_test_method.py"))],
-            ),
-            (
-                "tamper: contextlib's context-manager exit swallows ZeroDivisionError",
-                vec![append("calc/ops.py", include_str!("../fixtures/forgeries/contextlib_exit.py"))],
-            ),
-            (
-                "tamper: a thread replacing the failing tests by a partial (no code object)",
-                vec![append("calc/__init__.py", &thread.replace("MODE = \"lambda\"", "MODE = \"partial\""))],
-            ),
-        ]);
-        out.push((
-            "load_tests set on the half-imported test module replaces the failing tests",
+        red_team_unittest_only()
+    });
+    out
+}
+
+/// The red-team forgeries aimed at the pytest task.
+fn red_team_pytest_only() -> Vec<(&'static str, Vec<Value>)> {
+    let mut out = Vec::new();
+    out.push((
+        "a thread swapping the failing test's __code__ for a no-op",
+        vec![write_file(
+            "calc/__init__.py",
+            include_str!("../fixtures/forgeries/thread_swap_code_pytest.py"),
+        )],
+    ));
+    out.extend([
+        (
+            "tamper: pytest's Function.runtest forgives failures raised in the code under test (from a .txt)",
+            run_from_txt(include_str!("../fixtures/forgeries/forgive_raised_in_code_pytest.py")),
+        ),
+        (
+            "tamper: pytest's runtestprotocol drops the tests that fail in the code under test (from a .txt)",
+            run_from_txt(include_str!("../fixtures/forgeries/drop_failing_pytest.py")),
+        ),
+        // The fourth pass: forgiving only the real failure's exception type
+        // (ZeroDivisionError), through objects the framework watch does not cover.
+        (
+            "tamper: pluggy's hook-call monitoring forces pytest_pyfunc_call's result on ZeroDivisionError",
+            vec![append("calc/ops.py", include_str!("../fixtures/forgeries/hookcall_monitoring_pytest.py"))],
+        ),
+        (
+            "tamper: ExceptionInfo.__bool__ false for ZeroDivisionError (found by a subclass walk)",
+            vec![append("calc/ops.py", include_str!("../fixtures/forgeries/excinfo_bool_pytest.py"))],
+        ),
+    ]);
+    out
+}
+
+/// The red-team forgeries aimed at the unittest task.
+fn red_team_unittest_only() -> Vec<(&'static str, Vec<Value>)> {
+    let mut out = Vec::new();
+    let thread = include_str!("../fixtures/forgeries/thread_replace_unittest.py");
+    out.extend([
+        (
+            "tamper: TestLoader.getTestCaseNames drops the tests that fail in the code under test",
             vec![append(
                 "calc/__init__.py",
-                include_str!("../fixtures/forgeries/load_tests_replace.py"),
+                include_str!("../fixtures/forgeries/drop_failing_unittest.py"),
             )],
-        ));
-        out.push((
-            "a thread replacing the failing test methods",
-            vec![append(
-                "calc/__init__.py",
-                include_str!("../fixtures/forgeries/thread_replace_unittest.py"),
-            )],
-        ));
-    }
+        ),
+        (
+            "tamper: TestCase._callTestMethod forgives failures raised in the code under test (from a .txt)",
+            run_from_txt(include_str!("../fixtures/forgeries/forgive_raised_in_code_unittest.py")),
+        ),
+        (
+            "tamper: the failing tests replaced at load time by a passing sibling (from a .txt)",
+            run_from_txt(include_str!("../fixtures/forgeries/replace_failing_at_load.py")),
+        ),
+        (
+            "tamper: a thread replacing the failing tests by a passing sibling test",
+            vec![append("calc/__init__.py", &thread.replace("MODE = \"lambda\"", "MODE = \"alias\""))],
+        ),
+        // The fourth pass: forgiving only the real failure's exception type
+        // (ZeroDivisionError), through objects the framework watch does not cover.
+        (
+            "tamper: the test file's own TestCase classes get a forgiving _callTestMethod",
+            vec![append("calc/ops.py", include_str!("../fixtures/forgeries/subclass_call_test_method.py"))],
+        ),
+        (
+            "tamper: contextlib's context-manager exit swallows ZeroDivisionError",
+            vec![append("calc/ops.py", include_str!("../fixtures/forgeries/contextlib_exit.py"))],
+        ),
+        (
+            "tamper: a thread replacing the failing tests by a partial (no code object)",
+            vec![append("calc/__init__.py", &thread.replace("MODE = \"lambda\"", "MODE = \"partial\""))],
+        ),
+    ]);
+    out.push((
+        "load_tests set on the half-imported test module replaces the failing tests",
+        vec![append(
+            "calc/__init__.py",
+            include_str!("../fixtures/forgeries/load_tests_replace.py"),
+        )],
+    ));
+    out.push((
+        "a thread replacing the failing test methods",
+        vec![append(
+            "calc/__init__.py",
+            include_str!("../fixtures/forgeries/thread_replace_unittest.py"),
+        )],
+    ));
     out
 }
