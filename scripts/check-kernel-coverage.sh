@@ -12,7 +12,7 @@
 #   2. Launch site: a string literal in src/backend/cuda/*.rs that is the kernel's name, or a
 #      format string that produces it (`"paged_attn_{kind}_hd{head_dim}"`), where the text each
 #      `{...}` stands for must appear as a literal (a number, a string's text) in that function or
-#      in one it calls in src/backend/cuda (`attention_variant`'s `[16, 32, 64, 128]` and
+#      in one it calls in src/backend/cuda, up to three calls down (`attention_variant`'s `[16, 32, 64, 128]` and
 #      `"decode"`: a `paged_attn_decode_hd256` would have no launch site). The launch function is the Rust function containing that literal if it
 #      launches (`launch_builder`) or hands the name to a function that does (`rope_fwd` ->
 #      `rope_launch`), else the functions of src/backend/cuda/*.rs that call it and launch (a
@@ -193,7 +193,7 @@ for path in sorted(glob.glob("kernels/*.cu")):
         kernels[name] = path
 
 # 2. launch sites: the fn containing a literal producing the kernel's name if it launches, else
-# the launching fns of src/backend/cuda that call it (up to three levels up)
+# the launching fns of src/backend/cuda that call it (up to four levels up)
 named = {k: set() for k in kernels}
 launchers, cuda_callers, cuda_calls, cuda_tokens = set(), {}, {}, {}
 cuda_fns = []
@@ -207,10 +207,20 @@ for path in sorted(glob.glob("src/backend/cuda/*.rs")):
         for c in calls(body):
             if c != fname:
                 cuda_callers.setdefault(c, set()).add(fname)
+def reachable_tokens(fname, depth=3):
+    """The literals of `fname` and of the src/backend/cuda functions it calls, `depth` levels
+    down (a picker may hand the head dims to a helper: `attention_variant` -> `choose_variant`)."""
+    tokens, level, seen = set(cuda_tokens[fname]), {fname}, {fname}
+    for _ in range(depth):
+        level = {c for f in level for c in cuda_calls.get(f, ()) if c in cuda_tokens} - seen
+        seen |= level
+        for c in level:
+            tokens |= cuda_tokens[c]
+    return tokens
+
+
 for fname, body in cuda_fns:
-    tokens = set(cuda_tokens[fname])
-    for c in cuda_calls[fname]:
-        tokens |= cuda_tokens.get(c, set())
+    tokens = reachable_tokens(fname)
     for lit in re.findall(r'"((?:\\.|[^"\\])*)"', body):
         # Every placeholder's text (empty allowed) must be a literal the code has.
         pattern = literal_pattern(lit, tokens)
@@ -224,7 +234,7 @@ for k, fns in named.items():
     # A function that launches, or passes the name to a launching function it calls.
     found = {f for f in fns if f in launchers or cuda_calls.get(f, set()) & launchers}
     level = set(fns) - found
-    for _ in range(3):
+    for _ in range(4):
         found |= level & launchers
         level = {c for f in level - launchers for c in cuda_callers.get(f, ())}
     launch[k] = found
