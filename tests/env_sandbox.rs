@@ -300,14 +300,15 @@ except OSError as e:
 #[test]
 fn a_burst_of_processes_stops_at_the_process_limit() {
     let lim = Limits {
-        command_timeout: 5 * SECOND,
+        command_timeout: 30 * SECOND,
         processes: 64,
         ..limits()
     };
     let fx = fixture(330_000, lim, false);
     let m = marker("burst");
     let mut sb = fx.start("ep");
-    // Sample the episode's processes on the host while the burst runs.
+    // Sample the episode's processes on the host while the burst runs (an upper bound only: a
+    // loaded host may sample too rarely to see the peak).
     let stop = Arc::new(AtomicBool::new(false));
     let watcher = {
         let (stop, uids) = (stop.clone(), fx.uids.clone());
@@ -320,25 +321,26 @@ fn a_burst_of_processes_stops_at_the_process_limit() {
             most
         })
     };
+    // dash fails at the first fork the limit refuses ("Cannot fork"), where bash would retry for
+    // 15 s; every sleep it started is alive until the command ends, so the "started" lines count
+    // the episode's processes at once, whatever the host's load.
     let command = format!(
-        "ln -s /bin/sleep /tmp/{m}; for i in $(seq 5000); do /tmp/{m} 30 & done; echo finished"
+        "ln -s /bin/sleep /tmp/{m}; sh -c 'for i in $(seq 5000); do /tmp/{m} 30 & echo \"started $!\"; done; echo finished'"
     );
     let out = run(&mut sb, &command);
     stop.store(true, Ordering::SeqCst);
     let most = watcher.join().unwrap();
+    let started = out.output.matches("started ").count();
     assert!(
-        !out.success() && !out.output.contains("finished"),
+        !out.success() && !out.timed_out && !out.output.contains("finished"),
         "{out:?}"
     );
+    assert!(out.output.contains("Cannot fork"), "{out:?}");
     assert!(
-        out.timed_out || out.output.to_lowercase().contains("fork"),
-        "{out:?}"
+        started > 48 && started < 64,
+        "{started} processes started at once under a limit of 64: {out:?}"
     );
-    assert!(out.elapsed < 8 * SECOND, "{out:?}");
-    assert!(
-        most > 10 && most <= 64,
-        "{most} processes of the episode at once"
-    );
+    assert!(most <= 64, "{most} processes of the episode at once");
     fx.assert_nothing_left(&m);
     assert!(std::process::Command::new("true")
         .status()
