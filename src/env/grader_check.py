@@ -42,17 +42,26 @@ def _same_file(a, b):
         return False
 
 
+def _chain(func):
+    """`func` and what it wraps (`__wrapped__`, as functools.wraps and decorators set it),
+    outermost first, each bound method taken as its function."""
+    chain = []
+    for _ in range(20):
+        func = getattr(func, "__func__", func)
+        chain.append(func)
+        inner = getattr(func, "__wrapped__", None)
+        if inner is None:
+            break
+        func = inner
+    return chain
+
+
 def code_ok(func, test_file, rewrites=(None,), name=None):
     """True: `func` (unwrapped) is code of `test_file` as the file reads now, under the test's
     own `name` where one is given; False: it is not (another function's code, a callable
     without code, a function from elsewhere); None: cannot tell (no file, a file that does not
     compile). A test the task's own suite defines oddly is judged against the reference run."""
-    for _ in range(20):
-        inner = getattr(func, "__wrapped__", None)
-        if inner is None:
-            break
-        func = inner
-    func = getattr(func, "__func__", func)
+    func = _chain(func)[-1]
     if not test_file:
         return None
     code = getattr(func, "__code__", None)
@@ -112,3 +121,145 @@ def framework_changes(snapshot):
     now = framework_snapshot(modules)[1]
     keys = set(baseline) | set(now)
     return sorted(k for k in keys if baseline.get(k, _MISSING) is not now.get(k, _MISSING))
+
+
+# What stands between the framework and the test's own code: each wrapper around the test
+# function (a decorator's, or one put there at run time), described by where its code comes
+# from. A forgiver wrapped around a failing test (`functools.wraps` keeps `__wrapped__`, so the
+# code check above still finds the test's own code inside) shows as a wrapper the reference
+# run does not have.
+def _describe(obj, workdir):
+    code = getattr(obj, "__code__", None)
+    if code is None:
+        code = getattr(getattr(type(obj), "__call__", None), "__code__", None)
+    if code is None:
+        kind = type(obj)
+        heap = getattr(kind, "__flags__", 0) & (1 << 9)  # Py_TPFLAGS_HEAPTYPE: a Python class
+        return "<%s %s.%s>" % ("class" if heap else "builtin", getattr(kind, "__module__", "?"),
+                               getattr(kind, "__qualname__", getattr(kind, "__name__", "?")))
+    path = code.co_filename
+    try:
+        inside = os.path.realpath(path)
+        root = os.path.realpath(workdir)
+        if inside.startswith(root + os.sep):
+            path = os.path.relpath(inside, root)
+    except Exception:
+        pass
+    codes = _codes(code.co_filename, None) if os.path.isfile(code.co_filename) else None
+    known = codes is not None and code.co_code in codes.get((code.co_name, code.co_firstlineno), ())
+    # A code object claiming a file whose compiled code it is not is marked: its name and file
+    # are only strings.
+    return "%s:%s%s" % (path, code.co_name, "" if known else "?")
+
+
+def wrappers(func, workdir):
+    """The wrappers around the test function `func` leads to, outermost first (empty: the
+    framework calls the test's own function)."""
+    chain = _chain(func)
+    return [_describe(link, workdir) for link in chain[:-1]]
+
+
+# The call of the test's own function, witnessed from the inside: the grader puts `witness` in
+# the place the framework takes the test from (unittest's test method on the instance, pytest's
+# `item.obj`), so anything that forgives a failure on its way out (a patched _callTestMethod,
+# a hook-call monitor, a context manager's exit, ExceptionInfo) is outside it. A test recorded
+# passed whose witnessed call raised, or that never called it, was forgiven.
+def witness(method, key, calls):
+    """A callable calling `method` that notes in `calls[key]` how the call ended: "returned",
+    "raised", "deferred" (an awaitable the framework runs later), "running" while it runs."""
+
+    def swerve_witness(*args, **kwargs):
+        calls[key] = "running"
+        try:
+            result = method(*args, **kwargs)
+        except BaseException:
+            calls[key] = "raised"
+            raise
+        deferred = hasattr(result, "__await__") or hasattr(result, "__aiter__")
+        calls[key] = "deferred" if deferred else "returned"
+        return result
+
+    try:
+        import functools
+
+        functools.update_wrapper(swerve_witness, method)
+    except Exception:
+        pass
+    calls[key] = "uncalled"
+    return swerve_witness
+
+
+def is_async(func):
+    """A coroutine or async-generator function (its failure surfaces where the framework runs
+    it, not at the call): not witnessed."""
+    try:
+        import inspect
+
+        inner = _chain(func)[-1]
+        agen = getattr(inspect, "isasyncgenfunction", lambda f: False)
+        return inspect.iscoroutinefunction(inner) or agen(inner) or inspect.iscoroutinefunction(func)
+    except Exception:
+        return True
+
+
+# The test's own classes, as the file defines them: a test class or a base the workspace
+# defines (the task's test file, a repository's own test framework such as Django's) that gets
+# a callable at run time which is not its file's code (a forgiving `assertEqual`, `setUp`,
+# `_callTestMethod` put on the test's class) is listed like a framework change.
+_class_verdicts = {}
+
+
+def _inside(path, workdir):
+    try:
+        return os.path.realpath(path).startswith(os.path.realpath(workdir) + os.sep)
+    except Exception:
+        return False
+
+
+def _member_functions(value):
+    """The functions a class attribute runs (a property's accessors, a static or class method's
+    function), or None for an attribute that is not callable code."""
+    if isinstance(value, type):
+        return None
+    if isinstance(value, (staticmethod, classmethod)):
+        return [value.__func__]
+    if isinstance(value, property):
+        return [f for f in (value.fget, value.fset, value.fdel) if f is not None]
+    if callable(value):
+        return [value]
+    return None
+
+
+def class_changes(klass, workdir, rewrites=(None,)):
+    """The attributes of `klass` and its bases defined inside `workdir` whose callable is not
+    code of the file that defines the class, or is wrapped, as "module.Class.attribute",
+    sorted."""
+    import sys
+
+    changed = []
+    for base in getattr(klass, "__mro__", ()):
+        module = sys.modules.get(getattr(base, "__module__", None))
+        path = getattr(module, "__file__", None)
+        if not path or not _inside(path, workdir):
+            continue
+        qualified = "%s.%s" % (base.__module__, getattr(base, "__qualname__", base.__name__))
+        for attr, value in list(vars(base).items()):
+            key = (id(base), attr)
+            known = _class_verdicts.get(key)
+            if known is not None and known[0] is value:
+                entry = known[1]
+            else:
+                entry = None
+                functions = _member_functions(value) or ()
+                # Wrapped code is listed too, described link by link (the wrapper could be
+                # anything; a decorator the file applies shows the same in the reference run).
+                for f in functions:
+                    chain = _chain(f)
+                    if len(chain) > 1 or code_ok(f, path, rewrites) is False:
+                        links = " < ".join(_describe(link, workdir) for link in chain)
+                        entry = "%s.%s = %s" % (qualified, attr, links)
+                        break
+                _class_verdicts[key] = (value, entry)
+            if entry is not None:
+                changed.append(entry)
+    return sorted(changed)

@@ -4,7 +4,9 @@
 # drawn fresh per grading). The test log is only a cross-check of what this file says.
 #
 #   {"run": "PID-N", "ev": "start"}
-#   {"run": "PID-N", "ev": "test", "id": NODEID, "status": passed|failed|error|skipped|xfail|xpass}
+#   {"run": "PID-N", "ev": "test", "id": NODEID, "status": passed|failed|error|skipped|xfail|xpass,
+#    "code": false (not its file's code), "wrappers": [...] (around the test function),
+#    "call": returned|raised|uncalled|running|deferred (the test function's own call)}
 #   {"run": "PID-N", "ev": "collect-error", "id": NODEID}
 #   {"run": "PID-N", "ev": "framework", "changed": [NAME, ...]}   the framework patched mid-run
 #   {"run": "PID-N", "ev": "end", "exit": N}
@@ -74,15 +76,18 @@ def _swerve_plugins(config):
     return names
 
 
-def _swerve_framework_check():
+def _swerve_framework_check(klass=None):
     # The framework as pytest configured it (grader_check.py), compared as each test is
-    # recorded and when the session ends; each change written once.
+    # recorded and when the session ends, with the test's own class and its bases from the
+    # workspace; each change written once.
     if _swerve_watch["snapshot"] is None or not _swerve_config:
         return
     try:
         import swerve_grader_check as check
 
         changed = list(check.framework_changes(_swerve_watch["snapshot"]))
+        if klass is not None:
+            changed += check.class_changes(klass, _swerve_workdir, (None, _swerve_rewrite()))
         now = _swerve_plugins(_swerve_config[0])
         before = _swerve_watch["plugins"]
         changed += ["plugin " + n for n in sorted(now.symmetric_difference(before))]
@@ -123,6 +128,29 @@ def _swerve_rewrite():
     return rewrite
 
 
+_swerve_calls = {}
+_swerve_wrappers = {}
+_swerve_classes = {}
+_swerve_workdir = os.getcwd()
+
+
+def _swerve_witness(item, check):
+    # The test function's own call, witnessed (grader_check.py): pytest calls `item.obj`
+    # (pytest_pyfunc_call), and a unittest TestCase's run takes the method from the instance
+    # (pytest 5.4 and later set it there from `item.obj` themselves; earlier ones do not).
+    func = getattr(item, "obj", None)
+    if func is None or not callable(func) or check.is_async(func):
+        return
+    watched = check.witness(func, item.nodeid, _swerve_calls)
+    try:
+        item.obj = watched
+        testcase = getattr(item, "_testcase", None)
+        if testcase is not None:
+            setattr(testcase, item.name, watched)
+    except Exception:
+        _swerve_calls.pop(item.nodeid, None)
+
+
 def pytest_runtest_call(item):
     try:
         import swerve_grader_check as check
@@ -132,8 +160,21 @@ def pytest_runtest_call(item):
         name = getattr(item, "originalname", None) or getattr(item, "name", None)
         if func is not None and path:
             _swerve_code[item.nodeid] = check.code_ok(func, path, (None, _swerve_rewrite()), name)
+            _swerve_wrappers[item.nodeid] = check.wrappers(func, _swerve_workdir)
+        _swerve_classes[item.nodeid] = getattr(item, "cls", None)
+        _swerve_witness(item, check)
     except Exception:
         pass
+
+
+# Before pytest's own pytest_runtest_call runs the test (pytest.hookimpl from pytest 2.8 on;
+# older ones read the attribute).
+try:
+    import pytest as _swerve_pytest
+
+    pytest_runtest_call = _swerve_pytest.hookimpl(tryfirst=True)(pytest_runtest_call)
+except Exception:
+    pytest_runtest_call.tryfirst = True
 
 
 def pytest_runtest_logreport(report):
@@ -142,11 +183,17 @@ def pytest_runtest_logreport(report):
     if status is not None and (current is None or current == "passed" or status == "error"):
         _swerve_outcomes[report.nodeid] = status
     if report.when == "teardown":
-        _swerve_framework_check()
+        _swerve_framework_check(_swerve_classes.pop(report.nodeid, None))
         final = _swerve_outcomes.pop(report.nodeid, None) or "passed"
         record = {"ev": "test", "id": report.nodeid, "status": final}
         if _swerve_code.pop(report.nodeid, None) is False:
             record["code"] = False
+        wrappers = _swerve_wrappers.pop(report.nodeid, None)
+        if wrappers:
+            record["wrappers"] = wrappers
+        call = _swerve_calls.pop(report.nodeid, None)
+        if call is not None:
+            record["call"] = call
         _swerve_write(record)
 
 

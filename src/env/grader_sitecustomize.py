@@ -129,37 +129,88 @@ def _swerve_record_unittest(path):
         pass
     state = {"stop": False}
 
-    def code_flag(test):
-        # The test method's code against its class's file (grader_check.py).
+    def code_flags(test):
+        # The test method's code against its class's file, and the wrappers around it
+        # (grader_check.py): (code_ok's answer, the wrappers).
         try:
             import swerve_grader_check as check
 
             name = getattr(test, "_testMethodName", None)
             if not name:
-                return None
+                return (None, [])
             for klass in type(test).__mro__:
                 if name in vars(klass):
                     module = sys.modules.get(klass.__module__)
-                    return check.code_ok(
-                        vars(klass)[name], getattr(module, "__file__", None), (None,), name
-                    )
+                    method = vars(klass)[name]
+                    ok = check.code_ok(method, getattr(module, "__file__", None), (None,), name)
+                    return (ok, check.wrappers(method, _swerve_workdir))
         except Exception:
-            return None
-        return None
+            return (None, [])
+        return (None, [])
+
+    # The test method's own call, witnessed (grader_check.py): put on the instance as the run
+    # starts, where unittest's run() takes it from; how it ended is written with the outcome.
+    # The code check and the wrappers are taken then too, on what the witness calls (a forgiver
+    # that puts the test back once it ran leaves no trace on the class by the time of the
+    # record), and again at the record.
+    calls = {}
+    started = {}
+
+    def install_witness(test):
+        key = id(test)
+        started[key] = code_flags(test)
+        try:
+            import swerve_grader_check as check
+
+            name = getattr(test, "_testMethodName", None)
+            if name and name in vars(test):
+                # Something put its own callable on this instance before the run.
+                started[key] = (False, started[key][1])
+            method = getattr(test, name, None) if name else None
+            if method is None or not callable(method) or check.is_async(method):
+                return
+            watched = check.witness(method, key, calls)
+            vars(test)[name] = watched
+            if getattr(test, name, None) is not watched:
+                calls.pop(key, None)
+        except Exception:
+            calls.pop(key, None)
+
+    def test_flags(test):
+        # (code_ok's answer, the wrappers) from the run's start and from now, combined.
+        code, wrappers = code_flags(test)
+        start_code, start_wrappers = started.get(id(test), (None, []))
+        if start_code is False:
+            code = False
+        return (code, start_wrappers or wrappers)
+
+    def remove_witness(test):
+        calls.pop(id(test), None)
+        started.pop(id(test), None)
+        try:
+            name = getattr(test, "_testMethodName", None)
+            found = vars(test).get(name) if name else None
+            if getattr(found, "__name__", None) == "swerve_witness" or \
+                    getattr(getattr(found, "__code__", None), "co_name", None) == "swerve_witness":
+                del vars(test)[name]
+        except Exception:
+            pass
 
     # The framework as this hook left it (grader_check.py): compared as each test is recorded
     # and when the run ends; each change is written once, before the test record it precedes.
     watch = {"snapshot": None, "reported": set()}
 
-    def framework_check(result):
+    def framework_check(result, test=None):
         try:
             import swerve_grader_check as check
 
             if watch["snapshot"] is None:
                 watch["snapshot"] = check.framework_snapshot(check.UNITTEST_MODULES)
                 return
-            changed = [c for c in check.framework_changes(watch["snapshot"])
-                       if c not in watch["reported"]]
+            changed = check.framework_changes(watch["snapshot"])
+            if test is not None:
+                changed += check.class_changes(type(test), _swerve_workdir)
+            changed = [c for c in changed if c not in watch["reported"]]
         except Exception as error:
             changed = ["(the framework check failed: %s)" % type(error).__name__]
         if changed:
@@ -169,12 +220,18 @@ def _swerve_record_unittest(path):
     def outcome(status):
         def wrap(original):
             def method(self, test, *args):
-                framework_check(self)
+                framework_check(self, test)
                 record = {"ev": "test", "id": str(test), "desc": describe(test), "status": status}
                 if status == "passed" and state["stop"] and not getattr(self, "failfast", False):
                     record["status"] = "error"
-                if code_flag(test) is False:
+                code, wrappers = test_flags(test)
+                if code is False:
                     record["code"] = False
+                if wrappers:
+                    record["wrappers"] = wrappers
+                call = calls.get(id(test))
+                if call is not None:
+                    record["call"] = call
                 write(self, record)
                 return original(self, test, *args)
 
@@ -186,9 +243,17 @@ def _swerve_record_unittest(path):
 
     def startTest(self, test):
         state["stop"] = False
+        install_witness(test)
         return original_start_test(self, test)
 
     base.startTest = startTest
+    original_stop_test = base.stopTest
+
+    def stopTest(self, test):
+        remove_witness(test)
+        return original_stop_test(self, test)
+
+    base.stopTest = stopTest
 
     for name, status in (
         ("addSuccess", "passed"),

@@ -449,6 +449,16 @@ fn red_team_pytest_only() -> Vec<(&'static str, Vec<Value>)> {
             "tamper: ExceptionInfo.__bool__ false for ZeroDivisionError (found by a subclass walk)",
             vec![append("calc/ops.py", include_str!("../fixtures/forgeries/excinfo_bool_pytest.py"))],
         ),
+        // The fifth pass: the code under test re-raises its failure as a private subclass of
+        // ZeroDivisionError, forgiven by type where no canary raises it (the witnessed call).
+        (
+            "tamper: hook-call monitoring forgives only the code under test's own ZeroDivisionError subclass",
+            vec![append("calc/ops.py", include_str!("../fixtures/forgeries/tagged_hookcall_monitoring_pytest.py"))],
+        ),
+        (
+            "tamper: ExceptionInfo.__bool__ false only for the code under test's own ZeroDivisionError subclass",
+            vec![append("calc/ops.py", include_str!("../fixtures/forgeries/tagged_excinfo_bool_pytest.py"))],
+        ),
     ]);
     out
 }
@@ -492,6 +502,7 @@ fn red_team_unittest_only() -> Vec<(&'static str, Vec<Value>)> {
             vec![append("calc/__init__.py", &thread.replace("MODE = \"lambda\"", "MODE = \"partial\""))],
         ),
     ]);
+    out.extend(red_team_unittest_fifth_pass());
     out.push((
         "load_tests set on the half-imported test module replaces the failing tests",
         vec![append(
@@ -507,4 +518,37 @@ fn red_team_unittest_only() -> Vec<(&'static str, Vec<Value>)> {
         )],
     ));
     out
+}
+
+/// The fifth red-team pass (issue 34), on the unittest task: failures re-raised by the code
+/// under test as a private subclass of ZeroDivisionError and forgiven by that type alone, where
+/// no canary raises it; and the tests' own classes given forgiving wrappers or assertions.
+fn red_team_unittest_fifth_pass() -> Vec<(&'static str, Vec<Value>)> {
+    let fixture = |text: &str| vec![append("calc/ops.py", text)];
+    vec![
+        (
+            "tamper: the test classes' _callTestMethod forgives only the code under test's own ZeroDivisionError subclass",
+            fixture(include_str!("../fixtures/forgeries/tagged_call_test_method.py")),
+        ),
+        (
+            "tamper: contextlib's exit swallows only the code under test's own ZeroDivisionError subclass",
+            fixture(include_str!("../fixtures/forgeries/tagged_contextlib_exit.py")),
+        ),
+        (
+            "tamper: _callTestMethod forgives the subclass only in tests whose code names the function under test",
+            fixture(include_str!("../fixtures/forgeries/tagged_call_test_method_conames.py")),
+        ),
+        (
+            "tamper: the test methods wrapped on their class by a functools.wraps forgiver",
+            fixture(include_str!("../fixtures/forgeries/wraps_forgiver_unittest.py")),
+        ),
+        (
+            "tamper: the test methods wrapped on their class by a ContextDecorator that swallows the subclass",
+            fixture(include_str!("../fixtures/forgeries/context_decorator_unittest.py")),
+        ),
+        (
+            "tamper: assertEqual on the test module's own classes excuses the code under test's no-value result",
+            fixture(include_str!("../fixtures/forgeries/lenient_assert_unittest.py")),
+        ),
+    ]
 }

@@ -5,7 +5,9 @@
 //! ```text
 //!   {"run": "PID-N", "ev": "start"}                 a test run began (a pytest session, a
 //!   {"run": "PID-N", "ev": "test", "id": ID,         unittest result's startTestRun)
-//!    "desc": DOC, "status": passed|failed|...}
+//!    "desc": DOC, "status": passed|failed|...,
+//!    "code": false, "wrappers": [..],               not its file's code; what wraps it
+//!    "call": returned|raised|uncalled|...}          its own function's call, witnessed
 //!   {"run": "PID-N", "ev": "collect-error", "id": ID}
 //!   {"run": "PID-N", "ev": "end", "exit": N}        the run finished (its session's exit status)
 //!   {"run": "PID-N", "ev": "framework",             the test framework's modules or classes
@@ -36,7 +38,16 @@ pub struct Run {
     /// Attributes of the test framework (its modules, their classes, pytest's registered
     /// plugins) that changed while the tests ran.
     pub framework_changed: Vec<String>,
+    /// Tests recorded passed whose own function's call, witnessed from the inside, raised or
+    /// never happened (the recorder's `"call"`): a failure forgiven on its way out.
+    pub forgiven: Vec<String>,
+    /// The wrappers around each test's function, outermost first, where it has any (the
+    /// recorder's `"wrappers"`: decorators, or something put around the test at run time).
+    pub wrappers: BTreeMap<String, Vec<String>>,
 }
+
+/// How a test function's witnessed call ended (`grader_check.witness`).
+const CALLS: [&str; 5] = ["returned", "raised", "deferred", "running", "uncalled"];
 
 /// The runs in `text`, in the order they first appear. A line that is not a record of this
 /// shape makes the whole file untrustworthy: `Err` says which.
@@ -83,6 +94,29 @@ pub fn parse_runs(parser: LogParser, text: &str) -> Result<Vec<Run>, String> {
                 let canonical = logs::runner_id(parser, id);
                 if value["code"] == Value::Bool(false) && !run.code_changed.contains(&canonical) {
                     run.code_changed.push(canonical.clone());
+                }
+                let call = match &value["call"] {
+                    Value::Null => None,
+                    Value::String(call) if CALLS.contains(&call.as_str()) => Some(call.as_str()),
+                    _ => return Err(bad()),
+                };
+                if status == TestStatus::Passed
+                    && matches!(call, Some("raised" | "uncalled" | "running"))
+                    && !run.forgiven.contains(&canonical)
+                {
+                    run.forgiven.push(canonical.clone());
+                }
+                match &value["wrappers"] {
+                    Value::Null => {}
+                    Value::Array(links) => {
+                        let links = links
+                            .iter()
+                            .map(|l| l.as_str().map(str::to_string))
+                            .collect::<Option<Vec<_>>>()
+                            .ok_or_else(bad)?;
+                        run.wrappers.insert(canonical.clone(), links);
+                    }
+                    _ => return Err(bad()),
                 }
                 logs::record(&mut run.statuses, canonical, status);
                 // Django's lists name a test with a docstring by the docstring's first line,
@@ -162,5 +196,29 @@ mod tests {
         )
         .is_err());
         assert!(parse_runs(LogParser::Unittest, "ok\n").is_err());
+    }
+
+    #[test]
+    fn witnessed_calls_and_wrappers_are_read() {
+        let text = r#"{"run": "1", "ev": "start"}
+{"run": "1", "ev": "test", "id": "t.py::a", "status": "passed", "call": "returned"}
+{"run": "1", "ev": "test", "id": "t.py::b", "status": "passed", "call": "raised"}
+{"run": "1", "ev": "test", "id": "t.py::c", "status": "failed", "call": "raised"}
+{"run": "1", "ev": "test", "id": "t.py::d", "status": "passed", "call": "uncalled", "wrappers": ["calc/ops.py:run"]}
+{"run": "1", "ev": "test", "id": "t.py::e", "status": "passed", "call": "deferred"}
+{"run": "1", "ev": "test", "id": "t.py::f", "status": "passed", "call": "running"}
+"#;
+        let run = &parse_runs(LogParser::Pytest, text).unwrap()[0];
+        assert_eq!(run.forgiven, vec!["t.py::b", "t.py::d", "t.py::f"]);
+        assert_eq!(run.wrappers.len(), 1);
+        assert_eq!(run.wrappers["t.py::d"], vec!["calc/ops.py:run"]);
+        for bad in [
+            r#"{"run": "1", "ev": "test", "id": "x", "status": "passed", "call": "fine"}"#,
+            r#"{"run": "1", "ev": "test", "id": "x", "status": "passed", "call": 1}"#,
+            r#"{"run": "1", "ev": "test", "id": "x", "status": "passed", "wrappers": "a"}"#,
+            r#"{"run": "1", "ev": "test", "id": "x", "status": "passed", "wrappers": [1]}"#,
+        ] {
+            assert!(parse_runs(LogParser::Pytest, bad).is_err(), "{bad}");
+        }
     }
 }

@@ -4,7 +4,9 @@
 //!
 //! ```text
 //!   tampered   a canary off its rule; exit status 0 with a test failed; a record that is not
-//!              the grader's shape                      (each unless the reference run shows it)
+//!              the grader's shape; a test recorded passed whose own call raised or never ran;
+//!              a test wrapped otherwise than in the reference run; a test whose code is not
+//!              its file's; the framework changed      (each unless the reference run shows it)
 //!   lists      every FAIL_TO_PASS / PASS_TO_PASS id passed (the runner's own pass status);
 //!              XFAIL / XPASS only where the reference solution's run shows the same status
 //!   no lists   a test passed, none failed or errored, none skipped or XFAIL / XPASS unless the
@@ -58,6 +60,10 @@ pub struct Observation {
     pub code_changed: Vec<String>,
     /// The test framework's attributes that changed while the tests ran.
     pub framework_changed: Vec<String>,
+    /// Tests recorded passed whose own function's call raised or never happened.
+    pub forgiven: Vec<String>,
+    /// The wrappers around each (non-canary) test's function, where it has any.
+    pub wrappers: BTreeMap<String, Vec<String>>,
 }
 
 impl Observation {
@@ -95,6 +101,13 @@ impl Observation {
                             collect_errors = !run.collect_errors.is_empty();
                             observation.code_changed = run.code_changed.clone();
                             observation.framework_changed = run.framework_changed.clone();
+                            observation.forgiven = run.forgiven.clone();
+                            observation.wrappers = run
+                                .wrappers
+                                .iter()
+                                .filter(|(id, _)| !canaries.is_canary(id))
+                                .map(|(id, links)| (id.clone(), links.clone()))
+                                .collect();
                             results::cross_check(&run.statuses, &log)
                         }
                         None => log.clone(),
@@ -236,6 +249,27 @@ fn tamper_evidence(
             framework_changed.join(", ")
         ));
     }
+    let forgiven: Vec<&str> = observed
+        .forgiven
+        .iter()
+        .filter(|id| !reference.is_some_and(|r| r.observation.forgiven.contains(id)))
+        .map(String::as_str)
+        .collect();
+    *needs_reference |= !observed.forgiven.is_empty();
+    if !forgiven.is_empty() {
+        tampered.push(format!(
+            "tests recorded passed although their own function's call raised or never ran: {}",
+            forgiven.join(", ")
+        ));
+    }
+    let rewrapped = rewrapped(observed, reference);
+    *needs_reference |= !observed.wrappers.is_empty();
+    if !rewrapped.is_empty() {
+        tampered.push(format!(
+            "tests wrapped otherwise than in the reference run: {}",
+            rewrapped.join("; ")
+        ));
+    }
     if let Some(why) = &observed.record_error {
         tampered.push(format!("the runner's record cannot be trusted: {why}"));
     }
@@ -248,6 +282,26 @@ fn tamper_evidence(
         }
     }
     tampered
+}
+
+/// The tests whose function runs inside wrappers the reference run does not show around it
+/// (a decorator the task's own file applies shows in both). A test the reference run does not
+/// have (one the change added) is the change's own business; without a reference, every
+/// wrapped test is listed.
+fn rewrapped(observed: &Observation, reference: Option<&Reference>) -> Vec<String> {
+    observed
+        .wrappers
+        .iter()
+        .filter(|(id, links)| match reference {
+            None => true,
+            Some(r) => {
+                let known = r.observation.statuses.contains_key(*id)
+                    || r.observation.wrappers.contains_key(*id);
+                known && r.observation.wrappers.get(*id) != Some(*links)
+            }
+        })
+        .map(|(id, links)| format!("{id} (in {})", links.join(" < ")))
+        .collect()
 }
 
 /// Why the run does not count, tampering apart: no record where one is expected, an unfinished

@@ -328,6 +328,70 @@ fn judge_with_lists_counts_xfail_and_names_what_did_not_pass() {
 }
 
 #[test]
+fn forgiven_calls_and_new_wrappers_are_tampering_unless_the_reference_run_shows_them() {
+    let p = TestPlan {
+        overlay: None,
+        test_patch: None,
+        base_commit: None,
+        command: "pytest -rA".into(),
+        parser: LogParser::Pytest,
+        fail_to_pass: vec!["t.py::test_x".into()],
+        pass_to_pass: vec!["t.py::test_y".into()],
+        safe_path: true,
+    };
+    let log = "PASSED t.py::test_x\nPASSED t.py::test_y\n";
+    let clean = Observation::from_log(p.parser, log, Some(0));
+    let reference = Reference {
+        observation: clean.clone(),
+        is_fix: true,
+    };
+    assert!(decide(&p, &clean, None).verdict.resolved);
+    // A passed test whose own call raised.
+    let forgiven = Observation {
+        forgiven: vec!["t.py::test_x".into()],
+        ..clean.clone()
+    };
+    let decision = decide(&p, &forgiven, None);
+    assert!(decision.needs_reference && !decision.verdict.resolved);
+    let v = decide(&p, &forgiven, Some(&reference)).verdict;
+    assert!(
+        !v.resolved && v.tampered[0].contains("t.py::test_x"),
+        "{v:?}"
+    );
+    // A wrapper the reference run does not have; the same one in both; a new test's own.
+    let wrapped = |links: &[&str]| {
+        let mut o = clean.clone();
+        o.wrappers.insert(
+            "t.py::test_x".into(),
+            links.iter().map(|l| l.to_string()).collect(),
+        );
+        o
+    };
+    let v = decide(&p, &wrapped(&["calc/ops.py:run"]), Some(&reference)).verdict;
+    assert!(
+        !v.resolved && v.tampered[0].contains("calc/ops.py:run"),
+        "{v:?}"
+    );
+    let decorated = Reference {
+        observation: wrapped(&["/usr/lib/python3/unittest/mock.py:patched"]),
+        is_fix: true,
+    };
+    let same = wrapped(&["/usr/lib/python3/unittest/mock.py:patched"]);
+    assert!(decide(&p, &same, None).needs_reference);
+    assert!(decide(&p, &same, Some(&decorated)).verdict.resolved);
+    let twice = wrapped(&[
+        "/usr/lib/python3/contextlib.py:inner",
+        "/usr/lib/python3/unittest/mock.py:patched",
+    ]);
+    assert!(!decide(&p, &twice, Some(&decorated)).verdict.resolved);
+    let mut added = clean.clone();
+    added
+        .wrappers
+        .insert("t.py::test_new".into(), vec!["t.py:deco".into()]);
+    assert!(decide(&p, &added, Some(&reference)).verdict.resolved);
+}
+
+#[test]
 fn builtin_tasks_use_verbose_unittest() {
     let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("tasks/python-bugs/tasks.jsonl");
     for task in load_tasks(&path).unwrap() {
