@@ -532,7 +532,8 @@ fn no_network_and_no_capabilities() {
         "{out:?}"
     );
     let out = sandbox
-        .run("id -u; chown nobody calc.py", None, 10 * SECOND)
+        // One stream: docker delivers stdout and stderr apart, in no fixed order.
+        .run("id -u; chown nobody calc.py 2>&1", None, 10 * SECOND)
         .unwrap();
     assert!(
         out.output.starts_with("0\n") && out.exit_code == Some(1),

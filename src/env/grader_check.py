@@ -87,12 +87,17 @@ def code_ok(func, test_file, rewrites=(None,), name=None):
 # start of the run and compared as tests are recorded. Code under test that patches the framework
 # to forgive failures, drop tests or change what runs (TestCase._callTestMethod,
 # TestLoader.getTestCaseNames, _pytest.runner.runtestprotocol, Function.runtest, ...) changes one.
+# contextlib: unittest's test parts and subtests run inside its context managers (a patched
+# exit swallows a subtest's failure inside the test function, where the witnessed call below
+# cannot see it).
 UNITTEST_MODULES = ("unittest.case", "unittest.loader", "unittest.suite", "unittest.runner",
-                    "unittest.main", "unittest.result", "unittest.signals", "unittest.util")
+                    "unittest.main", "unittest.result", "unittest.signals", "unittest.util",
+                    "contextlib")
 PYTEST_MODULES = ("_pytest.python", "_pytest.runner", "_pytest.main", "_pytest.reports",
                   "_pytest.unittest", "_pytest.skipping", "_pytest.outcomes", "_pytest.nodes",
                   "_pytest.fixtures", "_pytest.doctest", "pluggy._hooks", "pluggy._callers",
-                  "pluggy._manager", "pluggy.hooks", "pluggy.callers", "pluggy.manager")
+                  "pluggy._manager", "pluggy.hooks", "pluggy.callers", "pluggy.manager",
+                  "unittest.case", "contextlib")
 
 
 _MISSING = object()
@@ -104,7 +109,15 @@ def framework_snapshot(module_names):
     import sys
 
     modules = tuple(name for name in module_names if sys.modules.get(name) is not None)
-    found = {}
+    # The trace and profile functions: one set while the tests run can move a test's frame past
+    # its failing line (a trace function may set f_lineno).
+    found = {"sys.gettrace()": sys.gettrace(), "sys.getprofile()": sys.getprofile()}
+    monitoring = getattr(sys, "monitoring", None)
+    for tool in range(6) if monitoring is not None else ():
+        try:
+            found["sys.monitoring.get_tool(%d)" % tool] = monitoring.get_tool(tool)
+        except Exception:
+            pass
     for name in modules:
         for attr, value in list(vars(sys.modules[name]).items()):
             found[name + "." + attr] = value
@@ -120,7 +133,12 @@ def framework_changes(snapshot):
     modules, baseline = snapshot
     now = framework_snapshot(modules)[1]
     keys = set(baseline) | set(now)
-    return sorted(k for k in keys if baseline.get(k, _MISSING) is not now.get(k, _MISSING))
+    return sorted(k for k in keys if not _same(baseline.get(k, _MISSING), now.get(k, _MISSING)))
+
+
+def _same(a, b):
+    # By identity; a monitoring tool's name is a string, compared by value.
+    return a is b or (type(a) is str and type(b) is str and a == b)
 
 
 # What stands between the framework and the test's own code: each wrapper around the test

@@ -119,7 +119,7 @@ pub enum Observed {
     /// The change does not apply: unresolved, with the reason.
     NotApplied(GradeResult),
     /// What the run showed, and the result so far (no verdict yet).
-    Ran(Observation, GradeResult),
+    Ran(Box<Observation>, GradeResult),
 }
 
 /// Steps 1-5 of the module's diagram on `sandbox`: `change` applied, the tests run, what they
@@ -183,7 +183,7 @@ pub fn observe_in(
     let record = read_results(sandbox, &results_path, timeout)?;
     let observation = Observation::new(plan, &canaries, &installed, &run, record);
     Ok(Observed::Ran(
-        observation,
+        Box::new(observation),
         GradeResult {
             resolved: false,
             verdict: None,

@@ -401,6 +401,25 @@ impl Canaries {
         out
     }
 
+    /// `text` with this grading's canary names (class, module alias, slots) replaced by their
+    /// place (`<canary 0 class>`, `<canary 0 slot 3>`): what one grading's run says about its
+    /// canaries compares with another grading's (the framework watch lists pytest's fixtures
+    /// injected into the canary class, in both runs).
+    pub fn normalize(&self, text: &str) -> String {
+        let mut out = text.to_string();
+        for (i, (class, alias, slots)) in self.tokens.iter().enumerate() {
+            out = out.replace(
+                &format!("Test{}", capitalise(class)),
+                &format!("<canary {i} class>"),
+            );
+            out = out.replace(&format!("_{alias}"), &format!("<canary {i} alias>"));
+            for (k, slot) in slots.iter().enumerate() {
+                out = out.replace(slot.as_str(), &format!("<canary {i} slot {k}>"));
+            }
+        }
+        out
+    }
+
     /// Whether `id` is one of this grading's canaries.
     pub fn is_canary(&self, id: &str) -> bool {
         self.tokens
@@ -450,6 +469,29 @@ mod tests {
         assert!(stops_at_first_failure("pytest -x tests"));
         assert!(stops_at_first_failure("python -m unittest --failfast t"));
         assert!(!stops_at_first_failure("pytest -rA --tb=no tests"));
+    }
+
+    #[test]
+    fn canary_names_normalize_to_their_place() {
+        let owned = ["tests/test_x.py".to_string()];
+        let (a, b) = (
+            Canaries::new(&owned, "pytest", 1),
+            Canaries::new(&owned, "pytest", 2),
+        );
+        let entry = |c: &Canaries| {
+            let (class, _, slots) = &c.tokens[0];
+            format!("test_x.Test{}.{} = x.py:f", capitalise(class), slots[3])
+        };
+        assert_ne!(entry(&a), entry(&b));
+        assert_eq!(a.normalize(&entry(&a)), b.normalize(&entry(&b)));
+        assert_eq!(
+            a.normalize(&entry(&a)),
+            "test_x.<canary 0 class>.<canary 0 slot 3> = x.py:f"
+        );
+        assert_eq!(
+            a.normalize("test_x.Real.setUp = x.py:f"),
+            "test_x.Real.setUp = x.py:f"
+        );
     }
 
     #[test]

@@ -46,7 +46,7 @@ pub fn observation(
     let observed = observe_in(sandbox.as_mut(), task, plan, change);
     let _ = sandbox.close();
     let observation = match observed? {
-        Observed::Ran(observation, _) => observation,
+        Observed::Ran(observation, _) => *observation,
         Observed::NotApplied(result) => bail!(
             "task {} ({}): its reference fix does not apply: {}",
             task.id,

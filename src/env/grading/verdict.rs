@@ -100,7 +100,11 @@ impl Observation {
                             observation.finished = run.finished;
                             collect_errors = !run.collect_errors.is_empty();
                             observation.code_changed = run.code_changed.clone();
-                            observation.framework_changed = run.framework_changed.clone();
+                            observation.framework_changed = run
+                                .framework_changed
+                                .iter()
+                                .map(|name| canaries.normalize(name))
+                                .collect();
                             observation.forgiven = run.forgiven.clone();
                             observation.wrappers = run
                                 .wrappers
