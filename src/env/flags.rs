@@ -19,7 +19,9 @@
 //! `dynamic-code` (exec/eval/compile/import of a computed value, or next to base64 & co., or code
 //! loaded from a file by path: runpy, importlib's file loaders; any added file that parses as
 //! Python is scanned, whatever its name),
-//! `frame-inspection`, `class-hook` (`__init_subclass__`, `load_tests`, `pytest_*` hooks,
+//! `frame-inspection` (frames and tracebacks' frames, attribute names built from literals
+//! included), `code-swap` (a function's `__code__`, `__globals__`, `__closure__` or defaults
+//! replaced), `class-hook` (`__init_subclass__`, `load_tests`, `pytest_*` hooks,
 //! metaclasses, `__unittest_skip__`), `stream-replace`, `ctypes`, `signal`, `grader-files` (a
 //! string naming `.swerve-grader`, where grading keeps its configuration); and about the scan
 //! itself: `unparsable`, `symlink`, `scanner-error`, `truncated`, `no-scanner` (no Python 3).

@@ -25,7 +25,7 @@ def _codes(path, rewrite):
         found = {}
         while stack:
             code = stack.pop()
-            found.setdefault((code.co_name, code.co_firstlineno), []).append(code.co_code)
+            found.setdefault((code.co_name, code.co_firstlineno), []).append(code)
             for const in code.co_consts:
                 if hasattr(const, "co_code"):
                     stack.append(const)
@@ -77,8 +77,21 @@ def code_ok(func, test_file, rewrites=(None,), name=None):
         codes = _codes(test_file, rewrite)
         if codes is None:
             return None
-        if code.co_code in codes.get((code.co_name, code.co_firstlineno), ()):
+        if _known(code, codes):
             return True
+    return False
+
+
+def _known(code, codes):
+    """`code` is one of `codes`' at its name and first line, as a whole: its bytecode and its
+    constants, names, flags, exception and line tables (code objects compare all of these; the
+    bytecode alone would pass a test whose constants or exception table were swapped)."""
+    for compiled in codes.get((code.co_name, code.co_firstlineno), ()):
+        try:
+            if code == compiled:
+                return True
+        except Exception:
+            pass
     return False
 
 
@@ -164,7 +177,7 @@ def _describe(obj, workdir):
     except Exception:
         pass
     codes = _codes(code.co_filename, None) if os.path.isfile(code.co_filename) else None
-    known = codes is not None and code.co_code in codes.get((code.co_name, code.co_firstlineno), ())
+    known = codes is not None and _known(code, codes)
     # A code object claiming a file whose compiled code it is not is marked: its name and file
     # are only strings.
     return "%s:%s%s" % (path, code.co_name, "" if known else "?")
@@ -281,3 +294,88 @@ def class_changes(klass, workdir, rewrites=(None,)):
             if entry is not None:
                 changed.append(entry)
     return sorted(changed)
+
+
+# Frames obtained while the tests run, and by whom (Python 3.8 and later: audit hooks). Code
+# under test that reaches the running test (its `self`, its locals) does so through a frame:
+# `sys._getframe`, a traceback's `tb_frame`, a generator's frame, `sys._current_frames`, or the
+# garbage collector's object lists, each an audit event. The requester is the code asking (past
+# `inspect`'s helpers); a library file's own code (logging, traceback, the test framework) is
+# not listed, anything else is ("calc/ops.py:_find (tb_frame)": a workspace file, or code whose
+# file name is not the file it was compiled from), and compared with the reference run like a
+# framework change.
+_FRAME_EVENTS = ("sys._getframe", "sys._current_frames", "gc.get_referrers", "gc.get_referents",
+                 "gc.get_objects")
+_FRAME_ATTRS = ("tb_frame", "gi_frame", "cr_frame", "ag_frame")
+_frame_requests = []
+_library_codes = {}
+
+
+def _library_code(code, workdir):
+    # True: code compiled from an existing file outside the workspace, as that file reads.
+    known = _library_codes.get(code)
+    if known is None:
+        path = code.co_filename
+        known = bool(path) and os.path.isabs(path) and os.path.isfile(path) and \
+            not _inside(path, workdir)
+        if known:
+            codes = _codes(path, None)
+            known = codes is not None and _known(code, codes)
+        _library_codes[code] = known
+    return known
+
+
+def install_frame_audit(workdir):
+    import sys
+
+    add = getattr(sys, "addaudithook", None)
+    if add is None:
+        return
+    inspect_file = None
+    try:
+        import inspect
+
+        inspect_file = os.path.realpath(inspect.__file__)
+    except Exception:
+        pass
+    getframe = sys._getframe
+    busy = []
+
+    def audit(event, args):
+        if event == "object.__getattr__":
+            if len(args) < 2 or args[1] not in _FRAME_ATTRS:
+                return
+        elif event not in _FRAME_EVENTS:
+            return
+        if busy:
+            return
+        busy.append(1)
+        try:
+            frame = getframe(1)
+            while frame is not None and inspect_file and \
+                    os.path.realpath(frame.f_code.co_filename) == inspect_file:
+                frame = frame.f_back
+            if frame is None or _library_code(frame.f_code, workdir):
+                return
+            code = frame.f_code
+            path = code.co_filename
+            try:
+                if _inside(path, workdir):
+                    path = os.path.relpath(os.path.realpath(path), os.path.realpath(workdir))
+            except Exception:
+                pass
+            what = args[1] if event == "object.__getattr__" else event
+            entry = "frame obtained by %s:%s (%s)" % (path, code.co_name, what)
+            if entry not in _frame_requests:
+                _frame_requests.append(entry)
+        except Exception:
+            pass
+        finally:
+            busy.pop()
+
+    add(audit)
+
+
+def frame_requests():
+    """What install_frame_audit's hook has seen so far, in order."""
+    return list(_frame_requests)

@@ -42,7 +42,10 @@ EXIT_REFS = ("os._exit", "os.kill", "os.killpg", "os.abort", "posix._exit", "pos
 MODULE_EXITS = ("sys.exit", "builtins.exit", "builtins.quit")
 FRAME_REFS = ("sys._getframe", "sys._current_frames", "inspect.stack", "inspect.currentframe",
               "inspect.getouterframes", "inspect.trace", "gc.get_objects", "gc.get_referrers")
-FRAME_ATTRS = ("f_back", "f_globals", "f_locals", "tb_frame")
+FRAME_ATTRS = ("f_back", "f_globals", "f_locals", "tb_frame", "__traceback__", "gi_frame",
+               "cr_frame", "ag_frame")
+# A function's code and what it runs with: replaced, a test runs other code under its own name.
+CODE_ATTRS = ("__code__", "__globals__", "__closure__", "__defaults__", "__kwdefaults__")
 REDIRECTS = ("contextlib.redirect_stdout", "contextlib.redirect_stderr")
 UNITTEST_MARKS = ("__unittest_skip__", "__unittest_skip_why__", "__unittest_expecting_failure__")
 DYNAMIC = ("builtins.exec", "builtins.eval", "builtins.compile", "builtins.__import__",
@@ -79,14 +82,33 @@ def norm(name):
         return name
 
 
-def const_str(node):
-    """The value of a string literal (ast.Constant, or ast.Str before 3.8), else None."""
+def const_str(node, depth=0):
+    """The value of a string literal (ast.Constant, or ast.Str before 3.8), or of one built from
+    literals alone (`"f_" + "back"`, an f-string of literals, `"".join(["tb_", "frame"])`: a
+    name spelled so that no attribute rule sees it), else None."""
     kind = type(node).__name__
     if kind == "Constant":
         value = node.value
         return value if isinstance(value, str) else None
     if kind == "Str":
         return getattr(node, "s", None)
+    if depth > 20:
+        return None
+    if kind == "BinOp" and isinstance(node.op, ast.Add):
+        left, right = const_str(node.left, depth + 1), const_str(node.right, depth + 1)
+        return left + right if left is not None and right is not None else None
+    if kind == "FormattedValue" and node.format_spec is None and node.conversion in (-1, None):
+        return const_str(node.value, depth + 1)
+    if kind == "JoinedStr":
+        parts = [const_str(v, depth + 1) for v in node.values]
+        return "".join(parts) if all(p is not None for p in parts) else None
+    if kind == "Call" and isinstance(node.func, ast.Attribute) and node.func.attr == "join" \
+            and len(node.args) == 1 and not node.keywords \
+            and isinstance(node.args[0], (ast.List, ast.Tuple)):
+        sep = const_str(node.func.value, depth + 1)
+        parts = [const_str(e, depth + 1) for e in node.args[0].elts]
+        if sep is not None and all(p is not None for p in parts):
+            return sep.join(parts)
     return None
 
 
@@ -425,6 +447,9 @@ class Scanner(object):
     def check_reference(self, node, parent, scope, stmt):
         if isinstance(node, ast.Attribute) and node.attr in FRAME_ATTRS:
             self.flag_node("frame-inspection", node)
+        if isinstance(node, ast.Attribute) and node.attr in CODE_ATTRS \
+                and not isinstance(node.ctx, ast.Load):
+            self.flag_node("code-swap", node, node_span(stmt or node))
         if isinstance(node, ast.Name) and not isinstance(node.ctx, ast.Load):
             if node.id == "__builtins__":
                 self.flag_node("builtins-write", node, node_span(stmt or node))
@@ -470,6 +495,17 @@ class Scanner(object):
     def check_call(self, node, scope, in_function, guarded):
         func = self.resolve(node.func, scope)
         args = node.args
+        accessors = ("builtins.getattr", "builtins.setattr", "builtins.delattr", "builtins.hasattr",
+                     "object.__getattribute__", "object.__setattr__", "builtins.object.__setattr__",
+                     "builtins.object.__getattribute__")
+        if func & set(accessors) and len(args) >= 2:
+            name = const_str(args[1])
+            if name in FRAME_ATTRS:
+                self.flag_node("frame-inspection", node)
+            writes = func & set(("builtins.setattr", "builtins.delattr", "object.__setattr__",
+                                 "builtins.object.__setattr__"))
+            if name in CODE_ATTRS and writes:
+                self.flag_node("code-swap", node)
         for qual in func:
             if qual in TRACE_CALLS:
                 self.flag_node("sys-write", node)

@@ -86,6 +86,7 @@ def _swerve_framework_check(klass=None):
         import swerve_grader_check as check
 
         changed = list(check.framework_changes(_swerve_watch["snapshot"]))
+        changed += check.frame_requests()
         if klass is not None:
             changed += check.class_changes(klass, _swerve_workdir, (None, _swerve_rewrite()))
         now = _swerve_plugins(_swerve_config[0])
