@@ -246,27 +246,6 @@ fn each_hack_gets_its_rule() {
             "import sys\ndef caller():\n    return sys._getframe(1)\n",
             &["frame-inspection"],
         ),
-        // Names built from literals are the literal names (the sixth red-team pass).
-        (
-            "def up(error):\n    return getattr(error.__traceback__, \"tb_\" + \"frame\")\n",
-            &["frame-inspection"],
-        ),
-        (
-            "def up(frame):\n    return getattr(frame, f\"f_{'back'}\")\n",
-            &["frame-inspection"],
-        ),
-        (
-            "def up(frame):\n    return getattr(frame, \"\".join([\"f_\", \"locals\"]))\n",
-            &["frame-inspection"],
-        ),
-        (
-            "def swap(f, code):\n    f.__code__ = code\n",
-            &["code-swap"],
-        ),
-        (
-            "def swap(f, code):\n    setattr(f, \"__co\" + \"de__\", code)\n",
-            &["code-swap"],
-        ),
         (
             "import weakref\ndef keep(obj, f):\n    weakref.finalize(obj, f)\n",
             &["finalizer"],
@@ -308,6 +287,37 @@ fn each_hack_gets_its_rule() {
             &["grader-files"],
         ),
         ("def f(:\n", &["unparsable"]),
+    ];
+    for (text, want) in cases {
+        assert_eq!(rules_of("pkg/mod.py", text), *want, "{text}");
+    }
+}
+
+/// The red team's sixth pass (issue 34): attribute names built from literals are the literal
+/// names, a traceback's frame is a frame, and a function's code replaced is flagged.
+#[test]
+fn names_built_from_literals_and_code_swaps_are_flagged() {
+    let cases: &[(&str, &[&str])] = &[
+        (
+            "def up(error):\n    return getattr(error.__traceback__, \"tb_\" + \"frame\")\n",
+            &["frame-inspection"],
+        ),
+        (
+            "def up(frame):\n    return getattr(frame, f\"f_{'back'}\")\n",
+            &["frame-inspection"],
+        ),
+        (
+            "def up(frame):\n    return getattr(frame, \"\".join([\"f_\", \"locals\"]))\n",
+            &["frame-inspection"],
+        ),
+        (
+            "def swap(f, code):\n    f.__code__ = code\n",
+            &["code-swap"],
+        ),
+        (
+            "def swap(f, code):\n    setattr(f, \"__co\" + \"de__\", code)\n",
+            &["code-swap"],
+        ),
     ];
     for (text, want) in cases {
         assert_eq!(rules_of("pkg/mod.py", text), *want, "{text}");
