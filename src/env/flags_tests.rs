@@ -298,6 +298,20 @@ fn each_hack_gets_its_rule() {
 #[test]
 fn names_built_from_literals_and_code_swaps_are_flagged() {
     let cases: &[(&str, &[&str])] = &[
+        // Modules re-exported by others, and the stack walkers (the seventh pass).
+        (
+            "import os\ndef f():\n    return os.sys.modules.get(\"unittest\")\n",
+            &["module-table"],
+        ),
+        (
+            "import os\ndef f(t):\n    os.sys.settrace(t)\n",
+            &["sys-write"],
+        ),
+        (
+            "import traceback\ndef f():\n    return list(traceback.walk_stack(None))\n",
+            &["frame-inspection"],
+        ),
+        ("def f(x, k):\n    x.__class__ = k\n", &["code-swap"]),
         (
             "def up(error):\n    return getattr(error.__traceback__, \"tb_\" + \"frame\")\n",
             &["frame-inspection"],

@@ -134,6 +134,9 @@ def framework_snapshot(module_names):
     for name in modules:
         for attr, value in list(vars(sys.modules[name]).items()):
             found[name + "." + attr] = value
+            # A module-level object's class too: swapping `__class__` keeps the object.
+            if not isinstance(value, type) and not callable(value):
+                found[name + "." + attr + ".__class__"] = type(value)
             if isinstance(value, type) and getattr(value, "__module__", None) == name:
                 for inner, member in list(vars(value).items()):
                     found[name + "." + attr + "." + inner] = member
@@ -299,13 +302,15 @@ def class_changes(klass, workdir, rewrites=(None,)):
 # Frames obtained while the tests run, and by whom (Python 3.8 and later: audit hooks). Code
 # under test that reaches the running test (its `self`, its locals) does so through a frame:
 # `sys._getframe`, a traceback's `tb_frame`, a generator's frame, `sys._current_frames`, or the
-# garbage collector's object lists, each an audit event. The requester is the code asking (past
-# `inspect`'s helpers); a library file's own code (logging, traceback, the test framework) is
+# garbage collector's object lists, each an audit event; a trace or profile function set (it is
+# handed every frame) counts the same. The requester is the code asking (past `inspect`'s and
+# `traceback`'s helpers, which hand frames on); a library file's own code (logging, traceback, the test framework) is
 # not listed, anything else is ("calc/ops.py:_find (tb_frame)": a workspace file, or code whose
 # file name is not the file it was compiled from), and compared with the reference run like a
 # framework change.
 _FRAME_EVENTS = ("sys._getframe", "sys._current_frames", "gc.get_referrers", "gc.get_referents",
-                 "gc.get_objects")
+                 "gc.get_objects", "sys.settrace", "sys.setprofile",
+                 "sys.monitoring.register_callback")
 _FRAME_ATTRS = ("tb_frame", "gi_frame", "cr_frame", "ag_frame")
 _frame_requests = []
 _library_codes = {}
@@ -331,13 +336,14 @@ def install_frame_audit(workdir):
     add = getattr(sys, "addaudithook", None)
     if add is None:
         return
-    inspect_file = None
-    try:
-        import inspect
-
-        inspect_file = os.path.realpath(inspect.__file__)
-    except Exception:
-        pass
+    # The standard library's modules that hand frames to their caller (inspect's stack and
+    # frame helpers, traceback's walk_stack and stack summaries): the caller asked.
+    handing = set()
+    for name in ("inspect", "traceback"):
+        try:
+            handing.add(os.path.realpath(__import__(name).__file__))
+        except Exception:
+            pass
     getframe = sys._getframe
     busy = []
 
@@ -352,8 +358,7 @@ def install_frame_audit(workdir):
         busy.append(1)
         try:
             frame = getframe(1)
-            while frame is not None and inspect_file and \
-                    os.path.realpath(frame.f_code.co_filename) == inspect_file:
+            while frame is not None and os.path.realpath(frame.f_code.co_filename) in handing:
                 frame = frame.f_back
             if frame is None or _library_code(frame.f_code, workdir):
                 return
@@ -379,3 +384,22 @@ def install_frame_audit(workdir):
 def frame_requests():
     """What install_frame_audit's hook has seen so far, in order."""
     return list(_frame_requests)
+
+
+def shadowing(obj, allowed=(), label=None):
+    """Callables on `obj`'s own `__dict__` that hide an attribute of its class (a lenient
+    `assertEqual` put on the running test, a `startTest` put on the result object), as
+    "label.name", `allowed` (the grader's own witness) excepted."""
+    try:
+        own = vars(obj)
+    except TypeError:
+        return []
+    kind = type(obj)
+    label = label or "%s.%s (instance)" % (kind.__module__, getattr(kind, "__qualname__", "?"))
+    found = []
+    for name, value in list(own.items()):
+        if any(value is a for a in allowed) or not callable(value) or isinstance(value, type):
+            continue
+        if any(name in vars(base) for base in kind.__mro__):
+            found.append("%s.%s" % (label, name))
+    return sorted(found)

@@ -41,11 +41,19 @@ EXIT_REFS = ("os._exit", "os.kill", "os.killpg", "os.abort", "posix._exit", "pos
              "posix.killpg", "posix.abort")
 MODULE_EXITS = ("sys.exit", "builtins.exit", "builtins.quit")
 FRAME_REFS = ("sys._getframe", "sys._current_frames", "inspect.stack", "inspect.currentframe",
-              "inspect.getouterframes", "inspect.trace", "gc.get_objects", "gc.get_referrers")
+              "inspect.getouterframes", "inspect.trace", "inspect.getargvalues",
+              "inspect.getframeinfo", "inspect.getinnerframes", "traceback.walk_stack",
+              "traceback.walk_tb", "gc.get_objects", "gc.get_referrers", "gc.get_referents",
+              "threading.settrace", "threading.setprofile")
 FRAME_ATTRS = ("f_back", "f_globals", "f_locals", "tb_frame", "__traceback__", "gi_frame",
-               "cr_frame", "ag_frame")
+               "cr_frame", "ag_frame", "f_trace", "f_trace_lines", "f_trace_opcodes")
+# A module other modules re-export (`os.sys`, `inspect.sys`): `os.sys.settrace` is
+# `sys.settrace`.
+REEXPORTED = ("sys", "builtins", "gc", "inspect", "traceback", "threading", "unittest", "pytest",
+              "_pytest")
 # A function's code and what it runs with: replaced, a test runs other code under its own name.
-CODE_ATTRS = ("__code__", "__globals__", "__closure__", "__defaults__", "__kwdefaults__")
+CODE_ATTRS = ("__code__", "__globals__", "__closure__", "__defaults__", "__kwdefaults__",
+              "__class__")
 REDIRECTS = ("contextlib.redirect_stdout", "contextlib.redirect_stderr")
 UNITTEST_MARKS = ("__unittest_skip__", "__unittest_skip_why__", "__unittest_expecting_failure__")
 DYNAMIC = ("builtins.exec", "builtins.eval", "builtins.compile", "builtins.__import__",
@@ -80,6 +88,15 @@ def norm(name):
         return unicodedata.normalize("NFKC", name)
     except Exception:
         return name
+
+
+def reexported(qual):
+    """`qual` as the module it goes through names it (`os.sys.settrace` -> `sys.settrace`)."""
+    parts = qual.split(".")
+    for i in range(1, len(parts) - 1):
+        if parts[i] in REEXPORTED:
+            return ".".join(parts[i:])
+    return qual
 
 
 def const_str(node, depth=0):
@@ -464,7 +481,16 @@ class Scanner(object):
             self.check_qual(qual, node, node_span(stmt) if write and stmt else None, write)
 
     def check_qual(self, qual, node, span, write=False):
-        """Rules on a qualified name that `node` reads (or writes)."""
+        """Rules on a qualified name that `node` reads (or writes), and on the same name reached
+        through a module that re-exports another (`os.sys.modules` is `sys.modules`)."""
+        parts = qual.split(".")
+        for i in range(1, len(parts) - 1):
+            if parts[i] in REEXPORTED:
+                self.check_one_qual(".".join(parts[i:]), node, span, write)
+                break
+        self.check_one_qual(qual, node, span, write)
+
+    def check_one_qual(self, qual, node, span, write=False):
         if under(qual, ("sys.modules",)):
             self.flag_node("module-table", node, span)
         elif write and under(qual, STREAMS):
@@ -506,7 +532,7 @@ class Scanner(object):
                                  "builtins.object.__setattr__"))
             if name in CODE_ATTRS and writes:
                 self.flag_node("code-swap", node)
-        for qual in func:
+        for qual in set(func) | set(reexported(q) for q in func):
             if qual in TRACE_CALLS:
                 self.flag_node("sys-write", node)
             if qual in MODULE_EXITS and not in_function and not guarded:

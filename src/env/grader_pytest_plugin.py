@@ -163,6 +163,8 @@ def pytest_runtest_call(item):
             _swerve_code[item.nodeid] = check.code_ok(func, path, (None, _swerve_rewrite()), name)
             _swerve_wrappers[item.nodeid] = check.wrappers(func, _swerve_workdir)
         _swerve_classes[item.nodeid] = getattr(item, "cls", None)
+        # The framework as the test starts, too: what reaches into a test is in place by then.
+        _swerve_framework_check(_swerve_classes[item.nodeid])
         _swerve_witness(item, check)
     except Exception:
         pass

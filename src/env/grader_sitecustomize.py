@@ -155,6 +155,7 @@ def _swerve_record_unittest(path):
     # record), and again at the record.
     calls = {}
     started = {}
+    witnesses = {}
 
     def install_witness(test):
         key = id(test)
@@ -170,6 +171,7 @@ def _swerve_record_unittest(path):
             if method is None or not callable(method) or check.is_async(method):
                 return
             watched = check.witness(method, key, calls)
+            witnesses[key] = (watched,)
             vars(test)[name] = watched
             if getattr(test, name, None) is not watched:
                 calls.pop(key, None)
@@ -187,6 +189,7 @@ def _swerve_record_unittest(path):
     def remove_witness(test):
         calls.pop(id(test), None)
         started.pop(id(test), None)
+        witnesses.pop(id(test), None)
         try:
             name = getattr(test, "_testMethodName", None)
             found = vars(test).get(name) if name else None
@@ -208,8 +211,11 @@ def _swerve_record_unittest(path):
                 watch["snapshot"] = check.framework_snapshot(check.UNITTEST_MODULES)
                 return
             changed = check.framework_changes(watch["snapshot"]) + check.frame_requests()
+            if result is not None:
+                changed += check.shadowing(result)
             if test is not None:
                 changed += check.class_changes(type(test), _swerve_workdir)
+                changed += check.shadowing(test, witnesses.get(id(test), ()))
             changed = [c for c in changed if c not in watch["reported"]]
         except Exception as error:
             changed = ["(the framework check failed: %s)" % type(error).__name__]
@@ -243,6 +249,8 @@ def _swerve_record_unittest(path):
 
     def startTest(self, test):
         state["stop"] = False
+        # The framework as the test starts, too: what reaches into a test is in place by then.
+        framework_check(self, test)
         install_witness(test)
         return original_start_test(self, test)
 

@@ -418,6 +418,32 @@ pub fn red_team_forgeries(pytest: bool) -> Vec<(&'static str, Vec<Value>)> {
         red_team_unittest_only()
     });
     out.extend(red_team_sixth_pass(pytest));
+    out.extend(red_team_seventh_pass(pytest));
+    out
+}
+
+/// The seventh red-team pass (issue 34): reaching the running test without naming a frame
+/// attribute (the standard library's stack walkers, a trace function set for one test and
+/// removed before the record) or without frames at all (unittest's result registry given
+/// another class, a `startTest` put on the result object), each taken back before the record.
+fn red_team_seventh_pass(pytest: bool) -> Vec<(&'static str, Vec<Value>)> {
+    let fixture = |text: &str| vec![append("calc/ops.py", text)];
+    let mut out = vec![(
+        "tamper: a trace function set inside the failing test rewrites what its assertion sees, removed before the record",
+        fixture(include_str!("../fixtures/forgeries/transient_trace_function.py")),
+    )];
+    if !pytest {
+        out.extend([
+            (
+                "tamper: the running test found through traceback.walk_stack and inspect.getargvalues, given a one-shot lenient comparison",
+                fixture(include_str!("../fixtures/forgeries/stdlib_walked_instance_patch.py")),
+            ),
+            (
+                "tamper: unittest's result registry given another class, the running test's class swapped for one assertion",
+                fixture(include_str!("../fixtures/forgeries/result_registry_class_swap.py")),
+            ),
+        ]);
+    }
     out
 }
 

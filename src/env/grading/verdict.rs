@@ -60,6 +60,9 @@ pub struct Observation {
     pub code_changed: Vec<String>,
     /// The test framework's attributes that changed while the tests ran.
     pub framework_changed: Vec<String>,
+    /// Frames obtained while the tests ran by code that is not a library's own ("frame
+    /// obtained by calc/ops.py:_find (tb_frame)": the recorders' audit hook).
+    pub frames_obtained: Vec<String>,
     /// Tests recorded passed whose own function's call raised or never happened.
     pub forgiven: Vec<String>,
     /// The wrappers around each (non-canary) test's function, where it has any.
@@ -100,11 +103,13 @@ impl Observation {
                             observation.finished = run.finished;
                             collect_errors = !run.collect_errors.is_empty();
                             observation.code_changed = run.code_changed.clone();
-                            observation.framework_changed = run
+                            let (frames, changed): (Vec<String>, Vec<String>) = run
                                 .framework_changed
                                 .iter()
                                 .map(|name| canaries.normalize(name))
-                                .collect();
+                                .partition(|name| name.starts_with(FRAME_OBTAINED));
+                            observation.framework_changed = changed;
+                            observation.frames_obtained = frames;
                             observation.forgiven = run.forgiven.clone();
                             observation.wrappers = run
                                 .wrappers
@@ -159,6 +164,9 @@ fn main_run(runs: Vec<Run>, canaries: &Canaries) -> Option<Run> {
     runs.into_iter().nth(index)
 }
 
+/// How the recorders name a frame obtained by code under test (`grader_check.py`).
+const FRAME_OBTAINED: &str = "frame obtained by ";
+
 /// A verdict, and whether a reference run could change it.
 pub struct Decision {
     pub verdict: Verdict,
@@ -187,6 +195,25 @@ pub fn decide(plan: &TestPlan, observed: &Observation, reference: Option<&Refere
                 "the test command exited {code} with no test failing"
             )),
             _ => {}
+        }
+    }
+    let mut tampered = tampered;
+    if tests_ok {
+        // Frames taken by code under test matter where the tests pass: a failing run's own
+        // code (a repository that formats its tracebacks itself) may take frames the reference
+        // run never needed.
+        let frames: Vec<&str> = observed
+            .frames_obtained
+            .iter()
+            .filter(|f| !reference.is_some_and(|r| r.observation.frames_obtained.contains(f)))
+            .map(String::as_str)
+            .collect();
+        needs_reference |= !observed.frames_obtained.is_empty();
+        if !frames.is_empty() {
+            tampered.push(format!(
+                "code under test reached into the running tests: {}",
+                frames.join(", ")
+            ));
         }
     }
     let resolved = tampered.is_empty() && problems.is_empty() && tests_ok;
