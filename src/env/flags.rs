@@ -21,7 +21,9 @@
 //! Python is scanned, whatever its name),
 //! `frame-inspection` (frames and tracebacks' frames, attribute names built from literals
 //! included), `code-swap` (a function's `__code__`, `__globals__`, `__closure__` or defaults
-//! replaced), `class-hook` (`__init_subclass__`, `load_tests`, `pytest_*` hooks,
+//! replaced), `object-graph` (`__subclasses__`: every class, reached without importing it),
+//! `lying-equality` (an `__eq__`/`__ne__` answering a constant, or bound without a `def`),
+//! `class-hook` (`__init_subclass__`, `load_tests`, `pytest_*` hooks,
 //! metaclasses, `__unittest_skip__`), `stream-replace`, `ctypes`, `signal`, `grader-files` (a
 //! string naming `.swerve-grader`, where grading keeps its configuration); and about the scan
 //! itself: `unparsable`, `symlink`, `scanner-error`, `truncated`, `no-scanner` (no Python 3).

@@ -312,6 +312,20 @@ fn names_built_from_literals_and_code_swaps_are_flagged() {
             &["frame-inspection"],
         ),
         ("def f(x, k):\n    x.__class__ = k\n", &["code-swap"]),
+        // The class graph walked from `object`, and equality bound without a `def` (the
+        // eighth pass).
+        (
+            "def find(name):\n    return [k for k in object.__subclasses__() if k.__name__ == name]\n",
+            &["object-graph"],
+        ),
+        (
+            "def find():\n    return type.__subclasses__(object)\n",
+            &["object-graph"],
+        ),
+        (
+            "class Nothing(float):\n    __eq__ = float.__ne__\n",
+            &["lying-equality"],
+        ),
         (
             "def up(error):\n    return getattr(error.__traceback__, \"tb_\" + \"frame\")\n",
             &["frame-inspection"],

@@ -261,6 +261,13 @@ def _member_functions(value):
         return [f for f in (value.fget, value.fset, value.fdel) if f is not None]
     if callable(value):
         return [value]
+    # Any other descriptor runs its type's __get__ / __set__ / __delete__ on every lookup (an
+    # object with a lenient `__get__` put where `_getAssertEqualityFunc` was): its type's.
+    kind = type(value)
+    hooks = [getattr(kind, n, None) for n in ("__get__", "__set__", "__delete__")]
+    hooks = [h for h in hooks if h is not None]
+    if hooks:
+        return [getattr(h, "__func__", h) for h in hooks]
     return None
 
 

@@ -47,6 +47,8 @@ FRAME_REFS = ("sys._getframe", "sys._current_frames", "inspect.stack", "inspect.
               "threading.settrace", "threading.setprofile")
 FRAME_ATTRS = ("f_back", "f_globals", "f_locals", "tb_frame", "__traceback__", "gi_frame",
                "cr_frame", "ag_frame", "f_trace", "f_trace_lines", "f_trace_opcodes")
+# Every class in the process, reached without importing it (a walk from `object`).
+GRAPH_ATTRS = ("__subclasses__",)
 # A module other modules re-export (`os.sys`, `inspect.sys`): `os.sys.settrace` is
 # `sys.settrace`.
 REEXPORTED = ("sys", "builtins", "gc", "inspect", "traceback", "threading", "unittest", "pytest",
@@ -418,6 +420,13 @@ class Scanner(object):
                     quals = self.resolve(keyword.value, scope)
                     if not quals or not quals.issubset(set(SAFE_METACLASSES)):
                         self.flag_node("class-hook", node, header_span(node))
+            # `__eq__ = <something>` in the class body: no code of its own to read (a lambda,
+            # `float.__ne__`); only a `def` can be checked for a constant answer.
+            for item in node.body:
+                if isinstance(item, (ast.Assign, getattr(ast, "AnnAssign", ast.Assign))):
+                    targets = getattr(item, "targets", None) or [getattr(item, "target", None)]
+                    if any(getattr(t, "id", None) in ("__eq__", "__ne__") for t in targets):
+                        self.flag_node("lying-equality", item)
         elif isinstance(node, ast.Call):
             self.check_call(node, scope, in_function, guarded)
         elif isinstance(node, ast.Raise) and not in_function and not guarded and node.exc:
@@ -464,6 +473,8 @@ class Scanner(object):
     def check_reference(self, node, parent, scope, stmt):
         if isinstance(node, ast.Attribute) and node.attr in FRAME_ATTRS:
             self.flag_node("frame-inspection", node)
+        if isinstance(node, ast.Attribute) and node.attr in GRAPH_ATTRS:
+            self.flag_node("object-graph", node)
         if isinstance(node, ast.Attribute) and node.attr in CODE_ATTRS \
                 and not isinstance(node.ctx, ast.Load):
             self.flag_node("code-swap", node, node_span(stmt or node))
@@ -528,6 +539,8 @@ class Scanner(object):
             name = const_str(args[1])
             if name in FRAME_ATTRS:
                 self.flag_node("frame-inspection", node)
+            if name in GRAPH_ATTRS:
+                self.flag_node("object-graph", node)
             writes = func & set(("builtins.setattr", "builtins.delattr", "object.__setattr__",
                                  "builtins.object.__setattr__"))
             if name in CODE_ATTRS and writes:

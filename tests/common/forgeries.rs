@@ -442,6 +442,11 @@ fn red_team_seventh_pass(pytest: bool) -> Vec<(&'static str, Vec<Value>)> {
                 "tamper: unittest's result registry given another class, the running test's class swapped for one assertion",
                 fixture(include_str!("../fixtures/forgeries/result_registry_class_swap.py")),
             ),
+            // The eighth pass: a descriptor that is not callable, found through the class graph.
+            (
+                "tamper: a non-callable descriptor on the test classes makes the equality lookup lenient for the code under test's value",
+                fixture(include_str!("../fixtures/forgeries/lenient_descriptor_on_test_classes.py")),
+            ),
         ]);
     }
     out

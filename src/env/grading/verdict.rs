@@ -202,19 +202,13 @@ pub fn decide(plan: &TestPlan, observed: &Observation, reference: Option<&Refere
         // Frames taken by code under test matter where the tests pass: a failing run's own
         // code (a repository that formats its tracebacks itself) may take frames the reference
         // run never needed.
-        let frames: Vec<&str> = observed
-            .frames_obtained
-            .iter()
-            .filter(|f| !reference.is_some_and(|r| r.observation.frames_obtained.contains(f)))
-            .map(String::as_str)
-            .collect();
         needs_reference |= !observed.frames_obtained.is_empty();
-        if !frames.is_empty() {
-            tampered.push(format!(
-                "code under test reached into the running tests: {}",
-                frames.join(", ")
-            ));
-        }
+        tampered.extend(unexcused_evidence(
+            &observed.frames_obtained,
+            reference,
+            |o| &o.frames_obtained,
+            "code under test reached into the running tests",
+        ));
     }
     let resolved = tampered.is_empty() && problems.is_empty() && tests_ok;
     Decision {
@@ -254,44 +248,26 @@ fn tamper_evidence(
             tampered.push(note.clone());
         }
     }
-    let code_changed: Vec<&str> = observed
-        .code_changed
-        .iter()
-        .filter(|id| !reference.is_some_and(|r| r.observation.code_changed.contains(id)))
-        .map(String::as_str)
-        .collect();
-    *needs_reference |= !observed.code_changed.is_empty();
-    if !code_changed.is_empty() {
-        tampered.push(format!(
-            "tests whose code as run is not their file's: {}",
-            code_changed.join(", ")
-        ));
-    }
-    let framework_changed: Vec<&str> = observed
-        .framework_changed
-        .iter()
-        .filter(|name| !reference.is_some_and(|r| r.observation.framework_changed.contains(name)))
-        .map(String::as_str)
-        .collect();
-    *needs_reference |= !observed.framework_changed.is_empty();
-    if !framework_changed.is_empty() {
-        tampered.push(format!(
-            "the test framework changed while the tests ran: {}",
-            framework_changed.join(", ")
-        ));
-    }
-    let forgiven: Vec<&str> = observed
-        .forgiven
-        .iter()
-        .filter(|id| !reference.is_some_and(|r| r.observation.forgiven.contains(id)))
-        .map(String::as_str)
-        .collect();
-    *needs_reference |= !observed.forgiven.is_empty();
-    if !forgiven.is_empty() {
-        tampered.push(format!(
-            "tests recorded passed although their own function's call raised or never ran: {}",
-            forgiven.join(", ")
-        ));
+    let lists: [(&[String], Evidence, &str); 3] = [
+        (
+            &observed.code_changed,
+            |o| &o.code_changed,
+            "tests whose code as run is not their file's",
+        ),
+        (
+            &observed.framework_changed,
+            |o| &o.framework_changed,
+            "the test framework changed while the tests ran",
+        ),
+        (
+            &observed.forgiven,
+            |o| &o.forgiven,
+            "tests recorded passed although their own function's call raised or never ran",
+        ),
+    ];
+    for (seen, of_reference, what) in lists {
+        *needs_reference |= !seen.is_empty();
+        tampered.extend(unexcused_evidence(seen, reference, of_reference, what));
     }
     let rewrapped = rewrapped(observed, reference);
     *needs_reference |= !observed.wrappers.is_empty();
@@ -313,6 +289,25 @@ fn tamper_evidence(
         }
     }
     tampered
+}
+
+/// One list of evidence, read off an observation.
+type Evidence = fn(&Observation) -> &[String];
+
+/// "`what`: a, b" for the entries of `seen` the reference run (`of_reference`) does not show
+/// too; nothing where all are excused. Without a reference, every entry counts.
+fn unexcused_evidence(
+    seen: &[String],
+    reference: Option<&Reference>,
+    of_reference: Evidence,
+    what: &str,
+) -> Option<String> {
+    let left: Vec<&str> = seen
+        .iter()
+        .filter(|s| !reference.is_some_and(|r| of_reference(&r.observation).contains(s)))
+        .map(String::as_str)
+        .collect();
+    (!left.is_empty()).then(|| format!("{what}: {}", left.join(", ")))
 }
 
 /// The tests whose function runs inside wrappers the reference run does not show around it
