@@ -105,12 +105,13 @@ def _known(code, codes):
 # cannot see it).
 UNITTEST_MODULES = ("unittest.case", "unittest.loader", "unittest.suite", "unittest.runner",
                     "unittest.main", "unittest.result", "unittest.signals", "unittest.util",
-                    "contextlib")
+                    "unittest.mock", "contextlib")
 PYTEST_MODULES = ("_pytest.python", "_pytest.runner", "_pytest.main", "_pytest.reports",
                   "_pytest.unittest", "_pytest.skipping", "_pytest.outcomes", "_pytest.nodes",
                   "_pytest.fixtures", "_pytest.doctest", "pluggy._hooks", "pluggy._callers",
                   "pluggy._manager", "pluggy.hooks", "pluggy.callers", "pluggy.manager",
-                  "unittest.case", "contextlib")
+                  "_pytest.python_api", "_pytest.raises", "_pytest.recwarn", "unittest.case",
+                  "unittest.mock", "contextlib")
 
 
 _MISSING = object()
@@ -137,10 +138,22 @@ def framework_snapshot(module_names):
             # A module-level object's class too: swapping `__class__` keeps the object.
             if not isinstance(value, type) and not callable(value):
                 found[name + "." + attr + ".__class__"] = type(value)
+            _function_parts(found, name + "." + attr, value)
             if isinstance(value, type) and getattr(value, "__module__", None) == name:
                 for inner, member in list(vars(value).items()):
                     found[name + "." + attr + "." + inner] = member
+                    _function_parts(found, name + "." + attr + "." + inner, member)
     return (modules, found)
+
+
+def _function_parts(found, label, value):
+    # A function's code and default arguments are its own attributes: a larger default `delta`
+    # for assertAlmostEqual, or another `__code__`, keeps the function object.
+    value = getattr(value, "__func__", value)
+    if type(value).__name__ != "function":
+        return
+    for part in ("__code__", "__defaults__", "__kwdefaults__"):
+        found[label + "." + part] = getattr(value, part, None)
 
 
 def framework_changes(snapshot):
@@ -155,6 +168,134 @@ def framework_changes(snapshot):
 def _same(a, b):
     # By identity; a monitoring tool's name is a string, compared by value.
     return a is b or (type(a) is str and type(b) is str and a == b)
+
+
+# Namespaces written while a test ran. A patch made inside the test's own call and taken back
+# before its record (a one-shot `_getAssertEqualityFunc` that puts the original back as it
+# runs) leaves every object where it was at both checks above: the write itself is what shows.
+# CPython 3.6 to 3.13 keep in every dict a version that each write moves (PEP 509), and a
+# module's globals and a class's attributes live in such dicts: read as a test starts and again
+# at its record. Watched: the framework's modules and their classes (any write), the test's
+# module and its classes from the workspace (a write that leaves them as they were: a test that
+# sets a class attribute in setUp changes them; a patch put back does not). Elsewhere (another
+# Python, a dict laid out otherwise) the reader finds no version and this watch is off.
+_versions = {"read": None, "tried": False}
+_class_dicts = {}
+
+
+def _version_reader():
+    if _versions["tried"]:
+        return _versions["read"]
+    _versions["tried"] = True
+    try:
+        import ctypes
+        import sys
+
+        if getattr(sys, "implementation", None) is None or sys.implementation.name != "cpython":
+            return None
+        # PyDictObject: the object header, ma_used, then the 64-bit ma_version_tag.
+        offset = 2 * ctypes.sizeof(ctypes.c_void_p) + ctypes.sizeof(ctypes.c_ssize_t)
+
+        def read(mapping):
+            return ctypes.c_uint64.from_address(id(mapping) + offset).value
+
+        # Calibrated: a write of an existing key moves it, a read does not, every time.
+        probe = {"a": 1}
+        seen = [read(probe)]
+        for value in (2, 1, 2):
+            probe["a"] = value
+            seen.append(read(probe))
+        if len(set(seen)) != len(seen) or read(probe) != seen[-1] or probe.get("a") != 2:
+            return None
+        _versions["read"] = read
+    except Exception:
+        return None
+    return _versions["read"]
+
+
+def _namespace(obj):
+    """The dict holding `obj`'s attributes (a module's globals, a class's own dict), or None."""
+    if isinstance(obj, type):
+        found = _class_dicts.get(id(obj))
+        if found is None or found[0] is not obj:
+            import gc
+
+            inner = [r for r in gc.get_referents(vars(obj)) if type(r) is dict]
+            found = (obj, inner[0] if len(inner) == 1 else None)
+            _class_dicts[id(obj)] = found
+        return found[1]
+    try:
+        return vars(obj) if type(vars(obj)) is dict else None
+    except TypeError:
+        return None
+
+
+def _framework_namespaces(module_names):
+    import sys
+
+    found = []
+    for name in module_names:
+        module = sys.modules.get(name)
+        if module is None:
+            continue
+        found.append((name, module))
+        for attr, value in list(vars(module).items()):
+            if isinstance(value, type) and getattr(value, "__module__", None) == name:
+                found.append((name + "." + attr, value))
+    return found
+
+
+def writes_start(module_names, test_classes, test_module, workdir):
+    """What `writes_seen` compares with at the test's record: each watched namespace's dict,
+    its version and, for the test's own, what it holds. None where versions cannot be read."""
+    read = _version_reader()
+    if read is None:
+        return None
+    watched = []
+    try:
+        for label, obj in _framework_namespaces(module_names):
+            mapping = _namespace(obj)
+            if mapping is not None:
+                watched.append((label, mapping, read(mapping), None))
+        own = [("module " + getattr(test_module, "__name__", "?"), test_module)]
+        for klass in test_classes:
+            module = _module_named(getattr(klass, "__module__", None))
+            if _inside(getattr(module, "__file__", None) or "", workdir):
+                own.append((klass.__module__ + "." + getattr(klass, "__qualname__", "?"), klass))
+        for label, obj in own:
+            mapping = _namespace(obj) if obj is not None else None
+            if mapping is not None:
+                watched.append((label, mapping, read(mapping), dict(mapping)))
+    except Exception:
+        return None
+    return watched
+
+
+def _module_named(name):
+    import sys
+
+    return sys.modules.get(name) if name else None
+
+
+def writes_seen(start, test_id):
+    """The watched namespaces written since `writes_start`, as "NAME written while TEST ran"
+    (the framework's) or "NAME patched and put back while TEST ran" (the test's own)."""
+    read = _version_reader()
+    if start is None or read is None:
+        return []
+    found = []
+    for label, mapping, version, held in start:
+        try:
+            if read(mapping) == version:
+                continue
+            if held is None:
+                found.append("%s written while %s ran" % (label, test_id))
+            elif len(held) == len(mapping) and all(
+                    k in mapping and mapping[k] is v for k, v in held.items()):
+                found.append("%s patched and put back while %s ran" % (label, test_id))
+        except Exception:
+            pass
+    return found
 
 
 # What stands between the framework and the test's own code: each wrapper around the test
@@ -321,6 +462,9 @@ _FRAME_EVENTS = ("sys._getframe", "sys._current_frames", "gc.get_referrers", "gc
 _FRAME_ATTRS = ("tb_frame", "gi_frame", "cr_frame", "ag_frame")
 _frame_requests = []
 _library_codes = {}
+# A library function's code or default arguments set while the tests run (an audit event from
+# Python 3.8 on for `__code__`, 3.11 for the defaults), as for a frame: by whom.
+_FUNCTION_PARTS = ("__code__", "__defaults__", "__kwdefaults__")
 
 
 def _library_code(code, workdir):
@@ -335,6 +479,17 @@ def _library_code(code, workdir):
             known = codes is not None and _known(code, codes)
         _library_codes[code] = known
     return known
+
+
+def _library_function(obj):
+    code = getattr(obj, "__code__", None)
+    if type(obj).__name__ != "function" or code is None:
+        return False
+    path = code.co_filename
+    return bool(path) and os.path.isabs(path) and not _inside(path, _audit_workdir[0])
+
+
+_audit_workdir = [""]
 
 
 def install_frame_audit(workdir):
@@ -353,10 +508,14 @@ def install_frame_audit(workdir):
             pass
     getframe = sys._getframe
     busy = []
+    _audit_workdir[0] = workdir
 
     def audit(event, args):
         if event == "object.__getattr__":
             if len(args) < 2 or args[1] not in _FRAME_ATTRS:
+                return
+        elif event == "object.__setattr__":
+            if len(args) < 2 or args[1] not in _FUNCTION_PARTS or not _library_function(args[0]):
                 return
         elif event not in _FRAME_EVENTS:
             return
@@ -376,8 +535,14 @@ def install_frame_audit(workdir):
                     path = os.path.relpath(os.path.realpath(path), os.path.realpath(workdir))
             except Exception:
                 pass
-            what = args[1] if event == "object.__getattr__" else event
-            entry = "frame obtained by %s:%s (%s)" % (path, code.co_name, what)
+            if event == "object.__setattr__":
+                target = args[0]
+                entry = "%s.%s.%s set by %s:%s" % (
+                    getattr(target, "__module__", "?"), getattr(target, "__qualname__", "?"),
+                    args[1], path, code.co_name)
+            else:
+                what = args[1] if event == "object.__getattr__" else event
+                entry = "frame obtained by %s:%s (%s)" % (path, code.co_name, what)
             if entry not in _frame_requests:
                 _frame_requests.append(entry)
         except Exception:

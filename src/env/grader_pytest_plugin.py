@@ -132,6 +132,7 @@ def _swerve_rewrite():
 _swerve_calls = {}
 _swerve_wrappers = {}
 _swerve_classes = {}
+_swerve_windows = {}
 _swerve_workdir = os.getcwd()
 
 
@@ -166,6 +167,12 @@ def pytest_runtest_call(item):
         # The framework as the test starts, too: what reaches into a test is in place by then.
         _swerve_framework_check(_swerve_classes[item.nodeid])
         _swerve_witness(item, check)
+        # Writes to the framework and to the test's own module and classes from here to the
+        # end of the call (grader_check.py): a patch made and taken back inside the test.
+        cls = _swerve_classes[item.nodeid]
+        _swerve_windows[item.nodeid] = check.writes_start(
+            check.PYTEST_MODULES, getattr(cls, "__mro__", ()), getattr(item, "module", None),
+            _swerve_workdir)
     except Exception:
         pass
 
@@ -180,12 +187,31 @@ except Exception:
     pytest_runtest_call.tryfirst = True
 
 
+def _swerve_window_check(nodeid):
+    start = _swerve_windows.pop(nodeid, None)
+    if start is None:
+        return
+    try:
+        import swerve_grader_check as check
+
+        changed = check.writes_seen(start, nodeid)
+    except Exception as error:
+        changed = ["(the write check failed: %s)" % type(error).__name__]
+    changed = [c for c in changed if c not in _swerve_watch["reported"]]
+    if changed:
+        _swerve_watch["reported"].update(changed)
+        _swerve_write({"ev": "framework", "changed": changed})
+
+
 def pytest_runtest_logreport(report):
+    if report.when == "call":
+        _swerve_window_check(report.nodeid)
     status = _swerve_phase_status(report)
     current = _swerve_outcomes.get(report.nodeid)
     if status is not None and (current is None or current == "passed" or status == "error"):
         _swerve_outcomes[report.nodeid] = status
     if report.when == "teardown":
+        _swerve_window_check(report.nodeid)
         _swerve_framework_check(_swerve_classes.pop(report.nodeid, None))
         final = _swerve_outcomes.pop(report.nodeid, None) or "passed"
         record = {"ev": "test", "id": report.nodeid, "status": final}

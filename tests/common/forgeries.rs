@@ -442,10 +442,19 @@ fn red_team_seventh_pass(pytest: bool) -> Vec<(&'static str, Vec<Value>)> {
                 "tamper: unittest's result registry given another class, the running test's class swapped for one assertion",
                 fixture(include_str!("../fixtures/forgeries/result_registry_class_swap.py")),
             ),
-            // The eighth pass: a descriptor that is not callable, found through the class graph.
+            // The eighth pass: a descriptor that is not callable and a one-shot patch, each on
+            // a class found through the class graph (no frame).
             (
                 "tamper: a non-callable descriptor on the test classes makes the equality lookup lenient for the code under test's value",
                 fixture(include_str!("../fixtures/forgeries/lenient_descriptor_on_test_classes.py")),
+            ),
+            (
+                "tamper: TestCase's equality lookup made lenient once the code under test fails, put back at its first use (found without a frame)",
+                fixture(include_str!("../fixtures/forgeries/object_graph_transient_patch.py")),
+            ),
+            (
+                "tamper: the framework's equality check given other code, lenient where the code under test's value is None",
+                fixture(include_str!("../fixtures/forgeries/framework_code_swap.py")),
             ),
         ]);
     }
