@@ -17,8 +17,9 @@ use std::process::Command;
 use swerve::env::repos;
 
 fn pinned_version() -> String {
-    let text = std::fs::read_to_string(common::root().join("tests/requirements-swebench-nodeps.txt"))
-        .unwrap();
+    let text =
+        std::fs::read_to_string(common::root().join("tests/requirements-swebench-nodeps.txt"))
+            .unwrap();
     text.lines()
         .find_map(|l| l.trim().strip_prefix("swebench=="))
         .expect("tests/requirements-swebench-nodeps.txt pins swebench")
@@ -68,7 +69,11 @@ const DEPARTURES: &[(&str, &str)] = &[];
 #[test]
 fn swerves_commands_are_the_harness_commands_for_every_repository_and_version() {
     let rows = harness_rows();
-    assert!(rows.len() > 200, "the harness listed only {} repository versions", rows.len());
+    assert!(
+        rows.len() > 200,
+        "the harness listed only {} repository versions",
+        rows.len()
+    );
     let mut differences = Vec::new();
     let mut repositories = std::collections::BTreeSet::new();
     for row in &rows {
@@ -89,17 +94,27 @@ fn swerves_commands_are_the_harness_commands_for_every_repository_and_version() 
         expected.push(row["test_cmd"].as_str().unwrap().to_string());
         let expected = expected.join("; ");
         if spec.test_cmd != expected {
-            differences.push(format!("{at}: swerve runs `{}`, the harness `{expected}`", spec.test_cmd));
+            differences.push(format!(
+                "{at}: swerve runs `{}`, the harness `{expected}`",
+                spec.test_cmd
+            ));
         }
         let patch = row["test_patch"].as_str().unwrap();
         let directives = repos::test_directives(patch, spec.directives);
         let want = strings(&row["directives"]);
         if directives != want {
-            differences.push(format!("{at}: directives {directives:?}, the harness's {want:?}"));
+            differences.push(format!(
+                "{at}: directives {directives:?}, the harness's {want:?}"
+            ));
         }
         // The harness's eval script runs exactly its test command and directives.
         let line = format!("{} {}", row["test_cmd"].as_str().unwrap(), want.join(" "));
-        assert_eq!(row["command"].as_str(), Some(line.trim_end()), "{at}: {}", row["script"]);
+        assert_eq!(
+            row["command"].as_str(),
+            Some(line.trim_end()),
+            "{at}: {}",
+            row["script"]
+        );
     }
     assert!(
         differences.is_empty(),
@@ -123,6 +138,9 @@ fn swerves_commands_are_the_harness_commands_for_every_repository_and_version() 
         "sphinx-doc/sphinx",
         "sympy/sympy",
     ] {
-        assert!(repositories.contains(repo), "{repo} is not in the harness's specifications");
+        assert!(
+            repositories.contains(repo),
+            "{repo} is not in the harness's specifications"
+        );
     }
 }

@@ -346,6 +346,19 @@ fn names_built_from_literals_and_code_swaps_are_flagged() {
             "def swap(f, code):\n    setattr(f, \"__co\" + \"de__\", code)\n",
             &["code-swap"],
         ),
+        // Names built with `%` and `.format`, modules reached through pkgutil (the ninth pass).
+        (
+            "def swap(f, code):\n    setattr(f, \"__%s__\" % \"code\", code)\n",
+            &["code-swap"],
+        ),
+        (
+            "def swap(f, code):\n    setattr(f, \"__{}__\".format(\"code\"), code)\n",
+            &["code-swap"],
+        ),
+        (
+            "import pkgutil\ndef find():\n    return pkgutil.resolve_name(\"unittest\" + \".case:TestCase\")\n",
+            &["framework-import"],
+        ),
     ];
     for (text, want) in cases {
         assert_eq!(rules_of("pkg/mod.py", text), *want, "{text}");

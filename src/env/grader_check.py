@@ -8,6 +8,11 @@ import ast
 import os
 
 _compiled = {}
+# The compiler as it is when the grader loads (before any workspace code runs): the reference
+# compile of a test file goes through these, never through `ast.parse` or `builtins.compile`
+# as code under test may have left them.
+_compile = compile
+_ONLY_AST = ast.PyCF_ONLY_AST
 
 
 def _codes(path, rewrite):
@@ -18,10 +23,10 @@ def _codes(path, rewrite):
     try:
         with open(path, "rb") as f:
             source = f.read()
-        tree = ast.parse(source, filename=path)
+        tree = _compile(source, path, "exec", _ONLY_AST, dont_inherit=True)
         if rewrite is not None:
             rewrite(tree, source, path)
-        stack = [compile(tree, path, "exec", dont_inherit=True)]
+        stack = [_compile(tree, path, "exec", dont_inherit=True)]
         found = {}
         while stack:
             code = stack.pop()
@@ -110,7 +115,8 @@ PYTEST_MODULES = ("_pytest.python", "_pytest.runner", "_pytest.main", "_pytest.r
                   "_pytest.unittest", "_pytest.skipping", "_pytest.outcomes", "_pytest.nodes",
                   "_pytest.fixtures", "_pytest.doctest", "pluggy._hooks", "pluggy._callers",
                   "pluggy._manager", "pluggy.hooks", "pluggy.callers", "pluggy.manager",
-                  "_pytest.python_api", "_pytest.raises", "_pytest.recwarn", "unittest.case",
+                  "_pytest.python_api", "_pytest.raises", "_pytest.recwarn",
+                  "_pytest.assertion.rewrite", "unittest.case",
                   "unittest.mock", "contextlib")
 
 
@@ -174,11 +180,12 @@ def _same(a, b):
 # before its record (a one-shot `_getAssertEqualityFunc` that puts the original back as it
 # runs) leaves every object where it was at both checks above: the write itself is what shows.
 # CPython 3.6 to 3.13 keep in every dict a version that each write moves (PEP 509), and a
-# module's globals and a class's attributes live in such dicts: read as a test starts and again
-# at its record. Watched: the framework's modules and their classes (any write), the test's
-# module and its classes from the workspace (a write that leaves them as they were: a test that
-# sets a class attribute in setUp changes them; a patch put back does not). Elsewhere (another
-# Python, a dict laid out otherwise) the reader finds no version and this watch is off.
+# module's globals and a class's attributes live in such dicts. Watched: the framework's modules
+# and their classes, at every check of the run (any write: `framework_writes`), and the test's
+# module and its classes from the workspace, from the test's start to its record (a write that
+# leaves them as they were: a test that sets a class attribute in setUp changes them; a patch
+# put back does not). Elsewhere (another Python, a dict laid out otherwise) the reader finds no
+# version and this watch is off.
 _versions = {"read": None, "tried": False}
 _class_dicts = {}
 
@@ -245,18 +252,37 @@ def _framework_namespaces(module_names):
     return found
 
 
-def writes_start(module_names, test_classes, test_module, workdir):
-    """What `writes_seen` compares with at the test's record: each watched namespace's dict,
-    its version and, for the test's own, what it holds. None where versions cannot be read."""
+def framework_writes(watch, when):
+    """The framework's namespaces (`watch["modules"]`' modules and their classes) written since
+    the last call, as "NAME written WHEN"; the first call (and a namespace first seen, a module
+    loaded since) only takes their versions. Kept over the whole run, not per test: a patch
+    made while the tests load and taken back before the first one starts is a write too."""
+    read = _version_reader()
+    if read is None:
+        return []
+    found = []
+    seen = watch.setdefault("seen", {})
+    for label, obj in _framework_namespaces(watch["modules"]):
+        mapping = _namespace(obj)
+        if mapping is None:
+            continue
+        version = read(mapping)
+        before = seen.get(label)
+        seen[label] = (mapping, version)
+        if before is not None and (before[0] is not mapping or before[1] != version):
+            found.append("%s written %s" % (label, when))
+    return found
+
+
+def writes_start(test_classes, test_module, workdir):
+    """What `writes_seen` compares with at the test's record: the test's own module's and
+    workspace classes' dicts, their versions and what they hold. None where versions cannot be
+    read."""
     read = _version_reader()
     if read is None:
         return None
     watched = []
     try:
-        for label, obj in _framework_namespaces(module_names):
-            mapping = _namespace(obj)
-            if mapping is not None:
-                watched.append((label, mapping, read(mapping), None))
         own = [("module " + getattr(test_module, "__name__", "?"), test_module)]
         for klass in test_classes:
             module = _module_named(getattr(klass, "__module__", None))
@@ -278,8 +304,8 @@ def _module_named(name):
 
 
 def writes_seen(start, test_id):
-    """The watched namespaces written since `writes_start`, as "NAME written while TEST ran"
-    (the framework's) or "NAME patched and put back while TEST ran" (the test's own)."""
+    """The test's own namespaces written since `writes_start` and left as they were, as "NAME
+    patched and put back while TEST ran"."""
     read = _version_reader()
     if start is None or read is None:
         return []
@@ -288,9 +314,7 @@ def writes_seen(start, test_id):
         try:
             if read(mapping) == version:
                 continue
-            if held is None:
-                found.append("%s written while %s ran" % (label, test_id))
-            elif len(held) == len(mapping) and all(
+            if len(held) == len(mapping) and all(
                     k in mapping and mapping[k] is v for k, v in held.items()):
                 found.append("%s patched and put back while %s ran" % (label, test_id))
         except Exception:
@@ -339,17 +363,26 @@ def wrappers(func, workdir):
 # `item.obj`), so anything that forgives a failure on its way out (a patched _callTestMethod,
 # a hook-call monitor, a context manager's exit, ExceptionInfo) is outside it. A test recorded
 # passed whose witnessed call raised, or that never called it, was forgiven.
-def witness(method, key, calls):
+def witness(method, key, calls, verify=None):
     """A callable calling `method` that notes in `calls[key]` how the call ended: "returned",
-    "raised", "deferred" (an awaitable the framework runs later), "running" while it runs."""
+    "raised", "deferred" (an awaitable the framework runs later), "running" while it runs.
+    `verify` (the recorder's code check) runs as the call begins and as it ends: the test's
+    code is checked where it runs, not only before the framework's own steps (a `__code__`
+    swapped between the check at the test's start and the call, by anything the framework
+    does in between, is seen)."""
 
     def swerve_witness(*args, **kwargs):
         calls[key] = "running"
+        if verify is not None:
+            verify()
         try:
             result = method(*args, **kwargs)
         except BaseException:
             calls[key] = "raised"
             raise
+        finally:
+            if verify is not None:
+                verify()
         deferred = hasattr(result, "__await__") or hasattr(result, "__aiter__")
         calls[key] = "deferred" if deferred else "returned"
         return result

@@ -59,7 +59,7 @@ CODE_ATTRS = ("__code__", "__globals__", "__closure__", "__defaults__", "__kwdef
 REDIRECTS = ("contextlib.redirect_stdout", "contextlib.redirect_stderr")
 UNITTEST_MARKS = ("__unittest_skip__", "__unittest_skip_why__", "__unittest_expecting_failure__")
 DYNAMIC = ("builtins.exec", "builtins.eval", "builtins.compile", "builtins.__import__",
-           "importlib.import_module", "importlib.__import__")
+           "importlib.import_module", "importlib.__import__", "pkgutil.resolve_name")
 # Code loaded from a file by path, whatever its name: flagged at every call.
 FILE_LOADERS = ("runpy.run_path", "runpy.run_module", "importlib.util.spec_from_file_location",
                 "importlib.machinery.SourceFileLoader", "importlib.machinery.SourcelessFileLoader",
@@ -116,6 +116,27 @@ def const_str(node, depth=0):
     if kind == "BinOp" and isinstance(node.op, ast.Add):
         left, right = const_str(node.left, depth + 1), const_str(node.right, depth + 1)
         return left + right if left is not None and right is not None else None
+    if kind == "BinOp" and isinstance(node.op, ast.Mod):
+        # "__%s__" % "code", "%s.%s" % ("unittest", "case")
+        template = const_str(node.left, depth + 1)
+        items = node.right.elts if isinstance(node.right, ast.Tuple) else [node.right]
+        values = [const_str(e, depth + 1) for e in items]
+        if template is None or any(v is None for v in values):
+            return None
+        try:
+            return template % tuple(values)
+        except (TypeError, ValueError):
+            return None
+    if kind == "Call" and isinstance(node.func, ast.Attribute) and node.func.attr == "format" \
+            and not node.keywords:
+        template = const_str(node.func.value, depth + 1)
+        values = [const_str(e, depth + 1) for e in node.args]
+        if template is None or any(v is None for v in values):
+            return None
+        try:
+            return template.format(*values)
+        except (IndexError, KeyError, ValueError):
+            return None
     if kind == "FormattedValue" and node.format_spec is None and node.conversion in (-1, None):
         return const_str(node.value, depth + 1)
     if kind == "JoinedStr":
@@ -348,6 +369,12 @@ class Scanner(object):
                 return set(q + "." + (norm(name) if name is not None else "?") for q in base)
             if "builtins.vars" in func and len(args) == 1:
                 return self.resolve(args[0], scope, depth + 1)
+            if "pkgutil.resolve_name" in func and args:
+                # "unittest.case:TestCase" or "unittest.case.TestCase": the object it names.
+                name = const_str(args[0])
+                if name and not name.startswith("."):
+                    return set([norm(name.replace(":", "."))])
+                return set()
             if func & set(("builtins.__import__", "importlib.import_module",
                            "importlib.__import__")) and args:
                 name = const_str(args[0])
@@ -558,12 +585,12 @@ class Scanner(object):
                 self.flag_node("dynamic-code", node)
             if qual in DYNAMIC:
                 name = const_str(args[0]) if args else None
-                if args and not is_literal(args[0]):
+                if args and name is None and not is_literal(args[0]):
                     self.flag_node("dynamic-code", node)
                 elif name is not None and qual in EXEC_LIKE:
                     self.scan_literal(name, node)
                 elif name is not None and not name.startswith("."):
-                    self.check_module(norm(name), node)
+                    self.check_module(norm(name.replace(":", ".")), node)
             if qual == "os.dup2" or (qual in ("os.dup", "os.write") and args
                                      and self.is_std_fd(args[0], scope)):
                 self.flag_node("stream-replace", node)

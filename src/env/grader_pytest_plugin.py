@@ -56,6 +56,7 @@ _swerve_config = []
 
 
 _swerve_watch = {"snapshot": None, "plugins": None, "reported": set()}
+_swerve_versions = {"modules": None}
 
 
 def _swerve_plugins(config):
@@ -76,10 +77,11 @@ def _swerve_plugins(config):
     return names
 
 
-def _swerve_framework_check(klass=None):
-    # The framework as pytest configured it (grader_check.py), compared as each test is
-    # recorded and when the session ends, with the test's own class and its bases from the
-    # workspace; each change written once.
+def _swerve_framework_check(klass=None, when="after the last test"):
+    # The framework as pytest configured it (grader_check.py), compared as each test starts,
+    # as it is recorded and when the session ends, with the test's own class and its bases from
+    # the workspace, and the writes to the framework since the last check (`when` says which);
+    # each change written once.
     if _swerve_watch["snapshot"] is None or not _swerve_config:
         return
     try:
@@ -87,6 +89,7 @@ def _swerve_framework_check(klass=None):
 
         changed = list(check.framework_changes(_swerve_watch["snapshot"]))
         changed += check.frame_requests()
+        changed += check.framework_writes(_swerve_versions, when)
         if klass is not None:
             changed += check.class_changes(klass, _swerve_workdir, (None, _swerve_rewrite()))
         now = _swerve_plugins(_swerve_config[0])
@@ -107,16 +110,24 @@ def pytest_configure(config):
 
         _swerve_watch["snapshot"] = check.framework_snapshot(check.PYTEST_MODULES)
         _swerve_watch["plugins"] = _swerve_plugins(config)
+        _swerve_versions["modules"] = check.PYTEST_MODULES
+        check.framework_writes(_swerve_versions, None)
     except Exception:
         pass
 
 
+# pytest's own assertion rewriting, as it compiles test modules (grader_check.py compares with
+# both the plain and the rewritten compile), taken as this plugin loads: before any conftest or
+# test module runs (the module is watched as part of the framework from then on).
+try:
+    from _pytest.assertion.rewrite import rewrite_asserts as _swerve_rewrite_asserts
+except Exception:
+    _swerve_rewrite_asserts = None
+
+
 def _swerve_rewrite():
-    # pytest's own assertion rewriting, as it compiles test modules (grader_check.py compares
-    # with both the plain and the rewritten compile).
-    try:
-        from _pytest.assertion.rewrite import rewrite_asserts
-    except Exception:
+    rewrite_asserts = _swerve_rewrite_asserts
+    if rewrite_asserts is None:
         return None
     config = _swerve_config[0] if _swerve_config else None
 
@@ -136,14 +147,14 @@ _swerve_windows = {}
 _swerve_workdir = os.getcwd()
 
 
-def _swerve_witness(item, check):
+def _swerve_witness(item, check, verify):
     # The test function's own call, witnessed (grader_check.py): pytest calls `item.obj`
     # (pytest_pyfunc_call), and a unittest TestCase's run takes the method from the instance
     # (pytest 5.4 and later set it there from `item.obj` themselves; earlier ones do not).
     func = getattr(item, "obj", None)
     if func is None or not callable(func) or check.is_async(func):
         return
-    watched = check.witness(func, item.nodeid, _swerve_calls)
+    watched = check.witness(func, item.nodeid, _swerve_calls, verify)
     try:
         item.obj = watched
         testcase = getattr(item, "_testcase", None)
@@ -160,19 +171,34 @@ def pytest_runtest_call(item):
         path = str(getattr(item, "path", None) or getattr(item, "fspath", ""))
         func = getattr(item, "obj", None)
         name = getattr(item, "originalname", None) or getattr(item, "name", None)
+        nodeid = item.nodeid
+        rewrites = (None, _swerve_rewrite())
+
+        def verify():
+            # The test's code where the witness calls it (grader_check.witness), as at the start.
+            try:
+                if func is not None and path and \
+                        check.code_ok(func, path, rewrites, name) is False:
+                    _swerve_code[nodeid] = False
+            except Exception:
+                _swerve_code[nodeid] = False
+
         if func is not None and path:
-            _swerve_code[item.nodeid] = check.code_ok(func, path, (None, _swerve_rewrite()), name)
-            _swerve_wrappers[item.nodeid] = check.wrappers(func, _swerve_workdir)
-        _swerve_classes[item.nodeid] = getattr(item, "cls", None)
+            _swerve_code[nodeid] = check.code_ok(func, path, rewrites, name)
+            _swerve_wrappers[nodeid] = check.wrappers(func, _swerve_workdir)
+        _swerve_classes[nodeid] = getattr(item, "cls", None)
         # The framework as the test starts, too: what reaches into a test is in place by then.
-        _swerve_framework_check(_swerve_classes[item.nodeid])
-        _swerve_witness(item, check)
-        # Writes to the framework and to the test's own module and classes from here to the
-        # end of the call (grader_check.py): a patch made and taken back inside the test.
-        cls = _swerve_classes[item.nodeid]
-        _swerve_windows[item.nodeid] = check.writes_start(
-            check.PYTEST_MODULES, getattr(cls, "__mro__", ()), getattr(item, "module", None),
-            _swerve_workdir)
+        # Before the first test: the collection (which tests a run has can change with the
+        # change).
+        when = "before %s" % nodeid if _swerve_versions.get("started") else "before the first test"
+        _swerve_versions["started"] = True
+        _swerve_framework_check(_swerve_classes[nodeid], when)
+        _swerve_witness(item, check, verify)
+        # Writes to the test's own module and classes from here to the end of the call
+        # (grader_check.py): a patch made and taken back inside the test.
+        cls = _swerve_classes[nodeid]
+        _swerve_windows[nodeid] = check.writes_start(
+            getattr(cls, "__mro__", ()), getattr(item, "module", None), _swerve_workdir)
     except Exception:
         pass
 
@@ -206,13 +232,15 @@ def _swerve_window_check(nodeid):
 def pytest_runtest_logreport(report):
     if report.when == "call":
         _swerve_window_check(report.nodeid)
+        _swerve_framework_check(None, "while %s ran" % report.nodeid)
     status = _swerve_phase_status(report)
     current = _swerve_outcomes.get(report.nodeid)
     if status is not None and (current is None or current == "passed" or status == "error"):
         _swerve_outcomes[report.nodeid] = status
     if report.when == "teardown":
         _swerve_window_check(report.nodeid)
-        _swerve_framework_check(_swerve_classes.pop(report.nodeid, None))
+        _swerve_framework_check(_swerve_classes.pop(report.nodeid, None),
+                                "after %s ran" % report.nodeid)
         final = _swerve_outcomes.pop(report.nodeid, None) or "passed"
         record = {"ev": "test", "id": report.nodeid, "status": final}
         if _swerve_code.pop(report.nodeid, None) is False:

@@ -156,6 +156,7 @@ def _swerve_record_unittest(path):
     calls = {}
     started = {}
     witnesses = {}
+    swapped = set()
 
     def install_witness(test):
         key = id(test)
@@ -170,7 +171,15 @@ def _swerve_record_unittest(path):
             method = getattr(test, name, None) if name else None
             if method is None or not callable(method) or check.is_async(method):
                 return
-            watched = check.witness(method, key, calls)
+            def verify():
+                # The test's code where the witness calls it (grader_check.witness).
+                try:
+                    if code_flags(test)[0] is False:
+                        swapped.add(key)
+                except Exception:
+                    swapped.add(key)
+
+            watched = check.witness(method, key, calls, verify)
             witnesses[key] = (watched,)
             vars(test)[name] = watched
             if getattr(test, name, None) is not watched:
@@ -182,12 +191,13 @@ def _swerve_record_unittest(path):
         # (code_ok's answer, the wrappers) from the run's start and from now, combined.
         code, wrappers = code_flags(test)
         start_code, start_wrappers = started.get(id(test), (None, []))
-        if start_code is False:
+        if start_code is False or id(test) in swapped:
             code = False
         return (code, start_wrappers or wrappers)
 
     def remove_witness(test):
         windows.pop(id(test), None)
+        swapped.discard(id(test))
         calls.pop(id(test), None)
         started.pop(id(test), None)
         witnesses.pop(id(test), None)
@@ -202,21 +212,27 @@ def _swerve_record_unittest(path):
 
     # The framework as this hook left it (grader_check.py): compared as each test is recorded
     # and when the run ends; each change is written once, before the test record it precedes.
+    # Writes to the framework's namespaces are read at each check too (`when` says which).
     watch = {"snapshot": None, "reported": set()}
+    versions = {"modules": None}
 
-    def framework_check(result, test=None):
+    def framework_check(result, test=None, when=None):
         try:
             import swerve_grader_check as check
 
             if watch["snapshot"] is None:
                 watch["snapshot"] = check.framework_snapshot(check.UNITTEST_MODULES)
+                versions["modules"] = check.UNITTEST_MODULES
+                check.framework_writes(versions, None)
                 return
             changed = check.framework_changes(watch["snapshot"]) + check.frame_requests()
+            changed += check.framework_writes(versions, when or "after the last test")
             if result is not None:
                 changed += check.shadowing(result)
             if test is not None:
                 changed += check.class_changes(type(test), _swerve_workdir)
                 changed += check.shadowing(test, witnesses.get(id(test), ()))
+            if test is not None and when and when.startswith("while"):
                 changed += check.writes_seen(windows.pop(id(test), None), str(test))
             changed = [c for c in changed if c not in watch["reported"]]
         except Exception as error:
@@ -228,7 +244,7 @@ def _swerve_record_unittest(path):
     def outcome(status):
         def wrap(original):
             def method(self, test, *args):
-                framework_check(self, test)
+                framework_check(self, test, "while %s ran" % test)
                 record = {"ev": "test", "id": str(test), "desc": describe(test), "status": status}
                 if status == "passed" and state["stop"] and not getattr(self, "failfast", False):
                     record["status"] = "error"
@@ -258,15 +274,17 @@ def _swerve_record_unittest(path):
             import swerve_grader_check as check
 
             module = sys.modules.get(type(test).__module__)
-            windows[id(test)] = check.writes_start(
-                check.UNITTEST_MODULES, type(test).__mro__, module, _swerve_workdir)
+            windows[id(test)] = check.writes_start(type(test).__mro__, module, _swerve_workdir)
         except Exception:
             windows.pop(id(test), None)
 
     def startTest(self, test):
         state["stop"] = False
         # The framework as the test starts, too: what reaches into a test is in place by then.
-        framework_check(self, test)
+        # Before the first test: the loading (which tests a run has can change with the change).
+        first = not state.get("started")
+        state["started"] = True
+        framework_check(self, test, "before the first test" if first else "before %s" % test)
         install_witness(test)
         open_window(test)
         return original_start_test(self, test)

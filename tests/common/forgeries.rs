@@ -419,6 +419,38 @@ pub fn red_team_forgeries(pytest: bool) -> Vec<(&'static str, Vec<Value>)> {
     });
     out.extend(red_team_sixth_pass(pytest));
     out.extend(red_team_seventh_pass(pytest));
+    out.extend(red_team_ninth_pass(pytest));
+    out
+}
+
+/// The ninth red-team pass (issue 34): a test's `__code__` swapped between the code check at its
+/// start and its call (through gates on the test function's `__dict__` that the framework reads
+/// for their truth, or through pytest's `PYTEST_CURRENT_TEST` write to `os.environ`), the
+/// framework patched only while the tests load, and pytest's assertion rewriter (which the code
+/// check's reference compile used) poisoned to accept a forgiving twin of each test.
+fn red_team_ninth_pass(pytest: bool) -> Vec<(&'static str, Vec<Value>)> {
+    let fixture = |text: &str| vec![append("calc/ops.py", text)];
+    let mut out = vec![(
+        "tamper: the failing tests' code swapped for a no-op between the code check and the call, by gates on their own __dict__",
+        fixture(include_str!("../fixtures/forgeries/function_dict_gates.py")),
+    )];
+    if pytest {
+        out.extend([
+            (
+                "tamper: the failing test's code swapped as pytest names its call phase in os.environ",
+                fixture(include_str!("../fixtures/forgeries/environ_phase_hook_pytest.py")),
+            ),
+            (
+                "tamper: pytest's assertion rewriter made to compile a forgiving twin of each failing test, the twin's code given to the test",
+                fixture(include_str!("../fixtures/forgeries/poisoned_reference_compile_pytest.py")),
+            ),
+        ]);
+    } else {
+        out.push((
+            "tamper: TestCase patched only while the tests load, each instance left with a lenient float comparison",
+            fixture(include_str!("../fixtures/forgeries/patched_while_loading.py")),
+        ));
+    }
     out
 }
 
