@@ -7,7 +7,10 @@ the harness's own functions. Imports only the harness's constants and test-spec 
 package `__init__` (docker, datasets, the collection scripts) and the dataset loader are not
 needed to write an eval script, and stand-ins answer for them.
 
-usage: python3 swebench_oracle.py
+With `parse`, reads JSON lines {"repo": R, "log": TEXT} and prints for each the harness's own
+parser's reading of the log (`MAP_REPO_TO_PARSER[R]`): {"repo": R, "statuses": {id: status}}.
+
+usage: python3 swebench_oracle.py [parse]
 """
 import importlib
 import json
@@ -110,5 +113,19 @@ def main():
             }, sort_keys=True))
 
 
+def parse():
+    load_harness()
+    parsers = importlib.import_module("swebench.harness.log_parsers").MAP_REPO_TO_PARSER
+    for line in sys.stdin:
+        if not line.strip():
+            continue
+        case = json.loads(line)
+        statuses = parsers[case["repo"]](case["log"], None)
+        print(json.dumps({"repo": case["repo"], "statuses": statuses}, sort_keys=True))
+
+
 if __name__ == "__main__":
-    main()
+    if sys.argv[1:] == ["parse"]:
+        parse()
+    else:
+        main()

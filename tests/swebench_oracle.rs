@@ -14,6 +14,7 @@ mod common;
 use common::python::PythonEnv;
 use serde_json::Value;
 use std::process::Command;
+use swerve::env::logs::{self, LogParser, TestStatus};
 use swerve::env::repos;
 
 fn pinned_version() -> String {
@@ -143,4 +144,250 @@ fn swerves_commands_are_the_harness_commands_for_every_repository_and_version() 
             "{repo} is not in the harness's specifications"
         );
     }
+}
+
+/// Logs shaped as each runner prints them: pytest's `-rA` summary (parametrised ids, a path
+/// option, a class, every status, a skip's `[N]` location), the same in colour and in the older
+/// `id STATUS` form, Django's verbose runner (a docstring's line, output between a test and its
+/// `ok`, every outcome), sympy's runner (every letter it prints).
+const PYTEST_LOG: &str =
+    "============================= test session starts ==============================
+platform linux -- Python 3.9.20, pytest-7.4.4, pluggy-1.5.0
+rootdir: /testbed
+collected 10 items
+
+tests/test_a.py ..F.sxX.E.                                                [100%]
+
+=================================== FAILURES ===================================
+___________________________________ test_two ___________________________________
+
+    def test_two():
+>       assert 1 == 2
+E       assert 1 == 2
+
+tests/test_a.py:5: AssertionError
+=========================== short test summary info ============================
+PASSED tests/test_a.py::test_one
+PASSED tests/test_a.py::test_param[1-2]
+PASSED tests/test_a.py::test_path[/tmp/work/data.txt]
+PASSED tests/test_a.py::TestKind::test_method
+PASSED tests/test_a.py::test_button[MouseButton.LEFT]
+FAILED tests/test_a.py::test_two - assert 1 == 2
+SKIPPED [1] tests/test_a.py:12: no network
+XFAIL tests/test_a.py::test_xf - reason: known
+XPASS tests/test_a.py::test_xp
+ERROR tests/test_a.py::test_e - RuntimeError: boom
+============ 1 failed, 5 passed, 1 skipped, 1 xfailed, 1 xpassed, 1 error in 0.12s =============
+";
+
+const PYTEST_OLD_LOG: &str = "tests/test_b.py::test_one PASSED
+tests/test_b.py::test_two FAILED
+tests/test_b.py::test_three SKIPPED
+tests/test_b.py::test_four ERROR
+";
+
+const DJANGO_LOG: &str =
+    "Testing against Django installed in '/testbed/django' with up to 1 processes
+test_a (forms_tests.tests.test_forms.FormsTestCase) ... ok
+test_b (forms_tests.tests.test_forms.FormsTestCase) ... FAIL
+test_c (forms_tests.tests.test_forms.FormsTestCase) ... ERROR
+test_d (forms_tests.tests.test_forms.FormsTestCase) ... skipped 'no database'
+test_e (forms_tests.tests.test_forms.FormsTestCase) ... expected failure
+test_f (forms_tests.tests.test_forms.FormsTestCase) ... unexpected success
+test_g (forms_tests.tests.test_forms.FormsTestCase)
+A docstring's first line. ... ok
+test_h (forms_tests.tests.test_forms.FormsTestCase) ... printed by the test
+ok
+
+======================================================================
+FAIL: test_b (forms_tests.tests.test_forms.FormsTestCase)
+----------------------------------------------------------------------
+Traceback (most recent call last):
+AssertionError: 1 != 2
+
+----------------------------------------------------------------------
+Ran 8 tests in 0.012s
+
+FAILED (failures=1, errors=1, skipped=1, expected failures=1, unexpected successes=1)
+";
+
+const SYMPY_LOG: &str = "============================= test process starts ==============================
+executable:         /opt/miniconda3/envs/testbed/bin/python  (3.9.20-final-0) [CPython]
+
+sympy/core/tests/test_basic.py[6] 
+test_a ok
+test_b F
+test_c E
+test_d f
+test_e X
+test_f s
+                                                                          [FAIL]
+
+________________________________________________________________________________
+_____________ sympy/core/tests/test_basic.py:test_b _____________
+Traceback (most recent call last):
+AssertionError
+
+============= tests finished: 1 passed, 1 failed, 1 skipped, 1 expected to fail, 1 expected to fail but passed, 1 exceptions, in 0.10 seconds =============
+DO *NOT* COMMIT!
+";
+
+/// Where swerve reads a log otherwise than the harness, on purpose (docs/grading.md,
+/// "Departures from SWE-bench's harness"), as (what the harness says, what swerve says, why).
+fn parse_departure(harness: Option<&str>, swerve: Option<TestStatus>) -> Option<&'static str> {
+    match (harness, swerve) {
+        // pytest's XPASS and unittest's unexpected success: the harness drops the line (no
+        // status of its own), swerve keeps it as XPASS; neither is a pass.
+        (None, Some(TestStatus::XPass)) => Some("an unexpected pass is XPASS, not absent"),
+        // Django's expected failure: the harness drops it, swerve keeps it as XFAIL (a listed
+        // test matches it only where the reference run shows it).
+        (None, Some(TestStatus::XFail)) => Some("an expected failure is XFAIL, not absent"),
+        // sympy's `f`/`X`/`s`: no status in the harness; swerve reads them as XFAIL, XPASS and
+        // skipped, none a pass.
+        (None, Some(TestStatus::Skipped)) => Some("a skip is kept as skipped"),
+        // seaborn's parser reads only PASSED and FAILED lines; swerve keeps an ERROR.
+        (None, Some(TestStatus::Error)) => Some("an error is kept as an error"),
+        _ => None,
+    }
+}
+
+/// Words the harness takes for test ids that name no test (a failure's header, a count):
+/// pytest's skip summary (`SKIPPED [1] tests/test_a.py:12: reason`), the first word of Django's
+/// `FAIL: test_b (module.Class)` header (the test is read, whole, from its own line), and
+/// sympy's traceback header `sympy/core/tests/test_basic.py:test_b` (the test is read from its
+/// own `test_b F` line).
+fn not_an_id(parser: LogParser, id: &str) -> bool {
+    match parser {
+        LogParser::Django => !id.contains(' '),
+        LogParser::Sympy => id.contains(".py:"),
+        _ => id.starts_with('['),
+    }
+}
+
+fn harness_name(status: TestStatus) -> Option<&'static str> {
+    Some(match status {
+        TestStatus::Passed => "PASSED",
+        TestStatus::Failed => "FAILED",
+        TestStatus::Error => "ERROR",
+        TestStatus::Skipped => "SKIPPED",
+        TestStatus::XFail => "XFAIL",
+        _ => return None,
+    })
+}
+
+#[test]
+fn swerves_log_parsers_read_shaped_logs_as_the_harness_parsers_do() {
+    let version = pinned_version();
+    let python = PythonEnv {
+        venv: format!("swebench-{version}-venv"),
+        requirements: &["requirements-swebench.txt"],
+        no_deps: &["requirements-swebench-nodeps.txt"],
+        check: format!(
+            "import importlib.metadata as m, sys, unidiff; sys.exit(m.version('swebench') != {version:?})"
+        ),
+    }
+    .python();
+    // Every repository the harness parses, each with the logs its runner prints.
+    let coloured = PYTEST_LOG
+        .replace("PASSED ", "\x1b[32mPASSED\x1b[0m ")
+        .replace("FAILED ", "\x1b[31mFAILED\x1b[0m ");
+    let mut cases: Vec<(&str, String)> = Vec::new();
+    for repo in [
+        "astropy/astropy",
+        "marshmallow-code/marshmallow",
+        "matplotlib/matplotlib",
+        "mwaskom/seaborn",
+        "pallets/flask",
+        "psf/requests",
+        "pvlib/pvlib-python",
+        "pydata/xarray",
+        "pydicom/pydicom",
+        "pylint-dev/astroid",
+        "pylint-dev/pylint",
+        "pytest-dev/pytest",
+        "pyvista/pyvista",
+        "scikit-learn/scikit-learn",
+        "sphinx-doc/sphinx",
+        "sqlfluff/sqlfluff",
+    ] {
+        cases.push((repo, PYTEST_LOG.to_string()));
+        // Colour and the older verbose form: the runs whose parser is the harness's
+        // `pytest_v2` (tox, `-vv`).
+        if repos::spec_for(repo, None).unwrap().parser == LogParser::PytestV2 {
+            cases.push((repo, PYTEST_OLD_LOG.to_string()));
+            cases.push((repo, coloured.clone()));
+        }
+    }
+    cases.push(("django/django", DJANGO_LOG.to_string()));
+    cases.push(("sympy/sympy", SYMPY_LOG.to_string()));
+    let input: String = cases
+        .iter()
+        .map(|(repo, log)| serde_json::json!({"repo": repo, "log": log}).to_string() + "\n")
+        .collect();
+    let mut child = Command::new(&python)
+        .arg(common::root().join("tests/swebench_oracle.py"))
+        .arg("parse")
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    std::io::Write::write_all(&mut child.stdin.take().unwrap(), input.as_bytes()).unwrap();
+    let out = child.wait_with_output().unwrap();
+    assert!(
+        out.status.success(),
+        "tests/swebench_oracle.py parse failed:\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let readings: Vec<Value> = String::from_utf8(out.stdout)
+        .unwrap()
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    assert_eq!(readings.len(), cases.len());
+    let mut differences = Vec::new();
+    for ((repo, log), reading) in cases.iter().zip(&readings) {
+        let spec = repos::spec_for(repo, None).unwrap();
+        let ours = logs::parse_log(spec.parser, log);
+        let theirs = reading["statuses"].as_object().unwrap();
+        let mut ids: Vec<String> = theirs.keys().cloned().collect();
+        ids.extend(ours.keys().cloned());
+        for id in ids {
+            if not_an_id(spec.parser, &id) {
+                continue;
+            }
+            let harness = theirs.get(&id).and_then(Value::as_str).or_else(|| {
+                theirs
+                    .iter()
+                    .find(|(k, _)| logs::canonical_id(k) == logs::canonical_id(&id))
+                    .and_then(|(_, v)| v.as_str())
+            });
+            let swerve = logs::lookup(&ours, &id);
+            if harness == swerve.and_then(harness_name)
+                || parse_departure(harness, swerve).is_some()
+            {
+                continue;
+            }
+            // Django's test with a docstring: its line names the test, the next the docstring's
+            // first line and the outcome; the harness reads the docstring only, swerve both (a
+            // list may name it either way).
+            let docstring = spec.parser == LogParser::Django && log.lines().any(|l| l.trim() == id);
+            if harness.is_none() && docstring {
+                continue;
+            }
+            let line = format!(
+                "{repo} ({}): {id}: harness {harness:?}, swerve {swerve:?}",
+                spec.parser
+            );
+            if !differences.contains(&line) {
+                differences.push(line);
+            }
+        }
+    }
+    assert!(
+        differences.is_empty(),
+        "{} readings differ from SWE-bench's harness {version}:\n{}",
+        differences.len(),
+        differences.join("\n")
+    );
 }

@@ -359,6 +359,8 @@ fn names_built_from_literals_and_code_swaps_are_flagged() {
             "import pkgutil\ndef find():\n    return pkgutil.resolve_name(\"unittest\" + \".case:TestCase\")\n",
             &["framework-import"],
         ),
+        // A class's bases assigned (the tenth pass).
+        ("def rebase(k, m):\n    k.__bases__ = (m,) + k.__bases__\n", &["code-swap"]),
     ];
     for (text, want) in cases {
         assert_eq!(rules_of("pkg/mod.py", text), *want, "{text}");

@@ -480,6 +480,27 @@ def class_changes(klass, workdir, rewrites=(None,)):
     return sorted(changed)
 
 
+def class_line(klass, workdir):
+    """The test's class and what it inherits from, as run: each class in its method resolution
+    order as "module.Class", with the workspace file its code comes from ("@calc/ops.py").
+    Compared with the reference run: a base put in at run time (`__bases__` assigned, an import
+    hook that rebuilds the class), or a class whose module name is not where its code is, shows
+    as a line the reference run does not have."""
+    line = []
+    for base in getattr(klass, "__mro__", ()):
+        name = "%s.%s" % (getattr(base, "__module__", "?"),
+                          getattr(base, "__qualname__", getattr(base, "__name__", "?")))
+        files = set()
+        for value in list(vars(base).values()):
+            for f in _member_functions(value) or ():
+                code = getattr(_chain(f)[-1], "__code__", None)
+                path = getattr(code, "co_filename", None)
+                if path and _inside(path, workdir):
+                    files.add(os.path.relpath(os.path.realpath(path), os.path.realpath(workdir)))
+        line.append(name + "".join("@" + f for f in sorted(files)))
+    return line
+
+
 # Frames obtained while the tests run, and by whom (Python 3.8 and later: audit hooks). Code
 # under test that reaches the running test (its `self`, its locals) does so through a frame:
 # `sys._getframe`, a traceback's `tb_frame`, a generator's frame, `sys._current_frames`, or the

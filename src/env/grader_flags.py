@@ -55,7 +55,7 @@ REEXPORTED = ("sys", "builtins", "gc", "inspect", "traceback", "threading", "uni
               "_pytest")
 # A function's code and what it runs with: replaced, a test runs other code under its own name.
 CODE_ATTRS = ("__code__", "__globals__", "__closure__", "__defaults__", "__kwdefaults__",
-              "__class__")
+              "__class__", "__bases__")
 REDIRECTS = ("contextlib.redirect_stdout", "contextlib.redirect_stderr")
 UNITTEST_MARKS = ("__unittest_skip__", "__unittest_skip_why__", "__unittest_expecting_failure__")
 DYNAMIC = ("builtins.exec", "builtins.eval", "builtins.compile", "builtins.__import__",

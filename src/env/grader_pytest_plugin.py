@@ -144,6 +144,11 @@ _swerve_calls = {}
 _swerve_wrappers = {}
 _swerve_classes = {}
 _swerve_windows = {}
+# Tests that reached the grader's call hook without a witness (a coroutine, a doctest), and
+# what pytest collected under each id (a test is the item collected under its id).
+_swerve_unwitnessed = set()
+_swerve_collected = {}
+_swerve_bases = {}
 _swerve_workdir = os.getcwd()
 
 
@@ -153,6 +158,7 @@ def _swerve_witness(item, check, verify):
     # (pytest 5.4 and later set it there from `item.obj` themselves; earlier ones do not).
     func = getattr(item, "obj", None)
     if func is None or not callable(func) or check.is_async(func):
+        _swerve_unwitnessed.add(item.nodeid)
         return
     watched = check.witness(func, item.nodeid, _swerve_calls, verify)
     try:
@@ -173,6 +179,15 @@ def pytest_runtest_call(item):
         name = getattr(item, "originalname", None) or getattr(item, "name", None)
         nodeid = item.nodeid
         rewrites = (None, _swerve_rewrite())
+        cls = getattr(item, "cls", None)
+        if cls is not None:
+            _swerve_bases[nodeid] = check.class_line(cls, _swerve_workdir)
+        if _swerve_collected and _swerve_collected.get(nodeid) is not item:
+            # Not the item pytest collected under this id (one put in its place on the
+            # session's list): its outcome is not the test's.
+            _swerve_write({"ev": "framework",
+                           "changed": ["%s run by an item pytest did not collect under it" % nodeid]})
+            return
 
         def verify():
             # The test's code where the witness calls it (grader_check.witness), as at the start.
@@ -249,9 +264,22 @@ def pytest_runtest_logreport(report):
         if wrappers:
             record["wrappers"] = wrappers
         call = _swerve_calls.pop(report.nodeid, None)
+        if call is None and report.nodeid not in _swerve_unwitnessed:
+            # Reported without the grader's call hook having seen it: nothing ran it (a report
+            # filed for it), or pytest ran an item it did not collect under this id.
+            call = "uncalled"
+        _swerve_unwitnessed.discard(report.nodeid)
         if call is not None:
             record["call"] = call
+        bases = _swerve_bases.pop(report.nodeid, None)
+        if bases:
+            record["bases"] = bases
         _swerve_write(record)
+
+
+def pytest_collection_finish(session):
+    for item in getattr(session, "items", ()):
+        _swerve_collected[getattr(item, "nodeid", None)] = item
 
 
 def pytest_collectreport(report):

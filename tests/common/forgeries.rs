@@ -420,7 +420,35 @@ pub fn red_team_forgeries(pytest: bool) -> Vec<(&'static str, Vec<Value>)> {
     out.extend(red_team_sixth_pass(pytest));
     out.extend(red_team_seventh_pass(pytest));
     out.extend(red_team_ninth_pass(pytest));
+    out.extend(red_team_tenth_pass(pytest));
     out
+}
+
+/// The tenth red-team pass (issue 34): a lenient mixin put into the test classes' bases
+/// (`__bases__` assigned: no dict is written), and on pytest the session's item list reached
+/// through the assertion rewriter's import hook: a passing item relabelled into the failing
+/// test's slot, or the failing item removed and passed reports filed for it through the hook.
+fn red_team_tenth_pass(pytest: bool) -> Vec<(&'static str, Vec<Value>)> {
+    let fixture = |text: &str| vec![append("calc/ops.py", text)];
+    if pytest {
+        vec![
+            (
+                "tamper: a passing item relabelled into the failing test's place on the session's list",
+                fixture(include_str!("../fixtures/forgeries/session_items_relabel_pytest.py")),
+            ),
+            (
+                "tamper: the failing test taken off the session's list and passed reports filed for it",
+                fixture(include_str!("../fixtures/forgeries/phantom_reports_pytest.py")),
+            ),
+        ]
+    } else {
+        vec![(
+            "tamper: a mixin with a lenient assertEqual put into the test classes' bases",
+            fixture(include_str!(
+                "../fixtures/forgeries/rebased_test_classes.py"
+            )),
+        )]
+    }
 }
 
 /// The ninth red-team pass (issue 34): a test's `__code__` swapped between the code check at its

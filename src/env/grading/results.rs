@@ -44,6 +44,23 @@ pub struct Run {
     /// The wrappers around each test's function, outermost first, where it has any (the
     /// recorder's `"wrappers"`: decorators, or something put around the test at run time).
     pub wrappers: BTreeMap<String, Vec<String>>,
+    /// Each class test's class and what it inherits from, as run (the recorder's `"bases"`:
+    /// `module.Class@file` in method resolution order).
+    pub bases: BTreeMap<String, Vec<String>>,
+}
+
+/// A record field that is absent (None) or a list of strings; anything else is an error.
+fn string_list(value: &Value) -> Result<Option<Vec<String>>, ()> {
+    match value {
+        Value::Null => Ok(None),
+        Value::Array(items) => items
+            .iter()
+            .map(|l| l.as_str().map(str::to_string))
+            .collect::<Option<Vec<_>>>()
+            .map(Some)
+            .ok_or(()),
+        _ => Err(()),
+    }
 }
 
 /// How a test function's witnessed call ended (`grader_check.witness`).
@@ -106,17 +123,11 @@ pub fn parse_runs(parser: LogParser, text: &str) -> Result<Vec<Run>, String> {
                 {
                     run.forgiven.push(canonical.clone());
                 }
-                match &value["wrappers"] {
-                    Value::Null => {}
-                    Value::Array(links) => {
-                        let links = links
-                            .iter()
-                            .map(|l| l.as_str().map(str::to_string))
-                            .collect::<Option<Vec<_>>>()
-                            .ok_or_else(bad)?;
-                        run.wrappers.insert(canonical.clone(), links);
-                    }
-                    _ => return Err(bad()),
+                if let Some(links) = string_list(&value["wrappers"]).map_err(|_| bad())? {
+                    run.wrappers.insert(canonical.clone(), links);
+                }
+                if let Some(classes) = string_list(&value["bases"]).map_err(|_| bad())? {
+                    run.bases.insert(canonical.clone(), classes);
                 }
                 logs::record(&mut run.statuses, canonical, status);
                 // Django's lists name a test with a docstring by the docstring's first line,
@@ -207,16 +218,19 @@ mod tests {
 {"run": "1", "ev": "test", "id": "t.py::d", "status": "passed", "call": "uncalled", "wrappers": ["calc/ops.py:run"]}
 {"run": "1", "ev": "test", "id": "t.py::e", "status": "passed", "call": "deferred"}
 {"run": "1", "ev": "test", "id": "t.py::f", "status": "passed", "call": "running"}
+{"run": "1", "ev": "test", "id": "t.py::K::g", "status": "passed", "bases": ["t.K@t.py", "builtins.object"]}
 "#;
         let run = &parse_runs(LogParser::Pytest, text).unwrap()[0];
         assert_eq!(run.forgiven, vec!["t.py::b", "t.py::d", "t.py::f"]);
         assert_eq!(run.wrappers.len(), 1);
         assert_eq!(run.wrappers["t.py::d"], vec!["calc/ops.py:run"]);
+        assert_eq!(run.bases["t.py::K::g"], vec!["t.K@t.py", "builtins.object"]);
         for bad in [
             r#"{"run": "1", "ev": "test", "id": "x", "status": "passed", "call": "fine"}"#,
             r#"{"run": "1", "ev": "test", "id": "x", "status": "passed", "call": 1}"#,
             r#"{"run": "1", "ev": "test", "id": "x", "status": "passed", "wrappers": "a"}"#,
             r#"{"run": "1", "ev": "test", "id": "x", "status": "passed", "wrappers": [1]}"#,
+            r#"{"run": "1", "ev": "test", "id": "x", "status": "passed", "bases": "t.K"}"#,
         ] {
             assert!(parse_runs(LogParser::Pytest, bad).is_err(), "{bad}");
         }

@@ -67,6 +67,8 @@ pub struct Observation {
     pub forgiven: Vec<String>,
     /// The wrappers around each (non-canary) test's function, where it has any.
     pub wrappers: BTreeMap<String, Vec<String>>,
+    /// Each (non-canary) class test's class line as run (`grader_check.class_line`).
+    pub bases: BTreeMap<String, Vec<String>>,
 }
 
 impl Observation {
@@ -111,12 +113,14 @@ impl Observation {
                             observation.framework_changed = changed;
                             observation.frames_obtained = frames;
                             observation.forgiven = run.forgiven.clone();
-                            observation.wrappers = run
-                                .wrappers
-                                .iter()
-                                .filter(|(id, _)| !canaries.is_canary(id))
-                                .map(|(id, links)| (id.clone(), links.clone()))
-                                .collect();
+                            let own = |map: &BTreeMap<String, Vec<String>>| {
+                                map.iter()
+                                    .filter(|(id, _)| !canaries.is_canary(id))
+                                    .map(|(id, links)| (id.clone(), links.clone()))
+                                    .collect()
+                            };
+                            observation.wrappers = own(&run.wrappers);
+                            observation.bases = own(&run.bases);
                             results::cross_check(&run.statuses, &log)
                         }
                         None => log.clone(),
@@ -277,6 +281,14 @@ fn tamper_evidence(
             rewrapped.join("; ")
         ));
     }
+    let rebased = rebased(observed, reference);
+    *needs_reference |= !observed.bases.is_empty();
+    if !rebased.is_empty() {
+        tampered.push(format!(
+            "tests whose classes inherit otherwise than in the reference run: {}",
+            rebased.join("; ")
+        ));
+    }
     if let Some(why) = &observed.record_error {
         tampered.push(format!("the runner's record cannot be trusted: {why}"));
     }
@@ -327,6 +339,26 @@ fn rewrapped(observed: &Observation, reference: Option<&Reference>) -> Vec<Strin
             }
         })
         .map(|(id, links)| format!("{id} (in {})", links.join(" < ")))
+        .collect()
+}
+
+/// The class tests whose class line (what the class inherits from, where each class's code
+/// is) differs from the reference run's for the same test: a base put in at run time. Without
+/// a reference, or for a test it does not have, nothing is listed.
+fn rebased(observed: &Observation, reference: Option<&Reference>) -> Vec<String> {
+    let Some(r) = reference else {
+        return Vec::new();
+    };
+    observed
+        .bases
+        .iter()
+        .filter(|(id, line)| {
+            r.observation
+                .bases
+                .get(*id)
+                .is_some_and(|known| known != *line)
+        })
+        .map(|(id, line)| format!("{id} ({})", line.join(" > ")))
         .collect()
 }
 
