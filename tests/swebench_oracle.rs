@@ -27,10 +27,10 @@ fn pinned_version() -> String {
         .to_string()
 }
 
-/// The harness's eval scripts, one JSON object per repository and version.
-fn harness_rows() -> Vec<Value> {
+/// An interpreter with the pinned harness (installed without its dependencies).
+fn harness_python() -> std::path::PathBuf {
     let version = pinned_version();
-    let python = PythonEnv {
+    PythonEnv {
         venv: format!("swebench-{version}-venv"),
         requirements: &["requirements-swebench.txt"],
         no_deps: &["requirements-swebench-nodeps.txt"],
@@ -38,8 +38,12 @@ fn harness_rows() -> Vec<Value> {
             "import importlib.metadata as m, sys, unidiff; sys.exit(m.version('swebench') != {version:?})"
         ),
     }
-    .python();
-    let out = Command::new(&python)
+    .python()
+}
+
+/// The harness's eval scripts, one JSON object per repository and version.
+fn harness_rows() -> Vec<Value> {
+    let out = Command::new(harness_python())
         .arg(common::root().join("tests/swebench_oracle.py"))
         .output()
         .unwrap();
@@ -275,19 +279,8 @@ fn harness_name(status: TestStatus) -> Option<&'static str> {
     })
 }
 
-#[test]
-fn swerves_log_parsers_read_shaped_logs_as_the_harness_parsers_do() {
-    let version = pinned_version();
-    let python = PythonEnv {
-        venv: format!("swebench-{version}-venv"),
-        requirements: &["requirements-swebench.txt"],
-        no_deps: &["requirements-swebench-nodeps.txt"],
-        check: format!(
-            "import importlib.metadata as m, sys, unidiff; sys.exit(m.version('swebench') != {version:?})"
-        ),
-    }
-    .python();
-    // Every repository the harness parses, each with the logs its runner prints.
+/// Every repository the harness parses, each with the logs its runner prints.
+fn shaped_logs() -> Vec<(&'static str, String)> {
     let coloured = PYTEST_LOG
         .replace("PASSED ", "\x1b[32mPASSED\x1b[0m ")
         .replace("FAILED ", "\x1b[31mFAILED\x1b[0m ");
@@ -320,11 +313,16 @@ fn swerves_log_parsers_read_shaped_logs_as_the_harness_parsers_do() {
     }
     cases.push(("django/django", DJANGO_LOG.to_string()));
     cases.push(("sympy/sympy", SYMPY_LOG.to_string()));
+    cases
+}
+
+/// The harness's own parser's reading of each case: {id: status} per case.
+fn harness_readings(cases: &[(&str, String)]) -> Vec<Value> {
     let input: String = cases
         .iter()
         .map(|(repo, log)| serde_json::json!({"repo": repo, "log": log}).to_string() + "\n")
         .collect();
-    let mut child = Command::new(&python)
+    let mut child = Command::new(harness_python())
         .arg(common::root().join("tests/swebench_oracle.py"))
         .arg("parse")
         .stdin(std::process::Stdio::piped())
@@ -345,6 +343,13 @@ fn swerves_log_parsers_read_shaped_logs_as_the_harness_parsers_do() {
         .map(|l| serde_json::from_str(l).unwrap())
         .collect();
     assert_eq!(readings.len(), cases.len());
+    readings
+}
+
+#[test]
+fn swerves_log_parsers_read_shaped_logs_as_the_harness_parsers_do() {
+    let cases = shaped_logs();
+    let readings = harness_readings(&cases);
     let mut differences = Vec::new();
     for ((repo, log), reading) in cases.iter().zip(&readings) {
         let spec = repos::spec_for(repo, None).unwrap();
@@ -386,8 +391,9 @@ fn swerves_log_parsers_read_shaped_logs_as_the_harness_parsers_do() {
     }
     assert!(
         differences.is_empty(),
-        "{} readings differ from SWE-bench's harness {version}:\n{}",
+        "{} readings differ from SWE-bench's harness {}:\n{}",
         differences.len(),
+        pinned_version(),
         differences.join("\n")
     );
 }

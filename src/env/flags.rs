@@ -60,8 +60,13 @@ impl Flag {
     }
 }
 
-/// The scanner (Python 3.5 to 3.13, standard library only).
-pub const FLAGS_SCRIPT: &str = include_str!("grader_flags.py");
+/// The scanner (Python 3.5 to 3.13, standard library only): how names are spelled, then the
+/// rules, run as one script.
+pub const FLAGS_SCRIPT: &str = concat!(
+    include_str!("grader_flags_values.py"),
+    "\n",
+    include_str!("grader_flags.py")
+);
 
 /// Most flags one scan reports (the scanner's own bound, enforced here too).
 pub const MAX_FLAGS: usize = 200;
