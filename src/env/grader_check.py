@@ -13,6 +13,14 @@ _compiled = {}
 # as code under test may have left them.
 _compile = compile
 _ONLY_AST = ast.PyCF_ONLY_AST
+# The same for the helpers the checks call while the tests run (a replaced `update_wrapper`
+# would be handed the witness itself; a replaced `gc.get_referents` would hand the write watch
+# another dict).
+import functools as _functools  # noqa: E402
+import gc as _gc  # noqa: E402
+
+_update_wrapper = _functools.update_wrapper
+_get_referents = _gc.get_referents
 
 
 def _codes(path, rewrite):
@@ -141,15 +149,30 @@ def framework_snapshot(module_names):
     for name in modules:
         for attr, value in list(vars(sys.modules[name]).items()):
             found[name + "." + attr] = value
-            # A module-level object's class too: swapping `__class__` keeps the object.
+            # A module-level object's class too: swapping `__class__` keeps the object; and
+            # the callables on its own dict (`defaultTestLoader.suiteClass`, which builds
+            # every test's suite).
             if not isinstance(value, type) and not callable(value):
                 found[name + "." + attr + ".__class__"] = type(value)
+                for inner, member in list(_own_dict(value).items()):
+                    if callable(member):
+                        found[name + "." + attr + "." + inner] = member
             _function_parts(found, name + "." + attr, value)
             if isinstance(value, type) and getattr(value, "__module__", None) == name:
                 for inner, member in list(vars(value).items()):
                     found[name + "." + attr + "." + inner] = member
                     _function_parts(found, name + "." + attr + "." + inner, member)
     return (modules, found)
+
+
+def _own_dict(value):
+    if isinstance(value, type(os)):
+        return {}
+    try:
+        own = vars(value)
+    except TypeError:
+        return {}
+    return own if type(own) is dict else {}
 
 
 def _function_parts(found, label, value):
@@ -202,9 +225,10 @@ def _version_reader():
             return None
         # PyDictObject: the object header, ma_used, then the 64-bit ma_version_tag.
         offset = 2 * ctypes.sizeof(ctypes.c_void_p) + ctypes.sizeof(ctypes.c_ssize_t)
+        from_address = ctypes.c_uint64.from_address
 
         def read(mapping):
-            return ctypes.c_uint64.from_address(id(mapping) + offset).value
+            return from_address(id(mapping) + offset).value
 
         # Calibrated: a write of an existing key moves it, a read does not, every time.
         probe = {"a": 1}
@@ -225,9 +249,7 @@ def _namespace(obj):
     if isinstance(obj, type):
         found = _class_dicts.get(id(obj))
         if found is None or found[0] is not obj:
-            import gc
-
-            inner = [r for r in gc.get_referents(vars(obj)) if type(r) is dict]
+            inner = [r for r in _get_referents(vars(obj)) if type(r) is dict]
             found = (obj, inner[0] if len(inner) == 1 else None)
             _class_dicts[id(obj)] = found
         return found[1]
@@ -388,26 +410,36 @@ def witness(method, key, calls, verify=None):
         return result
 
     try:
-        import functools
-
-        functools.update_wrapper(swerve_witness, method)
+        _update_wrapper(swerve_witness, method)
     except Exception:
         pass
     calls[key] = "uncalled"
     return swerve_witness
 
 
+# A code object's flags: a coroutine, an iterable coroutine, an async generator.
+_ASYNC_FLAGS = 0x80 | 0x100 | 0x200
+
+
 def is_async(func):
     """A coroutine or async-generator function (its failure surfaces where the framework runs
-    it, not at the call): not witnessed."""
+    it, not at the call): not witnessed. Read from the code objects' own flags, not through
+    `inspect` (which code under test can replace to switch the witness off); anything that
+    cannot be read is witnessed."""
     try:
-        import inspect
-
-        inner = _chain(func)[-1]
-        agen = getattr(inspect, "isasyncgenfunction", lambda f: False)
-        return inspect.iscoroutinefunction(inner) or agen(inner) or inspect.iscoroutinefunction(func)
+        for link in _chain(func):
+            for _ in range(10):
+                # functools.partial: what it calls.
+                inner = getattr(link, "func", None) if type(link).__name__ == "partial" else None
+                if inner is None:
+                    break
+                link = inner
+            code = getattr(getattr(link, "__func__", link), "__code__", None)
+            if code is not None and code.co_flags & _ASYNC_FLAGS:
+                return True
+        return False
     except Exception:
-        return True
+        return False
 
 
 # The test's own classes, as the file defines them: a test class or a base the workspace
@@ -610,6 +642,39 @@ def install_frame_audit(workdir):
 def frame_requests():
     """What install_frame_audit's hook has seen so far, in order."""
     return list(_frame_requests)
+
+
+def equality_table(test, workdir):
+    """unittest's table of equality checks on the test's own instance (`_type_equality_funcs`,
+    which `assertEqual` dispatches through): each entry must name a method (unittest's own
+    form) or be code of the file that defines the test's class or a class it inherits from, as
+    "ID: _type_equality_funcs[float] = calc/ops.py:_floats" otherwise. A lenient comparison put
+    there by the code under test makes assertEqual return."""
+    try:
+        table = vars(test).get("_type_equality_funcs")
+    except TypeError:
+        return []
+    if not isinstance(table, dict):
+        return []
+    files = set()
+    for klass in type(test).__mro__:
+        module = _module_named(getattr(klass, "__module__", None))
+        path = getattr(module, "__file__", None)
+        if path:
+            files.add(os.path.realpath(path[:-1] if path.endswith((".pyc", ".pyo")) else path))
+    found = []
+    for kind, check in list(table.items()):
+        if isinstance(check, str):
+            continue
+        func = _chain(check)[-1]
+        code = getattr(func, "__code__", None)
+        path = getattr(code, "co_filename", "")
+        owned = code is not None and os.path.realpath(path) in files
+        if owned and code_ok(func, path) is not False:
+            continue
+        found.append("%s: _type_equality_funcs[%s] = %s" % (
+            test, getattr(kind, "__name__", "?"), _describe(func, workdir)))
+    return sorted(found)
 
 
 def shadowing(obj, allowed=(), label=None):

@@ -6,7 +6,8 @@
 #   {"run": "PID-N", "ev": "start"}
 #   {"run": "PID-N", "ev": "test", "id": NODEID, "status": passed|failed|error|skipped|xfail|xpass,
 #    "code": false (not its file's code), "wrappers": [...] (around the test function),
-#    "call": returned|raised|uncalled|running|deferred (the test function's own call)}
+#    "call": returned|raised|uncalled|running|deferred|unwitnessed (its own call),
+#    "bases": [...] (a class test's class line)}
 #   {"run": "PID-N", "ev": "collect-error", "id": NODEID}
 #   {"run": "PID-N", "ev": "framework", "changed": [NAME, ...]}   the framework patched mid-run
 #   {"run": "PID-N", "ev": "end", "exit": N}
@@ -268,6 +269,10 @@ def pytest_runtest_logreport(report):
             # Reported without the grader's call hook having seen it: nothing ran it (a report
             # filed for it), or pytest ran an item it did not collect under this id.
             call = "uncalled"
+        elif call is None:
+            # Seen, not witnessed (a coroutine, a doctest): a pass only where the reference
+            # run shows the same.
+            call = "unwitnessed"
         _swerve_unwitnessed.discard(report.nodeid)
         if call is not None:
             record["call"] = call

@@ -157,6 +157,9 @@ def _swerve_record_unittest(path):
     started = {}
     witnesses = {}
     swapped = set()
+    # Tests started without a witness (a coroutine, a method that cannot be wrapped): recorded
+    # "unwitnessed", which a pass may be only where the reference run shows the same.
+    unwitnessed = set()
 
     def install_witness(test):
         key = id(test)
@@ -170,6 +173,7 @@ def _swerve_record_unittest(path):
                 started[key] = (False, started[key][1])
             method = getattr(test, name, None) if name else None
             if method is None or not callable(method) or check.is_async(method):
+                unwitnessed.add(key)
                 return
             def verify():
                 # The test's code where the witness calls it (grader_check.witness).
@@ -184,8 +188,10 @@ def _swerve_record_unittest(path):
             vars(test)[name] = watched
             if getattr(test, name, None) is not watched:
                 calls.pop(key, None)
+                unwitnessed.add(key)
         except Exception:
             calls.pop(key, None)
+            unwitnessed.add(key)
 
     def test_flags(test):
         # (code_ok's answer, the wrappers) from the run's start and from now, combined.
@@ -198,6 +204,7 @@ def _swerve_record_unittest(path):
     def remove_witness(test):
         windows.pop(id(test), None)
         swapped.discard(id(test))
+        unwitnessed.discard(id(test))
         calls.pop(id(test), None)
         started.pop(id(test), None)
         witnesses.pop(id(test), None)
@@ -232,6 +239,7 @@ def _swerve_record_unittest(path):
             if test is not None:
                 changed += check.class_changes(type(test), _swerve_workdir)
                 changed += check.shadowing(test, witnesses.get(id(test), ()))
+                changed += check.equality_table(test, _swerve_workdir)
             if test is not None and when and when.startswith("while"):
                 changed += check.writes_seen(windows.pop(id(test), None), str(test))
             changed = [c for c in changed if c not in watch["reported"]]
@@ -257,6 +265,8 @@ def _swerve_record_unittest(path):
                 if call is None and id(test) not in started:
                     # Recorded without having started: nothing ran it (a result filed for it).
                     call = "uncalled"
+                elif call is None:
+                    call = "unwitnessed"
                 if call is not None:
                     record["call"] = call
                 try:

@@ -421,6 +421,38 @@ pub fn red_team_forgeries(pytest: bool) -> Vec<(&'static str, Vec<Value>)> {
     out.extend(red_team_seventh_pass(pytest));
     out.extend(red_team_ninth_pass(pytest));
     out.extend(red_team_tenth_pass(pytest));
+    out.extend(red_team_eleventh_pass(pytest));
+    out
+}
+
+/// The eleventh red-team pass (issue 34): the witness switched off through `inspect` (which the
+/// recorders asked whether a test is a coroutine), and a lenient float comparison put into each
+/// test instance's `_type_equality_funcs`, through that same question or through the default
+/// loader's `suiteClass`; on pytest, a report rewriter appended to the hook caller's own list.
+fn red_team_eleventh_pass(pytest: bool) -> Vec<(&'static str, Vec<Value>)> {
+    let fixture = |text: &str| vec![append("calc/ops.py", text)];
+    let mut out =
+        vec![(
+        "the witness switched off by an inspect that calls the failing tests coroutines (the recorders no longer ask inspect)",
+        fixture(include_str!("../fixtures/forgeries/witness_off_through_inspect.py")),
+    )];
+    if pytest {
+        out.push((
+            "a report rewriter appended to the hook caller's list, the witness switched off through inspect",
+            fixture(include_str!("../fixtures/forgeries/hook_list_injection_pytest.py")),
+        ));
+    } else {
+        out.extend([
+            (
+                "a lenient float comparison put into the running test's equality table, the test reached through inspect",
+                fixture(include_str!("../fixtures/forgeries/lenient_equality_table.py")),
+            ),
+            (
+                "tamper: the default loader's suite factory gives every test a lenient float comparison",
+                fixture(include_str!("../fixtures/forgeries/loader_suite_factory.py")),
+            ),
+        ]);
+    }
     out
 }
 

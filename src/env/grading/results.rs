@@ -63,8 +63,16 @@ fn string_list(value: &Value) -> Result<Option<Vec<String>>, ()> {
     }
 }
 
-/// How a test function's witnessed call ended (`grader_check.witness`).
-const CALLS: [&str; 5] = ["returned", "raised", "deferred", "running", "uncalled"];
+/// How a test function's witnessed call ended (`grader_check.witness`); "unwitnessed": seen by
+/// the recorder, not wrapped (a coroutine, a doctest).
+const CALLS: [&str; 6] = [
+    "returned",
+    "raised",
+    "deferred",
+    "running",
+    "uncalled",
+    "unwitnessed",
+];
 
 /// The runs in `text`, in the order they first appear. A line that is not a record of this
 /// shape makes the whole file untrustworthy: `Err` says which.
@@ -118,7 +126,10 @@ pub fn parse_runs(parser: LogParser, text: &str) -> Result<Vec<Run>, String> {
                     _ => return Err(bad()),
                 };
                 if status == TestStatus::Passed
-                    && matches!(call, Some("raised" | "uncalled" | "running"))
+                    && matches!(
+                        call,
+                        Some("raised" | "uncalled" | "running" | "unwitnessed")
+                    )
                     && !run.forgiven.contains(&canonical)
                 {
                     run.forgiven.push(canonical.clone());

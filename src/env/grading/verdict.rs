@@ -266,7 +266,7 @@ fn tamper_evidence(
         (
             &observed.forgiven,
             |o| &o.forgiven,
-            "tests recorded passed although their own function's call raised or never ran",
+            "tests recorded passed although their own function's call raised, never ran or was not witnessed",
         ),
     ];
     for (seen, of_reference, what) in lists {
