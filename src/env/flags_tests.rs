@@ -361,6 +361,9 @@ fn names_built_from_literals_and_code_swaps_are_flagged() {
         ),
         // A class's bases assigned (the tenth pass).
         ("def rebase(k, m):\n    k.__bases__ = (m,) + k.__bases__\n", &["code-swap"]),
+        // The process replaced, a module reloaded (the twelfth pass).
+        ("import os, sys\ndef again():\n    os.execv(sys.executable, sys.argv)\n", &["exit-path"]),
+        ("import importlib\ndef again(m):\n    return importlib.reload(m)\n", &["dynamic-code"]),
     ];
     for (text, want) in cases {
         assert_eq!(rules_of("pkg/mod.py", text), *want, "{text}");

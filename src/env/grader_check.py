@@ -595,8 +595,17 @@ def install_frame_audit(workdir):
     getframe = sys._getframe
     busy = []
     _audit_workdir[0] = workdir
+    # The process the test command started (a child it forks may exec what it likes).
+    test_process = os.getpid()
 
     def audit(event, args):
+        if event == "os.exec" and os.getpid() == test_process:
+            # The test process replacing itself (a fresh run of the same command, its tests
+            # rewritten or copied first): refused, and noted.
+            entry = "the test process replaced by %s (os.exec)" % (args[0] if args else "?")
+            if entry not in _frame_requests:
+                _frame_requests.append(entry)
+            raise PermissionError("swerve's grader: the test process cannot replace itself")
         if event == "object.__getattr__":
             if len(args) < 2 or args[1] not in _FRAME_ATTRS:
                 return

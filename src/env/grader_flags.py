@@ -39,7 +39,9 @@ TEST_DIRS = ("test", "tests", "testing")
 STREAMS = ("sys.stdout", "sys.stderr", "sys.__stdout__", "sys.__stderr__")
 TRACE_CALLS = ("sys.settrace", "sys.setprofile", "sys.addaudithook")
 EXIT_REFS = ("os._exit", "os.kill", "os.killpg", "os.abort", "posix._exit", "posix.kill",
-             "posix.killpg", "posix.abort")
+             "posix.killpg", "posix.abort", "os.execv", "os.execve", "os.execl", "os.execle",
+             "os.execlp", "os.execlpe", "os.execvp", "os.execvpe", "posix.execv",
+             "posix.execve")
 MODULE_EXITS = ("sys.exit", "builtins.exit", "builtins.quit")
 FRAME_REFS = ("sys._getframe", "sys._current_frames", "inspect.stack", "inspect.currentframe",
               "inspect.getouterframes", "inspect.trace", "inspect.getargvalues",
@@ -60,7 +62,8 @@ CODE_ATTRS = ("__code__", "__globals__", "__closure__", "__defaults__", "__kwdef
 REDIRECTS = ("contextlib.redirect_stdout", "contextlib.redirect_stderr")
 UNITTEST_MARKS = ("__unittest_skip__", "__unittest_skip_why__", "__unittest_expecting_failure__")
 DYNAMIC = ("builtins.exec", "builtins.eval", "builtins.compile", "builtins.__import__",
-           "importlib.import_module", "importlib.__import__", "pkgutil.resolve_name")
+           "importlib.import_module", "importlib.__import__", "pkgutil.resolve_name",
+           "importlib.reload", "imp.reload")
 # Code loaded from a file by path, whatever its name: flagged at every call.
 FILE_LOADERS = ("runpy.run_path", "runpy.run_module", "importlib.util.spec_from_file_location",
                 "importlib.machinery.SourceFileLoader", "importlib.machinery.SourcelessFileLoader",

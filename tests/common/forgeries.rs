@@ -422,6 +422,24 @@ pub fn red_team_forgeries(pytest: bool) -> Vec<(&'static str, Vec<Value>)> {
     out.extend(red_team_ninth_pass(pytest));
     out.extend(red_team_tenth_pass(pytest));
     out.extend(red_team_eleventh_pass(pytest));
+    out.extend([
+        // The twelfth pass: the test process replaced by a fresh run of the same command,
+        // its tests rewritten first (in place, or in a copy the new run works in).
+        (
+            "tamper: the test process re-executed after the tests were rewritten on disk",
+            vec![append(
+                "calc/ops.py",
+                include_str!("../fixtures/forgeries/reexec_rewritten_tests.py"),
+            )],
+        ),
+        (
+            "tamper: the test process re-executed in a copy of the workspace with rewritten tests",
+            vec![append(
+                "calc/ops.py",
+                include_str!("../fixtures/forgeries/reexec_in_a_copy.py"),
+            )],
+        ),
+    ]);
     out
 }
 
