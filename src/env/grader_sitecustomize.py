@@ -369,6 +369,7 @@ if _swerve_results:
         import swerve_grader_check
 
         swerve_grader_check.install_frame_audit(_swerve_workdir)
+        swerve_grader_check.pin_sources(_swerve_workdir, os.environ.get("SWERVE_GRADER_OWNED"))
     except Exception:
         pass
 if _swerve_results and os.environ.get("SWERVE_GRADER_UNITTEST") == "1":

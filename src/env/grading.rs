@@ -407,6 +407,15 @@ pub fn grader_script(task: &Task, plan: &TestPlan, results_path: &str) -> String
     } else {
         "unset SWERVE_GRADER_UNITTEST"
     };
+    // The owned Python files as installed: the recorders read them as the test process starts
+    // and check each test against that text, not against the file as it reads later.
+    let owned: Vec<String> = plan
+        .owned_paths()
+        .unwrap_or_default()
+        .into_iter()
+        .filter(|p| p.ends_with(".py"))
+        .collect();
+    let owned = super::shell_quote(&serde_json::to_string(&owned).unwrap_or_default());
     format!(
         r#"exec 2>&1
 g="$HOME/.swerve-grader"
@@ -423,7 +432,7 @@ find . -name __pycache__ -type d -prune -exec rm -rf {{}} + 2>/dev/null
 cfg="$g/cfg/$(ls "$g/cfg" | head -n 1)"
 {{ {activate}
 }} >/dev/null 2>&1 </dev/null
-export SWERVE_GRADER_RESULTS="$HOME/{results_path}"
+export SWERVE_GRADER_RESULTS="$HOME/{results_path}" SWERVE_GRADER_OWNED={owned}
 export HOME="$g/home" PYTHONNOUSERSITE=1 PYTHONDONTWRITEBYTECODE=1 PYTHONPATH="$g/py"
 export PYTEST_DISABLE_PLUGIN_AUTOLOAD=1 PYTEST_PLUGINS={PYTEST_PLUGIN_MODULE} PYTEST_ADDOPTS="-c $cfg --rootdir=$PWD --confcutdir=$PWD -p no:cacheprovider"
 unset PYTHONSTARTUP PYTHONHOME PYTHONINSPECT PYTHONUSERBASE PYTHONEXECUTABLE
