@@ -56,6 +56,23 @@ def _codes(path, rewrite):
 _pinned = {}
 
 
+_process = {"descendant": False}
+
+
+def mark_process():
+    """Notes whether this process was started by another graded Python process (whose pid
+    the first one puts in the environment): a run it records is not the command's own."""
+    first = os.environ.get("SWERVE_GRADER_FIRST_PROCESS")
+    if first is None:
+        os.environ["SWERVE_GRADER_FIRST_PROCESS"] = str(os.getpid())
+    else:
+        _process["descendant"] = first != str(os.getpid())
+
+
+def descendant():
+    return _process["descendant"]
+
+
 def pin_sources(workdir, owned_json):
     import json
 

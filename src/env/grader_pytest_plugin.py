@@ -3,7 +3,7 @@
 # decides it, one JSON line per event appended to the file SWERVE_GRADER_RESULTS names (a path
 # drawn fresh per grading). The test log is only a cross-check of what this file says.
 #
-#   {"run": "PID-N", "ev": "start"}
+#   {"run": "PID-N", "ev": "start", "descendant": true (started by another graded process)}
 #   {"run": "PID-N", "ev": "test", "id": NODEID, "status": passed|failed|error|skipped|xfail|xpass,
 #    "code": false (not its file's code), "wrappers": [...] (around the test function),
 #    "call": returned|raised|uncalled|running|deferred|unwitnessed (its own call),
@@ -34,7 +34,15 @@ def _swerve_write(record):
 
 
 def pytest_sessionstart(session):
-    _swerve_write({"ev": "start"})
+    start = {"ev": "start"}
+    try:
+        import swerve_grader_check as check
+
+        if check.descendant():
+            start["descendant"] = True
+    except Exception:
+        pass
+    _swerve_write(start)
 
 
 def _swerve_phase_status(report):

@@ -345,7 +345,15 @@ def _swerve_record_unittest(path):
     original_stop = base.stopTestRun
 
     def startTestRun(self):
-        write(self, {"ev": "start"})
+        start = {"ev": "start"}
+        try:
+            import swerve_grader_check as check
+
+            if check.descendant():
+                start["descendant"] = True
+        except Exception:
+            pass
+        write(self, start)
         return original_start(self)
 
     def stopTestRun(self):
@@ -368,6 +376,7 @@ if _swerve_results:
     try:
         import swerve_grader_check
 
+        swerve_grader_check.mark_process()
         swerve_grader_check.install_frame_audit(_swerve_workdir)
         swerve_grader_check.pin_sources(_swerve_workdir, os.environ.get("SWERVE_GRADER_OWNED"))
     except Exception:

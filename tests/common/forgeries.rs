@@ -439,6 +439,15 @@ pub fn red_team_forgeries(pytest: bool) -> Vec<(&'static str, Vec<Value>)> {
                 include_str!("../fixtures/forgeries/reexec_in_a_copy.py"),
             )],
         ),
+        // The thirteenth pass: the same rewritten tests run by a child process, whose run is
+        // taken for the command's own.
+        (
+            "tamper: a child process reruns the command on rewritten tests and the parent leaves with its status",
+            vec![append(
+                "calc/ops.py",
+                include_str!("../fixtures/forgeries/child_rerun_of_rewritten_tests.py"),
+            )],
+        ),
     ]);
     out
 }

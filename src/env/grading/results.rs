@@ -27,6 +27,9 @@ use std::collections::BTreeMap;
 pub struct Run {
     pub id: String,
     pub started: bool,
+    /// Recorded by a process that another graded Python process started (the recorders'
+    /// `"descendant"` on the start record): not the command's own.
+    pub descendant: bool,
     pub finished: bool,
     /// Every test's status, ids canonical ([`logs::runner_id`]), reports of one id merged.
     pub statuses: BTreeMap<String, TestStatus>,
@@ -97,7 +100,10 @@ pub fn parse_runs(parser: LogParser, text: &str) -> Result<Vec<Run>, String> {
         };
         let run = &mut runs[position];
         match value["ev"].as_str().ok_or_else(bad)? {
-            "start" => run.started = true,
+            "start" => {
+                run.started = true;
+                run.descendant |= value["descendant"] == Value::Bool(true);
+            }
             "end" => run.finished = true,
             "collect-error" => run
                 .collect_errors

@@ -101,6 +101,15 @@ impl Observation {
                     }
                     match main_run(runs, canaries) {
                         Some(run) => {
+                            if run.descendant {
+                                // A second run of the tests started from inside the first
+                                // (tox's pytest does this; a change that reruns its own
+                                // rewritten tests does too): as the reference run shows it.
+                                observation.notes.push(
+                                    "the tests ran in a process another test process started"
+                                        .to_string(),
+                                );
+                            }
                             observation.recorded = true;
                             observation.finished = run.finished;
                             collect_errors = !run.collect_errors.is_empty();
