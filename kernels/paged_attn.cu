@@ -31,7 +31,8 @@
 //     by the kernel that computed it; a split row leaves one partial per segment in the scratch
 //     (row_plan[r] = {first scratch row, segments}) and paged_attn_merge folds them in order.
 //   * decode kernel: sequences with rows * group <= 16 (decode, short speculative chunks). One
-//     BLOCK of up to 4 warps per work item (sequence, 16 flat rows, segment), sharing one cp.async
+//     BLOCK of up to 4 warps per work item (sequence, 16 flat rows, a run of consecutive
+//     segments: each segment's partial written as if it were alone), sharing one cp.async
 //     ring (paged_decode_split, issue 36): warp w scores keys 16w .. 16w + 15 of each 64-key tile,
 //     every warp runs the tile's softmax on the whole score tile (the same arithmetic in each), and
 //     warp w multiplies P V for its slice of the head dim. Each value goes through attn_tile's
@@ -71,7 +72,9 @@
 //   prefill hd128: 4 warps x 16 rows: Q 17,408 + 2 stages 69,632 + fold 32,768 = 119,808 B;
 //                 `_2warp` (2 x 16 rows: 94,464 B) for 99 KiB GPUs: the same per-warp
 //                 arithmetic, so the same bits.
-// Candidates to measure: 3 decode warps at hd128 on sm_90 (221,952 B); 3 stages per warp.
+// Measured on an H100 (bench/RESULTS.md, 2026-11-27): the split kernel with 3 or 4 stages (one
+// block per SM) runs 25-30% slower than 2 stages at two blocks per SM: per-tile work, not bytes
+// in flight, bounds it; they stay compiled as the decode benchmark's candidates.
 template <int kHeadDim_, int kWarps_, int kStages_>
 struct PagedDecodeConfig {
     static constexpr int kHeadDim = kHeadDim_;
@@ -93,8 +96,8 @@ struct PagedDecodeConfig {
 // Decode, kWarps warps per item (paged_decode_split): Q (16 rows), kStages x (K and V tiles)
 // and two fp32 score tiles [16, 64 + 8] (the pad spreads a row's float2 stores over the banks).
 // hd128, 4 warps, 2 stages: 4,352 + 69,632 + 9,216 = 83,200 B: two blocks (8 warps, two tiles
-// of 34.8 KB in flight) per sm_90 SM, one per sm_80 / sm_86 / sm_89 SM. Unmeasured alternatives:
-// 3 stages (one block of 118 KB per SM), 8 warps (2 keys columns of 8 per warp: more barrier
+// of 34.8 KB in flight) per sm_90 SM, one per sm_80 / sm_86 / sm_89 SM. 3 stages (one block of
+// 118 KB per SM) measured slower; unmeasured: 8 warps (2 key columns of 8 per warp: more barrier
 // time per tile).
 template <int kHeadDim_, int kWarps_, int kStages_>
 struct PagedDecodeSplitConfig {
@@ -140,8 +143,17 @@ template <int D>
 using PagedDecode = PagedDecodeConfig<D, (D >= 128 ? 2 : 4), 2>;
 template <int D>
 using PagedDecodeSmall = PagedDecodeConfig<D, (D >= 128 ? 1 : 2), 2>;  // for GPUs with 99 KiB per block
+template <int D, int kStages>
+using PagedDecodeSplitStages = PagedDecodeSplitConfig<D, (D / 16 < 4 ? D / 16 : 4), kStages>;
 template <int D>
-using PagedDecodeSplit = PagedDecodeSplitConfig<D, (D / 16 < 4 ? D / 16 : 4), 2>;
+using PagedDecodeSplit = PagedDecodeSplitStages<D, 2>;
+// Deeper rings (issue 36): hd128 3 stages 118,016 B, 4 stages 152,832 B (one block per sm_90 or
+// sm_80 SM; too large for 99 KiB GPUs): 25-30% slower than 2 stages on an H100, benchmark
+// candidates only.
+template <int D>
+using PagedDecodeSplit3 = PagedDecodeSplitStages<D, 3>;
+template <int D>
+using PagedDecodeSplit4 = PagedDecodeSplitStages<D, 4>;
 template <int D>
 using PagedPrefill = PagedPrefillConfig<D, 4, 2>;
 template <int D>
@@ -149,6 +161,7 @@ using PagedPrefillSmall = PagedPrefillConfig<D, 2, 2>;  // for GPUs with 99 KiB 
 
 // The merge: one block of kMergeThreads per (row, head); thread d folds element d.
 constexpr int kMergeThreads = 128;
+constexpr int kMergeBatch = 16;  // partials loaded before folding
 
 // ---- write_kv ----------------------------------------------------------------------------------
 
@@ -182,6 +195,7 @@ struct PagedWork {
     int first_pos;      // context position of the sequence's first query row
     int m0, m_end;      // flat rows [m0, m_end) of this item (flat = local_row * group + g)
     int n_begin, n_end;  // keys of the item, cut at its last row's position
+    int item_keys;      // the item's fourth field: its keys (a decode run: of all its segments)
     const int* table;   // the sequence's block table
 };
 
@@ -194,6 +208,7 @@ __device__ __forceinline__ bool paged_work(PagedWork& w, const int4* items, int 
     w.seq = item.x;
     w.m0 = item.y;
     w.segment = item.z;
+    w.item_keys = item.w;
     w.kv_head = kv_head;
     w.group = heads / kv_heads;
     w.row_start = cu_query[w.seq];
@@ -389,15 +404,23 @@ __device__ __forceinline__ void paged_decode(PAGED_ATTN_PARAMS) {
                    row_plan, heads, segment_keys, scale_log2, lane);
 }
 
-// Decode with kWarps warps per item (issue 36): one block per work item (one segment of <= 16
-// flat rows of one kv head; blockIdx.x = item * kv_heads + kv_head), its warps sharing one
-// cp.async ring. Per 64-key tile, warp w computes the scores of keys [w 64 / kWarps,
-// (w + 1) 64 / kWarps) with attn_tile's MMA chain and stores them; after a barrier every warp
-// reads the whole score tile back in the fragment layout, masks it and runs online_softmax_tile
-// (the same arithmetic in every warp, so all hold the same P, maxima and sums), then accumulates
-// O += P V for its head-dim columns [w D / kWarps, (w + 1) D / kWarps). Every score, sum and
-// output element goes through the same operations in the same order as attn_tile in one warp:
-// the bits of paged_decode, with kWarps warps loading and multiplying instead of one.
+// Decode with kWarps warps per item (issue 36): one block per work item (a run of consecutive
+// segments of <= 16 flat rows of one kv head; blockIdx.x = item * kv_heads + kv_head), its warps
+// sharing one cp.async ring that streams the run's keys without a break at segment boundaries.
+// Per 64-key tile, warp w computes the scores of keys [w 64 / kWarps, (w + 1) 64 / kWarps) with
+// attn_tile's MMA chain and stores them; after a barrier every warp reads the whole score tile
+// back in the fragment layout, masks it and runs online_softmax_tile (the same arithmetic in every
+// warp, so all hold the same P, maxima and sums), then accumulates O += P V for its head-dim
+// columns [w D / kWarps, (w + 1) D / kWarps). At the end of each segment the block writes that
+// segment's partial (or its finished rows) and starts the next from a fresh state. Every score,
+// sum and output element goes through the same operations in the same order as attn_tile in one
+// warp walking one segment: the bits of paged_decode, whatever the run length (the host picks it
+// from the batch and the GPU, src/backend/cuda/paged_attn.rs) or the ring depth.
+//
+//   item keys:  [ segment k         ][ segment k + 1     ][ ... ]     (the run: item.w keys)
+//   ring:        t0 t1 t2 ... t7      t8 t9 ...                       (64-key tiles, prefetched
+//   per tile:    S (split by keys) | barrier | softmax (every warp) | P V (split by head dim)
+//   at a segment's last tile: finish_rows (partial to the scratch; O and the statistics reset)
 template <typename Cfg>
 __device__ __forceinline__ void paged_decode_split(PAGED_ATTN_PARAMS) {
     constexpr int D = Cfg::kHeadDim, BN = Cfg::kBlockN, S = Cfg::kSmemStride, kStages = Cfg::kStages;
@@ -411,7 +434,14 @@ __device__ __forceinline__ void paged_decode_split(PAGED_ATTN_PARAMS) {
                     max_blocks_per_seq, heads, kv_heads, segment_keys)) {
         return;  // the same for every thread of the block
     }
-    const int n_tiles = (w.n_end - w.n_begin + BN - 1) / BN;
+    // The run: from the first segment's start over item.w keys, cut at the last row's position.
+    // Loads see the run's end; each segment's rows are finished with the segment's own bounds.
+    const int run_begin = w.n_begin;
+    const int run_end = min(run_begin + max(w.item_keys, 1), w.first_pos + (w.m_end - 1) / w.group + 1);
+    PagedWork load = w;
+    load.n_end = run_end;
+    const int n_tiles = (run_end - run_begin + BN - 1) / BN;
+    const int tiles_per_segment = segment_keys / BN;
     const float scale_log2 = softmax_scale * 1.4426950408889634f;
 
     extern __shared__ __align__(16) unsigned char paged_smem[];
@@ -423,7 +453,7 @@ __device__ __forceinline__ void paged_decode_split(PAGED_ATTN_PARAMS) {
 #pragma unroll
     for (int s = 0; s < kStages - 1; ++s) {
         if (s < n_tiles) {
-            issue_tile<Cfg>(stage_k(s), stage_k(s) + Cfg::kTileElems, k_cache, v_cache, w, w.n_begin + s * BN,
+            issue_tile<Cfg>(stage_k(s), stage_k(s) + Cfg::kTileElems, k_cache, v_cache, load, run_begin + s * BN,
                             block_size, kv_heads, threadIdx.x);
         }
         cp_async_commit();
@@ -436,7 +466,7 @@ __device__ __forceinline__ void paged_decode_split(PAGED_ATTN_PARAMS) {
         const int flat = w.m0 + group_row + r * 8;
         pos[r] = flat < w.m_end ? w.first_pos + flat / w.group : 0x7fffffff;
     }
-    const int mask_from = min(w.n_end, w.first_pos + w.m0 / w.group + 1);
+    const int mask_from = min(run_end, w.first_pos + w.m0 / w.group + 1);
 
     uint32_t q_frag[D / 16][4];
     float o_acc[kDSlice][4];
@@ -452,7 +482,7 @@ __device__ __forceinline__ void paged_decode_split(PAGED_ATTN_PARAMS) {
         const int t_next = t + kStages - 1;
         if (t_next < n_tiles) {
             __nv_bfloat16* sK_next = stage_k(t_next % kStages);
-            issue_tile<Cfg>(sK_next, sK_next + Cfg::kTileElems, k_cache, v_cache, w, w.n_begin + t_next * BN,
+            issue_tile<Cfg>(sK_next, sK_next + Cfg::kTileElems, k_cache, v_cache, load, run_begin + t_next * BN,
                             block_size, kv_heads, threadIdx.x);
         }
         cp_async_commit();  // possibly empty: keeps the group count uniform
@@ -486,21 +516,29 @@ __device__ __forceinline__ void paged_decode_split(PAGED_ATTN_PARAMS) {
             s_acc[nt][2] = hi.x;
             s_acc[nt][3] = hi.y;
         }
-        const int n0 = w.n_begin + t * BN;
+        const int n0 = run_begin + t * BN;
         if (n0 + BN > mask_from) {
-            mask_tile(s_acc, lane, [&](int r, int key) { return n0 + key >= w.n_end || n0 + key > pos[r]; });
+            mask_tile(s_acc, lane, [&](int r, int key) { return n0 + key >= run_end || n0 + key > pos[r]; });
         }
         online_softmax_tile<BN / 8, kDSlice>(s_acc, o_acc, row_max, row_sum, scale_log2);
         attn_tile_pv_cols<D, kDP>(o_acc, s_acc, sK + Cfg::kTileElems, S, lane, warp * kDP);
+        if ((t + 1) % tiles_per_segment == 0 || t + 1 == n_tiles) {
+            // The segment is done (segments are whole tiles: segment_keys is a multiple of BN).
+            PagedWork seg = w;
+            seg.segment = w.segment + t / tiles_per_segment;
+            seg.n_begin = seg.segment * segment_keys;
+            seg.n_end = min(seg.n_begin + segment_keys, run_end);
+            float fold_o[kDSlice * 4];
+#pragma unroll
+            for (int i = 0; i < kDSlice * 4; ++i) fold_o[i] = 0.0f;
+            float fold_max[2] = {-INFINITY, -INFINITY}, fold_sum[2] = {0.0f, 0.0f};
+            // (finish_rows' fold_segment leaves O and the statistics reset for the next segment.)
+            finish_rows<D, kDSlice>(seg, w.m0, false, fold_o, 1, fold_max, fold_sum, o_acc, row_max, row_sum, out,
+                                    part_o, part_stats, row_plan, heads, segment_keys, scale_log2, lane,
+                                    warp * (D / kW), warp == 0);
+        }
     }
     cp_async_wait<0>();
-
-    float fold_o[kDSlice * 4];
-#pragma unroll
-    for (int i = 0; i < kDSlice * 4; ++i) fold_o[i] = 0.0f;
-    float fold_max[2] = {-INFINITY, -INFINITY}, fold_sum[2] = {0.0f, 0.0f};
-    finish_rows<D, kDSlice>(w, w.m0, false, fold_o, 1, fold_max, fold_sum, o_acc, row_max, row_sum, out, part_o,
-                            part_stats, row_plan, heads, segment_keys, scale_log2, lane, warp * (D / kW), warp == 0);
 }
 
 // Prefill: a block of kWarps x 16 flat rows walks the item's keys (all of them, folding segments
@@ -608,7 +646,11 @@ PAGED_DECODE_ENTRY(paged_attn_decode_hd64_small, PagedDecodeSmall<64>)  // sm_86
 PAGED_DECODE_ENTRY(paged_attn_decode_hd32, PagedDecode<32>)  // small test models
 PAGED_DECODE_ENTRY(paged_attn_decode_hd16, PagedDecode<16>)  // small test models
 PAGED_DECODE_SPLIT_ENTRY(paged_attn_decode_split_hd128, PagedDecodeSplit<128>)
+PAGED_DECODE_SPLIT_ENTRY(paged_attn_decode_split_hd128_s3, PagedDecodeSplit3<128>)
+PAGED_DECODE_SPLIT_ENTRY(paged_attn_decode_split_hd128_s4, PagedDecodeSplit4<128>)
 PAGED_DECODE_SPLIT_ENTRY(paged_attn_decode_split_hd64, PagedDecodeSplit<64>)
+PAGED_DECODE_SPLIT_ENTRY(paged_attn_decode_split_hd64_s3, PagedDecodeSplit3<64>)
+PAGED_DECODE_SPLIT_ENTRY(paged_attn_decode_split_hd64_s4, PagedDecodeSplit4<64>)
 PAGED_DECODE_SPLIT_ENTRY(paged_attn_decode_split_hd32, PagedDecodeSplit<32>)
 PAGED_DECODE_SPLIT_ENTRY(paged_attn_decode_split_hd16, PagedDecodeSplit<16>)
 PAGED_PREFILL_ENTRY(paged_attn_prefill_hd128, PagedPrefill<128>)
@@ -634,13 +676,28 @@ __device__ __forceinline__ void paged_attn_merge(__nv_bfloat16* __restrict__ out
     const float scale_log2 = softmax_scale * 1.4426950408889634f;
     for (int d = threadIdx.x; d < D; d += blockDim.x) {
         float fold_max = -INFINITY, fold_sum = 0.0f, fold_o = 0.0f;
-        for (int k = 0; k < plan.y; ++k) {
-            const size_t idx = (size_t)(plan.x + k) * heads + head;
-            const float2 stats = __ldg(part_stats + idx);
-            const SegmentWeights w = segment_weights(fold_max, stats.x, scale_log2);
-            fold_sum = fold_value(fold_sum, stats.y, w);
-            fold_o = fold_value(fold_o, __ldg(part_o + idx * D + d), w);
-            fold_max = w.max;
+        // Batches of kMergeBatch partials: every load of a batch is in flight before the first
+        // fold (a 131k-token row has 256), then the batch is folded in order.
+        for (int k0 = 0; k0 < plan.y; k0 += kMergeBatch) {
+            float2 stats[kMergeBatch];
+            float part[kMergeBatch];
+#pragma unroll
+            for (int i = 0; i < kMergeBatch; ++i) {
+                if (k0 + i < plan.y) {
+                    const size_t idx = (size_t)(plan.x + k0 + i) * heads + head;
+                    stats[i] = __ldg(part_stats + idx);
+                    part[i] = __ldg(part_o + idx * D + d);
+                }
+            }
+#pragma unroll
+            for (int i = 0; i < kMergeBatch; ++i) {
+                if (k0 + i < plan.y) {
+                    const SegmentWeights w = segment_weights(fold_max, stats[i].x, scale_log2);
+                    fold_sum = fold_value(fold_sum, stats[i].y, w);
+                    fold_o = fold_value(fold_o, part[i], w);
+                    fold_max = w.max;
+                }
+            }
         }
         out[((size_t)row * heads + head) * D + d] = f32_to_bf16(__fmul_rn(fold_o, attn_normalizer(fold_sum)));
     }

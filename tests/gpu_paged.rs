@@ -41,6 +41,9 @@ struct Forced {
     smem_limit: Option<usize>,
     /// The earlier one-warp-per-item decode kernel instead of `paged_decode_split`.
     warp_per_item: bool,
+    /// The split decode kernel's ring depth and segments per block (runs).
+    decode_stages: Option<usize>,
+    decode_run: Option<usize>,
 }
 
 impl Forced {
@@ -86,7 +89,12 @@ fn run_paged(
     let scale = 1.0 / (hd as f32).sqrt();
     let mut out = poisoned(gpu, &[rows, heads, hd], DeviceDType::Bf16);
     let kernel_layout = kernel_layout.unwrap_or(layout);
-    if forced.segment_keys.is_none() && forced.smem_limit.is_none() && !forced.warp_per_item {
+    let defaults = forced.decode_stages.is_none() && forced.decode_run.is_none();
+    if forced.segment_keys.is_none()
+        && forced.smem_limit.is_none()
+        && !forced.warp_per_item
+        && defaults
+    {
         gpu.paged_attention(&q, &k_cache, &v_cache, kernel_layout, scale, &mut out)
             .unwrap();
     } else {
@@ -94,6 +102,18 @@ fn run_paged(
         device_layout.segment_keys = forced.segment_keys;
         device_layout.smem_limit = forced.smem_limit;
         device_layout.decode_warp_per_item = forced.warp_per_item;
+        device_layout.decode_stages = forced.decode_stages;
+        device_layout.decode_run = forced.decode_run;
+        // The pool hands the call the buffer of the scratch's size class it got back last: poison
+        // it, so a partial the kernel never writes reads as NaN, not as an earlier run's value.
+        let (group, sms) = (heads / kv_heads, gpu.device.num_sms as usize);
+        let (cu, ctx) = (&kernel_layout.cu_query, &kernel_layout.context_lens);
+        let plan = WorkPlan::build(cu, ctx, group, kv_heads, sms, forced.segment_keys).unwrap();
+        if plan.scratch_rows > 0 {
+            let floats = plan.scratch_rows * heads * (hd + 2);
+            let mut scratch = gpu.pool.alloc(&[floats], DeviceDType::F32).unwrap();
+            gpu.fill_bytes(&mut scratch, 0xFF).unwrap();
+        }
         gpu.device
             .paged_attention(
                 &q,
@@ -448,6 +468,7 @@ fn the_warp_per_item_decode_variants_match_the_reference() {
                     segment_keys: segment,
                     smem_limit: Some(smem_limit),
                     warp_per_item: true,
+                    ..Forced::default()
                 },
                 8000 + i as u64,
             );
@@ -458,8 +479,10 @@ fn the_warp_per_item_decode_variants_match_the_reference() {
 /// Issue 36: `paged_decode_split` (a block of up to 4 warps per item: scores split by keys,
 /// P V by head-dim columns) gives the bits of the one-warp-per-item kernel, for every head dim,
 /// GQA 1, 4, 7 and 8, contexts on and around tile and segment boundaries, chunks of several
-/// rows, with the canonical 512-key segments and with forced 64-key ones (the merge). Each is
-/// also checked against the reference.
+/// rows, with the canonical 512-key segments and with forced 64-key ones (the merge); and so do
+/// its deeper rings (3 and 4 stages at hd 64 and 128) and its runs (a block streaming 2, 3 or
+/// 16 consecutive segments, each finished as it would be alone). Each is also checked against
+/// the reference.
 #[test]
 #[cfg_attr(
     not(swerve_emu),
@@ -484,10 +507,12 @@ fn the_split_decode_kernel_gives_the_warp_per_item_kernels_bits() {
     {
         for segment in [None, Some(64)] {
             let seed = 8200 + 10 * j as u64;
-            let run = |warp_per_item| {
+            let run = |warp_per_item, decode_stages, decode_run| {
                 let forced = Forced {
                     segment_keys: segment,
                     warp_per_item,
+                    decode_stages,
+                    decode_run,
                     ..Forced::default()
                 };
                 let forced_layout = Forced {
@@ -506,18 +531,25 @@ fn the_split_decode_kernel_gives_the_warp_per_item_kernels_bits() {
                     seed,
                 )
             };
-            let (split, one_warp) = (run(false), run(true));
-            let differ = split
-                .kernel
-                .iter()
-                .zip(&one_warp.kernel)
-                .filter(|(a, b)| a.to_bits() != b.to_bits())
-                .count();
-            assert_eq!(
-                differ, 0,
-                "{}: {differ} values differ between the kernels",
-                split.what
-            );
+            let one_warp = run(true, None, None);
+            let mut mappings = vec![(None, None), (Some(2), Some(3))];
+            if heads.2 >= 64 {
+                mappings.extend([(Some(3), Some(2)), (Some(4), Some(16))]);
+            }
+            for (stages, decode_run) in mappings {
+                let split = run(false, stages, decode_run);
+                let differ = split
+                    .kernel
+                    .iter()
+                    .zip(&one_warp.kernel)
+                    .filter(|(a, b)| a.to_bits() != b.to_bits())
+                    .count();
+                assert_eq!(
+                    differ, 0,
+                    "{}: {differ} values differ between the kernels",
+                    split.what
+                );
+            }
             check_paged(
                 &gpu,
                 &cpu,

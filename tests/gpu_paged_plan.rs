@@ -15,9 +15,10 @@ use common::paged::{
 };
 use swerve::backend::cuda::graphs::decode_graph_attention_inputs;
 use swerve::backend::cuda::paged_attn::{
-    attention_variant, warp_per_item_decode_variant, AttentionVariant, WorkPlan, DECODE_BLOCK_M,
-    PREFILL_BLOCK_M, SEGMENT_KEYS,
+    attention_variant, decode_blocks_per_sm, split_decode_variant, warp_per_item_decode_variant,
+    AttentionVariant, WorkPlan, DECODE_BLOCK_M, PREFILL_BLOCK_M, SEGMENT_KEYS,
 };
+use swerve::backend::cuda::paged_plan::MAX_DECODE_RUN;
 use swerve::backend::cuda::DeviceDType;
 use swerve::backend::{Backend, PagedLayout};
 
@@ -169,11 +170,21 @@ fn check_coverage(cu: &[u32], ctx: &[u32], group: usize, plan: &WorkPlan) {
             let first_pos = ctx[s] as usize - n;
             let m_end = (m0 + block_m).min(n * group);
             let p_last = first_pos + (m_end - 1) / group;
+            // A decode item may be a run of consecutive segments (its keys: all of theirs).
             let (n_begin, n_end) = match usize::try_from(part) {
-                Ok(part) => (part * p, (part * p + p).min(p_last + 1)),
+                Ok(part) => (part * p, (part * p + keys as usize).min(p_last + 1)),
                 Err(_) => (0, p_last + 1),
             };
             assert_eq!(keys as usize, n_end - n_begin);
+            let most = if block_m == DECODE_BLOCK_M {
+                MAX_DECODE_RUN * p
+            } else {
+                p
+            };
+            assert!(
+                part < 0 || (keys > 0 && keys as usize <= most),
+                "{keys} keys"
+            );
             for flat in m0..m_end {
                 let position = first_pos + flat / group;
                 let row_keys = &mut seen[cu[s] as usize * group + flat];
@@ -220,6 +231,17 @@ fn work_plans_cover_every_key_once_without_a_gpu() {
         for forced in [None, Some(64), Some(512), Some(1024)] {
             let plan = WorkPlan::build(cu, ctx, group, 2, 132, forced).unwrap();
             check_coverage(cu, ctx, group, &plan);
+            // Runs of segments cover the same keys with fewer items, longest first.
+            for run in [2, 3, MAX_DECODE_RUN] {
+                let mut joined = plan.clone();
+                joined.join_decode_runs(run);
+                check_coverage(cu, ctx, group, &joined);
+                assert!(joined.decode.windows(2).all(|w| w[0][3] >= w[1][3]));
+                assert_eq!(
+                    (&joined.rows, joined.scratch_rows),
+                    (&plan.rows, plan.scratch_rows)
+                );
+            }
         }
     }
 }
@@ -277,6 +299,45 @@ fn paged_kernels_fit_hopper_shared_memory_without_a_gpu() {
     assert!(attention_variant(80, false, SM90_SMEM).is_err());
 }
 
+/// Runs of segments per decode block (issue 36): a lone short row keeps a block per segment, a
+/// lone long row becomes one wave of runs, many rows a block per row; deeper rings hold fewer
+/// blocks per SM. Each plan still covers every key once.
+#[test]
+fn decode_runs_fill_the_gpu_without_a_gpu() {
+    let s2 = split_decode_variant(128, 2, SM90_SMEM).unwrap();
+    let s3 = split_decode_variant(128, 3, SM90_SMEM).unwrap();
+    let s4 = split_decode_variant(128, 4, SM90_SMEM).unwrap();
+    assert_eq!((s2.smem, s3.smem, s4.smem), (83_200, 118_016, 152_832));
+    assert_eq!(s4.name, "paged_attn_decode_split_hd128_s4");
+    let per_sm = |v: &AttentionVariant, limit| decode_blocks_per_sm(v, limit);
+    assert_eq!((per_sm(&s2, SM90_SMEM), per_sm(&s3, SM90_SMEM)), (2, 1));
+    assert_eq!(per_sm(&s2, SM80_SMEM), 1);
+    assert!(split_decode_variant(128, 4, SM89_SMEM).is_err());
+    assert!(split_decode_variant(32, 3, SM90_SMEM).is_err());
+    // (rows, context, expected run) with 7 query heads per kv head, 4 kv heads, 264 slots.
+    for (rows, context, expect) in [
+        (1, 4096, 1),
+        (1, 32_768, 1),
+        (1, 131_072, 4),
+        (8, 131_072, 16),
+        (128, 4096, 16), // every run the whole row (8 segments)
+    ] {
+        let cu: Vec<u32> = (0..=rows).collect();
+        let ctx = vec![context; rows as usize];
+        let plan = WorkPlan::build(&cu, &ctx, 7, 4, 132, None).unwrap();
+        let run = plan.decode_run_for(4, 264);
+        assert_eq!(run, expect, "{rows} x {context}");
+        let mut joined = plan.clone();
+        joined.join_decode_runs(run);
+        let segments = (context as usize).div_ceil(SEGMENT_KEYS);
+        assert_eq!(
+            joined.decode.len(),
+            rows as usize * segments.div_ceil(run.min(segments))
+        );
+        check_coverage(&cu, &ctx, 7, &joined);
+    }
+}
+
 /// On sm_86 / sm_89 (99 KiB per block) the hd128 prefill runs with fewer warps per block (the
 /// same per-warp arithmetic, so the same bits), and so does the earlier one-warp-per-item decode
 /// at hd128 and hd64; the split decode kernel and every other kernel fit every sm_80+ GPU as they
@@ -307,6 +368,7 @@ fn paged_kernel_variants_fit_each_gpus_shared_memory_without_a_gpu() {
             smem: 73_984,
             warps: 1,
             items_per_block: 1,
+            stages: 2,
         }
     );
     let err = attention_variant(128, false, 64 * 1024).unwrap_err();

@@ -192,16 +192,61 @@ pub struct DecodeAttentionRow {
     pub gb_per_s: f64,
 }
 
+/// How a decode-attention row maps the work to the GPU (every mapping gives the same bits).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum DecodeMapping {
+    /// What the engine runs: the split kernel at its default ring depth, runs chosen for the GPU.
+    Default,
+    /// The earlier kernel: one warp per segment.
+    WarpPerItem,
+    /// The split kernel with a `stages`-deep ring and `run` segments per block (`None`: chosen).
+    Split { stages: usize, run: Option<usize> },
+}
+
+impl DecodeMapping {
+    /// The candidates the decode benchmark times side by side.
+    pub const CANDIDATES: [DecodeMapping; 6] = [
+        DecodeMapping::Default,
+        DecodeMapping::WarpPerItem,
+        DecodeMapping::Split {
+            stages: 2,
+            run: Some(1),
+        },
+        DecodeMapping::Split {
+            stages: 2,
+            run: None,
+        },
+        DecodeMapping::Split {
+            stages: 3,
+            run: None,
+        },
+        DecodeMapping::Split {
+            stages: 4,
+            run: None,
+        },
+    ];
+
+    fn label(self) -> String {
+        match self {
+            Self::Default => "split".into(),
+            Self::WarpPerItem => "warp-per-item".into(),
+            Self::Split { stages, run } => match run {
+                Some(run) => format!("split-s{stages}-run{run}"),
+                None => format!("split-s{stages}-runs"),
+            },
+        }
+    }
+}
+
 /// Paged decode attention (one query row per sequence, GQA `heads`/`kv_heads`, head dim 128) of
 /// `seqs` sequences of `context` tokens each, timed with CUDA events. The K/V caches hold random
-/// values and each sequence its own blocks. `warp_per_item`: the earlier one-warp-per-item
-/// kernel instead of the split one (the same bits).
+/// values and each sequence its own blocks. `mapping`: which kernel and work mapping.
 pub fn decode_attention(
     backend: &CudaBackend,
     seqs: usize,
     context: usize,
     (heads, kv_heads): (usize, usize),
-    warp_per_item: bool,
+    mapping: DecodeMapping,
 ) -> Result<DecodeAttentionRow> {
     let head_dim = 128;
     let block_size = DEFAULT_BLOCK_SIZE;
@@ -226,7 +271,14 @@ pub fn decode_attention(
     // The layout and its work plan are uploaded once, as every layer of a step shares them: the
     // events time the kernels alone.
     let mut device_layout = DevicePagedLayout::upload(backend, &layout)?;
-    device_layout.decode_warp_per_item = warp_per_item;
+    match mapping {
+        DecodeMapping::Default => {}
+        DecodeMapping::WarpPerItem => device_layout.decode_warp_per_item = true,
+        DecodeMapping::Split { stages, run } => {
+            device_layout.decode_stages = Some(stages);
+            device_layout.decode_run = run;
+        }
+    }
     let ms = time_ms(&backend.device, 20, |_| {
         backend.device.paged_attention(
             &q,
@@ -242,11 +294,7 @@ pub fn decode_attention(
     Ok(DecodeAttentionRow {
         key: format!(
             "seqs={seqs} context={context} heads={heads}/{kv_heads} d={head_dim} kernel={}",
-            if warp_per_item {
-                "warp-per-item"
-            } else {
-                "split"
-            }
+            mapping.label()
         ),
         median_ms: ms,
         gb_per_s: bytes / (ms * 1e-3) / 1e9,

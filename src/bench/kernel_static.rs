@@ -12,7 +12,8 @@
 
 use crate::backend::cuda::embedded::PTXAS_REPORT;
 use crate::backend::cuda::paged_attn::{
-    attention_variant, warp_per_item_decode_variant, AttentionVariant, KEY_TILE,
+    attention_variant, split_decode_stages, split_decode_variant, warp_per_item_decode_variant,
+    AttentionVariant, KEY_TILE,
 };
 use anyhow::Result;
 
@@ -146,20 +147,24 @@ pub struct DecodeOccupancy {
     pub bytes_needed: f64,
 }
 
-/// The ring depth of every paged kernel variant (`PagedDecode*Config<..., 2>` in the kernel).
-pub const DECODE_STAGES: usize = 2;
-
-/// The decode configurations the engine runs at `head_dim` on `card` (the split kernel and the
-/// earlier one-warp-per-item one), with the registers of `entries` where the report has them.
+/// The decode configurations the engine runs at `head_dim` on `card` (the split kernel, its other
+/// ring depths and the earlier one-warp-per-item kernel), with the registers of `entries` where
+/// the report has them.
 pub fn decode_occupancy(
     card: &'static Card,
     head_dim: usize,
     entries: &[PtxasEntry],
 ) -> Result<Vec<DecodeOccupancy>> {
-    let variants = [
-        attention_variant(head_dim, false, card.smem_per_block)?,
+    let engine = attention_variant(head_dim, false, card.smem_per_block)?;
+    let mut variants = vec![
+        engine.clone(),
         warp_per_item_decode_variant(head_dim, card.smem_per_block)?,
     ];
+    for &stages in split_decode_stages(head_dim) {
+        if stages != engine.stages {
+            variants.push(split_decode_variant(head_dim, stages, card.smem_per_block)?);
+        }
+    }
     Ok(variants
         .into_iter()
         .map(|variant| {
@@ -171,7 +176,7 @@ pub fn decode_occupancy(
             let blocks = blocks_per_sm(card, 32 * variant.warps, smem, registers.unwrap_or(0));
             let tile_bytes = 2 * KEY_TILE * head_dim * 2;
             let bytes_in_flight =
-                (blocks * variant.items_per_block * (DECODE_STAGES - 1) * tile_bytes) as f64;
+                (blocks * variant.items_per_block * (variant.stages - 1) * tile_bytes) as f64;
             DecodeOccupancy {
                 variant,
                 head_dim,

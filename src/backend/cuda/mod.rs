@@ -34,6 +34,7 @@ pub mod graphs;
 pub mod loss;
 pub mod loss_tiles;
 pub mod paged_attn;
+pub mod paged_plan;
 pub mod pointwise;
 pub mod rank_sum;
 pub mod rmsnorm;

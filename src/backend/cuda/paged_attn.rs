@@ -17,6 +17,7 @@
 //!                           (p < 512: one segment, written straight to out, no merge)
 //! ```
 
+pub use super::paged_plan::WorkPlan;
 use super::tensor::{BufferPool, CudaTensor, DeviceDType, DeviceUpload};
 use super::{as_i32, grid_stride_config, CudaDevice};
 use crate::backend::PagedLayout;
@@ -72,6 +73,8 @@ pub struct AttentionVariant {
     pub warps: usize,
     /// Work items per block: `warps` for the one-warp-per-item decode kernel, else 1.
     pub items_per_block: usize,
+    /// Depth of its cp.async ring of K/V tiles.
+    pub stages: usize,
 }
 
 /// The shared-memory opt-in limit of the smallest GPUs the compute_80 PTX runs on (sm_86, sm_89:
@@ -88,7 +91,42 @@ pub fn attention_variant(
     prefill: bool,
     smem_limit: usize,
 ) -> Result<AttentionVariant> {
-    choose_variant(head_dim, prefill, false, smem_limit)
+    choose_variant(head_dim, prefill, None, smem_limit)
+}
+
+/// Ring depths `paged_decode_split` is compiled with for `head_dim` (`_s3`, `_s4` beside the
+/// 2-stage kernel at the Qwen2.5 head dims 64 and 128).
+pub fn split_decode_stages(head_dim: usize) -> &'static [usize] {
+    if head_dim >= 64 {
+        &[2, 3, 4]
+    } else {
+        &[2]
+    }
+}
+
+/// The ring depth decode runs with by default where it fits (else 2).
+pub const DEFAULT_DECODE_STAGES: usize = 2;
+
+/// `paged_decode_split` with a `stages`-deep ring (one of [`split_decode_stages`]), for
+/// benchmarks and tests to compare: the same bits at every depth.
+pub fn split_decode_variant(
+    head_dim: usize,
+    stages: usize,
+    smem_limit: usize,
+) -> Result<AttentionVariant> {
+    ensure!(
+        split_decode_stages(head_dim).contains(&stages),
+        "paged attention: no {stages}-stage decode kernel for head_dim {head_dim} (stages {:?})",
+        split_decode_stages(head_dim)
+    );
+    choose_variant(head_dim, false, Some((false, stages)), smem_limit)
+}
+
+/// Decode blocks one SM holds at once for `variant` (its shared memory against the SM's,
+/// which is the opt-in limit plus the 1 KiB the driver keeps per block; at most 2, the split
+/// kernel's launch bound): what [`WorkPlan::decode_run_for`] fills.
+pub fn decode_blocks_per_sm(variant: &AttentionVariant, smem_limit: usize) -> usize {
+    ((smem_limit + 1024) / (variant.smem as usize + 1024)).clamp(1, 2)
 }
 
 /// The earlier decode kernel, `paged_decode` (one warp per item, `warps` items per block; its
@@ -98,15 +136,20 @@ pub fn warp_per_item_decode_variant(
     head_dim: usize,
     smem_limit: usize,
 ) -> Result<AttentionVariant> {
-    choose_variant(head_dim, false, true, smem_limit)
+    choose_variant(head_dim, false, Some((true, 2)), smem_limit)
 }
 
+/// `decode`: `None` for the defaults, else (one warp per item?, split kernel's stages).
 fn choose_variant(
     head_dim: usize,
     prefill: bool,
-    warp_per_item: bool,
+    decode: Option<(bool, usize)>,
     smem_limit: usize,
 ) -> Result<AttentionVariant> {
+    let (warp_per_item, forced_stages) = match decode {
+        Some((warp_per_item, stages)) => (warp_per_item, Some(stages)),
+        None => (false, None),
+    };
     if ![16, 32, 64, 128].contains(&head_dim) {
         bail!("paged attention: head_dim {head_dim} has no kernel (16, 32, 64, 128)");
     }
@@ -114,21 +157,41 @@ fn choose_variant(
     // (name suffix, warps, items per block), most warps first: `PagedDecodeSplit`, `PagedDecode`,
     // `PagedDecodeSmall`, `PagedPrefill` and `PagedPrefillSmall` in the kernel (2 stages each).
     let split = split_decode_warps(head_dim);
+    // The split kernel's ring depths to try, deepest wanted first: forced, or the default
+    // (where compiled) then 2.
+    let split_stages = match forced_stages {
+        Some(stages) => vec![stages],
+        None if split_decode_stages(head_dim).contains(&DEFAULT_DECODE_STAGES) => {
+            vec![DEFAULT_DECODE_STAGES, 2]
+        }
+        None => vec![2],
+    };
     let candidates: Vec<(&str, usize, usize)> = match (prefill, head_dim) {
         (true, 128) => vec![("", 4, 1), ("_small", 2, 1)],
         (true, _) => vec![("", 4, 1)],
-        (false, _) if !warp_per_item => vec![("split_", split, 1)],
+        (false, _) if !warp_per_item => {
+            split_stages.iter().map(|&s| ("split_", split, s)).collect()
+        }
         (false, 128) => vec![("", 2, 2), ("_small", 1, 1)],
         (false, 64) => vec![("", 4, 4), ("_small", 2, 2)],
         (false, _) => vec![("", 4, 4)],
     };
     let variants = candidates
         .into_iter()
-        .map(|(tag, warps, items_per_block)| {
+        .map(|(tag, warps, third)| {
+            // The split kernel's third field is its ring depth (one item per block).
+            let (items_per_block, stages) = if tag == "split_" {
+                (1, third)
+            } else {
+                (third, 2)
+            };
             let (name, smem) = match tag {
                 "split_" => (
-                    format!("paged_attn_decode_split_hd{head_dim}"),
-                    split_smem_bytes(head_dim, 2),
+                    match third {
+                        2 => format!("paged_attn_decode_split_hd{head_dim}"),
+                        stages => format!("paged_attn_decode_split_hd{head_dim}_s{stages}"),
+                    },
+                    split_smem_bytes(head_dim, third),
                 ),
                 suffix => (
                     format!("paged_attn_{kind}_hd{head_dim}{suffix}"),
@@ -140,6 +203,7 @@ fn choose_variant(
                 smem,
                 warps,
                 items_per_block,
+                stages,
             }
         })
         .collect::<Vec<_>>();
@@ -155,121 +219,12 @@ fn choose_variant(
         })
 }
 
-/// How one step's attention is cut into work items, for one `(group, kv_heads)`.
-#[derive(Clone, Debug, PartialEq)]
-pub struct WorkPlan {
-    /// Keys per segment ([`SEGMENT_KEYS`] unless a test forced another multiple of [`KEY_TILE`]).
-    pub segment_keys: usize,
-    /// `[sequence, first flat row, segment, keys]` per decode-kernel item (one warp), most keys
-    /// first.
-    pub decode: Vec<[i32; 4]>,
-    /// The same for the prefill kernel (one block); segment -1: every key of the tile, folded in
-    /// the kernel.
-    pub prefill: Vec<[i32; 4]>,
-    /// Per query row: `[first scratch row, segments]`; a row of one segment, or of a prefill tile
-    /// folded in the kernel, has no scratch.
-    pub rows: Vec<[i32; 2]>,
-    /// Query rows with partials: the merge kernel's rows.
-    pub split_rows: Vec<i32>,
-    /// Scratch rows (one per split row and segment).
-    pub scratch_rows: usize,
-}
-
-impl WorkPlan {
-    /// Builds the plan. `segment_keys`: forced (tests of the merge), else [`SEGMENT_KEYS`].
-    /// Prefill tiles fold their segments in the kernel unless they make fewer blocks than the
-    /// GPU has SMs; then they are split per segment too.
-    pub fn build(
-        cu_query: &[u32],
-        context_lens: &[u32],
-        group: usize,
-        kv_heads: usize,
-        num_sms: usize,
-        segment_keys: Option<usize>,
-    ) -> Result<Self> {
-        ensure!(
-            group > 0 && cu_query.len() == context_lens.len() + 1,
-            "paged attention: group {group}, {} cu_query for {} sequences",
-            cu_query.len(),
-            context_lens.len()
-        );
-        let segment_keys = segment_keys.unwrap_or(SEGMENT_KEYS);
-        ensure!(
-            segment_keys > 0 && segment_keys.is_multiple_of(KEY_TILE),
-            "paged attention: segment of {segment_keys} keys is not a multiple of {KEY_TILE}"
-        );
-        // (decode?, sequence, first flat row, keys the tile sees)
-        let mut tiles = Vec::new();
-        let mut decode_seq = Vec::with_capacity(context_lens.len());
-        for (s, (w, &context)) in cu_query.windows(2).zip(context_lens).enumerate() {
-            let rows = w[1].checked_sub(w[0]).unwrap_or(u32::MAX) as usize;
-            let context = context as usize;
-            ensure!(
-                rows <= context,
-                "paged attention: sequence {s} has {rows} query rows in a context of {context}"
-            );
-            let (flat, first_pos) = (rows * group, context - rows);
-            let decode = flat <= DECODE_BLOCK_M;
-            decode_seq.push(decode);
-            let block_m = if decode {
-                DECODE_BLOCK_M
-            } else {
-                PREFILL_BLOCK_M
-            };
-            for m0 in (0..flat).step_by(block_m) {
-                let last = (m0 + block_m).min(flat) - 1;
-                tiles.push((decode, s, m0, first_pos + last / group + 1));
-            }
-        }
-        let prefill_blocks = tiles.iter().filter(|t| !t.0).count() * kv_heads;
-        let split_prefill = prefill_blocks < num_sms.max(1);
-        let (mut decode, mut prefill) = (Vec::new(), Vec::new());
-        for &(is_decode, s, m0, keys) in &tiles {
-            if !is_decode && !split_prefill {
-                prefill.push([s as i32, m0 as i32, -1, keys as i32]);
-                continue;
-            }
-            let list = if is_decode { &mut decode } else { &mut prefill };
-            for segment in 0..keys.div_ceil(segment_keys) {
-                let segment_len = segment_keys.min(keys - segment * segment_keys);
-                list.push([s, m0, segment, segment_len].map(|x| x as i32));
-            }
-        }
-        // Longest first, so the long blocks do not end up in the last wave.
-        decode.sort_by_key(|item| std::cmp::Reverse(item[3]));
-        prefill.sort_by_key(|item| std::cmp::Reverse(item[3]));
-        let (mut rows, mut split_rows, mut scratch_rows) = (Vec::new(), Vec::new(), 0usize);
-        for (s, (w, &context)) in cu_query.windows(2).zip(context_lens).enumerate() {
-            let n = (w[1] - w[0]) as usize;
-            let split = decode_seq[s] || split_prefill;
-            for local in 0..n {
-                let position = context as usize - n + local;
-                let parts = (position + 1).div_ceil(segment_keys);
-                if split && parts > 1 {
-                    split_rows.push(rows.len() as i32);
-                    rows.push([scratch_rows as i32, parts as i32]);
-                    scratch_rows += parts;
-                } else {
-                    rows.push([0, 1]);
-                }
-            }
-        }
-        as_i32("paged attention scratch rows", scratch_rows)?;
-        as_i32("paged attention blocks", decode.len().max(prefill.len()))?;
-        Ok(Self {
-            segment_keys,
-            decode,
-            prefill,
-            rows,
-            split_rows,
-            scratch_rows,
-        })
-    }
-}
-
 /// A [`WorkPlan`] on the device, with what it was built for.
 struct DevicePlan {
-    key: (usize, usize, Option<usize>),
+    /// (group, kv_heads, forced segment keys, decode blocks resident at once for the runs).
+    key: (usize, usize, Option<usize>, Option<usize>),
+    /// A CUDA graph's plan, fixed at capture: used for every call of its `(group, kv_heads)`.
+    fixed: bool,
     plan: WorkPlan,
     tensor: CudaTensor,
 }
@@ -299,6 +254,11 @@ pub struct DevicePagedLayout {
     /// Decode with the earlier one-warp-per-item kernel ([`warp_per_item_decode_variant`])
     /// instead of `paged_decode_split`: the same bits, for benchmarks and tests to compare.
     pub decode_warp_per_item: bool,
+    /// The split decode kernel's ring depth; `None`: [`DEFAULT_DECODE_STAGES`] where it fits.
+    pub decode_stages: Option<usize>,
+    /// Segments per decode block ([`WorkPlan::join_decode_runs`]); `None`: chosen for the GPU
+    /// ([`WorkPlan::decode_run_for`]). Never changes a bit.
+    pub decode_run: Option<usize>,
     /// Host copies the work plan is built from.
     host_cu_query: Vec<u32>,
     host_context_lens: Vec<u32>,
@@ -344,6 +304,8 @@ impl DevicePagedLayout {
             segment_keys: None,
             smem_limit: None,
             decode_warp_per_item: false,
+            decode_stages: None,
+            decode_run: None,
             host_cu_query: layout.cu_query.clone(),
             host_context_lens: layout.context_lens.clone(),
             max_block_id: layout.block_tables.iter().copied().max().unwrap_or(0) as usize,
@@ -371,7 +333,8 @@ impl DevicePagedLayout {
         let num_seqs = context_lens.len();
         let segment_keys = plan.segment_keys;
         let device_plan = DevicePlan {
-            key: (group, kv_heads, Some(segment_keys)),
+            key: (group, kv_heads, Some(segment_keys), None),
+            fixed: true,
             plan,
             tensor: plan_tensor,
         };
@@ -388,6 +351,8 @@ impl DevicePagedLayout {
             segment_keys: Some(segment_keys),
             smem_limit: None,
             decode_warp_per_item: false,
+            decode_stages: None,
+            decode_run: None,
             host_cu_query: Vec::new(),
             host_context_lens: Vec::new(),
             max_block_id: 0,
@@ -396,19 +361,25 @@ impl DevicePagedLayout {
     }
 
     /// The work plan for `(group, kv_heads)` on `device`, built and uploaded once.
+    /// `decode_slots`: decode blocks the GPU holds at once, for the split kernel's runs (`None`:
+    /// one segment per item, the one-warp kernel).
     fn plan(
         &self,
         device: &CudaDevice,
         group: usize,
         kv_heads: usize,
+        decode_slots: Option<usize>,
         pool: &BufferPool,
     ) -> Result<Arc<DevicePlan>> {
-        let key = (group, kv_heads, self.segment_keys);
+        let key = (group, kv_heads, self.segment_keys, decode_slots);
         let mut cached = self.plan.lock().expect("paged plan lock poisoned");
-        if let Some(p) = cached.as_ref().filter(|p| p.key == key) {
+        let fits = |p: &&Arc<DevicePlan>| {
+            p.key == key || (p.fixed && p.key.0 == group && p.key.1 == kv_heads)
+        };
+        if let Some(p) = cached.as_ref().filter(fits) {
             return Ok(p.clone());
         }
-        let plan = WorkPlan::build(
+        let mut plan = WorkPlan::build(
             &self.host_cu_query,
             &self.host_context_lens,
             group,
@@ -416,6 +387,10 @@ impl DevicePagedLayout {
             device.num_sms as usize,
             self.segment_keys,
         )?;
+        if let Some(slots) = decode_slots {
+            let run = (self.decode_run).unwrap_or_else(|| plan.decode_run_for(kv_heads, slots));
+            plan.join_decode_runs(run);
+        }
         // One upload: decode items, prefill items (int4), rows (int2), split rows (int).
         let flat: Vec<i32> = (plan.decode.iter().chain(&plan.prefill).flatten())
             .chain(plan.rows.iter().flatten())
@@ -435,7 +410,12 @@ impl DevicePagedLayout {
             }
             .context("copying the paged-attention plan to the GPU")?;
         }
-        let p = Arc::new(DevicePlan { key, plan, tensor });
+        let p = Arc::new(DevicePlan {
+            key,
+            fixed: false,
+            plan,
+            tensor,
+        });
         *cached = Some(p.clone());
         Ok(p)
     }
@@ -548,7 +528,10 @@ impl CudaDevice {
         let kernels = self.paged_kernels(layout, head_dim)?;
         as_i32("max context", layout.max_context)?;
         as_i32("query rows x heads", rows * heads)?;
-        let device_plan = layout.plan(self, heads / kv_heads, kv_heads, pool)?;
+        let decode_slots = (!layout.decode_warp_per_item).then(|| {
+            self.num_sms as usize * decode_blocks_per_sm(&kernels.decode, kernels.smem_limit)
+        });
+        let device_plan = layout.plan(self, heads / kv_heads, kv_heads, decode_slots, pool)?;
         let plan = &device_plan.plan;
         ensure!(
             plan.rows.len() == rows,
@@ -609,11 +592,12 @@ impl CudaDevice {
             None => self.max_shared_memory_per_block_optin()?,
         };
         Ok(PagedKernels {
-            decode: if layout.decode_warp_per_item {
-                warp_per_item_decode_variant(head_dim, smem_limit)?
-            } else {
-                attention_variant(head_dim, false, smem_limit)?
+            decode: match (layout.decode_warp_per_item, layout.decode_stages) {
+                (true, _) => warp_per_item_decode_variant(head_dim, smem_limit)?,
+                (false, Some(stages)) => split_decode_variant(head_dim, stages, smem_limit)?,
+                (false, None) => attention_variant(head_dim, false, smem_limit)?,
             },
+            smem_limit,
             prefill: attention_variant(head_dim, true, smem_limit)?,
             merge: format!("paged_attn_merge_hd{head_dim}"),
         })
@@ -659,6 +643,8 @@ impl CudaDevice {
 /// merge of split rows.
 struct PagedKernels {
     decode: AttentionVariant,
+    /// The shared memory per block the variants were chosen for.
+    smem_limit: usize,
     prefill: AttentionVariant,
     merge: String,
 }

@@ -5,7 +5,9 @@
 
 use super::{append_jsonl, on_ranks, or_default, rank_model, Parallel};
 use crate::backend::{select, Backend, BackendGrad, CudaBackend, DeviceChoice, Selected};
-use crate::bench::decode::{copy_bandwidth, decode_attention, print_decode_table, DecodeRow};
+use crate::bench::decode::{
+    copy_bandwidth, decode_attention, print_decode_table, DecodeMapping, DecodeRow,
+};
 use crate::config::ModelConfig;
 use crate::dist::grid::{RankPlace, RankTask};
 use crate::dist::Groups;
@@ -174,16 +176,16 @@ fn decode_attention_rows(
     let mut rows = Vec::new();
     for &context in options.attention_contexts.iter().filter(|&&c| c > 0) {
         // 1 and 8 sequences at every context, and 128 at short ones (issue 36's cases); each
-        // with the split decode kernel and the earlier one-warp-per-item kernel (the same bits).
+        // with the engine's mapping and the candidates beside it (the same bits).
         let batches: &[usize] = if context <= 8192 {
             &[1, 8, 128]
         } else {
             &[1, 8]
         };
         for &seqs in batches {
-            for warp_per_item in [false, true] {
+            for mapping in DecodeMapping::CANDIDATES {
                 let heads = (local.heads_local, local.kv_heads_local);
-                let row = decode_attention(backend, seqs, context, heads, warp_per_item)?;
+                let row = decode_attention(backend, seqs, context, heads, mapping)?;
                 println!(
                     "decode attention {}: {:.3} ms, {:.0} GB/s of K/V = {:.1}% of copy bandwidth",
                     row.key,
