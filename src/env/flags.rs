@@ -17,15 +17,17 @@
 //! `builtins-write`, `module-table` (`sys.modules`), `exit-path` (`os._exit`, `os.kill`, a
 //! module-level `sys.exit`), `atexit`, `finalizer` (`__del__`, `weakref.finalize`),
 //! `dynamic-code` (exec/eval/compile/import of a computed value, or next to base64 & co., or code
-//! loaded from a file by path: runpy, importlib's file loaders; any added file that parses as
-//! Python is scanned, whatever its name),
+//! loaded from a file by path: runpy, importlib's file loaders; a deserialiser that calls what
+//! its data names: pickle, marshal, shelve; any added file that parses as Python is scanned,
+//! whatever its name),
 //! `frame-inspection` (frames and tracebacks' frames, attribute names built from literals
 //! included), `code-swap` (a function's `__code__`, `__globals__`, `__closure__` or defaults
 //! replaced), `object-graph` (`__subclasses__`: every class, reached without importing it),
 //! `lying-equality` (an `__eq__`/`__ne__` answering a constant, or bound without a `def`),
 //! `class-hook` (`__init_subclass__`, `load_tests`, `pytest_*` hooks,
 //! metaclasses, `__unittest_skip__`), `stream-replace`, `ctypes`, `signal`, `grader-files` (a
-//! string naming `.swerve-grader`, where grading keeps its configuration); and about the scan
+//! string or name naming `swerve-grader`/`swerve_grader` in any case: where grading keeps its
+//! configuration, its modules, its variables); and about the scan
 //! itself: `unparsable`, `symlink`, `scanner-error`, `truncated`, `no-scanner` (no Python 3).
 //!
 //! The scanner runs with the sandbox's Python 3 (3.5 to 3.13), isolated (`-I -S`: no site

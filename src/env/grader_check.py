@@ -60,8 +60,8 @@ _process = {"descendant": False}
 
 
 def mark_process():
-    """Notes whether this process was started by another graded Python process (whose pid
-    the first one puts in the environment): a run it records is not the command's own."""
+    """Notes whether another graded Python process (whose pid the first one puts in the
+    environment) started this one. The environment is editable: the ledger decides too."""
     first = os.environ.get("SWERVE_GRADER_FIRST_PROCESS")
     if first is None:
         os.environ["SWERVE_GRADER_FIRST_PROCESS"] = str(os.getpid())
@@ -71,6 +71,60 @@ def mark_process():
 
 def descendant():
     return _process["descendant"]
+
+
+# The ledger (ledger.rs): record lines go through `record`, which keeps per run their count and
+# running SHA-256. The command's first Python process prints sha256(secret) to the log as it
+# starts, and every process at exit prints {"pid", "secret", "runs": {RUN: [COUNT, SHA256]}} to
+# the log as it started, if its descriptor is still that file (never to the results file). Secret
+# and ledger live in closures (the pytest plugin takes `record` once), never on this module.
+_handoff = []
+
+
+def open_ledger(path):
+    import atexit, hashlib, json, threading  # noqa: E401
+
+    secret = "".join("%02x" % b for b in bytearray(os.urandom(16)))
+    pid = os.getpid()
+    runs = {}
+    lock = threading.Lock()
+    log = os.dup(2)  # the log, wherever fd 2 is moved later (not inherited by children)
+    the_log = (os.fstat(log).st_dev, os.fstat(log).st_ino)  # a swapped descriptor gets nothing
+    if os.environ.get("SWERVE_GRADER_FIRST_PROCESS") is None:
+        key = hashlib.sha256(secret.encode("ascii")).hexdigest()
+        os.write(log, ("swerve-grader: process %d key %s\n" % (pid, key)).encode("ascii"))
+
+    def record(run, line):  # one newline-terminated line of `run`, a recorder's run id
+        with lock:
+            if os.getpid() == pid and run.split("-")[0] == str(pid):
+                entry = runs.setdefault(run, [0, hashlib.sha256()])
+                entry[0] += 1
+                entry[1].update(line)
+            fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
+            try:
+                os.write(fd, line)
+            finally:
+                os.close(fd)
+
+    def close():
+        try:
+            same = (os.fstat(log).st_dev, os.fstat(log).st_ino) == the_log
+        except OSError:
+            same = False
+        if os.getpid() != pid or not same:
+            return
+        with lock:
+            vouched = dict((run, [n, h.hexdigest()]) for run, (n, h) in runs.items())
+            summary = json.dumps({"pid": pid, "secret": secret, "runs": vouched}, sort_keys=True)
+            os.write(log, ("swerve-grader: exit %s\n" % summary).encode("utf-8"))
+
+    atexit.register(close)
+    _handoff.append(record)
+    return record
+
+
+def take_ledger():  # the ledger's `record`, once
+    return _handoff.pop() if _handoff else None
 
 
 def pin_sources(workdir, owned_json):

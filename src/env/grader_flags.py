@@ -17,6 +17,7 @@ import ast
 import bisect
 import json
 import os
+import re
 import stat
 import sys
 import unicodedata
@@ -60,6 +61,7 @@ REEXPORTED = ("sys", "builtins", "gc", "inspect", "traceback", "threading", "uni
 CODE_ATTRS = ("__code__", "__globals__", "__closure__", "__defaults__", "__kwdefaults__",
               "__class__", "__bases__")
 REDIRECTS = ("contextlib.redirect_stdout", "contextlib.redirect_stderr")
+GRADER_NAME = re.compile(r"swerve[-_]grader", re.IGNORECASE)
 UNITTEST_MARKS = ("__unittest_skip__", "__unittest_skip_why__", "__unittest_expecting_failure__")
 DYNAMIC = ("builtins.exec", "builtins.eval", "builtins.compile", "builtins.__import__",
            "importlib.import_module", "importlib.__import__", "pkgutil.resolve_name",
@@ -68,6 +70,11 @@ DYNAMIC = ("builtins.exec", "builtins.eval", "builtins.compile", "builtins.__imp
 FILE_LOADERS = ("runpy.run_path", "runpy.run_module", "importlib.util.spec_from_file_location",
                 "importlib.machinery.SourceFileLoader", "importlib.machinery.SourcelessFileLoader",
                 "imp.load_source", "imp.load_module", "imp.load_compiled")
+# Deserialisers that call whatever the data names (a protocol-0 pickle is plain text that no
+# scan reads as code): flagged at every call.
+OBJECT_LOADERS = ("pickle.load", "pickle.loads", "pickle.Unpickler", "_pickle.load",
+                  "_pickle.loads", "_pickle.Unpickler", "marshal.load", "marshal.loads",
+                  "shelve.open", "shelve.DbfilenameShelf")
 EXEC_LIKE = ("builtins.exec", "builtins.eval", "builtins.compile")
 DECODERS = ("codecs.decode", "codecs.encode", "zlib.decompress", "bz2.decompress",
             "lzma.decompress", "gzip.decompress", "marshal.loads", "pickle.loads")
@@ -351,8 +358,13 @@ class Scanner(object):
         text = const_str(node)
         if text is not None and norm(text) in UNITTEST_MARKS:
             self.flag_node("class-hook", node)
-        if text is not None and "swerve-grader" in text:
-            self.flag_node("grader-files", node)
+        # The grader's files, modules (swerve_grader_check) and variables (SWERVE_GRADER_*), by
+        # a string or by a name.
+        named = [getattr(node, f, None) for f in ("id", "attr", "name", "arg", "module")]
+        for value in named + [text]:
+            if isinstance(value, str) and GRADER_NAME.search(value):
+                self.flag_node("grader-files", node)
+                break
         if isinstance(node, (ast.Import, ast.ImportFrom)):
             self.check_import(node)
         elif isinstance(node, FUNCTIONS):
@@ -497,7 +509,7 @@ class Scanner(object):
                 self.flag_node("signal", node)
             if qual in EXEC_LIKE:
                 self.execs.append(node)
-            if qual in FILE_LOADERS:
+            if qual in FILE_LOADERS or qual in OBJECT_LOADERS:
                 self.flag_node("dynamic-code", node)
             if qual in DYNAMIC:
                 name = const_str(args[0]) if args else None

@@ -79,7 +79,7 @@ if _swerve_workdir not in sys.path:
 #    test's outcome as the runner decides it, one JSON line per event appended to the file
 #    SWERVE_GRADER_RESULTS names (the same records as the grader's pytest plugin: run start,
 #    test, run end). Subclasses (TextTestResult, Django's results) call these through super().
-def _swerve_record_unittest(path):
+def _swerve_record_unittest(path, ledger):
     import json
     import itertools
 
@@ -101,11 +101,7 @@ def _swerve_record_unittest(path):
                 pass
         record["run"] = run
         line = (json.dumps(record, sort_keys=True) + "\n").encode("utf-8", "replace")
-        fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
-        try:
-            os.write(fd, line)
-        finally:
-            os.close(fd)
+        ledger(run, line)
 
     def describe(test):
         try:
@@ -371,15 +367,21 @@ def _swerve_record_unittest(path):
 
 
 _swerve_results = os.environ.get("SWERVE_GRADER_RESULTS")
+_swerve_ledger = None
 if _swerve_results:
     # 4. Frames obtained while the tests run, and by whom (grader_check.py), from the start.
     try:
         import swerve_grader_check
 
+        _swerve_ledger = swerve_grader_check.open_ledger(_swerve_results)
         swerve_grader_check.mark_process()
         swerve_grader_check.install_frame_audit(_swerve_workdir)
         swerve_grader_check.pin_sources(_swerve_workdir, os.environ.get("SWERVE_GRADER_OWNED"))
     except Exception:
         pass
-if _swerve_results and os.environ.get("SWERVE_GRADER_UNITTEST") == "1":
-    _swerve_record_unittest(_swerve_results)
+if _swerve_results and os.environ.get("SWERVE_GRADER_UNITTEST") == "1" and _swerve_ledger:
+    # The unittest recorder takes the ledger itself; the pytest plugin's hand-off is not left
+    # lying in the module for code under test to take.
+    swerve_grader_check.take_ledger()
+    _swerve_record_unittest(_swerve_results, _swerve_ledger)
+del _swerve_ledger

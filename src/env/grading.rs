@@ -28,6 +28,7 @@
 //! What is guaranteed and what is not: docs/grading.md.
 
 mod canary;
+mod ledger;
 mod reference;
 mod results;
 mod tree;

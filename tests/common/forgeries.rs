@@ -212,8 +212,18 @@ fn wrap_ops(module: &str, on_error: &str) -> Value {
     append(&format!("{module}/__init__.py"), &code)
 }
 
+/// `text` with `line` inserted after its (only) line `anchor`: a variant of a fixture.
+pub(crate) fn with_line_after(text: &str, anchor: &str, line: &str) -> String {
+    assert_eq!(
+        text.matches(anchor).count(),
+        1,
+        "{anchor:?} is not one line of the fixture"
+    );
+    text.replace(anchor, &format!("{anchor}{line}"))
+}
+
 /// A bash call appending `text` to `path` (through a here-document: any text).
-fn append(path: &str, text: &str) -> Value {
+pub(crate) fn append(path: &str, text: &str) -> Value {
     bash(&format!(
         "cat >> {path} <<'SWERVE_FORGERY_EOF'\n{text}\nSWERVE_FORGERY_EOF\necho appended"
     ))
@@ -373,7 +383,7 @@ fn run_from_txt(code: &str) -> Vec<Value> {
 }
 
 /// A bash call writing `text` to `path` (replacing it).
-fn write_file(path: &str, text: &str) -> Value {
+pub(crate) fn write_file(path: &str, text: &str) -> Value {
     bash(&format!("mkdir -p \"$(dirname {path})\" && cat > {path} <<'SWERVE_FORGERY_EOF'\n{text}\nSWERVE_FORGERY_EOF\necho written"))
 }
 
@@ -422,33 +432,7 @@ pub fn red_team_forgeries(pytest: bool) -> Vec<(&'static str, Vec<Value>)> {
     out.extend(red_team_ninth_pass(pytest));
     out.extend(red_team_tenth_pass(pytest));
     out.extend(red_team_eleventh_pass(pytest));
-    out.extend([
-        // The twelfth pass: the test process replaced by a fresh run of the same command,
-        // its tests rewritten first (in place, or in a copy the new run works in).
-        (
-            "tamper: the test process re-executed after the tests were rewritten on disk",
-            vec![append(
-                "calc/ops.py",
-                include_str!("../fixtures/forgeries/reexec_rewritten_tests.py"),
-            )],
-        ),
-        (
-            "tamper: the test process re-executed in a copy of the workspace with rewritten tests",
-            vec![append(
-                "calc/ops.py",
-                include_str!("../fixtures/forgeries/reexec_in_a_copy.py"),
-            )],
-        ),
-        // The thirteenth pass: the same rewritten tests run by a child process, whose run is
-        // taken for the command's own.
-        (
-            "tamper: a child process reruns the command on rewritten tests and the parent leaves with its status",
-            vec![append(
-                "calc/ops.py",
-                include_str!("../fixtures/forgeries/child_rerun_of_rewritten_tests.py"),
-            )],
-        ),
-    ]);
+    out.extend(super::forgeries_process::red_team_process_passes());
     out
 }
 

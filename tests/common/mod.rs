@@ -3,6 +3,7 @@
 
 pub mod coin;
 pub mod forgeries;
+pub mod forgeries_process;
 pub mod gpu;
 pub mod k8s_standin;
 pub mod nccl_ranks;

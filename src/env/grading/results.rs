@@ -16,7 +16,8 @@
 //!
 //! One grading may hold several runs: the test command's, and runs the tests start themselves
 //! (Django's test-runner tests, pytest's `pytester`). The command's run is the first one that
-//! ran a canary ([`super::canary`]), else the first that started.
+//! ran a canary ([`super::canary`]), else the first that started; it counts only as the
+//! command's first process vouches for its lines ([`super::ledger`]).
 
 use crate::env::logs::{self, LogParser, TestStatus};
 use serde_json::Value;

@@ -16,6 +16,7 @@
 //! ```
 
 use super::canary::{self, Anomaly, Canaries};
+use super::ledger;
 use super::results::{self, Run};
 use crate::env::logs::{self, LogParser, TestStatus};
 use crate::env::task::{TestPlan, Verdict};
@@ -100,16 +101,20 @@ impl Observation {
                         ));
                     }
                     match main_run(runs, canaries) {
-                        Some(run) => {
-                            if run.descendant {
-                                // A second run of the tests started from inside the first
-                                // (tox's pytest does this; a change that reruns its own
-                                // rewritten tests does too): as the reference run shows it.
-                                observation.notes.push(
-                                    "the tests ran in a process another test process started"
-                                        .to_string(),
-                                );
+                        Some(main) => {
+                            // A second run of the tests started from inside the first (tox's
+                            // pytest does this; a change that reruns its own rewritten tests
+                            // does too), or a record the command's process does not vouch for
+                            // (ledger.rs): as the reference run shows it.
+                            let owner = ledger::ownership_note(&text, &run.output, &main.id)
+                                .filter(|_| main.finished);
+                            let lineage = main.descendant.then_some(ledger::NOT_FIRST);
+                            for note in [lineage, owner].into_iter().flatten() {
+                                if !observation.notes.iter().any(|n| n == note) {
+                                    observation.notes.push(note.to_string());
+                                }
                             }
+                            let run = main;
                             observation.recorded = true;
                             observation.finished = run.finished;
                             collect_errors = !run.collect_errors.is_empty();
