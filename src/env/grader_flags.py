@@ -62,6 +62,8 @@ CODE_ATTRS = ("__code__", "__globals__", "__closure__", "__defaults__", "__kwdef
               "__class__", "__bases__")
 REDIRECTS = ("contextlib.redirect_stdout", "contextlib.redirect_stderr")
 GRADER_NAME = re.compile(r"swerve[-_]grader", re.IGNORECASE)
+OS_MODULES = ("os", "posix", "nt", "io", "_io")
+OS_STATE = ("os.environ", "os.environb")  # the environment is data, not a function table
 UNITTEST_MARKS = ("__unittest_skip__", "__unittest_skip_why__", "__unittest_expecting_failure__")
 DYNAMIC = ("builtins.exec", "builtins.eval", "builtins.compile", "builtins.__import__",
            "importlib.import_module", "importlib.__import__", "pkgutil.resolve_name",
@@ -462,6 +464,9 @@ class Scanner(object):
         elif write and under(qual, STREAMS):
             self.flag_node("stream-replace", node, span)
         elif write and under(qual, ("sys",)):
+            self.flag_node("sys-write", node, span)
+        elif write and under(qual, OS_MODULES) and "." in qual and not under(qual, OS_STATE):
+            # `os.write = hook`: what the grader (and every library) calls, replaced.
             self.flag_node("sys-write", node, span)
         if write and under(qual, ("builtins",)):
             self.flag_node("builtins-write", node, span)

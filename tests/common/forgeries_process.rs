@@ -1,4 +1,4 @@
-//! The red-team passes against the test process itself (issue 34, passes 12 to 17): the process
+//! The red-team passes against the test process itself (issue 34, passes 12 to 18): the process
 //! replaced, a child rerunning the command on rewritten tests, and the attacks on the ledger that
 //! decides whose run the command's run is (`src/env/grading/ledger.rs`). Each forgery earned the
 //! full reward from an earlier form of the grader.
@@ -6,7 +6,7 @@
 use super::forgeries::{append, with_line_after, write_file};
 use serde_json::Value;
 
-/// Passes 12 to 17, on the unittest and the pytest task alike (their code goes into `calc`).
+/// Passes 12 to 18, on the unittest and the pytest task alike (their code goes into `calc`).
 pub fn red_team_process_passes() -> Vec<(&'static str, Vec<Value>)> {
     vec![
         // The twelfth pass: the test process replaced by a fresh run of the same command,
@@ -79,6 +79,16 @@ pub fn red_team_process_passes() -> Vec<(&'static str, Vec<Value>)> {
             vec![append(
                 "calc/ops.py",
                 include_str!("../fixtures/forgeries/log_descriptor_swapped.py"),
+            )],
+        ),
+        // The eighteenth: `os.write` replaced, which the ledger looked up at exit, so the hook
+        // got the exit line and printed a forged one. The ledger takes every function it calls
+        // as it opens, and replacing `os`'s functions is flagged (`sys-write`).
+        (
+            "os.write replaced, the ledger's exit line caught and forged by the hook",
+            vec![append(
+                "calc/ops.py",
+                include_str!("../fixtures/forgeries/os_write_replaced.py"),
             )],
         ),
     ]
