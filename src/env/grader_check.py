@@ -82,12 +82,11 @@ _handoff = []
 
 
 def open_ledger(path):
-    import atexit, hashlib, json, threading  # noqa: E401
-    write, fstat, open_, close_, getpid, sha256, dumps, flags = (  # taken before workspace code
-        os.write, os.fstat, os.open, os.close, os.getpid, hashlib.sha256, json.dumps,
+    import atexit, hashlib, threading  # noqa: E401
+    write, fstat, open_, close_, getpid, sha256, flags = (  # taken before workspace code
+        os.write, os.fstat, os.open, os.close, os.getpid, hashlib.sha256,
         os.O_WRONLY | os.O_APPEND | os.O_CREAT)
-    secret = "".join("%02x" % b for b in bytearray(os.urandom(16)))
-    pid, runs, lock = getpid(), {}, threading.Lock()
+    secret, pid, runs, lock = os.urandom(16).hex(), getpid(), {}, threading.Lock()
     log = os.dup(2)  # the log, wherever fd 2 is moved later (not inherited by children)
     the_log = (fstat(log).st_dev, fstat(log).st_ino)  # a swapped descriptor gets nothing
     if os.environ.get("SWERVE_GRADER_FIRST_PROCESS") is None:
@@ -113,10 +112,11 @@ def open_ledger(path):
             same = False
         if getpid() != pid or not same:
             return
-        with lock:
-            vouched = dict((run, [n, h.hexdigest()]) for run, (n, h) in runs.items())
-            summary = dumps({"pid": pid, "secret": secret, "runs": vouched}, sort_keys=True)
-            write(log, ("swerve-grader: exit %s\n" % summary).encode("utf-8"))
+        with lock:  # formatted by hand: no library code (json's encoder) sees the secret
+            vouched = ", ".join('"%s": [%d, "%s"]' % (run, n, h.hexdigest())
+                                for run, (n, h) in sorted(runs.items()))
+            summary = '{"pid": %d, "runs": {%s}, "secret": "%s"}' % (pid, vouched, secret)
+            write(log, ("swerve-grader: exit %s\n" % summary).encode("ascii"))
 
     atexit.register(close)
     _handoff.append(record)

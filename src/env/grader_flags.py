@@ -62,7 +62,13 @@ CODE_ATTRS = ("__code__", "__globals__", "__closure__", "__defaults__", "__kwdef
               "__class__", "__bases__")
 REDIRECTS = ("contextlib.redirect_stdout", "contextlib.redirect_stderr")
 GRADER_NAME = re.compile(r"swerve[-_]grader", re.IGNORECASE)
-OS_MODULES = ("os", "posix", "nt", "io", "_io")
+# The standard library's modules (their attributes written: `sys-write`).
+STDLIB_MODULES = frozenset(getattr(sys, "stdlib_module_names", ()) or (
+    "os posix nt io _io json hashlib threading _thread atexit codecs functools gc inspect "
+    "traceback types unittest re collections contextlib warnings importlib abc copy pickle "
+    "struct time random logging subprocess signal select socket tempfile shutil pathlib string "
+    "operator itertools weakref ast dis linecache tokenize site sysconfig platform locale errno "
+    "stat fcntl ctypes binascii base64 zlib marshal sys builtins").split())
 OS_STATE = ("os.environ", "os.environb")  # the environment is data, not a function table
 UNITTEST_MARKS = ("__unittest_skip__", "__unittest_skip_why__", "__unittest_expecting_failure__")
 DYNAMIC = ("builtins.exec", "builtins.eval", "builtins.compile", "builtins.__import__",
@@ -465,8 +471,10 @@ class Scanner(object):
             self.flag_node("stream-replace", node, span)
         elif write and under(qual, ("sys",)):
             self.flag_node("sys-write", node, span)
-        elif write and under(qual, OS_MODULES) and "." in qual and not under(qual, OS_STATE):
-            # `os.write = hook`: what the grader (and every library) calls, replaced.
+        elif (write and "." in qual and qual.split(".")[0] in STDLIB_MODULES
+              and not under(qual, OS_STATE + FRAMEWORK + ("builtins",))):
+            # `os.write = hook`, `json.JSONEncoder = E`: what the grader (and every library)
+            # calls, replaced.
             self.flag_node("sys-write", node, span)
         if write and under(qual, ("builtins",)):
             self.flag_node("builtins-write", node, span)

@@ -1,4 +1,4 @@
-//! The red-team passes against the test process itself (issue 34, passes 12 to 18): the process
+//! The red-team passes against the test process itself (issue 34, passes 12 to 19): the process
 //! replaced, a child rerunning the command on rewritten tests, and the attacks on the ledger that
 //! decides whose run the command's run is (`src/env/grading/ledger.rs`). Each forgery earned the
 //! full reward from an earlier form of the grader.
@@ -6,7 +6,7 @@
 use super::forgeries::{append, with_line_after, write_file};
 use serde_json::Value;
 
-/// Passes 12 to 18, on the unittest and the pytest task alike (their code goes into `calc`).
+/// Passes 12 to 19, on the unittest and the pytest task alike (their code goes into `calc`).
 pub fn red_team_process_passes() -> Vec<(&'static str, Vec<Value>)> {
     vec![
         // The twelfth pass: the test process replaced by a fresh run of the same command,
@@ -89,6 +89,16 @@ pub fn red_team_process_passes() -> Vec<(&'static str, Vec<Value>)> {
             vec![append(
                 "calc/ops.py",
                 include_str!("../fixtures/forgeries/os_write_replaced.py"),
+            )],
+        ),
+        // The nineteenth: `json.JSONEncoder` replaced, which the ledger's `json.dumps` looked up
+        // at exit, so the encoder got the secret and returned a forged exit line. The exit line
+        // is formatted by hand now, and any standard-library module written is flagged.
+        (
+            "json's encoder replaced, the ledger's exit line forged by the encoder",
+            vec![append(
+                "calc/ops.py",
+                include_str!("../fixtures/forgeries/json_encoder_replaced.py"),
             )],
         ),
     ]
