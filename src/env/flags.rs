@@ -14,6 +14,7 @@
 //!
 //! Rules (grader_flags.py says exactly what each matches): `framework-import` (unittest, pytest,
 //! ... from non-test code), `framework-write` (attributes set through them), `sys-write` (`sys`, and any standard-library module's attribute written: `os.write`, `json.JSONEncoder`),
+//! `indirect-write` (an attribute stored on what a call returns: `type(x).encode = f`),
 //! `builtins-write`, `module-table` (`sys.modules`), `exit-path` (`os._exit`, `os.kill`, a
 //! module-level `sys.exit`), `atexit`, `finalizer` (`__del__`, `weakref.finalize`),
 //! `dynamic-code` (exec/eval/compile/import of a computed value, or next to base64 & co., or code

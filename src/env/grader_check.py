@@ -59,14 +59,9 @@ _pinned = {}
 _process = {"descendant": False}
 
 
-def mark_process():
-    """Notes whether another graded Python process (whose pid the first one puts in the
-    environment) started this one. The environment is editable: the ledger decides too."""
-    first = os.environ.get("SWERVE_GRADER_FIRST_PROCESS")
-    if first is None:
-        os.environ["SWERVE_GRADER_FIRST_PROCESS"] = str(os.getpid())
-    else:
-        _process["descendant"] = first != str(os.getpid())
+def mark_process():  # started by another graded process? (editable: the ledger decides too)
+    first = os.environ.setdefault("SWERVE_GRADER_FIRST_PROCESS", str(os.getpid()))
+    _process["descendant"] = first != str(os.getpid())
 
 
 def descendant():
@@ -81,11 +76,19 @@ def descendant():
 _handoff = []
 
 
+def _refuse(value):
+    raise TypeError("not a record value: %r" % (value,))
+
+
 def open_ledger(path):
-    import atexit, hashlib, threading  # noqa: E401
+    import atexit, hashlib, json, json.encoder as enc, threading  # noqa: E401
     write, fstat, open_, close_, getpid, sha256, flags = (  # taken before workspace code
         os.write, os.fstat, os.open, os.close, os.getpid, hashlib.sha256,
         os.O_WRONLY | os.O_APPEND | os.O_CREAT)
+    # Records as JSON through json's C encoder alone (no Python method of json to patch).
+    make, esc, dumps = enc.c_make_encoder, enc.c_encode_basestring_ascii, json.dumps
+    encode = (lambda v: dumps(v, sort_keys=True)) if make is None or esc is None else (
+        lambda v: "".join(make(None, _refuse, esc, None, ": ", ", ", True, False, True)(v, 0)))
     secret, pid, runs, lock = os.urandom(16).hex(), getpid(), {}, threading.Lock()
     log = os.dup(2)  # the log, wherever fd 2 is moved later (not inherited by children)
     the_log = (fstat(log).st_dev, fstat(log).st_ino)  # a swapped descriptor gets nothing
@@ -93,7 +96,9 @@ def open_ledger(path):
         key = sha256(secret.encode("ascii")).hexdigest()
         write(log, ("swerve-grader: process %d key %s\n" % (pid, key)).encode("ascii"))
 
-    def record(run, line):  # one newline-terminated line of `run`, a recorder's run id
+    def record(run, fields):  # one record (a dict) of `run`, a recorder's run id
+        fields["run"] = run
+        line = (encode(fields) + "\n").encode("utf-8", "replace")
         with lock:
             if getpid() == pid and run.split("-")[0] == str(pid):
                 entry = runs.setdefault(run, [0, sha256()])
@@ -151,8 +156,7 @@ def _same_file(a, b):
 
 
 def _chain(func):
-    """`func` and what it wraps (`__wrapped__`, as functools.wraps and decorators set it),
-    outermost first, each bound method taken as its function."""
+    """`func` and what it wraps (`__wrapped__`), outermost first, bound methods as functions."""
     chain = []
     for _ in range(20):
         func = getattr(func, "__func__", func)
@@ -281,8 +285,7 @@ def _function_parts(found, label, value):
 
 
 def framework_changes(snapshot):
-    """The qualified names, among the modules `snapshot` covered, whose object is not the one it
-    holds (added, removed or replaced), sorted."""
+    """The qualified names `snapshot` covers whose object changed (added, removed, replaced)."""
     modules, baseline = snapshot
     now = framework_snapshot(modules)[1]
     keys = set(baseline) | set(now)
@@ -469,8 +472,7 @@ def _describe(obj, workdir):
 
 
 def wrappers(func, workdir):
-    """The wrappers around the test function `func` leads to, outermost first (empty: the
-    framework calls the test's own function)."""
+    """The wrappers around the test function `func` leads to, outermost first (or empty)."""
     chain = _chain(func)
     return [_describe(link, workdir) for link in chain[:-1]]
 
@@ -517,10 +519,8 @@ _ASYNC_FLAGS = 0x80 | 0x100 | 0x200
 
 
 def is_async(func):
-    """A coroutine or async-generator function (its failure surfaces where the framework runs
-    it, not at the call): not witnessed. Read from the code objects' own flags, not through
-    `inspect` (which code under test can replace to switch the witness off); anything that
-    cannot be read is witnessed."""
+    """A coroutine or async-generator function (not witnessed: it fails where the framework
+    runs it), read from the code's own flags, never through `inspect`; unreadable: witnessed."""
     try:
         for link in _chain(func):
             for _ in range(10):

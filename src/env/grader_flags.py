@@ -451,6 +451,10 @@ class Scanner(object):
         if isinstance(parent, (ast.Attribute, ast.Subscript)) and parent.value is node:
             return
         write = not isinstance(node.ctx, ast.Load)
+        if write and isinstance(node, ast.Attribute) and isinstance(node.value, ast.Call):
+            # `type(json._default_encoder).encode = f`, `same(sys.stderr).write = w`: a class or
+            # object reached through a call, where no name says which.
+            self.flag_node("indirect-write", node, node_span(stmt or node))
         for qual in self.resolve(node, scope):
             self.check_qual(qual, node, node_span(stmt) if write and stmt else None, write)
 
@@ -505,6 +509,8 @@ class Scanner(object):
                      "builtins.object.__getattribute__")
         if func & set(accessors) and len(args) >= 2:
             name = const_str(args[1])
+            if func & set(SETTERS) and isinstance(args[0], ast.Call):
+                self.flag_node("indirect-write", node)
             if name in FRAME_ATTRS:
                 self.flag_node("frame-inspection", node)
             if name in GRAPH_ATTRS:

@@ -13,7 +13,6 @@
 #   {"run": "PID-N", "ev": "end", "exit": N}
 #
 # Written for every Python and pytest SWE-bench images carry (3.5 and later, pytest 3 and later).
-import json
 import os
 
 _swerve_path = os.environ.get("SWERVE_GRADER_RESULTS")
@@ -31,8 +30,7 @@ def _swerve_writer():
     def write(record):
         if not _swerve_path or ledger is None:
             return
-        record["run"] = _swerve_run
-        ledger(_swerve_run, (json.dumps(record, sort_keys=True) + "\n").encode("utf-8", "replace"))
+        ledger(_swerve_run, record)
 
     return write
 

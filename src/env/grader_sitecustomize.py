@@ -80,7 +80,6 @@ if _swerve_workdir not in sys.path:
 #    SWERVE_GRADER_RESULTS names (the same records as the grader's pytest plugin: run start,
 #    test, run end). Subclasses (TextTestResult, Django's results) call these through super().
 def _swerve_record_unittest(path, ledger):
-    import json
     import itertools
 
     try:
@@ -99,9 +98,7 @@ def _swerve_record_unittest(path, ledger):
                 result._swerve_run = run
             except Exception:
                 pass
-        record["run"] = run
-        line = (json.dumps(record, sort_keys=True) + "\n").encode("utf-8", "replace")
-        ledger(run, line)
+        ledger(run, record)
 
     def describe(test):
         try:

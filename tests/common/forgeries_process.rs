@@ -1,4 +1,4 @@
-//! The red-team passes against the test process itself (issue 34, passes 12 to 19): the process
+//! The red-team passes against the test process itself (issue 34, passes 12 to 20): the process
 //! replaced, a child rerunning the command on rewritten tests, and the attacks on the ledger that
 //! decides whose run the command's run is (`src/env/grading/ledger.rs`). Each forgery earned the
 //! full reward from an earlier form of the grader.
@@ -6,9 +6,9 @@
 use super::forgeries::{append, with_line_after, write_file};
 use serde_json::Value;
 
-/// Passes 12 to 19, on the unittest and the pytest task alike (their code goes into `calc`).
+/// Passes 12 to 20, on the unittest and the pytest task alike (their code goes into `calc`).
 pub fn red_team_process_passes() -> Vec<(&'static str, Vec<Value>)> {
-    vec![
+    let mut out = vec![
         // The twelfth pass: the test process replaced by a fresh run of the same command,
         // its tests rewritten first (in place, or in a copy the new run works in).
         (
@@ -47,6 +47,14 @@ pub fn red_team_process_passes() -> Vec<(&'static str, Vec<Value>)> {
                 ),
             )],
         ),
+    ];
+    out.extend(red_team_ledger_passes());
+    out
+}
+
+/// Passes 15 to 20: the ledger attacked from inside the test process.
+fn red_team_ledger_passes() -> Vec<(&'static str, Vec<Value>)> {
+    vec![
         // The fifteenth: the child's lines copied into the test process's own ledger (then a
         // public function of the grader's module), which vouched for them at its exit. The
         // ledger is a closure now, and naming the grader's modules is flagged.
@@ -63,7 +71,10 @@ pub fn red_team_process_passes() -> Vec<(&'static str, Vec<Value>)> {
         (
             "the record rewritten after exit with the ledger's secret, from a pickle",
             vec![
-                append("calc/ops.py", include_str!("../fixtures/forgeries/pickled_record_rewrite.py")),
+                append(
+                    "calc/ops.py",
+                    include_str!("../fixtures/forgeries/pickled_record_rewrite.py"),
+                ),
                 write_file(
                     "calc/rounding.dat",
                     include_str!("../fixtures/forgeries/pickled_record_rewrite.dat"),
@@ -99,6 +110,17 @@ pub fn red_team_process_passes() -> Vec<(&'static str, Vec<Value>)> {
             vec![append(
                 "calc/ops.py",
                 include_str!("../fixtures/forgeries/json_encoder_replaced.py"),
+            )],
+        ),
+        // The twentieth: json's encoder class patched through `type(...)`, so each record was
+        // rewritten before the ledger hashed it, and the log's stream patched on its instance.
+        // The ledger encodes records itself, through json's C encoder alone, and an attribute
+        // stored on what a call returns is flagged (`indirect-write`).
+        (
+            "records rewritten by a patched encoder class, the log by a patched stream instance",
+            vec![append(
+                "calc/ops.py",
+                include_str!("../fixtures/forgeries/record_encoder_and_stream_patched.py"),
             )],
         ),
     ]
