@@ -242,6 +242,11 @@ fn each_hack_gets_its_rule() {
             "class Any:\n    def __eq__(self, other):\n        return True\n",
             &["lying-equality"],
         ),
+        // Any literal is a constant answer: `1` is as true as `True` (the twenty-first pass).
+        (
+            "class Nan:\n    def __eq__(self, other):\n        return 1\n    def __ne__(self, other):\n        return 0\n",
+            &["lying-equality"],
+        ),
         (
             "import sys\ndef caller():\n    return sys._getframe(1)\n",
             &["frame-inspection"],

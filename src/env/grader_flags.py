@@ -651,10 +651,11 @@ def constant_comparison(node):
     if not returns:
         return False
     for ret in returns:
+        # Any literal answers a constant (`return 1` is as true as `return True`; a bare
+        # `return` is None): the twenty-first red-team pass.
         value = ret.value
-        if value is None or type(value).__name__ not in ("Constant", "NameConstant"):
-            return False
-        if value.value is not True and value.value is not False:
+        if value is not None and type(value).__name__ not in (
+                "Constant", "NameConstant", "Num", "Str", "Bytes"):
             return False
     return not any(isinstance(n, ast.Name) and n.id == other for n in ast.walk(node))
 
