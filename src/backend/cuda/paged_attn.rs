@@ -17,7 +17,7 @@
 //!                           (p < 512: one segment, written straight to out, no merge)
 //! ```
 
-pub use super::paged_plan::WorkPlan;
+pub use super::paged_plan::{WorkPlan, DECODE_BLOCK_M, KEY_TILE, PREFILL_BLOCK_M, SEGMENT_KEYS};
 use super::tensor::{BufferPool, CudaTensor, DeviceDType, DeviceUpload};
 use super::{as_i32, grid_stride_config, CudaDevice};
 use crate::backend::PagedLayout;
@@ -26,16 +26,6 @@ use cudarc::driver::sys::CUdeviceptr;
 use cudarc::driver::{LaunchConfig, PushKernelArg};
 use std::sync::{Arc, Mutex};
 
-/// Keys of one tile of every attention kernel (`kAttnKeyTile`); segments are multiples of it.
-pub const KEY_TILE: usize = 64;
-/// Keys of one canonical segment (`kernels/attn_tile.cuh`): the unit decode parallelises over
-/// and every other attention path folds in the same order. A constant, never a function of the
-/// batch or the GPU: changing it changes the bits of every logprob (rollouts and trainer alike).
-pub const SEGMENT_KEYS: usize = 512;
-/// Flat rows of a decode-kernel work item: sequences with `rows * group` up to this use it.
-pub const DECODE_BLOCK_M: usize = 16;
-/// Flat rows of a prefill-kernel block.
-pub const PREFILL_BLOCK_M: usize = 64;
 const MERGE_THREADS: u32 = 128;
 
 /// Mirrors `PagedDecodeConfig` / `PagedPrefillConfig` in the kernel: the dynamic shared memory of

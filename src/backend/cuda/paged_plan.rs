@@ -6,9 +6,18 @@
 //! from a fresh state and the merge folds the partials left to right.
 
 use super::as_i32;
-use super::paged_attn::{DECODE_BLOCK_M, KEY_TILE, PREFILL_BLOCK_M, SEGMENT_KEYS};
 use anyhow::{ensure, Result};
 
+/// Keys of one tile of every attention kernel (`kAttnKeyTile`); segments are multiples of it.
+pub const KEY_TILE: usize = 64;
+/// Keys of one canonical segment (`kernels/attn_tile.cuh`): the unit decode parallelises over
+/// and every other attention path folds in the same order. A constant, never a function of the
+/// batch or the GPU: changing it changes the bits of every logprob (rollouts and trainer alike).
+pub const SEGMENT_KEYS: usize = 512;
+/// Flat rows of a decode-kernel work item: sequences with `rows * group` up to this use it.
+pub const DECODE_BLOCK_M: usize = 16;
+/// Flat rows of a prefill-kernel block.
+pub const PREFILL_BLOCK_M: usize = 64;
 /// The most segments one decode block streams (a run): 16 x 512 keys.
 pub const MAX_DECODE_RUN: usize = 16;
 
