@@ -54,6 +54,8 @@ pub struct AgentRunOptions {
     pub only_resolved: bool,
     /// Only the first N tasks of the file.
     pub limit_tasks: Option<usize>,
+    /// The SWE-bench harness rules the judge follows (`--swebench-rules`).
+    pub swebench_rules: crate::env::HarnessRules,
     /// Every flag's final value as TOML ([`crate::cli::ResolvedConfig`]), written to
     /// `OUT/config.toml` (by `rl` once OUT is ready and a resume's check has passed); `None`:
     /// no file.
@@ -143,6 +145,7 @@ pub fn run_agent(options: &AgentRunOptions, name: &str) -> Result<AgentRun> {
     }
     let tasks_path = builtin::resolve_tasks(&options.tasks)?;
     let mut tasks = load_tasks(&tasks_path)?;
+    options.swebench_rules.apply(&mut tasks);
     if let Some(n) = options.limit_tasks {
         tasks.truncate(n.max(1));
     }

@@ -205,6 +205,7 @@ fn iteration_options(
             },
             seed: 0,
             policy: "model".into(),
+            swebench_rules: Default::default(),
             resolved_config: None,
             server: None,
             api_key: None,

@@ -350,6 +350,10 @@ struct AgentArgs {
     /// A flagged change's reward: keep, zero (the resolved term dropped) or penalty (and 1 less).
     #[arg(long, default_value = "keep")]
     suspicious_reward: swerve::agent::reward::SuspiciousReward,
+    /// The SWE-bench harness version (4 or 5) whose rules decide a listed test that skips
+    /// (docs/grading.md, "Departures from SWE-bench's harness").
+    #[arg(long, default_value = "5")]
+    swebench_rules: swerve::env::HarnessRules,
     /// Context limit per episode in tokens (default: the model's context, at most 65536).
     #[arg(long)]
     max_context: Option<usize>,
@@ -416,6 +420,7 @@ impl AgentArgs {
             device: self.device.device,
             only_resolved,
             limit_tasks: self.limit_tasks,
+            swebench_rules: self.swebench_rules,
             resolved_config,
         }
     }
@@ -463,6 +468,9 @@ struct RlArgs {
     /// A flagged change's reward: keep, zero (the resolved term dropped) or penalty (and 1 less).
     #[arg(long, default_value = "keep")]
     suspicious_reward: swerve::agent::reward::SuspiciousReward,
+    /// The SWE-bench harness version (4 or 5) whose rules decide a listed test that skips.
+    #[arg(long, default_value = "5")]
+    swebench_rules: swerve::env::HarnessRules,
     /// Context limit per episode (131072 with a YaRN model: stage 2).
     #[arg(long)]
     max_context: Option<usize>,
@@ -567,6 +575,7 @@ impl RlArgs {
                 device: self.device.device,
                 only_resolved: false,
                 limit_tasks: None,
+                swebench_rules: self.swebench_rules,
                 resolved_config,
             },
             iterations: self.iterations.unwrap_or(d.iterations),

@@ -41,7 +41,7 @@ use anyhow::{bail, Result};
 pub use grading::GradeResult;
 use std::path::Path;
 use std::time::Duration;
-pub use task::{load_tasks, Grading, RepoSource, Task};
+pub use task::{load_tasks, Grading, HarnessRules, RepoSource, Task};
 
 /// Resource limits of one episode's commands.
 #[derive(Clone, Debug, PartialEq)]

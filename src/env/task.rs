@@ -73,6 +73,67 @@ pub struct TestPlan {
     /// Python's safe-path mode (PYTHONSAFEPATH) is on for this command (off for runners that
     /// rely on their own folder on sys.path, e.g. Django's tests/runtests.py, or `python -m`).
     pub safe_path: bool,
+    /// Which SWE-bench harness version's rules decide a skipped listed test
+    /// (`--swebench-rules`).
+    pub rules: HarnessRules,
+}
+
+/// The SWE-bench harness version whose rules the judge follows for listed tests that skip
+/// (`--swebench-rules 4|5`). Both are applied under swerve's stricter rule that the code under
+/// test can raise a skip itself: a skip is excused only where the reference fix's run shows
+/// the same test skipped (grading/verdict.rs).
+///
+/// ```text
+///                        harness 4.1   harness 5.0   swerve 4             swerve 5 (default)
+///   FAIL_TO_PASS skipped ignored       fails         excused if ref skips  fails
+///   PASS_TO_PASS skipped ignored       kept          excused if ref skips  excused if ref skips
+/// ```
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum HarnessRules {
+    V4,
+    #[default]
+    V5,
+}
+
+impl HarnessRules {
+    pub const NAMES: &'static str = "4 or 5";
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            HarnessRules::V4 => "4",
+            HarnessRules::V5 => "5",
+        }
+    }
+
+    /// Sets these rules on every task graded by its tests.
+    pub fn apply(self, tasks: &mut [Task]) {
+        for task in tasks {
+            if let Grading::Tests(plan) = &mut task.grading {
+                plan.rules = self;
+            }
+        }
+    }
+}
+
+impl std::fmt::Display for HarnessRules {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+impl std::str::FromStr for HarnessRules {
+    type Err = String;
+
+    fn from_str(text: &str) -> Result<Self, String> {
+        match text {
+            "4" => Ok(HarnessRules::V4),
+            "5" => Ok(HarnessRules::V5),
+            other => Err(format!(
+                "`{other}` is not a SWE-bench harness version swerve follows (use {})",
+                HarnessRules::NAMES
+            )),
+        }
+    }
 }
 
 /// What a graded run says about a task (grading/verdict.rs).
@@ -270,6 +331,7 @@ fn parse_native(value: &Value, base: &Path, at: &str) -> Result<Task> {
         parser,
         fail_to_pass: optional_test_list(value, "FAIL_TO_PASS", at)?,
         pass_to_pass: optional_test_list(value, "PASS_TO_PASS", at)?,
+        rules: HarnessRules::default(),
     };
     Ok(Task {
         problem_statement: required_str(value, "problem_statement", at)?,

@@ -261,7 +261,8 @@ fn adamw_config(options: &RlOptions) -> AdamWConfig {
 /// of the task file), `seed`, `group`, `tasks-per-iteration` decide which episodes each
 /// iteration runs; `max-turns`, `turn-threshold`, `max-context` (as resolved from the model),
 /// `max-turn-tokens`, `observation-bytes` how they run and what they are rewarded (and
-/// `suspicious-reward`, recorded only when not `keep`, so runs from before it resume); `batch-size`,
+/// `suspicious-reward`, recorded only when not `keep`, and `swebench-rules`, only when not `5`,
+/// so runs from before them resume); `batch-size`,
 /// `lr`, `warmup-steps`, `weight-decay`, `grad-clip`, `eps-low`, `eps-high`, `tis-cap`,
 /// `adamw` each update; `rft-first`, `rft-lr`, `rft-warmup-steps`, `rft-batch-size`,
 /// `rft-epochs` the phase before iteration 1.
@@ -306,9 +307,13 @@ pub fn recorded_options(
             "adamw",
             json!({"beta1": decimal(adamw.beta1), "beta2": decimal(adamw.beta2), "eps": decimal(adamw.eps)}),
         );
-    match episode.suspicious_reward {
+    let recorded = match episode.suspicious_reward {
         SuspiciousReward::Keep => recorded,
         other => recorded.with("suspicious-reward", other.as_str()),
+    };
+    match agent.swebench_rules {
+        crate::env::HarnessRules::V5 => recorded,
+        other => recorded.with("swebench-rules", other.as_str()),
     }
 }
 
@@ -355,7 +360,8 @@ fn setup(options: &RlOptions, prepare_out: bool) -> Result<Setup> {
         .ok_or_else(|| anyhow!("rl needs --model DIR or --model preset:NAME"))?;
     let model_dir = run_dir::resolve_model(model_arg, &agent.out)?;
     let tasks_path = builtin::resolve_tasks(&agent.tasks)?;
-    let tasks = load_tasks(&tasks_path)?;
+    let mut tasks = load_tasks(&tasks_path)?;
+    agent.swebench_rules.apply(&mut tasks);
     let tasks_content = crate::jsonl::hash_file(&tasks_path)?;
     let tokenizer = Arc::new(Tokenizer::for_model_dir(&model_dir)?);
     let template = ChatTemplate::for_tokenizer(&tokenizer)?;

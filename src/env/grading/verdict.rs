@@ -19,7 +19,7 @@ use super::canary::{self, Anomaly, Canaries};
 use super::ledger;
 use super::results::{self, Run};
 use crate::env::logs::{self, LogParser, TestStatus};
-use crate::env::task::{TestPlan, Verdict};
+use crate::env::task::{HarnessRules, TestPlan, Verdict};
 use crate::env::CommandOutput;
 use std::collections::BTreeMap;
 
@@ -412,8 +412,9 @@ fn run_problems(
 }
 
 /// The tests that do not pass: listed ones not passed (an XFAIL / XPASS only where the reference
-/// fix's run shows the same), and without lists any skip or XFAIL / XPASS the reference run does
-/// not show the same way (the code under test can raise them itself).
+/// fix's run shows the same; a skip as [`HarnessRules`] says, and only where the reference fix's
+/// run shows the same), and without lists any skip or XFAIL / XPASS the reference run does not
+/// show the same way (the code under test can raise them itself).
 fn not_passing(
     plan: &TestPlan,
     observed: &Observation,
@@ -422,10 +423,19 @@ fn not_passing(
 ) -> Vec<(String, String)> {
     let mut out = Vec::new();
     let lists = !plan.fail_to_pass.is_empty() || !plan.pass_to_pass.is_empty();
-    for id in plan.fail_to_pass.iter().chain(&plan.pass_to_pass) {
-        match logs::lookup(&observed.statuses, id) {
+    let listed = (plan.fail_to_pass.iter().map(|id| (id, true)))
+        .chain(plan.pass_to_pass.iter().map(|id| (id, false)));
+    for (id, fail_to_pass) in listed {
+        let status = logs::lookup(&observed.statuses, id);
+        // Harness 5.0 fails a skipped FAIL_TO_PASS test whatever the reference shows.
+        let excusable = match status {
+            Some(TestStatus::XFail | TestStatus::XPass) => true,
+            Some(TestStatus::Skipped) => !(fail_to_pass && plan.rules == HarnessRules::V5),
+            _ => false,
+        };
+        match status {
             Some(TestStatus::Passed) => {}
-            Some(status @ (TestStatus::XFail | TestStatus::XPass)) => {
+            Some(status) if excusable => {
                 *needs_reference = true;
                 let same = reference.is_some_and(|r| {
                     r.is_fix && logs::lookup(&r.observation.statuses, id) == Some(status)

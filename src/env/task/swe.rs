@@ -81,6 +81,7 @@ pub(super) fn parse(value: &Value, at: &str) -> Result<Task> {
         fail_to_pass,
         pass_to_pass: optional_test_list(value, "PASS_TO_PASS", at)?,
         safe_path,
+        rules: Default::default(),
     };
     Ok(Task {
         problem_statement: required_str(value, "problem_statement", at)?,

@@ -248,6 +248,7 @@ fn judge_without_lists_needs_exit_zero_a_test_and_no_failure() {
         fail_to_pass: vec![],
         pass_to_pass: vec![],
         safe_path: false,
+        rules: Default::default(),
     };
     let pass = "test_a (tests.test_x.T.test_a) ... ok\n\n----------------------------------------------------------------------\nRan 1 test in 0.000s\n\nOK\n";
     assert!(judge(&p, pass, Some(0)).resolved);
@@ -277,6 +278,7 @@ fn judge_with_lists_counts_xfail_and_names_what_did_not_pass() {
             "t/b.py::test_w[a".into(),
         ],
         safe_path: true,
+        rules: Default::default(),
     };
     let log = "PASSED t/b.py::test_x\nXFAIL t/b.py::test_y - known\nSKIPPED t/b.py::test_z\nPASSED t/b.py::test_w[a b]\n";
     let v = judge(&p, log, Some(0));
@@ -338,6 +340,7 @@ fn forgiven_calls_and_new_wrappers_are_tampering_unless_the_reference_run_shows_
         fail_to_pass: vec!["t.py::test_x".into()],
         pass_to_pass: vec!["t.py::test_y".into()],
         safe_path: true,
+        rules: Default::default(),
     };
     let log = "PASSED t.py::test_x\nPASSED t.py::test_y\n";
     let clean = Observation::from_log(p.parser, log, Some(0));
@@ -437,4 +440,73 @@ fn builtin_tasks_use_verbose_unittest() {
 /// The verdict on a run whose log is all there is (as if the runner's record agreed).
 fn judge(p: &TestPlan, log: &str, exit_code: Option<i32>) -> Verdict {
     decide(p, &Observation::from_log(p.parser, log, exit_code), None).verdict
+}
+
+#[test]
+fn skipped_listed_tests_follow_the_declared_harness_rules() {
+    let plan = |rules| TestPlan {
+        overlay: None,
+        test_patch: None,
+        base_commit: None,
+        command: "pytest -rA".into(),
+        parser: LogParser::Pytest,
+        fail_to_pass: vec!["t.py::test_x".into()],
+        pass_to_pass: vec!["t.py::test_y".into()],
+        safe_path: true,
+        rules,
+    };
+    let reference = |log: &str, is_fix| Reference {
+        observation: Observation::from_log(LogParser::Pytest, log, Some(0)),
+        is_fix,
+    };
+    let resolved = |rules, log: &str, reference: Option<&Reference>| {
+        let observed = Observation::from_log(LogParser::Pytest, log, Some(0));
+        decide(&plan(rules), &observed, reference).verdict.resolved
+    };
+    let p2p_skipped = "PASSED t.py::test_x\nSKIPPED t.py::test_y\n";
+    let f2p_skipped = "SKIPPED t.py::test_x\nPASSED t.py::test_y\n";
+    for rules in [HarnessRules::V4, HarnessRules::V5] {
+        // A skipped PASS_TO_PASS test: excused under both, only where the fix's run skips it.
+        let decision = decide(
+            &plan(rules),
+            &Observation::from_log(LogParser::Pytest, p2p_skipped, Some(0)),
+            None,
+        );
+        assert!(decision.needs_reference && !decision.verdict.resolved);
+        assert!(resolved(
+            rules,
+            p2p_skipped,
+            Some(&reference(p2p_skipped, true))
+        ));
+        assert!(!resolved(
+            rules,
+            p2p_skipped,
+            Some(&reference(p2p_skipped, false))
+        ));
+        let passes = "PASSED t.py::test_x\nPASSED t.py::test_y\n";
+        assert!(!resolved(
+            rules,
+            p2p_skipped,
+            Some(&reference(passes, true))
+        ));
+        assert_eq!(rules.as_str().parse::<HarnessRules>(), Ok(rules));
+    }
+    // A skipped FAIL_TO_PASS test: 4.1 ignores it (excused where the fix's run skips it too),
+    // 5.0 fails it whatever the fix's run shows.
+    let fix_skips = reference(f2p_skipped, true);
+    assert!(resolved(HarnessRules::V4, f2p_skipped, Some(&fix_skips)));
+    assert!(!resolved(HarnessRules::V5, f2p_skipped, Some(&fix_skips)));
+    let v = decide(
+        &plan(HarnessRules::V5),
+        &Observation::from_log(LogParser::Pytest, f2p_skipped, Some(0)),
+        Some(&fix_skips),
+    )
+    .verdict;
+    assert_eq!(
+        v.not_passing,
+        vec![("t.py::test_x".to_string(), "skipped".to_string())]
+    );
+    assert_eq!(HarnessRules::default(), HarnessRules::V5);
+    let err = "4.1".parse::<HarnessRules>().unwrap_err();
+    assert!(err.contains("`4.1`") && err.contains("4 or 5"), "{err}");
 }
