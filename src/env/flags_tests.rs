@@ -375,6 +375,66 @@ fn names_built_from_literals_and_code_swaps_are_flagged() {
     }
 }
 
+/// The twenty-second and twenty-third red-team passes (issue 34): what a function holds out of
+/// sight, read or swapped; the import system's tables; ctypes through a module that re-exports
+/// it; modules built from a spec; names spelled by slicing or by a helper; an equality that never
+/// looks at its own value.
+#[test]
+fn hidden_state_hidden_names_and_self_blind_equality_are_flagged() {
+    let cases: &[(&str, &[&str])] = &[
+        (
+            "def rewire(f, g):\n    for cell in f.__closure__ or ():\n        cell.cell_contents = g\n",
+            &["object-graph"],
+        ),
+        (
+            "def find(f):\n    return f.__code__.co_freevars.index(\"ledger\")\n",
+            &["object-graph"],
+        ),
+        ("def peek(f):\n    return f.__globals__\n", &["object-graph"]),
+        (
+            "import sys\ndef configs():\n    return [getattr(f, \"config\", None) for f in sys.meta_path]\n",
+            &["module-table"],
+        ),
+        (
+            "from multiprocessing.sharedctypes import ctypes\n",
+            &["ctypes"],
+        ),
+        (
+            "import importlib.util as u\ndef load(name):\n    return u.module_from_spec(u.find_spec(name))\n",
+            &["dynamic-code"],
+        ),
+        // Names spelled by slicing or by a helper, from literals alone (the twenty-third pass).
+        (
+            "def cells(f):\n    return getattr(f, \"__erusolc__\"[::-1])\n",
+            &["object-graph"],
+        ),
+        (
+            "def turn(w):\n    return w[::-1]\n\ndef cells(f):\n    return getattr(f, turn(\"__erusolc__\"))\n",
+            &["object-graph"],
+        ),
+        (
+            "import sys\ndef wrap(w):\n    setattr(sys, \"rredts\"[::-1], w)\n",
+            &["stream-replace"],
+        ),
+        // An equality that never looks at its own value (only at the other's type).
+        (
+            "class Undefined(float):\n    def __eq__(self, other):\n        return isinstance(other, (int, float))\n",
+            &["lying-equality"],
+        ),
+        (
+            "class Undefined(float):\n    def __eq__(self, other):\n        return isinstance(other, (float, Undefined))\n",
+            &["lying-equality"],
+        ),
+        (
+            "class Undefined(float):\n    def __ne__(self, other):\n        return not isinstance(other, type(self).__mro__[1])\n",
+            &["lying-equality"],
+        ),
+    ];
+    for (text, want) in cases {
+        assert_eq!(rules_of("pkg/mod.py", text), *want, "{text}");
+    }
+}
+
 /// The red team's third pass (issue 34): Python in a file not named `.py`, run by runpy. The file
 /// is scanned because it parses as Python, and the loader is flagged; a text file that is not
 /// Python, a binary-looking one and a huge one give no flag at all.
@@ -438,6 +498,21 @@ class Config(dict):
         if not isinstance(other, Config):
             return False
         return dict.__eq__(self, other)
+
+
+class Infinity:
+    def __eq__(self, other):
+        return isinstance(other, self.__class__)
+
+    def __ne__(self, other):
+        return not isinstance(other, Infinity)
+
+
+class Version(tuple):
+    def __eq__(self, other):
+        if not isinstance(other, Version):
+            return NotImplemented
+        return super().__eq__(other)
 
 
 if __name__ == "__main__":

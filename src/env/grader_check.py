@@ -68,64 +68,9 @@ def descendant():
     return _process["descendant"]
 
 
-# The ledger (ledger.rs): record lines go through `record`, which keeps per run their count and
-# running SHA-256. The command's first Python process prints sha256(secret) to the log as it
-# starts, and every process at exit prints {"pid", "secret", "runs": {RUN: [COUNT, SHA256]}} to
-# the log as it started, if its descriptor is still that file (never to the results file). Secret
-# and ledger live in closures (the pytest plugin takes `record` once), never on this module.
+# The ledger's `record` (grader_sitecustomize._swerve_open_ledger), handed to the pytest plugin
+# once; never kept on this module.
 _handoff = []
-
-
-def _refuse(value):
-    raise TypeError("not a record value: %r" % (value,))
-
-
-def open_ledger(path):
-    import atexit, hashlib, json, json.encoder as enc, threading  # noqa: E401
-    write, fstat, open_, close_, getpid, sha256, flags = (  # taken before workspace code
-        os.write, os.fstat, os.open, os.close, os.getpid, hashlib.sha256,
-        os.O_WRONLY | os.O_APPEND | os.O_CREAT)
-    # Records as JSON through json's C encoder alone (no Python method of json to patch).
-    make, esc, dumps = enc.c_make_encoder, enc.c_encode_basestring_ascii, json.dumps
-    encode = (lambda v: dumps(v, sort_keys=True)) if make is None or esc is None else (
-        lambda v: "".join(make(None, _refuse, esc, None, ": ", ", ", True, False, True)(v, 0)))
-    secret, pid, runs, lock = os.urandom(16).hex(), getpid(), {}, threading.Lock()
-    log = os.dup(2)  # the log, wherever fd 2 is moved later (not inherited by children)
-    the_log = (fstat(log).st_dev, fstat(log).st_ino)  # a swapped descriptor gets nothing
-    if os.environ.get("SWERVE_GRADER_FIRST_PROCESS") is None:
-        key = sha256(secret.encode("ascii")).hexdigest()
-        write(log, ("swerve-grader: process %d key %s\n" % (pid, key)).encode("ascii"))
-
-    def record(run, fields):  # one record (a dict) of `run`, a recorder's run id
-        fields["run"] = run
-        line = (encode(fields) + "\n").encode("utf-8", "replace")
-        with lock:
-            if getpid() == pid and run.split("-")[0] == str(pid):
-                entry = runs.setdefault(run, [0, sha256()])
-                entry[0] += 1
-                entry[1].update(line)
-            fd = open_(path, flags, 0o600)
-            try:
-                write(fd, line)
-            finally:
-                close_(fd)
-
-    def close():
-        try:
-            same = (fstat(log).st_dev, fstat(log).st_ino) == the_log
-        except OSError:
-            same = False
-        if getpid() != pid or not same:
-            return
-        with lock:  # formatted by hand: no library code (json's encoder) sees the secret
-            vouched = ", ".join('"%s": [%d, "%s"]' % (run, n, h.hexdigest())
-                                for run, (n, h) in sorted(runs.items()))
-            summary = '{"pid": %d, "runs": {%s}, "secret": "%s"}' % (pid, vouched, secret)
-            write(log, ("swerve-grader: exit %s\n" % summary).encode("ascii"))
-
-    atexit.register(close)
-    _handoff.append(record)
-    return record
 
 
 def take_ledger():  # the ledger's `record`, once

@@ -51,12 +51,15 @@ FRAME_REFS = ("sys._getframe", "sys._current_frames", "inspect.stack", "inspect.
               "threading.settrace", "threading.setprofile")
 FRAME_ATTRS = ("f_back", "f_globals", "f_locals", "tb_frame", "__traceback__", "gi_frame",
                "cr_frame", "ag_frame", "f_trace", "f_trace_lines", "f_trace_opcodes")
-# Every class in the process, reached without importing it (a walk from `object`).
-GRAPH_ATTRS = ("__subclasses__",)
+# Every class in the process, reached without importing it (a walk from `object`); what a
+# function holds out of sight (its closure's cells, its globals), read or swapped in place (the
+# twenty-second pass rewired the grader's recorders through a cell).
+GRAPH_ATTRS = ("__subclasses__", "__closure__", "__globals__", "cell_contents", "co_freevars",
+               "co_cellvars", "func_closure", "func_globals")
 # A module other modules re-export (`os.sys`, `inspect.sys`): `os.sys.settrace` is
 # `sys.settrace`.
 REEXPORTED = ("sys", "builtins", "gc", "inspect", "traceback", "threading", "unittest", "pytest",
-              "_pytest")
+              "_pytest", "ctypes", "_ctypes")
 # A function's code and what it runs with: replaced, a test runs other code under its own name.
 CODE_ATTRS = ("__code__", "__globals__", "__closure__", "__defaults__", "__kwdefaults__",
               "__class__", "__bases__")
@@ -73,9 +76,10 @@ OS_STATE = ("os.environ", "os.environb")  # the environment is data, not a funct
 UNITTEST_MARKS = ("__unittest_skip__", "__unittest_skip_why__", "__unittest_expecting_failure__")
 DYNAMIC = ("builtins.exec", "builtins.eval", "builtins.compile", "builtins.__import__",
            "importlib.import_module", "importlib.__import__", "pkgutil.resolve_name",
-           "importlib.reload", "imp.reload")
+           "importlib.reload", "imp.reload", "importlib.util.find_spec")
 # Code loaded from a file by path, whatever its name: flagged at every call.
 FILE_LOADERS = ("runpy.run_path", "runpy.run_module", "importlib.util.spec_from_file_location",
+                "importlib.util.module_from_spec",
                 "importlib.machinery.SourceFileLoader", "importlib.machinery.SourcelessFileLoader",
                 "imp.load_source", "imp.load_module", "imp.load_compiled")
 # Deserialisers that call whatever the data names (a protocol-0 pickle is plain text that no
@@ -386,6 +390,9 @@ class Scanner(object):
             # `__eq__ = <something>` in the class body: no code of its own to read (a lambda,
             # `float.__ne__`); only a `def` can be checked for a constant answer.
             for item in node.body:
+                if isinstance(item, FUNCTIONS) and item.name in ("__eq__", "__ne__") and \
+                        not constant_comparison(item) and ignores_self(item, node.name):
+                    self.flag_node("lying-equality", item, header_span(item))
                 if isinstance(item, (ast.Assign, getattr(ast, "AnnAssign", ast.Assign))):
                     targets = getattr(item, "targets", None) or [getattr(item, "target", None)]
                     if any(getattr(t, "id", None) in ("__eq__", "__ne__") for t in targets):
@@ -416,7 +423,7 @@ class Scanner(object):
         framework = under(module, FRAMEWORK)
         if framework and not self.test_code and framework.split(".")[0] not in self.own:
             self.flag_node("framework-import", node)
-        if under(module, ("ctypes",)):
+        if under(module, ("ctypes", "_ctypes")):
             self.flag_node("ctypes", node)
         if under(module, ("atexit",)):
             self.flag_node("atexit", node)
@@ -462,14 +469,16 @@ class Scanner(object):
         """Rules on a qualified name that `node` reads (or writes), and on the same name reached
         through a module that re-exports another (`os.sys.modules` is `sys.modules`)."""
         parts = qual.split(".")
-        for i in range(1, len(parts) - 1):
+        for i in range(1, len(parts)):  # `multiprocessing.sharedctypes.ctypes` is `ctypes`
             if parts[i] in REEXPORTED:
                 self.check_one_qual(".".join(parts[i:]), node, span, write)
                 break
         self.check_one_qual(qual, node, span, write)
 
     def check_one_qual(self, qual, node, span, write=False):
-        if under(qual, ("sys.modules",)):
+        if under(qual, ("sys.modules", "sys.meta_path", "sys.path_hooks", "sys.path_importer_cache")):
+            # The module table and the import system's own (a finder on sys.meta_path holds the
+            # pytest session it rewrites for: the twenty-second pass reached the grader that way).
             self.flag_node("module-table", node, span)
         elif write and under(qual, STREAMS):
             self.flag_node("stream-replace", node, span)
@@ -494,7 +503,7 @@ class Scanner(object):
             self.flag_node("finalizer", node, span)
         if under(qual, REDIRECTS):
             self.flag_node("stream-replace", node, span)
-        if under(qual, ("ctypes",)) and "." not in qual:
+        if under(qual, ("ctypes", "_ctypes")) and "." not in qual:
             self.flag_node("ctypes", node, span)
         if write and under(qual, ("signal",)):
             self.flag_node("signal", node, span)
@@ -509,6 +518,9 @@ class Scanner(object):
                      "builtins.object.__getattribute__")
         if func & set(accessors) and len(args) >= 2:
             name = const_str(args[1])
+            if name is None and literal_only(args[1]):
+                # A name spelled by code from literals alone, so that no rule reads it.
+                self.flag_node("object-graph", node)
             if func & set(SETTERS) and isinstance(args[0], ast.Call):
                 self.flag_node("indirect-write", node)
             if name in FRAME_ATTRS:
@@ -641,23 +653,6 @@ def is_main_guard(test):
     names = [getattr(s, "id", None) for s in sides]
     texts = [const_str(s) for s in sides]
     return "__name__" in names and "__main__" in texts
-
-
-def constant_comparison(node):
-    """Whether a comparison method answers a constant without looking at the other operand."""
-    params = [a.arg for a in node.args.args]
-    other = params[1] if len(params) > 1 else None
-    returns = [n for n in ast.walk(node) if isinstance(n, ast.Return)]
-    if not returns:
-        return False
-    for ret in returns:
-        # Any literal answers a constant (`return 1` is as true as `return True`; a bare
-        # `return` is None): the twenty-first red-team pass.
-        value = ret.value
-        if value is not None and type(value).__name__ not in (
-                "Constant", "NameConstant", "Num", "Str", "Bytes"):
-            return False
-    return not any(isinstance(n, ast.Name) and n.id == other for n in ast.walk(node))
 
 
 def node_span(node):

@@ -311,3 +311,11 @@ def pytest_sessionfinish(session, exitstatus):
         _swerve_write({"ev": "test", "id": nodeid, "status": status})
     _swerve_outcomes.clear()
     _swerve_write({"ev": "end", "exit": int(exitstatus)})
+
+
+# The plugin as it loaded, sealed (grader_sitecustomize.py, 5): its hooks, the ledger's writer
+# and its state, compared at every audited event from here on.
+import sys as _swerve_sys  # noqa: E402
+
+if hasattr(_swerve_sys, "audit"):
+    _swerve_sys.audit("swerve-grader.seal", _swerve_sys.modules.get(__name__))

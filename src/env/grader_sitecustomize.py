@@ -356,6 +356,7 @@ def _swerve_record_unittest(path, ledger):
 
     base.startTestRun = startTestRun
     base.stopTestRun = stopTestRun
+    _swerve_installed.extend(vars(base).values())
     try:
         import unittest  # noqa: F401 (every watched module loaded before the snapshot)
     except ImportError:
@@ -363,14 +364,229 @@ def _swerve_record_unittest(path, ledger):
     framework_check(None)
 
 
+# 5. The ledger and the seal, kept in an audit hook (Python 3.8 and later), which nothing in the
+#    process can reach, change or take away: its state lives in closures only the interpreter
+#    holds (issue 34: the twenty-second pass swapped a recorder's closure cell for a relay, the
+#    twenty-third edited the ledger's counters after rewriting the results file).
+#    - The ledger (ledger.rs): the command's first process prints sha256(secret) as it starts;
+#      the grader's `record` (grader_check.open_ledger) announces each line it writes
+#      (`swerve-grader.record`), and the hook counts and hashes it per run only if the
+#      announcement comes from that sealed function called by sealed grader code; at exit the
+#      grader's `close` asks for the exit line (`swerve-grader.close`): the secret, and per run
+#      the count and hash, printed to the log through a descriptor taken now.
+#    - The seal: what the grader installs is sealed as it loads (`swerve-grader.seal`): every
+#      grader function reachable from it, through closure cells, defaults and its module's
+#      namespace, with what each cell, `__code__`, default and namespace entry holds; compared at
+#      every audited event, the first difference printed at once: `swerve-grader: rewired PID
+#      WHAT`, as is an announcement from anything else.
+def _swerve_audit_ledger():
+    add = getattr(sys, "addaudithook", None)
+    if add is None:
+        return False
+    import hashlib
+
+    here = os.path.dirname(os.path.realpath(__file__))
+    write, fstat, getpid, getframe = os.write, os.fstat, os.getpid, sys._getframe
+    sha256, pid, log, secret = hashlib.sha256, os.getpid(), os.dup(2), os.urandom(16).hex()
+    the_log = (fstat(log).st_dev, fstat(log).st_ino)
+    sealed, seen, codes, runs, missing = [], set(), {}, {}, object()
+    state = {"busy": False, "told": False, "closed": False, "events": 0}
+
+    def tell(line):  # to the log as it started, never to a descriptor swapped since
+        if getpid() == pid and (fstat(log).st_dev, fstat(log).st_ino) == the_log:
+            write(log, line.encode("ascii", "replace"))
+
+    if os.environ.get("SWERVE_GRADER_FIRST_PROCESS") is None:
+        key = sha256(secret.encode("ascii")).hexdigest()
+        tell("swerve-grader: process %d key %s\n" % (pid, key))
+
+    def ours(func):
+        code = getattr(func, "__code__", None)
+        try:
+            return os.path.dirname(os.path.realpath(code.co_filename)) == here
+        except Exception:
+            return False
+
+    def seal_namespace(namespace, label):
+        if id(namespace) in seen:
+            return
+        seen.add(id(namespace))
+        for name, value in list(namespace.items()):
+            if callable(value) or isinstance(value, (dict, list, set)):
+                sealed.append(("entry", namespace, name, value, "%s.%s" % (label, name)))
+                seal(value)
+
+    def seal(obj):
+        if isinstance(obj, type(sys)):
+            return seal_namespace(vars(obj), obj.__name__)
+        if id(obj) in seen or not ours(obj):
+            return
+        seen.add(id(obj))
+        label = getattr(obj, "__qualname__", "?")
+        codes[id(obj.__code__)] = obj.__code__
+        for part in ("__code__", "__defaults__", "__kwdefaults__"):
+            sealed.append(("attr", obj, part, getattr(obj, part, None), label + "." + part))
+        for name, cell in zip(obj.__code__.co_freevars, obj.__closure__ or ()):
+            try:
+                value = cell.cell_contents
+            except ValueError:
+                value = missing
+            sealed.append(("cell", cell, None, value, "%s's cell %s" % (label, name)))
+            seal(value)
+        for value in tuple(obj.__defaults__ or ()) + tuple((obj.__kwdefaults__ or {}).values()):
+            seal(value)
+        seal_namespace(obj.__globals__, obj.__globals__.get("__name__", "?"))
+
+    def changed():
+        for kind, holder, key, value, label in sealed:
+            if kind == "cell":
+                try:
+                    now = holder.cell_contents
+                except ValueError:
+                    now = missing
+            elif kind == "entry":
+                now = holder.get(key, missing)
+            else:
+                now = getattr(holder, key, missing)
+            if now is not value:
+                return label
+        return None
+
+    def is_sealed(frame):
+        return frame is not None and codes.get(id(frame.f_code)) is frame.f_code
+
+    def announced(event, args):
+        # Frames: this, the hook, the sealed `record` or `close` that raised the event, and for
+        # a record its sealed caller (a recorder's `write`; atexit calls `close` from C).
+        asking = getframe(2)
+        above = asking.f_back
+        name = event.rsplit(".", 1)[1]
+        if not (is_sealed(asking) and asking.f_code.co_name == name
+                and (name == "close" or is_sealed(above))):
+            return "%s from %s" % (event, asking.f_code.co_filename)
+        if event.endswith(".record") and len(args) == 2 and getpid() == pid \
+                and str(args[0]).split("-")[0] == str(pid):
+            entry = runs.setdefault(args[0], [0, sha256()])
+            entry[0] += 1
+            entry[1].update(args[1])
+        elif event.endswith(".close") and not state["closed"]:
+            state["closed"] = True
+            vouched = ", ".join('"%s": [%d, "%s"]' % (run, n, h.hexdigest())
+                                for run, (n, h) in sorted(runs.items()))
+            tell('swerve-grader: exit {"pid": %d, "runs": {%s}, "secret": "%s"}\n'
+                 % (pid, vouched, secret))
+        return None
+
+    def hook(event, args):
+        if state["busy"]:
+            return
+        state["busy"] = True
+        try:
+            if event == "swerve-grader.seal":
+                for obj in args:
+                    seal(obj)
+                return
+            # Compared at each record and at exit, and at every 16th other event (attribute
+            # reads aside: `__code__` is read all the time): a comparison costs about a
+            # microsecond per sealed entry, and an import alone raises several events.
+            ours_now = event in ("swerve-grader.record", "swerve-grader.close")
+            if not ours_now and event != "object.__getattr__":
+                state["events"] += 1
+            compare = ours_now or (event != "object.__getattr__" and state["events"] % 16 == 0)
+            what = changed() if sealed and not state["told"] and compare else None
+            if ours_now:
+                refused = announced(event, args)
+                what = what or refused
+            if what is not None and not state["told"]:
+                state["told"] = True
+                tell("swerve-grader: rewired %d %s\n" % (pid, what))
+        except Exception:
+            pass
+        finally:
+            state["busy"] = False
+
+    add(hook)
+    return True
+
+
+# 6. The ledger's writer (ledger.rs): every record line goes through `record`, which encodes it
+#    through json's C encoder alone (no Python method of json to patch), announces it to the
+#    audit hook's ledger (5), and appends it to the results file. Where Python has no audit
+#    hooks (3.5 to 3.7), the ledger lives in these closures instead: the key printed now, the
+#    count and hash of each run's lines and the secret printed to the log at exit (never to
+#    the results file), if the descriptor taken now is still the log.
+def _swerve_refuse(value):
+    raise TypeError("not a record value: %r" % (value,))
+
+
+def _swerve_open_ledger(path, hooked):
+    import atexit, hashlib, json, json.encoder as enc, threading  # noqa: E401
+    write, fstat, open_, close_, getpid, sha256, audit, flags = (  # taken before workspace code
+        os.write, os.fstat, os.open, os.close, os.getpid, hashlib.sha256,
+        getattr(sys, "audit", None), os.O_WRONLY | os.O_APPEND | os.O_CREAT)
+    make, esc, dumps = enc.c_make_encoder, enc.c_encode_basestring_ascii, json.dumps
+    encode = (lambda v: dumps(v, sort_keys=True)) if make is None or esc is None else (
+        lambda v: "".join(make(None, _swerve_refuse, esc, None, ": ", ", ", True, False,
+                               True)(v, 0)))
+    secret, pid, runs, lock = os.urandom(16).hex(), getpid(), {}, threading.Lock()
+    log = os.dup(2)  # the log, wherever fd 2 is moved later (not inherited by children)
+    the_log = (fstat(log).st_dev, fstat(log).st_ino)  # a swapped descriptor gets nothing
+    if not hooked and os.environ.get("SWERVE_GRADER_FIRST_PROCESS") is None:
+        key = sha256(secret.encode("ascii")).hexdigest()
+        write(log, ("swerve-grader: process %d key %s\n" % (pid, key)).encode("ascii"))
+
+    def record(run, fields):  # one record (a dict) of `run`, a recorder's run id
+        fields["run"] = run
+        line = (encode(fields) + "\n").encode("utf-8", "replace")
+        with lock:
+            if hooked:
+                audit("swerve-grader.record", run, line)
+            elif getpid() == pid and run.split("-")[0] == str(pid):
+                entry = runs.setdefault(run, [0, sha256()])
+                entry[0] += 1
+                entry[1].update(line)
+            fd = open_(path, flags, 0o600)
+            try:
+                write(fd, line)
+            finally:
+                close_(fd)
+
+    def close():
+        if hooked:
+            return audit("swerve-grader.close")
+        try:
+            same = (fstat(log).st_dev, fstat(log).st_ino) == the_log
+        except OSError:
+            same = False
+        if getpid() != pid or not same:
+            return
+        with lock:  # formatted by hand: no library code (json's encoder) sees the secret
+            vouched = ", ".join('"%s": [%d, "%s"]' % (run, n, h.hexdigest())
+                                for run, (n, h) in sorted(runs.items()))
+            summary = '{"pid": %d, "runs": {%s}, "secret": "%s"}' % (pid, vouched, secret)
+            write(log, ("swerve-grader: exit %s\n" % summary).encode("ascii"))
+
+    atexit.register(close)
+    if hooked:
+        audit("swerve-grader.seal", record, close)
+    return record
+
+
 _swerve_results = os.environ.get("SWERVE_GRADER_RESULTS")
 _swerve_ledger = None
+_swerve_installed = []
+_swerve_hooked = False
 if _swerve_results:
+    try:
+        _swerve_hooked = _swerve_audit_ledger()
+    except Exception:
+        pass
     # 4. Frames obtained while the tests run, and by whom (grader_check.py), from the start.
     try:
         import swerve_grader_check
 
-        _swerve_ledger = swerve_grader_check.open_ledger(_swerve_results)
+        _swerve_ledger = _swerve_open_ledger(_swerve_results, _swerve_hooked)
+        swerve_grader_check._handoff.append(_swerve_ledger)
         swerve_grader_check.mark_process()
         swerve_grader_check.install_frame_audit(_swerve_workdir)
         swerve_grader_check.pin_sources(_swerve_workdir, os.environ.get("SWERVE_GRADER_OWNED"))
@@ -381,4 +597,10 @@ if _swerve_results and os.environ.get("SWERVE_GRADER_UNITTEST") == "1" and _swer
     # lying in the module for code under test to take.
     swerve_grader_check.take_ledger()
     _swerve_record_unittest(_swerve_results, _swerve_ledger)
+_swerve_installed.append(_swerve_ledger)
 del _swerve_ledger
+if _swerve_results and hasattr(sys, "audit"):
+    # What this file installed (unittest's recorders), the ledger, the checks' module.
+    sys.audit("swerve-grader.seal", sys.modules.get(__name__),
+              sys.modules.get("swerve_grader_check"), *_swerve_installed)
+del _swerve_installed[:]  # held by the seal, no longer by this module

@@ -1,13 +1,14 @@
-//! The red-team passes against the test process itself (issue 34, passes 12 to 20): the process
-//! replaced, a child rerunning the command on rewritten tests, and the attacks on the ledger that
-//! decides whose run the command's run is (`src/env/grading/ledger.rs`). Each forgery earned the
-//! full reward from an earlier form of the grader.
+//! The red-team passes against the test process itself (issue 34, passes 12 to 22): the process
+//! replaced, a child rerunning the command on rewritten tests, the attacks on the ledger that
+//! decides whose run the command's run is (`src/env/grading/ledger.rs`), and the grader's own
+//! recorders rewired in place. Each forgery earned the full reward from an earlier form of the
+//! grader.
 
 use super::forgeries::{append, with_line_after, write_file};
 use serde_json::Value;
 
-/// Passes 12 to 20, on the unittest and the pytest task alike (their code goes into `calc`).
-pub fn red_team_process_passes() -> Vec<(&'static str, Vec<Value>)> {
+/// Passes 12 to 22, on the unittest or the pytest task (`pytest`; their code goes into `calc`).
+pub fn red_team_process_passes(pytest: bool) -> Vec<(&'static str, Vec<Value>)> {
     let mut out = vec![
         // The twelfth pass: the test process replaced by a fresh run of the same command,
         // its tests rewritten first (in place, or in a copy the new run works in).
@@ -49,6 +50,57 @@ pub fn red_team_process_passes() -> Vec<(&'static str, Vec<Value>)> {
         ),
     ];
     out.extend(red_team_ledger_passes());
+    out.extend(red_team_hook_passes(pytest));
+    out
+}
+
+/// Passes 22 and 23: the grader's own recorders and ledger changed in place, which the audit
+/// hook's ledger and seal (`grader_sitecustomize.py`, 5) now hold out of reach.
+fn red_team_hook_passes(pytest: bool) -> Vec<(&'static str, Vec<Value>)> {
+    // The twenty-third: the results file rewritten by a thread that runs after the tests, and
+    // the ledger's own counters (reached through its closure, every name spelled backwards)
+    // set to match before it vouched for them; the log made to agree. The counts, hashes and
+    // secret live in the audit hook now, which no code in the process reaches.
+    let mut out = vec![if pytest {
+        (
+            "tamper: the results rewritten after the tests, the ledger's counters edited to match",
+            vec![append(
+                "calc/ops.py",
+                include_str!("../fixtures/forgeries/ledger_counters_edited_pytest.py"),
+            )],
+        )
+    } else {
+        (
+            "tamper: the results rewritten after the tests, the ledger's counters edited to match",
+            vec![append(
+                "calc/ops.py",
+                include_str!("../fixtures/forgeries/ledger_counters_edited_unittest.py"),
+            )],
+        )
+    }];
+    // The twenty-second: a closure cell of the grader's recorders (unittest's result hooks; the
+    // pytest plugin's writer, reached through the assertion rewriter on sys.meta_path) swapped
+    // for a relay that marks the failing tests passed before the ledger counts the line, the log
+    // made to agree (the result's stream, the terminal reporter's stats). The grader's code is
+    // sealed as installed and compared at every audited event; reaching a function's cells,
+    // globals or the import system's tables is flagged.
+    out.push(if pytest {
+        (
+            "tamper: the pytest plugin's ledger cell swapped for a relay that rewrites records",
+            vec![append(
+                "calc/ops.py",
+                include_str!("../fixtures/forgeries/closure_cell_relay_pytest.py"),
+            )],
+        )
+    } else {
+        (
+            "tamper: the unittest recorders' write cell swapped for a relay that rewrites records",
+            vec![append(
+                "calc/ops.py",
+                include_str!("../fixtures/forgeries/closure_cell_relay_unittest.py"),
+            )],
+        )
+    });
     out
 }
 

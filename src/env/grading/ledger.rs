@@ -33,6 +33,19 @@ pub const NO_KEY: &str = "the command's first test process printed no grader key
 pub const NOT_CLOSED: &str = "the command's test process ended without closing its record";
 /// Lines under the run's id that the process did not write, or lines it wrote that are gone.
 pub const NOT_ITS_OWN: &str = "the record of the command's run is not the lines its process wrote";
+/// Printed the moment the grader's seal watch finds its own installed code changed
+/// (`grader_sitecustomize.py`, 5): `swerve-grader: rewired PID WHAT`.
+const REWIRED_LINE: &str = "swerve-grader: rewired ";
+/// The grader's recorders, ledger or checks rewired in place (a closure cell, a default, a
+/// function's code, a namespace entry) while the tests ran.
+pub const REWIRED: &str = "the grader's own code was rewired while the tests ran";
+
+/// The note, if any, on the command's first process having reported its grader code changed.
+pub fn rewired_note(log: &str) -> Option<&'static str> {
+    let (pid, _) = first_key(log)?;
+    let line = format!("{REWIRED_LINE}{pid} ");
+    log.lines().any(|l| l.contains(&line)).then_some(REWIRED)
+}
 
 /// The note, if any, on taking run `run_id` of `results` (the results file) as the command's,
 /// given the command's `log`.
@@ -168,5 +181,17 @@ mod tests {
             exit_line(7, SECRET, &vouch(&rewritten)),
         ]);
         assert_eq!(ownership_note(&rewritten, &later, "7-0"), Some(NOT_ITS_OWN));
+    }
+
+    #[test]
+    fn a_rewired_line_of_the_first_process_is_noted() {
+        let key = sha256_hex(SECRET.as_bytes());
+        let start = format!("{KEY_LINE}7 key {key}\n");
+        assert_eq!(rewired_note(&start), None);
+        let rewired = format!("{start}test ... ok{REWIRED_LINE}7 write's cell ledger\n");
+        assert_eq!(rewired_note(&rewired), Some(REWIRED));
+        // Another process's line, or no key at all: not the command's process.
+        assert_eq!(rewired_note(&format!("{start}{REWIRED_LINE}9 x\n")), None);
+        assert_eq!(rewired_note(&format!("{REWIRED_LINE}7 x\n")), None);
     }
 }

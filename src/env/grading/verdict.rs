@@ -109,7 +109,8 @@ impl Observation {
                             let owner = ledger::ownership_note(&text, &run.output, &main.id)
                                 .filter(|_| main.finished);
                             let lineage = main.descendant.then_some(ledger::NOT_FIRST);
-                            for note in [lineage, owner].into_iter().flatten() {
+                            let rewired = ledger::rewired_note(&run.output);
+                            for note in [lineage, owner, rewired].into_iter().flatten() {
                                 if !observation.notes.iter().any(|n| n == note) {
                                     observation.notes.push(note.to_string());
                                 }
