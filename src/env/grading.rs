@@ -6,18 +6,19 @@
 //! ```text
 //!   agent sandbox ──► diff (diff.rs) ──► closed (every agent process gone)
 //!   fresh sandbox (Environment::start: the task's starting state, setup run)
-//!     1. the starting tree recorded (git); the pristine pytest configuration saved; the diff
-//!        applied (git apply, then patch --fuzz): a diff that does not apply is unresolved
+//!     1. the starting tree recorded (git); the image's pytest plugins listed; the diff applied
+//!        (git apply, then patch --fuzz): a diff that does not apply is unresolved
 //!     2. what the change may not keep, read back from the sandbox (tree.rs: shadows of owned
-//!        modules, conftest.py, .pth, the runner's files) put back, named in patch_dropped
+//!        modules, conftest.py, .pth, pytest's configuration files, the runner's files) put
+//!        back, named in patch_dropped
 //!     3. the task's tests: the `tests` folder copied over, or the files `test_patch` touches
 //!        restored to `base_commit` and the patch applied; canaries appended (canary.rs)
 //!     4. the tests run by a script fed on stdin to the sandbox's shell (no file, no argument,
 //!        no marker a test can read): __pycache__ removed; HOME an empty folder; user
 //!        site-packages off; safe-path mode where the runner allows; the grader's sitecustomize
 //!        (standard library first; unittest results recorded) and pytest plugin (results
-//!        recorded) from the grader's folder; pytest plugin autoload off and pytest reading only
-//!        the pristine configuration; the exit status is the sandbox's own process status
+//!        recorded) from the grader's folder; pytest plugin autoload off, the image's own
+//!        plugins loaded by name; the exit status is the sandbox's own process status
 //!     5. the runner's record (results.rs) read back in a command of its own; the verdict
 //!        (verdict.rs) from it, the log, the exit status and the canaries; where the run is off
 //!        the rules in a way a reference run could explain, the reference fix's run (reference.rs,
@@ -137,7 +138,8 @@ pub fn observe_in(
         Change::Diff(patch) => patch,
         Change::Folder(_) => "",
     };
-    let applied = sandbox.run(&prepare_command(), Some(patch.as_bytes()), timeout)?;
+    let activate = task.activate.as_deref().unwrap_or(":");
+    let applied = sandbox.run(&prepare_command(activate), Some(patch.as_bytes()), timeout)?;
     if applied.exit_code == Some(DIFF_DOES_NOT_APPLY) {
         return Ok(Observed::NotApplied(GradeResult {
             resolved: false,
@@ -323,27 +325,56 @@ fn read_results(sandbox: &mut dyn Sandbox, path: &str, timeout: Duration) -> Res
 /// Exit status of the preparation command when the agent's diff does not apply.
 const DIFF_DOES_NOT_APPLY: i32 = 97;
 
-/// Saves the pristine pytest configuration (the first file pytest would read at the workdir's
-/// root, or an empty one) and applies the diff read from stdin.
-fn prepare_command() -> String {
+/// Lists the pytest plugins the image itself installed (entry points of group `pytest11`), as
+/// `-p` options, before the change is applied: pytest's plugin autoload stays off in the run (an
+/// agent-installed plugin never loads) and exactly these are loaded, by entry-point name where
+/// pytest takes one (4.4 and later; the module before, or for a name `-p` cannot carry), so a
+/// configuration's `-p no:NAME` still blocks them. Printed on one line; nothing where pytest is
+/// not installed.
+const PYTEST_PLUGINS_SCRIPT: &str = r#"import re, sys
+try:
+    import pytest
+    version = tuple(int(x) for x in re.findall(r"\d+", pytest.__version__)[:2])
+except Exception:
+    sys.exit(0)
+found = []
+try:
+    try:
+        from importlib import metadata
+    except ImportError:
+        import importlib_metadata as metadata
+    for dist in metadata.distributions():
+        for ep in dist.entry_points:
+            if ep.group == "pytest11":
+                found.append((ep.name, ep.value))
+except ImportError:
+    import pkg_resources
+    for ep in pkg_resources.iter_entry_points("pytest11"):
+        found.append((ep.name, ep.module_name))
+args, word = [], re.compile(r"^[A-Za-z0-9_.-]+$")
+for name, value in found:
+    by_name = version >= (4, 4) and word.match(name)
+    arg = name if by_name else value.split(":")[0].strip()
+    if word.match(arg) and arg not in args:
+        args.append(arg)
+print(" ".join("-p " + a for a in args))
+"#;
+
+/// Records the image's pytest plugins ([`PYTEST_PLUGINS_SCRIPT`], with the task's activation,
+/// from `/` as pytest's own script would see them) and applies the diff read from stdin.
+fn prepare_command(activate: &str) -> String {
     format!(
         r#"set -e
-g="$HOME/.swerve-grader"; rm -rf "$g"; mkdir -p "$g/cfg" "$g/home" "$g/py"
-for f in pytest.ini .pytest.ini pyproject.toml tox.ini setup.cfg; do
-  [ -f "$f" ] || continue
-  case "$f" in
-    pyproject.toml) grep -q '^\[tool\.pytest\.ini_options\]' "$f" || continue ;;
-    tox.ini) grep -q '^\[pytest\]' "$f" || continue ;;
-    setup.cfg) grep -q '^\[tool:pytest\]' "$f" || continue ;;
-  esac
-  cp "$f" "$g/cfg/$f"; break
-done
-[ -n "$(ls -A "$g/cfg")" ] || printf '[pytest]\n' > "$g/cfg/pytest.ini"
+g="$HOME/.swerve-grader"; rm -rf "$g"; mkdir -p "$g/home" "$g/py"
+( {{ {activate}
+}} >/dev/null 2>&1 </dev/null
+  py=$(command -v python || command -v python3) && cd / && "$py" -c {script} ) > "$g/pytest-plugins" 2>/dev/null </dev/null || : > "$g/pytest-plugins"
 cat > "$g/agent.patch"
 [ -s "$g/agent.patch" ] || exit 0
 if git apply --whitespace=nowarn "$g/agent.patch" 2>"$g/apply.err"; then exit 0; fi
 if command -v patch >/dev/null 2>&1 && patch --batch --fuzz=5 -p1 -i "$g/agent.patch" >"$g/patch.out" 2>&1; then exit 0; fi
-cat "$g/apply.err"; exit {DIFF_DOES_NOT_APPLY}"#
+cat "$g/apply.err"; exit {DIFF_DOES_NOT_APPLY}"#,
+        script = shell_quote(PYTEST_PLUGINS_SCRIPT)
     )
 }
 
@@ -430,12 +461,11 @@ cat > "$g/py/swerve_grader_check.py" <<'{end_of_file}'
 {CHECK}
 {end_of_file}
 find . -name __pycache__ -type d -prune -exec rm -rf {{}} + 2>/dev/null
-cfg="$g/cfg/$(ls "$g/cfg" | head -n 1)"
 {{ {activate}
 }} >/dev/null 2>&1 </dev/null
 export SWERVE_GRADER_RESULTS="$HOME/{results_path}" SWERVE_GRADER_OWNED={owned}
 export HOME="$g/home" PYTHONNOUSERSITE=1 PYTHONDONTWRITEBYTECODE=1 PYTHONPATH="$g/py"
-export PYTEST_DISABLE_PLUGIN_AUTOLOAD=1 PYTEST_PLUGINS={PYTEST_PLUGIN_MODULE} PYTEST_ADDOPTS="-c $cfg --rootdir=$PWD --confcutdir=$PWD -p no:cacheprovider"
+export PYTEST_DISABLE_PLUGIN_AUTOLOAD=1 PYTEST_PLUGINS={PYTEST_PLUGIN_MODULE} PYTEST_ADDOPTS="$(cat "$g/pytest-plugins" 2>/dev/null)"
 unset PYTHONSTARTUP PYTHONHOME PYTHONINSPECT PYTHONUSERBASE PYTHONEXECUTABLE
 {safe_path}
 {recorder}
@@ -452,4 +482,83 @@ fn nonce_seed() -> u64 {
         .duration_since(std::time::UNIX_EPOCH)
         .map_or(0, |d| d.as_nanos() as u64);
     now ^ ((std::process::id() as u64) << 32)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::PYTEST_PLUGINS_SCRIPT;
+    use std::path::Path;
+
+    /// The `-p` options [`PYTEST_PLUGINS_SCRIPT`] prints with `site` on the path: a stand-in
+    /// `pytest` of `version` and two distributions with `pytest11` entry points.
+    fn plugin_args(site: &Path, version: &str) -> String {
+        std::fs::write(
+            site.join("pytest.py"),
+            format!("__version__ = {version:?}\n"),
+        )
+        .unwrap();
+        for (dist, entry) in [
+            (
+                "pytest_doctestplus-1.0",
+                "doctestplus = pytest_doctestplus.plugin",
+            ),
+            (
+                "pytest_cov-4.0",
+                "pytest_cov = pytest_cov.plugin:Plugin\nbad name = x",
+            ),
+        ] {
+            let info = site.join(format!("{dist}.dist-info"));
+            std::fs::create_dir_all(&info).unwrap();
+            let name = dist.split('-').next().unwrap();
+            std::fs::write(
+                info.join("METADATA"),
+                format!("Metadata-Version: 2.1\nName: {name}\nVersion: 1.0\n"),
+            )
+            .unwrap();
+            std::fs::write(
+                info.join("entry_points.txt"),
+                format!("[pytest11]\n{entry}\n[console_scripts]\nx = y:z\n"),
+            )
+            .unwrap();
+        }
+        let out = std::process::Command::new("python3")
+            .arg("-c")
+            .arg(PYTEST_PLUGINS_SCRIPT)
+            .env("PYTHONPATH", site)
+            .current_dir("/")
+            .output()
+            .unwrap();
+        assert!(out.status.success(), "{out:?}");
+        let mut args: Vec<String> = String::from_utf8(out.stdout)
+            .unwrap()
+            .trim()
+            .split(" -p ")
+            .map(|a| a.trim_start_matches("-p ").to_string())
+            .collect();
+        args.sort();
+        args.join(",")
+    }
+
+    #[test]
+    fn the_images_pytest_plugins_are_listed_by_entry_point_name_or_module() {
+        if std::process::Command::new("python3")
+            .arg("-c")
+            .arg("import importlib.metadata")
+            .status()
+            .map_or(true, |s| !s.success())
+        {
+            panic!("python3 with importlib.metadata (3.8 or later) is needed for this test");
+        }
+        let site = tempfile::tempdir().unwrap();
+        // pytest 4.4 and later take an entry point's name (the module for a name with a space);
+        // earlier ones the module.
+        assert_eq!(
+            plugin_args(site.path(), "8.0.1"),
+            "doctestplus,pytest_cov,x"
+        );
+        assert_eq!(
+            plugin_args(site.path(), "3.10.1"),
+            "pytest_cov.plugin,pytest_doctestplus.plugin,x"
+        );
+    }
 }

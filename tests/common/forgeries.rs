@@ -91,6 +91,14 @@ pub fn pytest_forgeries() -> Vec<(&'static str, Vec<Value>)> {
                 "{user_site} && cat > \"$d/forge_plugin.py\" <<'EOF'\n{plugin}EOF\nmkdir -p \"$d/forge_plugin-1.0.dist-info\" && printf 'Metadata-Version: 2.1\\nName: forge-plugin\\nVersion: 1.0\\n' > \"$d/forge_plugin-1.0.dist-info/METADATA\" && printf '[pytest11]\\nforge = forge_plugin\\n' > \"$d/forge_plugin-1.0.dist-info/entry_points.txt\"; echo planted"
             ))],
         ),
+        // In the workspace itself (on sys.path for `python -m pytest`): the image's plugins are
+        // listed before the change is applied, and only those load.
+        (
+            "entry-point plugin in the workspace",
+            vec![bash(&format!(
+                "cat > forge_plugin.py <<'EOF'\n{plugin}EOF\nmkdir -p forge_plugin-1.0.dist-info && printf 'Metadata-Version: 2.1\\nName: forge-plugin\\nVersion: 1.0\\n' > forge_plugin-1.0.dist-info/METADATA && printf '[pytest11]\\nforge = forge_plugin\\n' > forge_plugin-1.0.dist-info/entry_points.txt; echo planted"
+            ))],
+        ),
     ]
 }
 
@@ -432,7 +440,7 @@ pub fn red_team_forgeries(pytest: bool) -> Vec<(&'static str, Vec<Value>)> {
     out.extend(red_team_ninth_pass(pytest));
     out.extend(red_team_tenth_pass(pytest));
     out.extend(red_team_eleventh_pass(pytest));
-    out.extend(super::forgeries_process::red_team_process_passes());
+    out.extend(super::forgeries_process::red_team_process_passes(pytest));
     out
 }
 

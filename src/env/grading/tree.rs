@@ -3,6 +3,8 @@
 //!
 //! ```text
 //!   owned test files, every conftest.py, every .pth,     restored to the starting state
+//!   pytest's configuration files (pytest.ini, tox.ini,
+//!     setup.cfg, pyproject.toml: at any depth),
 //!   the __init__.py of the owned tests' packages
 //!   anything imported in place of an owned module:       (removed where the start had none)
 //!     tests/test_x/... or a tests/test_x symlink           a package or link of its name
@@ -71,6 +73,17 @@ pub fn runner_files(repo: Option<&str>, command: &str) -> Vec<String> {
     files
 }
 
+/// The files pytest reads its configuration from, at any depth (the first found walking up from
+/// the tests' folder is the one read). pytest reads them where the task has them, so a change
+/// to any of them is put back (unless the reference fix changes it too).
+const PYTEST_CONFIG: &[&str] = &[
+    "pytest.ini",
+    ".pytest.ini",
+    "tox.ini",
+    "setup.cfg",
+    "pyproject.toml",
+];
+
 /// The changed paths grading puts back, each with the reason (for `patch_dropped`).
 /// `owned`: the task's test files; `runner`: [`runner_files`]; `reference`: paths the task's
 /// reference fix changes (its runner changes are allowed).
@@ -107,6 +120,8 @@ pub fn protected(
                     .any(|o| o.starts_with(&format!("{parent}/")))))
         {
             Some("the package of the task's tests (runs before them)".to_string())
+        } else if PYTEST_CONFIG.contains(&name) && !reference.iter().any(|r| r == path) {
+            Some("pytest's configuration (read in place, as the task has it)".to_string())
         } else if name.ends_with(".pth") {
             Some("a .pth file (runs code at interpreter start)".to_string())
         } else if let Some(module) = owned_modules
@@ -205,6 +220,11 @@ mod tests {
             "tests/test_sqlite.py",
             "tests/test_x.py",
             "tests/__init__.py",
+            "setup.cfg",
+            "tests/pytest.ini",
+            "sub/pyproject.toml",
+            "tox.ini",
+            ".pytest.ini",
         ];
         let all: Vec<&str> = kept.iter().chain(&dropped).copied().collect();
         let got: Vec<String> = protected(&changed(&all), &owned, &runner, &[])
@@ -223,6 +243,16 @@ mod tests {
             &["tests/runtests.py".to_string()],
         );
         assert!(got.is_empty());
+        // pytest's configuration is read where the task has it: put back, unless the reference
+        // fix changes it too.
+        let got = protected(
+            &changed(&["setup.cfg", "pyproject.toml"]),
+            &owned,
+            &[],
+            &["setup.cfg".to_string()],
+        );
+        assert_eq!(got.len(), 1);
+        assert!(got[0].0 == "pyproject.toml" && got[0].1.contains("pytest's configuration"));
         assert_eq!(
             parse_changes("M\0a b/\"q\".py\0A\0tests/t\u{e9}st.py\0"),
             vec![
