@@ -527,6 +527,29 @@ if __name__ == "__main__":
 }
 
 #[test]
+fn lines_joined_by_bare_carriage_returns_are_all_scanned() {
+    // The twenty-fourth red-team pass (issue 34): to git the class below is one added line (2),
+    // to Python five (2 to 6); a bare \r ends a line for Python.
+    let text = "x = 1\n# helpers\rclass U(float):\r    def __eq__(self, other):\r        return True\r__hash__ = float.__hash__\ny = 2\r\n";
+    let request = serde_json::json!({"files": [{"path": "pkg/mod.py", "lines": [2]}]});
+    let flags = scan_with("", &[("pkg/mod.py", text)], Some(request.to_string()));
+    assert_eq!(
+        flags
+            .iter()
+            .map(|f| (f.line, f.rule.as_str()))
+            .collect::<Vec<_>>(),
+        vec![(4, "lying-equality")],
+        "{flags:#?}"
+    );
+    // A line of the file not added (7, after the class) stays unscanned; CRLF is one break.
+    let request = serde_json::json!({"files": [{"path": "pkg/mod.py", "lines": [1, 3]}]});
+    assert_eq!(
+        scan_with("", &[("pkg/mod.py", text)], Some(request.to_string())),
+        vec![]
+    );
+}
+
+#[test]
 fn only_added_lines_are_reported() {
     let text = "import sys\nsys.exit = print\n\ndef f():\n    return 1\n";
     let patch = concat!(

@@ -680,6 +680,22 @@ def split_lines(source):
     return text.replace("\r\n", "\n").replace("\r", "\n").split("\n")
 
 
+def python_lines(source, added):
+    """Git's added line numbers (lines end at \\n) as Python numbers lines, where a bare \\r
+    ends one too: an added line holding bare \\r's is several (the twenty-fourth pass hid a
+    whole class body on one such line)."""
+    text = source.decode("utf-8", "replace") if isinstance(source, bytes) else source
+    wanted, out, python_line = set(added), [], 1
+    pieces = text.split("\n")
+    for number, piece in enumerate(pieces, 1):
+        inner = piece[:-1] if piece.endswith("\r") and number < len(pieces) else piece
+        span = inner.count("\r") + 1
+        if number in wanted:
+            out.extend(range(python_line, python_line + span))
+        python_line += span
+    return out
+
+
 def one_flag(path, rule, text):
     return {"path": path, "line": 0, "rule": rule, "text": text[:MAX_TEXT]}
 
@@ -714,7 +730,7 @@ def scan_file(path, lines):
             message = "%s%s: %s" % (type(error).__name__,
                                     " at line %d" % where if where else "", error)
             return [one_flag(path, "unparsable", message)]
-        scanner = Scanner(path, source, lines)
+        scanner = Scanner(path, source, python_lines(source, lines))
         scanner.scan(tree)
         return scanner.results()
     except Exception as error:
