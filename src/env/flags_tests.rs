@@ -541,6 +541,18 @@ fn lines_joined_by_bare_carriage_returns_are_all_scanned() {
         vec![(4, "lying-equality")],
         "{flags:#?}"
     );
+    // The twenty-fifth: a file declared UTF-7, whose `+AAo-` is a line break once decoded.
+    let utf7 = "# -*- coding: utf-7 -*-\nx = 1+AAo-class U(float):+AAo-    def __eq__(self, other):+AAo-        return True\n";
+    let request = serde_json::json!({"files": [{"path": "pkg/nan.py", "lines": [1, 2]}]});
+    let flags = scan_with("", &[("pkg/nan.py", utf7)], Some(request.to_string()));
+    assert_eq!(
+        flags
+            .iter()
+            .map(|f| (f.line, f.rule.as_str(), f.text.as_str()))
+            .collect::<Vec<_>>(),
+        vec![(4, "lying-equality", "def __eq__(self, other):")],
+        "{flags:#?}"
+    );
     // A line of the file not added (7, after the class) stays unscanned; CRLF is one break.
     let request = serde_json::json!({"files": [{"path": "pkg/mod.py", "lines": [1, 3]}]});
     assert_eq!(

@@ -14,6 +14,8 @@
 # It never crashes: an unexpected error in one file is a `scanner-error` flag for that file.
 
 import ast
+import io
+import tokenize
 import bisect
 import json
 import os
@@ -675,24 +677,39 @@ def header_span(node):
 
 
 def split_lines(source):
-    """Lines as Python numbers them: split at \\r\\n, \\r and \\n only."""
-    text = source.decode("utf-8", "replace") if isinstance(source, bytes) else source
+    """Lines as Python numbers them: split at \\r\\n, \\r and \\n only (bytes decoded as their
+    declared encoding says)."""
+    text = source
+    if isinstance(source, bytes):
+        try:
+            text = source.decode(tokenize.detect_encoding(io.BytesIO(source).readline)[0])
+        except Exception:
+            text = source.decode("utf-8", "replace")
     return text.replace("\r\n", "\n").replace("\r", "\n").split("\n")
 
 
 def python_lines(source, added):
-    """Git's added line numbers (lines end at \\n) as Python numbers lines, where a bare \\r
-    ends one too: an added line holding bare \\r's is several (the twenty-fourth pass hid a
-    whole class body on one such line)."""
-    text = source.decode("utf-8", "replace") if isinstance(source, bytes) else source
-    wanted, out, python_line = set(added), [], 1
-    pieces = text.split("\n")
-    for number, piece in enumerate(pieces, 1):
-        inner = piece[:-1] if piece.endswith("\r") and number < len(pieces) else piece
-        span = inner.count("\r") + 1
-        if number in wanted:
-            out.extend(range(python_line, python_line + span))
-        python_line += span
+    """Git's added line numbers (byte lines ending at \\n) as Python numbers the lines it reads
+    from them: each raw line decoded with the file's declared encoding, a bare \\r or a decoded
+    line break (UTF-7's `+AAo-`) starting another (the twenty-fourth and twenty-fifth passes hid
+    a class on one raw line). Where the raw lines do not decode one by one into what Python
+    reads, every line is added."""
+    raw = source if isinstance(source, bytes) else source.encode("utf-8", "surrogateescape")
+    pieces, wanted, out, python_line = raw.split(b"\n"), set(added), [], 1
+    try:
+        encoding = tokenize.detect_encoding(io.BytesIO(raw).readline)[0]
+        total = len(split_lines(raw.decode(encoding)))
+        for number, piece in enumerate(pieces, 1):
+            text = piece.decode(encoding)
+            inner = text[:-1] if text.endswith("\r") and number < len(pieces) else text
+            span = len(split_lines(inner))
+            if number in wanted:
+                out.extend(range(python_line, python_line + span))
+            python_line += span
+        if python_line - 1 != total:
+            raise ValueError("the lines decode otherwise one by one")
+    except Exception:
+        return None  # every line
     return out
 
 
