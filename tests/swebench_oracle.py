@@ -10,7 +10,10 @@ needed to write an eval script, and stand-ins answer for them.
 With `parse`, reads JSON lines {"repo": R, "log": TEXT} and prints for each the harness's own
 parser's reading of the log (`MAP_REPO_TO_PARSER[R]`): {"repo": R, "statuses": {id: status}}.
 
-usage: python3 swebench_oracle.py [parse]
+With `rules`, reads JSON lines {"f2p", "p2p", "statuses"} and prints for each whether the
+harness's grading functions resolve it (`get_eval_tests_report`, `get_resolution_status`).
+
+usage: python3 swebench_oracle.py [parse|rules]
 """
 import importlib
 import json
@@ -28,7 +31,9 @@ def _unavailable(name):
     return call
 
 
-def load_harness():
+def stub_harness():
+    """The harness package without its __init__ (which imports docker, datasets and the
+    collectors), and stand-ins for the dependencies that grading never calls."""
     import importlib.util
 
     spec = importlib.util.find_spec("swebench")
@@ -56,6 +61,10 @@ def load_harness():
         for attr in attrs:
             setattr(stub, attr, _unavailable(name + "." + attr))
         sys.modules[name] = stub
+
+
+def load_harness():
+    stub_harness()
     constants = importlib.import_module("swebench.harness.constants")
     python = importlib.import_module("swebench.harness.test_spec.python")
     return constants, python
@@ -124,8 +133,26 @@ def parse():
         print(json.dumps({"repo": case["repo"], "statuses": statuses}, sort_keys=True))
 
 
+def rules():
+    """JSON lines {"f2p": [ID], "p2p": [ID], "statuses": {ID: STATUS}} in; for each, whether the
+    harness's own grading functions call it RESOLVED_FULL: {"resolved": BOOL}."""
+    stub_harness()
+    constants = importlib.import_module("swebench.harness.constants")
+    grading = importlib.import_module("swebench.harness.grading")
+    for line in sys.stdin:
+        if not line.strip():
+            continue
+        case = json.loads(line)
+        gold = {constants.FAIL_TO_PASS: case["f2p"], constants.PASS_TO_PASS: case["p2p"]}
+        report = grading.get_eval_tests_report(case["statuses"], gold)
+        status = grading.get_resolution_status(report)
+        print(json.dumps({"resolved": status == constants.ResolvedStatus.FULL.value}))
+
+
 if __name__ == "__main__":
     if sys.argv[1:] == ["parse"]:
         parse()
+    elif sys.argv[1:] == ["rules"]:
+        rules()
     else:
         main()

@@ -17,23 +17,36 @@ use std::process::Command;
 use swerve::env::logs::{self, LogParser, TestStatus};
 use swerve::env::repos;
 
+/// The harness (4.x) whose specifications and parsers swerve's table follows.
+const HARNESS: &[&str] = &["requirements-swebench-nodeps.txt"];
+/// The 5.x harness, whose grading rules `--swebench-rules 5` follows.
+const HARNESS_5: &[&str] = &["requirements-swebench5-nodeps.txt"];
+
 fn pinned_version() -> String {
-    let text =
-        std::fs::read_to_string(common::root().join("tests/requirements-swebench-nodeps.txt"))
-            .unwrap();
+    pinned_in(HARNESS[0])
+}
+
+/// The swebench version `tests/FILE` pins.
+fn pinned_in(file: &str) -> String {
+    let text = std::fs::read_to_string(common::root().join("tests").join(file)).unwrap();
     text.lines()
         .find_map(|l| l.trim().strip_prefix("swebench=="))
-        .expect("tests/requirements-swebench-nodeps.txt pins swebench")
+        .unwrap_or_else(|| panic!("tests/{file} pins swebench"))
         .to_string()
 }
 
 /// An interpreter with the pinned harness (installed without its dependencies).
 fn harness_python() -> std::path::PathBuf {
-    let version = pinned_version();
+    harness_python_of(HARNESS)
+}
+
+/// An interpreter with the harness `tests/NO_DEPS[0]` pins (installed without its dependencies).
+fn harness_python_of(no_deps: &'static [&'static str]) -> std::path::PathBuf {
+    let version = pinned_in(no_deps[0]);
     PythonEnv {
         venv: format!("swebench-{version}-venv"),
         requirements: &["requirements-swebench.txt"],
-        no_deps: &["requirements-swebench-nodeps.txt"],
+        no_deps,
         check: format!(
             "import importlib.metadata as m, sys, unidiff; sys.exit(m.version('swebench') != {version:?})"
         ),
@@ -396,4 +409,114 @@ fn swerves_log_parsers_read_shaped_logs_as_the_harness_parsers_do() {
         pinned_version(),
         differences.join("\n")
     );
+}
+
+/// The harness's own reading of `cases` (`swebench_oracle.py rules`): resolved or not.
+fn harness_resolutions(python: &std::path::Path, cases: &[Value]) -> Vec<bool> {
+    use std::io::Write;
+    let mut child = Command::new(python)
+        .arg(common::root().join("tests/swebench_oracle.py"))
+        .arg("rules")
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let input: String = cases.iter().map(|c| format!("{c}\n")).collect();
+    child
+        .stdin
+        .take()
+        .unwrap()
+        .write_all(input.as_bytes())
+        .unwrap();
+    let out = child.wait_with_output().unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8(out.stdout)
+        .unwrap()
+        .lines()
+        .map(|l| serde_json::from_str::<Value>(l).unwrap()["resolved"] == Value::Bool(true))
+        .collect()
+}
+
+/// `--swebench-rules 4|5` against each harness version's own grading functions (4.1.0 and
+/// 5.0.2): one FAIL_TO_PASS and one PASS_TO_PASS test in every status the harness reads, or
+/// missing. Where the reference fix's run shows the same statuses, swerve's verdict is the
+/// harness's for every pair; where the reference passes both, swerve never resolves what the
+/// harness does not, and differs only where a skip or an XFAIL is involved (the code under test
+/// can raise them itself: docs/grading.md's departures).
+#[test]
+fn skip_and_xfail_rules_are_each_harness_versions_own() {
+    use swerve::env::grading::{decide, Observation, Reference};
+    use swerve::env::task::{HarnessRules, TestPlan};
+    let statuses = [
+        Some("PASSED"),
+        Some("FAILED"),
+        Some("ERROR"),
+        Some("SKIPPED"),
+        Some("XFAIL"),
+        None,
+    ];
+    let pairs: Vec<(Option<&str>, Option<&str>)> = statuses
+        .iter()
+        .flat_map(|&a| statuses.iter().map(move |&b| (a, b)))
+        .collect();
+    let (x, y) = ("t.py::test_x", "t.py::test_y");
+    for (rules, harness) in [(HarnessRules::V4, HARNESS), (HarnessRules::V5, HARNESS_5)] {
+        let cases: Vec<Value> = pairs
+            .iter()
+            .map(|(a, b)| {
+                let mut map = serde_json::Map::new();
+                for (id, status) in [(x, a), (y, b)] {
+                    if let Some(status) = status {
+                        map.insert(id.to_string(), Value::from(*status));
+                    }
+                }
+                serde_json::json!({"f2p": [x], "p2p": [y], "statuses": map})
+            })
+            .collect();
+        let harness_says = harness_resolutions(&harness_python_of(harness), &cases);
+        let plan = TestPlan {
+            overlay: None,
+            test_patch: None,
+            base_commit: None,
+            command: "pytest -rA".into(),
+            parser: LogParser::Pytest,
+            fail_to_pass: vec![x.into()],
+            pass_to_pass: vec![y.into()],
+            safe_path: true,
+            rules,
+        };
+        let observe = |log: &str| Observation::from_log(LogParser::Pytest, log, Some(1));
+        let passing = Reference {
+            observation: observe(&format!("PASSED {x}\nPASSED {y}\n")),
+            is_fix: true,
+        };
+        for ((a, b), harness_resolved) in pairs.iter().zip(harness_says) {
+            let log: String = [(x, a), (y, b)]
+                .iter()
+                .filter_map(|(id, s)| s.map(|s| format!("{s} {id}\n")))
+                .collect();
+            let observed = observe(&log);
+            let same = Reference {
+                observation: observed.clone(),
+                is_fix: true,
+            };
+            let at = format!("--swebench-rules {rules}, FAIL_TO_PASS {a:?}, PASS_TO_PASS {b:?}");
+            let with_same = decide(&plan, &observed, Some(&same)).verdict.resolved;
+            assert_eq!(with_same, harness_resolved, "{at}, the reference the same");
+            let with_passing = decide(&plan, &observed, Some(&passing)).verdict.resolved;
+            assert!(
+                !with_passing || harness_resolved,
+                "{at}: more lenient than the harness"
+            );
+            let departs = [a, b]
+                .iter()
+                .any(|s| matches!(s, Some("SKIPPED" | "XFAIL")));
+            assert!(with_passing == harness_resolved || departs, "{at}");
+        }
+    }
 }
