@@ -331,32 +331,39 @@ fn shaped_logs() -> Vec<(&'static str, String)> {
 
 /// The harness's own parser's reading of each case: {id: status} per case.
 fn harness_readings(cases: &[(&str, String)]) -> Vec<Value> {
-    let input: String = cases
+    let input: Vec<Value> = cases
         .iter()
-        .map(|(repo, log)| serde_json::json!({"repo": repo, "log": log}).to_string() + "\n")
+        .map(|(repo, log)| serde_json::json!({"repo": repo, "log": log}))
         .collect();
-    let mut child = Command::new(harness_python())
+    oracle_lines(&harness_python(), "parse", &input)
+}
+
+/// `tests/swebench_oracle.py MODE` run by `python` on `input` as JSON lines: one JSON value
+/// read back per line in.
+fn oracle_lines(python: &std::path::Path, mode: &str, input: &[Value]) -> Vec<Value> {
+    let text: String = input.iter().map(|v| format!("{v}\n")).collect();
+    let mut child = Command::new(python)
         .arg(common::root().join("tests/swebench_oracle.py"))
-        .arg("parse")
+        .arg(mode)
         .stdin(std::process::Stdio::piped())
         .stdout(std::process::Stdio::piped())
         .stderr(std::process::Stdio::piped())
         .spawn()
         .unwrap();
-    std::io::Write::write_all(&mut child.stdin.take().unwrap(), input.as_bytes()).unwrap();
+    std::io::Write::write_all(&mut child.stdin.take().unwrap(), text.as_bytes()).unwrap();
     let out = child.wait_with_output().unwrap();
     assert!(
         out.status.success(),
-        "tests/swebench_oracle.py parse failed:\n{}",
+        "tests/swebench_oracle.py {mode} failed:\n{}",
         String::from_utf8_lossy(&out.stderr)
     );
-    let readings: Vec<Value> = String::from_utf8(out.stdout)
+    let lines: Vec<Value> = String::from_utf8(out.stdout)
         .unwrap()
         .lines()
         .map(|l| serde_json::from_str(l).unwrap())
         .collect();
-    assert_eq!(readings.len(), cases.len());
-    readings
+    assert_eq!(lines.len(), input.len());
+    lines
 }
 
 #[test]
@@ -411,37 +418,6 @@ fn swerves_log_parsers_read_shaped_logs_as_the_harness_parsers_do() {
     );
 }
 
-/// The harness's own reading of `cases` (`swebench_oracle.py rules`): resolved or not.
-fn harness_resolutions(python: &std::path::Path, cases: &[Value]) -> Vec<bool> {
-    use std::io::Write;
-    let mut child = Command::new(python)
-        .arg(common::root().join("tests/swebench_oracle.py"))
-        .arg("rules")
-        .stdin(std::process::Stdio::piped())
-        .stdout(std::process::Stdio::piped())
-        .stderr(std::process::Stdio::piped())
-        .spawn()
-        .unwrap();
-    let input: String = cases.iter().map(|c| format!("{c}\n")).collect();
-    child
-        .stdin
-        .take()
-        .unwrap()
-        .write_all(input.as_bytes())
-        .unwrap();
-    let out = child.wait_with_output().unwrap();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    String::from_utf8(out.stdout)
-        .unwrap()
-        .lines()
-        .map(|l| serde_json::from_str::<Value>(l).unwrap()["resolved"] == Value::Bool(true))
-        .collect()
-}
-
 /// `--swebench-rules 4|5` against each harness version's own grading functions (4.1.0 and
 /// 5.0.2): one FAIL_TO_PASS and one PASS_TO_PASS test in every status the harness reads, or
 /// missing. Where the reference fix's run shows the same statuses, swerve's verdict is the
@@ -478,7 +454,10 @@ fn skip_and_xfail_rules_are_each_harness_versions_own() {
                 serde_json::json!({"f2p": [x], "p2p": [y], "statuses": map})
             })
             .collect();
-        let harness_says = harness_resolutions(&harness_python_of(harness), &cases);
+        let harness_says: Vec<bool> = oracle_lines(&harness_python_of(harness), "rules", &cases)
+            .iter()
+            .map(|v| v["resolved"] == Value::Bool(true))
+            .collect();
         let plan = TestPlan {
             overlay: None,
             test_patch: None,

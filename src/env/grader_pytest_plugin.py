@@ -21,7 +21,7 @@ _swerve_outcomes = {}
 
 
 def _swerve_writer():
-    # Every line through the ledger (grader_check.open_ledger), taken once as the plugin loads
+    # Every line through the ledger (grader_sitecustomize._swerve_open_ledger), taken once as the plugin loads
     # and kept in this closure only.
     import swerve_grader_check
 

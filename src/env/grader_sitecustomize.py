@@ -364,16 +364,54 @@ def _swerve_record_unittest(path, ledger):
     framework_check(None)
 
 
+# The ledger's book (ledger.rs), opened before any workspace code runs: the command's first
+# process prints sha256(secret) to the log now; `count` keeps each run's line count and running
+# SHA-256; `close` prints the secret and, per run, the count and hash, formatted by hand (no
+# library code, json's encoder, sees the secret). Everything goes to the log through a descriptor
+# taken now, and only while it is still that file (never to the results file).
+def _swerve_ledger_book():
+    import hashlib
+
+    write, fstat, getpid, sha256 = os.write, os.fstat, os.getpid, hashlib.sha256
+    pid, log, secret, runs = getpid(), os.dup(2), os.urandom(16).hex(), {}
+    the_log = (fstat(log).st_dev, fstat(log).st_ino)
+
+    def tell(line):
+        try:
+            same = (fstat(log).st_dev, fstat(log).st_ino) == the_log
+        except OSError:
+            same = False
+        if getpid() == pid and same:
+            write(log, line.encode("ascii", "replace"))
+
+    if os.environ.get("SWERVE_GRADER_FIRST_PROCESS") is None:
+        key = sha256(secret.encode("ascii")).hexdigest()
+        tell("swerve-grader: process %d key %s\n" % (pid, key))
+
+    def count(run, line):
+        if getpid() == pid and str(run).split("-")[0] == str(pid):
+            entry = runs.setdefault(run, [0, sha256()])
+            entry[0] += 1
+            entry[1].update(line)
+
+    def close():
+        vouched = ", ".join('"%s": [%d, "%s"]' % (run, n, h.hexdigest())
+                            for run, (n, h) in sorted(runs.items()))
+        tell('swerve-grader: exit {"pid": %d, "runs": {%s}, "secret": "%s"}\n'
+             % (pid, vouched, secret))
+
+    return tell, count, close
+
+
 # 5. The ledger and the seal, kept in an audit hook (Python 3.8 and later), which nothing in the
 #    process can reach, change or take away: its state lives in closures only the interpreter
 #    holds (issue 34: the twenty-second pass swapped a recorder's closure cell for a relay, the
 #    twenty-third edited the ledger's counters after rewriting the results file).
-#    - The ledger (ledger.rs): the command's first process prints sha256(secret) as it starts;
-#      the grader's `record` (grader_check.open_ledger) announces each line it writes
+#    - The ledger (ledger.rs, `_swerve_ledger_book`): the grader's `record`
+#      (`_swerve_open_ledger`) announces each line it writes
 #      (`swerve-grader.record`), and the hook counts and hashes it per run only if the
 #      announcement comes from that sealed function called by sealed grader code; at exit the
-#      grader's `close` asks for the exit line (`swerve-grader.close`): the secret, and per run
-#      the count and hash, printed to the log through a descriptor taken now.
+#      grader's `close` asks for the exit line (`swerve-grader.close`).
 #    - The seal: what the grader installs is sealed as it loads (`swerve-grader.seal`): every
 #      grader function reachable from it, through closure cells, defaults and its module's
 #      namespace, with what each cell, `__code__`, default and namespace entry holds; compared at
@@ -383,22 +421,11 @@ def _swerve_audit_ledger():
     add = getattr(sys, "addaudithook", None)
     if add is None:
         return False
-    import hashlib
-
     here = os.path.dirname(os.path.realpath(__file__))
-    write, fstat, getpid, getframe = os.write, os.fstat, os.getpid, sys._getframe
-    sha256, pid, log, secret = hashlib.sha256, os.getpid(), os.dup(2), os.urandom(16).hex()
-    the_log = (fstat(log).st_dev, fstat(log).st_ino)
-    sealed, seen, codes, runs, missing = [], set(), {}, {}, object()
+    getframe, pid = sys._getframe, os.getpid()
+    tell, count, close = _swerve_ledger_book()
+    sealed, seen, codes, missing = [], set(), {}, object()
     state = {"busy": False, "told": False, "closed": False, "events": 0}
-
-    def tell(line):  # to the log as it started, never to a descriptor swapped since
-        if getpid() == pid and (fstat(log).st_dev, fstat(log).st_ino) == the_log:
-            write(log, line.encode("ascii", "replace"))
-
-    if os.environ.get("SWERVE_GRADER_FIRST_PROCESS") is None:
-        key = sha256(secret.encode("ascii")).hexdigest()
-        tell("swerve-grader: process %d key %s\n" % (pid, key))
 
     def ours(func):
         code = getattr(func, "__code__", None)
@@ -464,17 +491,11 @@ def _swerve_audit_ledger():
         if not (is_sealed(asking) and asking.f_code.co_name == name
                 and (name == "close" or is_sealed(above))):
             return "%s from %s" % (event, asking.f_code.co_filename)
-        if event.endswith(".record") and len(args) == 2 and getpid() == pid \
-                and str(args[0]).split("-")[0] == str(pid):
-            entry = runs.setdefault(args[0], [0, sha256()])
-            entry[0] += 1
-            entry[1].update(args[1])
+        if event.endswith(".record") and len(args) == 2:
+            count(args[0], args[1])
         elif event.endswith(".close") and not state["closed"]:
             state["closed"] = True
-            vouched = ", ".join('"%s": [%d, "%s"]' % (run, n, h.hexdigest())
-                                for run, (n, h) in sorted(runs.items()))
-            tell('swerve-grader: exit {"pid": %d, "runs": {%s}, "secret": "%s"}\n'
-                 % (pid, vouched, secret))
+            close()
         return None
 
     def hook(event, args):
@@ -512,28 +533,22 @@ def _swerve_audit_ledger():
 # 6. The ledger's writer (ledger.rs): every record line goes through `record`, which encodes it
 #    through json's C encoder alone (no Python method of json to patch), announces it to the
 #    audit hook's ledger (5), and appends it to the results file. Where Python has no audit
-#    hooks (3.5 to 3.7), the ledger lives in these closures instead: the key printed now, the
-#    count and hash of each run's lines and the secret printed to the log at exit (never to
-#    the results file), if the descriptor taken now is still the log.
+#    hooks (3.5 to 3.7), the ledger's book lives in these closures instead.
 def _swerve_refuse(value):
     raise TypeError("not a record value: %r" % (value,))
 
 
 def _swerve_open_ledger(path, hooked):
-    import atexit, hashlib, json, json.encoder as enc, threading  # noqa: E401
-    write, fstat, open_, close_, getpid, sha256, audit, flags = (  # taken before workspace code
-        os.write, os.fstat, os.open, os.close, os.getpid, hashlib.sha256,
-        getattr(sys, "audit", None), os.O_WRONLY | os.O_APPEND | os.O_CREAT)
+    import atexit, json, json.encoder as enc, threading  # noqa: E401
+    write, open_, close_, audit, flags = (  # taken before workspace code
+        os.write, os.open, os.close, getattr(sys, "audit", None),
+        os.O_WRONLY | os.O_APPEND | os.O_CREAT)
     make, esc, dumps = enc.c_make_encoder, enc.c_encode_basestring_ascii, json.dumps
     encode = (lambda v: dumps(v, sort_keys=True)) if make is None or esc is None else (
         lambda v: "".join(make(None, _swerve_refuse, esc, None, ": ", ", ", True, False,
                                True)(v, 0)))
-    secret, pid, runs, lock = os.urandom(16).hex(), getpid(), {}, threading.Lock()
-    log = os.dup(2)  # the log, wherever fd 2 is moved later (not inherited by children)
-    the_log = (fstat(log).st_dev, fstat(log).st_ino)  # a swapped descriptor gets nothing
-    if not hooked and os.environ.get("SWERVE_GRADER_FIRST_PROCESS") is None:
-        key = sha256(secret.encode("ascii")).hexdigest()
-        write(log, ("swerve-grader: process %d key %s\n" % (pid, key)).encode("ascii"))
+    lock = threading.Lock()
+    count, book_close = (None, None) if hooked else _swerve_ledger_book()[1:]
 
     def record(run, fields):  # one record (a dict) of `run`, a recorder's run id
         fields["run"] = run
@@ -541,10 +556,8 @@ def _swerve_open_ledger(path, hooked):
         with lock:
             if hooked:
                 audit("swerve-grader.record", run, line)
-            elif getpid() == pid and run.split("-")[0] == str(pid):
-                entry = runs.setdefault(run, [0, sha256()])
-                entry[0] += 1
-                entry[1].update(line)
+            else:
+                count(run, line)
             fd = open_(path, flags, 0o600)
             try:
                 write(fd, line)
@@ -554,17 +567,8 @@ def _swerve_open_ledger(path, hooked):
     def close():
         if hooked:
             return audit("swerve-grader.close")
-        try:
-            same = (fstat(log).st_dev, fstat(log).st_ino) == the_log
-        except OSError:
-            same = False
-        if getpid() != pid or not same:
-            return
-        with lock:  # formatted by hand: no library code (json's encoder) sees the secret
-            vouched = ", ".join('"%s": [%d, "%s"]' % (run, n, h.hexdigest())
-                                for run, (n, h) in sorted(runs.items()))
-            summary = '{"pid": %d, "runs": {%s}, "secret": "%s"}' % (pid, vouched, secret)
-            write(log, ("swerve-grader: exit %s\n" % summary).encode("ascii"))
+        with lock:
+            book_close()
 
     atexit.register(close)
     if hooked:

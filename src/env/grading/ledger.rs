@@ -20,7 +20,7 @@
 use ring::digest::{digest, SHA256};
 use serde_json::Value;
 
-/// Printed by the command's first test process as it starts (`grader_check.open_ledger`).
+/// Printed by the command's first test process as it starts (`grader_sitecustomize.py`'s ledger book).
 const KEY_LINE: &str = "swerve-grader: process ";
 /// Printed by every graded process at its exit.
 const EXIT_LINE: &str = "swerve-grader: exit ";
