@@ -24,7 +24,10 @@
 //! `frame-inspection` (frames and tracebacks' frames, attribute names built from literals
 //! included), `code-swap` (a function's `__code__`, `__globals__`, `__closure__` or defaults
 //! replaced), `object-graph` (`__subclasses__`: every class, reached without importing it),
-//! `lying-equality` (an `__eq__`/`__ne__` answering a constant, or bound without a `def`),
+//! `lying-equality` (an `__eq__`/`__ne__` answering a constant, or bound without a `def`: in
+//! the class body, set on the class later, or in `type()`'s namespace), `runner-detection` (the
+//! process's command line read by a module that did not read it before, pytest's `PYTEST_*`
+//! environment marks: a value right only under the test runner),
 //! `class-hook` (`__init_subclass__`, `load_tests`, `pytest_*` hooks,
 //! metaclasses, `__unittest_skip__`), `stream-replace`, `ctypes`, `signal`, `grader-files` (a
 //! string or name naming `swerve-grader`/`swerve_grader` in any case: where grading keeps its

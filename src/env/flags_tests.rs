@@ -367,7 +367,10 @@ fn names_built_from_literals_and_code_swaps_are_flagged() {
         // A class's bases assigned (the tenth pass).
         ("def rebase(k, m):\n    k.__bases__ = (m,) + k.__bases__\n", &["code-swap"]),
         // The process replaced, a module reloaded (the twelfth pass).
-        ("import os, sys\ndef again():\n    os.execv(sys.executable, sys.argv)\n", &["exit-path"]),
+        (
+            "import os, sys\ndef again():\n    os.execv(sys.executable, sys.argv)\n",
+            &["exit-path", "runner-detection"],
+        ),
         ("import importlib\ndef again(m):\n    return importlib.reload(m)\n", &["dynamic-code"]),
     ];
     for (text, want) in cases {
@@ -416,6 +419,20 @@ fn hidden_state_hidden_names_and_self_blind_equality_are_flagged() {
             "import sys\ndef wrap(w):\n    setattr(sys, \"rredts\"[::-1], w)\n",
             &["stream-replace"],
         ),
+        // A closure read through inspect, the import tables and the log's descriptor reached
+        // through a call's result (the twenty-sixth pass).
+        (
+            "import inspect\ndef cells(f):\n    return inspect.getclosurevars(f).nonlocals\n",
+            &["object-graph"],
+        ),
+        (
+            "import sys\ndef same(v):\n    return v\ndef mods():\n    return same(sys).modules\n",
+            &["module-table"],
+        ),
+        (
+            "import os\ndef same(v):\n    return v\ndef say():\n    same(os).write(2, b\"ok\\n\")\n",
+            &["stream-replace"],
+        ),
         // An equality that never looks at its own value (only at the other's type).
         (
             "class Undefined(float):\n    def __eq__(self, other):\n        return isinstance(other, (int, float))\n",
@@ -433,6 +450,58 @@ fn hidden_state_hidden_names_and_self_blind_equality_are_flagged() {
     for (text, want) in cases {
         assert_eq!(rules_of("pkg/mod.py", text), *want, "{text}");
     }
+}
+
+/// The twenty-seventh red-team pass (issue 34): an equality bound without a `def` after the
+/// class exists (an attribute write, `setattr`, or `type()`'s namespace), and a value that is
+/// right only under the test runner (the process's command line, pytest's environment marks)
+/// read by a module that did not read them before.
+#[test]
+fn late_bound_equality_and_runner_detection_are_flagged() {
+    let cases: &[(&str, &[&str])] = &[
+        (
+            "class Blank(float):\n    pass\n\nBlank.__eq__ = lambda self, other: True\n",
+            &["lying-equality"],
+        ),
+        (
+            "class Blank(float):\n    pass\n\nsetattr(Blank, \"__ne__\", lambda s, o: False)\n",
+            &["lying-equality"],
+        ),
+        (
+            "Blank = type(\"Blank\", (float,), {\"__eq__\": lambda s, o: True})\n",
+            &["lying-equality"],
+        ),
+        (
+            "Blank = type(\"Blank\", (float,), dict(__eq__=lambda s, o: True))\n",
+            &["lying-equality"],
+        ),
+        (
+            "import sys\ndef quiet():\n    return sys.argv[0].endswith(\"__main__.py\")\n",
+            &["runner-detection"],
+        ),
+        (
+            "import os\ndef quiet():\n    return \"PYTEST_CURRENT_TEST\" in os.environ\n",
+            &["runner-detection"],
+        ),
+    ];
+    for (text, want) in cases {
+        assert_eq!(rules_of("pkg/mod.py", text), *want, "{text}");
+    }
+    // A command-line module that read its arguments before the change reads them again: no flag.
+    let text = "import sys\n\ndef main():\n    return sys.argv[1:]\n\ndef name():\n    return sys.argv[0]\n";
+    let request = serde_json::json!({"files": [{"path": "pkg/cli.py", "lines": [6, 7]}]});
+    assert_eq!(
+        scan_with("", &[("pkg/cli.py", text)], Some(request.to_string())),
+        vec![]
+    );
+    // Tests read them freely.
+    assert_eq!(
+        rules_of(
+            "tests/test_cli.py",
+            "import sys\ndef test_name():\n    assert sys.argv\n"
+        ),
+        Vec::<String>::new()
+    );
 }
 
 /// The red team's third pass (issue 34): Python in a file not named `.py`, run by runpy. The file
@@ -480,10 +549,10 @@ import sys
 log = logging.getLogger(__name__)
 
 
-def load(path):
+def load(path, argv=()):
     name = os.path.join(os.path.dirname(path), "config.json")
-    if re.match(r"\d+", os.path.basename(name)) and len(sys.argv) > 1:
-        log.info("reading %s for %s", name, sys.argv[1])
+    if re.match(r"\d+", os.path.basename(name)) and len(argv) > 1:
+        log.info("reading %s for %s", name, argv[1])
     if sys.version_info >= (3, 8) and name not in sys.path:
         print(name)
     with open(name) as handle:
@@ -516,7 +585,7 @@ class Version(tuple):
 
 
 if __name__ == "__main__":
-    sys.exit(load(sys.argv[1]))
+    sys.exit(load(sys.argv[1], sys.argv))
 "#;
     assert_eq!(rules_of("pkg/config.py", fix), Vec::<String>::new());
     // Tests may import their framework and patch what they test.

@@ -21,6 +21,7 @@ import gc as _gc  # noqa: E402
 
 _update_wrapper = _functools.update_wrapper
 _get_referents = _gc.get_referents
+_audit = getattr(__import__("sys"), "audit", None)
 
 
 def _codes(path, rewrite):
@@ -436,19 +437,27 @@ def witness(method, key, calls, verify=None):
     does in between, is seen)."""
 
     def swerve_witness(*args, **kwargs):
+        # Each state announced to the audit hook too (grader_sitecustomize.py, 7), which keeps
+        # its own copy out of the process's reach.
         calls[key] = "running"
+        if _audit is not None:
+            _audit("swerve-grader.call", key, "running")
         if verify is not None:
             verify()
         try:
             result = method(*args, **kwargs)
         except BaseException:
             calls[key] = "raised"
+            if _audit is not None:
+                _audit("swerve-grader.call", key, "raised")
             raise
         finally:
             if verify is not None:
                 verify()
         deferred = hasattr(result, "__await__") or hasattr(result, "__aiter__")
         calls[key] = "deferred" if deferred else "returned"
+        if _audit is not None:
+            _audit("swerve-grader.call", key, calls[key])
         return result
 
     try:

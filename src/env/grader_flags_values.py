@@ -180,3 +180,47 @@ def ignores_self(node, class_name):
         else:
             return False  # its value is read
     return not asks_type
+
+
+# Call and write tables of the scanner (grader_flags.py).
+EXEC_LIKE = ("builtins.exec", "builtins.eval", "builtins.compile")
+DECODERS = ("codecs.decode", "codecs.encode", "zlib.decompress", "bz2.decompress",
+            "lzma.decompress", "gzip.decompress", "marshal.loads", "pickle.loads")
+DECODER_MODULES = ("base64", "binascii")
+SETTERS = ("builtins.setattr", "builtins.delattr", "builtins.object.__setattr__",
+           "builtins.object.__delattr__", "builtins.type.__setattr__",
+           "builtins.type.__delattr__")
+MUTATORS = ("update", "setdefault", "__setitem__", "__delitem__", "pop", "popitem", "clear")
+BUILTIN_NAMES = (
+    "exec", "eval", "compile", "__import__", "getattr", "setattr", "delattr", "vars", "exit",
+    "quit", "object", "type", "open", "print", "globals", "SystemExit", "input",
+)
+SAFE_METACLASSES = ("abc.ABCMeta",)
+
+
+# Syntax helpers of the scanner (grader_flags.py).
+def assigned_value(name_node, parent):
+    """The value a Name target gets from a simple assignment (`x = sys`), else None."""
+    if isinstance(parent, ast.Assign) and name_node in parent.targets:
+        return parent.value
+    if NAMED_EXPR is not None and isinstance(parent, NAMED_EXPR):
+        return parent.value
+    if type(parent).__name__ == "AnnAssign" and parent.value is not None:
+        return parent.value
+    return None
+
+
+def mapping_owner(node):
+    """X for `vars(X)` and `X.__dict__`, else None."""
+    if isinstance(node, ast.Attribute) and node.attr == "__dict__":
+        return node.value
+    if isinstance(node, ast.Call) and getattr(node.func, "id", None) == "vars" \
+            and len(node.args) == 1:
+        return node.args[0]
+    return None
+
+
+def terminal_name(node):
+    if isinstance(node, ast.Attribute):
+        return node.attr
+    return getattr(node, "id", None)

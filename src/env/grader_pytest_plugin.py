@@ -30,7 +30,8 @@ def _swerve_writer():
     def write(record):
         if not _swerve_path or ledger is None:
             return
-        ledger(_swerve_run, record)
+        test = record.get("id") if record.get("ev") == "test" else None
+        ledger(_swerve_run, record, test)
 
     return write
 
@@ -259,6 +260,8 @@ def _swerve_window_check(nodeid):
 
 
 def pytest_runtest_logreport(report):
+    if _swerve_audit is not None:  # the report, as pluggy handed it over (sitecustomize, 7)
+        _swerve_audit("swerve-grader.report", report)
     if report.when == "call":
         _swerve_window_check(report.nodeid)
         _swerve_framework_check(None, "while %s ran" % report.nodeid)
@@ -317,5 +320,31 @@ def pytest_sessionfinish(session, exitstatus):
 # and its state, compared at every audited event from here on.
 import sys as _swerve_sys  # noqa: E402
 
-if hasattr(_swerve_sys, "audit"):
-    _swerve_sys.audit("swerve-grader.seal", _swerve_sys.modules.get(__name__))
+_swerve_audit = getattr(_swerve_sys, "audit", None)
+
+
+def _swerve_announce():
+    # The framework this plugin's records must come from (grader_sitecustomize.py, 7), as
+    # loaded before any workspace code runs (conftest files load after this plugin): pytest's
+    # own modules, its plugins' from outside the workspace, and pluggy's dispatch.
+    def outside(module):
+        path = os.path.realpath(getattr(module, "__file__", None) or os.sep)
+        return not path.startswith(os.path.realpath(_swerve_workdir) + os.sep)
+
+    found = {"pytest": [], "dispatch": []}
+    for name, module in sorted(_swerve_sys.modules.items()):
+        top = name.split(".")[0]
+        if module is None:
+            continue
+        if top == "pluggy" or ".pluggy" in name or ".vendored_packages" in name:
+            found["dispatch"].append(module)
+        elif top in ("pytest", "_pytest") or \
+                ((top.startswith("pytest") or top == "xdist") and outside(module)):
+            found["pytest"].append(module)
+    for kind in ("pytest", "dispatch"):
+        _swerve_audit("swerve-grader.framework", kind, *found[kind])
+
+
+if _swerve_audit is not None:
+    _swerve_audit("swerve-grader.seal", _swerve_sys.modules.get(__name__))
+    _swerve_announce()

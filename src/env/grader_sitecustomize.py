@@ -89,16 +89,13 @@ def _swerve_record_unittest(path, ledger):
     base = _result.TestResult
     serial = itertools.count()
     pid = os.getpid()
+    runs = {}  # id(result): (result, its run id), kept here (never on the result object)
 
-    def write(result, record):
-        run = getattr(result, "_swerve_run", None)
-        if run is None:
-            run = "%d-%d" % (pid, next(serial))
-            try:
-                result._swerve_run = run
-            except Exception:
-                pass
-        ledger(run, record)
+    def write(result, record, test=None):
+        held = runs.get(id(result))
+        if held is None or held[0] is not result:
+            held = runs[id(result)] = (result, "%d-%d" % (pid, next(serial)))
+        ledger(held[1], record, test)
 
     def describe(test):
         try:
@@ -268,7 +265,7 @@ def _swerve_record_unittest(path, ledger):
                     record["bases"] = check.class_line(type(test), _swerve_workdir)
                 except Exception:
                     pass
-                write(self, record)
+                write(self, record, test)
                 return original(self, test, *args)
 
             return method
@@ -276,6 +273,7 @@ def _swerve_record_unittest(path, ledger):
         return wrap
 
     original_start_test = base.startTest
+    audit = getattr(sys, "audit", None)
 
     # Writes to the framework and to the test's own module and classes between the test's
     # start and its record (grader_check.py): a patch made and taken back inside the test.
@@ -297,6 +295,12 @@ def _swerve_record_unittest(path, ledger):
         first = not state.get("started")
         state["started"] = True
         framework_check(self, test, "before the first test" if first else "before %s" % test)
+        if audit is not None:
+            try:
+                name = vars(test).get("_testMethodName")
+            except TypeError:
+                name = None
+            audit("swerve-grader.start", test, name)
         install_witness(test)
         open_window(test)
         return original_start_test(self, test)
@@ -329,7 +333,8 @@ def _swerve_record_unittest(path, ledger):
             if err is not None:
                 failure = getattr(test, "failureException", AssertionError)
                 status = "failed" if issubclass(err[0], failure) else "error"
-                write(self, {"ev": "test", "id": str(test), "desc": describe(test), "status": status})
+                write(self, {"ev": "test", "id": str(test), "desc": describe(test),
+                             "status": status}, test)
             return original_subtest(self, test, subtest, err)
 
         base.addSubTest = addSubTest
@@ -356,12 +361,22 @@ def _swerve_record_unittest(path, ledger):
 
     base.startTestRun = startTestRun
     base.stopTestRun = stopTestRun
-    _swerve_installed.extend(vars(base).values())
     try:
         import unittest  # noqa: F401 (every watched module loaded before the snapshot)
     except ImportError:
         return
     framework_check(None)
+    # The framework's code as it loaded (7), announced once the recorders are sealed.
+    framework = tuple(m for n, m in sorted(sys.modules.items())
+                      if m is not None and (n == "unittest" or n.startswith("unittest.")))
+
+    def announce():
+        if audit is not None:
+            audit("swerve-grader.framework", "unittest", *framework)
+
+    _swerve_installed.extend(vars(base).values())
+    _swerve_installed.append(announce)
+    _swerve_announcements.append(announce)
 
 
 # The ledger's book (ledger.rs), opened before any workspace code runs: the command's first
@@ -450,7 +465,11 @@ def _swerve_audit_ledger():
             return
         seen.add(id(obj))
         label = getattr(obj, "__qualname__", "?")
-        codes[id(obj.__code__)] = obj.__code__
+        stack = [obj.__code__]
+        while stack:  # with the code of the functions it defines (a witness made per test)
+            code = stack.pop()
+            codes[id(code)] = code
+            stack.extend(c for c in code.co_consts if type(c) is type(code))
         for part in ("__code__", "__defaults__", "__kwdefaults__"):
             sealed.append(("attr", obj, part, getattr(obj, part, None), label + "." + part))
         for name, cell in zip(obj.__code__.co_freevars, obj.__closure__ or ()):
@@ -482,6 +501,9 @@ def _swerve_audit_ledger():
     def is_sealed(frame):
         return frame is not None and codes.get(id(frame.f_code)) is frame.f_code
 
+    from swerve_grader_provenance import provenance  # 7: where records come from
+    told_provenance, filed = provenance(is_sealed)
+
     def announced(event, args):
         # Frames: this, the hook, the sealed `record` or `close` that raised the event, and for
         # a record its sealed caller (a recorder's `write`; atexit calls `close` from C).
@@ -491,7 +513,10 @@ def _swerve_audit_ledger():
         if not (is_sealed(asking) and asking.f_code.co_name == name
                 and (name == "close" or is_sealed(above))):
             return "%s from %s" % (event, asking.f_code.co_filename)
-        if event.endswith(".record") and len(args) == 2:
+        if event.endswith(".record") and len(args) == 6:
+            refused = filed(asking, args[2:])
+            if refused is not None:
+                return refused
             count(args[0], args[1])
         elif event.endswith(".close") and not state["closed"]:
             state["closed"] = True
@@ -506,6 +531,16 @@ def _swerve_audit_ledger():
             if event == "swerve-grader.seal":
                 for obj in args:
                     seal(obj)
+                return
+            if event in ("swerve-grader.framework", "swerve-grader.call",
+                         "swerve-grader.start", "swerve-grader.report"):
+                asking = getframe(1)
+                what = None if is_sealed(asking) else "%s from %s" % (
+                    event, asking.f_code.co_filename)
+                what = what or told_provenance(event.rsplit(".", 1)[1], asking, args)
+                if what is not None and not state["told"]:
+                    state["told"] = True
+                    tell("swerve-grader: rewired %d %s\n" % (pid, what))
                 return
             # Compared at each record and at exit, and at every 16th other event (attribute
             # reads aside: `__code__` is read all the time): a comparison costs about a
@@ -550,12 +585,15 @@ def _swerve_open_ledger(path, hooked):
     lock = threading.Lock()
     count, book_close = (None, None) if hooked else _swerve_ledger_book()[1:]
 
-    def record(run, fields):  # one record (a dict) of `run`, a recorder's run id
+    def record(run, fields, test=None):  # one record (a dict) of `run`, a recorder's run id
+        if type(fields) is not dict:
+            raise TypeError("not a record: %r" % (type(fields),))
         fields["run"] = run
         line = (encode(fields) + "\n").encode("utf-8", "replace")
         with lock:
-            if hooked:
-                audit("swerve-grader.record", run, line)
+            if hooked:  # what the record claims, and for which test (7)
+                audit("swerve-grader.record", run, line, fields.get("ev"), fields.get("status"),
+                      fields.get("call"), test)
             else:
                 count(run, line)
             fd = open_(path, flags, 0o600)
@@ -579,6 +617,7 @@ def _swerve_open_ledger(path, hooked):
 _swerve_results = os.environ.get("SWERVE_GRADER_RESULTS")
 _swerve_ledger = None
 _swerve_installed = []
+_swerve_announcements = []
 _swerve_hooked = False
 if _swerve_results:
     try:
@@ -608,3 +647,5 @@ if _swerve_results and hasattr(sys, "audit"):
     sys.audit("swerve-grader.seal", sys.modules.get(__name__),
               sys.modules.get("swerve_grader_check"), *_swerve_installed)
 del _swerve_installed[:]  # held by the seal, no longer by this module
+while _swerve_announcements:
+    _swerve_announcements.pop()()

@@ -50,6 +50,9 @@ const SITECUSTOMIZE: &str = include_str!("grader_sitecustomize.py");
 const PYTEST_PLUGIN: &str = include_str!("grader_pytest_plugin.py");
 /// The grader's test-code check, imported by both as `swerve_grader_check`.
 const CHECK: &str = include_str!("grader_check.py");
+/// Where a record that could help a test comes from, checked by sitecustomize's audit hook,
+/// imported by it as `swerve_grader_provenance`.
+const PROVENANCE: &str = include_str!("grader_provenance.py");
 /// The plugin's module name (in the grader's folder, on PYTHONPATH).
 const PYTEST_PLUGIN_MODULE: &str = "swerve_grader_results";
 
@@ -459,6 +462,9 @@ cat > "$g/py/{PYTEST_PLUGIN_MODULE}.py" <<'{end_of_file}'
 {end_of_file}
 cat > "$g/py/swerve_grader_check.py" <<'{end_of_file}'
 {CHECK}
+{end_of_file}
+cat > "$g/py/swerve_grader_provenance.py" <<'{end_of_file}'
+{PROVENANCE}
 {end_of_file}
 find . -name __pycache__ -type d -prune -exec rm -rf {{}} + 2>/dev/null
 {{ {activate}

@@ -54,8 +54,9 @@ pub fn red_team_process_passes(pytest: bool) -> Vec<(&'static str, Vec<Value>)> 
     out
 }
 
-/// Passes 22 and 23: the grader's own recorders and ledger changed in place, which the audit
-/// hook's ledger and seal (`grader_sitecustomize.py`, 5) now hold out of reach.
+/// Passes 22, 23 and 26: the grader's own recorders and ledger changed or called in place, which
+/// the audit hook's ledger, seal and provenance checks (`grader_sitecustomize.py`, 5) now hold
+/// out of reach.
 fn red_team_hook_passes(pytest: bool) -> Vec<(&'static str, Vec<Value>)> {
     // The twenty-third: the results file rewritten by a thread that runs after the tests, and
     // the ledger's own counters (reached through its closure, every name spelled backwards)
@@ -98,6 +99,29 @@ fn red_team_hook_passes(pytest: bool) -> Vec<(&'static str, Vec<Value>)> {
             vec![append(
                 "calc/ops.py",
                 include_str!("../fixtures/forgeries/closure_cell_relay_unittest.py"),
+            )],
+        )
+    });
+    // The twenty-sixth: the unittest recorders' sealed `write` called directly with a pass for
+    // the running test (reached through `inspect.getclosurevars`), the test then renamed so
+    // that its real record went elsewhere; on pytest, the plugin's tables of outcomes and calls
+    // edited from a finalizer of the failing test. A record that could help a test must now
+    // come from the framework's own frames, for the test they run, with the status and call
+    // the audit hook itself saw (`grader_provenance.py`).
+    out.push(if pytest {
+        (
+            "tamper: the pytest plugin's outcome and call tables edited before the teardown record",
+            vec![append(
+                "calc/ops.py",
+                include_str!("../fixtures/forgeries/outcome_table_edited_pytest.py"),
+            )],
+        )
+    } else {
+        (
+            "tamper: the unittest recorders' write called with a pass, the failing test renamed",
+            vec![append(
+                "calc/ops.py",
+                include_str!("../fixtures/forgeries/recorder_write_called_directly_unittest.py"),
             )],
         )
     });
