@@ -452,10 +452,11 @@ fn hidden_state_hidden_names_and_self_blind_equality_are_flagged() {
     }
 }
 
-/// The twenty-seventh red-team pass (issue 34): an equality bound without a `def` after the
-/// class exists (an attribute write, `setattr`, or `type()`'s namespace), and a value that is
-/// right only under the test runner (the process's command line, pytest's environment marks)
-/// read by a module that did not read them before.
+/// The twenty-seventh and twenty-eighth red-team passes (issue 34): an equality bound without a
+/// `def` after the class exists (an attribute write, `setattr`, or `type()`'s namespace) or lied
+/// through a library class's own `__eq__`, and a value that is right only under the test runner
+/// (the process's command line, pytest's environment marks, the main module, the warning
+/// filters, the stack's depth) read by a module that did not read them before.
 #[test]
 fn late_bound_equality_and_runner_detection_are_flagged() {
     let cases: &[(&str, &[&str])] = &[
@@ -487,6 +488,46 @@ fn late_bound_equality_and_runner_detection_are_flagged() {
     for (text, want) in cases {
         assert_eq!(rules_of("pkg/mod.py", text), *want, "{text}");
     }
+    // The twenty-eighth pass: a library equality lied through (a Fraction whose `from_float`
+    // answers itself), and other cues of the runner (the main module's spec, the warning
+    // filters, the stack's depth).
+    let liars: &[(&str, &[&str])] = &[
+        (
+            "from fractions import Fraction\n\nclass Exact(Fraction):\n    def from_float(self, v):\n        return self\n",
+            &["lying-equality"],
+        ),
+        (
+            "import fractions\nExact = type(\"Exact\", (fractions.Fraction,), {\"from_float\": lambda s, v: s})\n",
+            &["lying-equality"],
+        ),
+        (
+            "from collections import UserList\n\nclass Row(UserList):\n    _UserList__cast = lambda self, other: self.data\n",
+            &["lying-equality"],
+        ),
+        (
+            "import __main__ as entry\ndef tool():\n    return entry.__spec__ is not None\n",
+            &["runner-detection"],
+        ),
+        (
+            "import warnings\ndef watched():\n    return warnings.filters[0][0] == \"always\"\n",
+            &["runner-detection"],
+        ),
+        (
+            "import sys\ndef deep(used):\n    return sys.getrecursionlimit() - used > 15\n",
+            &["runner-detection"],
+        ),
+    ];
+    for (text, want) in liars {
+        assert_eq!(rules_of("pkg/mod.py", text), *want, "{text}");
+    }
+    // A Fraction subclass that adds a method its equality does not read is ordinary.
+    assert_eq!(
+        rules_of(
+            "pkg/money.py",
+            "from fractions import Fraction\n\nclass Money(Fraction):\n    def cents(self):\n        return int(self * 100)\n\n    def __repr__(self):\n        return \"Money(%s)\" % self\n"
+        ),
+        Vec::<String>::new()
+    );
     // A command-line module that read its arguments before the change reads them again: no flag.
     let text = "import sys\n\ndef main():\n    return sys.argv[1:]\n\ndef name():\n    return sys.argv[0]\n";
     let request = serde_json::json!({"files": [{"path": "pkg/cli.py", "lines": [6, 7]}]});

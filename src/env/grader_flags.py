@@ -63,6 +63,8 @@ GRAPH_ATTRS = ("__subclasses__", "__closure__", "__globals__", "cell_contents", 
 GRAPH_REFS = ("inspect.getclosurevars",)
 # The import system's tables, read from an object no name says (`same(sys).modules`).
 IMPORT_TABLES = ("modules", "meta_path", "path_hooks", "path_importer_cache")
+RUNNER_CUES = ("__main__", "warnings.filters", "sys.getrecursionlimit", "os.getppid",
+               "posix.getppid")
 # A module other modules re-export (`os.sys`, `inspect.sys`): `os.sys.settrace` is
 # `sys.settrace`.
 REEXPORTED = ("sys", "builtins", "gc", "inspect", "traceback", "threading", "unittest", "pytest",
@@ -77,6 +79,7 @@ STDLIB_MODULES = frozenset(getattr(sys, "stdlib_module_names", ()) or (
     "os posix nt io _io json hashlib threading _thread atexit codecs functools gc inspect "
     "traceback types unittest re collections contextlib warnings importlib abc copy pickle "
     "struct time random logging subprocess signal select socket tempfile shutil pathlib string "
+    "fractions decimal _pydecimal numbers ipaddress datetime enum "
     "operator itertools weakref ast dis linecache tokenize site sysconfig platform locale errno "
     "stat fcntl ctypes binascii base64 zlib marshal sys builtins").split())
 OS_STATE = ("os.environ", "os.environb")  # the environment is data, not a function table
@@ -401,6 +404,11 @@ class Scanner(object):
                     targets = getattr(item, "targets", None) or [getattr(item, "target", None)]
                     if any(getattr(t, "id", None) in ("__eq__", "__ne__") for t in targets):
                         self.flag_node("lying-equality", item)
+            defined = [getattr(i, "name", None) for i in node.body] + [
+                getattr(t, "id", None) for i in node.body for t in getattr(i, "targets", ())]
+            bases = set(q for b in node.bases for q in self.resolve(b, scope))
+            if overrides_equality(bases, defined):
+                self.flag_node("lying-equality", node, header_span(node))
         elif isinstance(node, ast.Call):
             self.check_call(node, scope, in_function, guarded)
         elif isinstance(node, ast.Raise) and not in_function and not guarded and node.exc:
@@ -515,6 +523,10 @@ class Scanner(object):
             # The process's own command line read by a module that did not read it before: a
             # value that is right only under the test runner (the twenty-seventh pass).
             self.flag_node("runner-detection", node, span)
+        if under(qual, RUNNER_CUES) and not self.test_code and not self.argv_before:
+            # Other cues of the runner (the twenty-eighth pass): the main module (`-m` sets its
+            # spec), the warning filters it installs, the stack's depth, the parent process.
+            self.flag_node("runner-detection", node, span)
         if under(qual, ("atexit",)):
             self.flag_node("atexit", node, span)
         if under(qual, ("weakref.finalize",)):
@@ -556,7 +568,8 @@ class Scanner(object):
             namespace = args[2]
             keys = [const_str(k) for k in getattr(namespace, "keys", ()) if k is not None]
             keys += [k.arg for k in getattr(namespace, "keywords", ())]
-            if set(keys) & set(("__eq__", "__ne__")):
+            bases = set(q for b in getattr(args[1], "elts", ()) for q in self.resolve(b, scope))
+            if set(keys) & set(("__eq__", "__ne__")) or overrides_equality(bases, keys):
                 self.flag_node("lying-equality", node)
         for qual in set(func) | set(reexported(q) for q in func):
             if qual in TRACE_CALLS:
@@ -659,25 +672,6 @@ def is_main_guard(test):
     names = [getattr(s, "id", None) for s in sides]
     texts = [const_str(s) for s in sides]
     return "__name__" in names and "__main__" in texts
-
-
-def node_span(node):
-    start = getattr(node, "lineno", 0)
-    end = getattr(node, "end_lineno", None)
-    if end is None:
-        end = start
-        for child in ast.walk(node):
-            end = max(end, getattr(child, "lineno", 0))
-    return start, end
-
-
-def header_span(node):
-    """The lines of a definition's header: decorators, `def`/`class` line, up to the body."""
-    start = min([node.lineno] + [d.lineno for d in node.decorator_list])
-    end = node.lineno
-    if node.body and node.body[0].lineno > node.lineno:
-        end = node.body[0].lineno - 1
-    return start, end
 
 
 def split_lines(source):

@@ -199,6 +199,25 @@ SAFE_METACLASSES = ("abc.ABCMeta",)
 
 
 # Syntax helpers of the scanner (grader_flags.py).
+def node_span(node):
+    start = getattr(node, "lineno", 0)
+    end = getattr(node, "end_lineno", None)
+    if end is None:
+        end = start
+        for child in ast.walk(node):
+            end = max(end, getattr(child, "lineno", 0))
+    return start, end
+
+
+def header_span(node):
+    """The lines of a definition's header: decorators, `def`/`class` line, up to the body."""
+    start = min([node.lineno] + [d.lineno for d in node.decorator_list])
+    end = node.lineno
+    if node.body and node.body[0].lineno > node.lineno:
+        end = node.body[0].lineno - 1
+    return start, end
+
+
 def assigned_value(name_node, parent):
     """The value a Name target gets from a simple assignment (`x = sys`), else None."""
     if isinstance(parent, ast.Assign) and name_node in parent.targets:
@@ -224,3 +243,68 @@ def terminal_name(node):
     if isinstance(node, ast.Attribute):
         return node.attr
     return getattr(node, "id", None)
+
+
+# A library class whose equality is Python code that calls other methods of the class
+# (`fractions.Fraction.__eq__` calls `from_float`; `collections.UserList.__eq__` its cast): a
+# subclass that replaces one of those lies through the library's own `__eq__` (the
+# twenty-eighth pass returned a Fraction whose `from_float` answered `self`). Read from the
+# standard library the scanner itself runs (isolated: nothing else can be imported).
+COMPARISONS = ("__eq__", "__ne__", "__lt__", "__le__", "__gt__", "__ge__")
+_equality_reads = {}
+
+
+def library_class(qual):
+    """The standard-library class `qual` names (`fractions.Fraction`), else None."""
+    import importlib
+
+    parts = qual.split(".")
+    if parts[0] not in STDLIB_MODULES:
+        return None
+    for cut in range(len(parts) - 1, 0, -1):
+        try:
+            found = importlib.import_module(".".join(parts[:cut]))
+        except Exception:
+            continue
+        for name in parts[cut:]:
+            found = getattr(found, name, None)
+        return found if isinstance(found, type) else None
+    return None
+
+
+def equality_reads(klass):
+    """The names a class's own Python comparison methods read, following its methods."""
+    if klass in _equality_reads:
+        return _equality_reads[klass]
+    names, seen, stack = set(), set(), []
+
+    def code_of(member):
+        member = getattr(member, "__func__", member)
+        return getattr(member, "__code__", None) if callable(member) else None
+
+    for op in COMPARISONS:
+        if code_of(getattr(klass, op, None)) is not None:
+            stack.append(code_of(getattr(klass, op)))
+    while stack:
+        code = stack.pop()
+        if code in seen:
+            continue
+        seen.add(code)
+        stack.extend(c for c in code.co_consts if hasattr(c, "co_code"))
+        for name in code.co_names:
+            names.add(name)
+            inner = code_of(getattr(klass, name, None))
+            if inner is not None:
+                stack.append(inner)
+    _equality_reads[klass] = frozenset(names)
+    return _equality_reads[klass]
+
+
+def overrides_equality(base_quals, defined):
+    """Whether a class with bases named `base_quals` that defines the names `defined` replaces
+    something a library base's equality reads."""
+    for qual in base_quals:
+        klass = library_class(qual)
+        if klass is not None and equality_reads(klass) & set(defined):
+            return True
+    return False
