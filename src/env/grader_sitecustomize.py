@@ -440,7 +440,10 @@ def _swerve_audit_ledger():
     getframe, pid = sys._getframe, os.getpid()
     tell, count, close = _swerve_ledger_book()
     sealed, seen, codes, missing = [], set(), {}, object()
-    state = {"busy": False, "told": False, "closed": False, "events": 0}
+    state = {"told": False, "closed": False, "events": 0}
+    # Threads inside the hook: an event the hook itself raises is not checked again, and one
+    # thread's event never goes unchecked because another thread is in the hook.
+    busy, thread = set(), __import__("_thread").get_ident
 
     def ours(func):
         code = getattr(func, "__code__", None)
@@ -524,9 +527,10 @@ def _swerve_audit_ledger():
         return None
 
     def hook(event, args):
-        if state["busy"]:
+        me = thread()
+        if me in busy:
             return
-        state["busy"] = True
+        busy.add(me)
         try:
             if event == "swerve-grader.seal":
                 for obj in args:
@@ -559,7 +563,7 @@ def _swerve_audit_ledger():
         except Exception:
             pass
         finally:
-            state["busy"] = False
+            busy.discard(me)
 
     add(hook)
     return True
