@@ -452,8 +452,8 @@ fn hidden_state_hidden_names_and_self_blind_equality_are_flagged() {
     }
 }
 
-/// The twenty-seventh and twenty-eighth red-team passes (issue 34): an equality bound without a
-/// `def` after the class exists (an attribute write, `setattr`, or `type()`'s namespace) or lied
+/// The twenty-seventh to twenty-ninth red-team passes (issue 34): an equality bound without a
+/// `def` (after the class exists, by a decorator, a loop, the class's namespace) (an attribute write, `setattr`, or `type()`'s namespace) or lied
 /// through a library class's own `__eq__`, and a value that is right only under the test runner
 /// (the process's command line, pytest's environment marks, the main module, the warning
 /// filters, the stack's depth) read by a module that did not read them before.
@@ -520,6 +520,31 @@ fn late_bound_equality_and_runner_detection_are_flagged() {
     for (text, want) in liars {
         assert_eq!(rules_of("pkg/mod.py", text), *want, "{text}");
     }
+    // The twenty-ninth pass: an equality bound by a decorator, a loop, `:=`, the class body's
+    // namespace or `type.__setattr__`, or one equal to every other type; a library method its
+    // equality calls set on an instance, `__new__` on a Fraction, a base computed by `type()`.
+    let bound: &[&str] = &[
+        "class B(float):\n    @lenient\n    def __eq__(self, other):\n        return float(self) == other\n",
+        "class B(float):\n    for __eq__ in (lambda s, o: True,):\n        pass\n",
+        "class B(float):\n    (__ne__ := lambda s, o: False)\n",
+        "class B(float):\n    locals()[\"__eq__\"] = lambda s, o: True\n",
+        "class B(float):\n    pass\n\ntype.__setattr__(B, \"__eq__\", lambda s, o: True)\n",
+        "class B(float):\n    def __eq__(self, other):\n        return not isinstance(other, type(self))\n",
+        "class B(float):\n    def __eq__(self, other):\n        return type(self) is not type(other)\n",
+        "from fractions import Fraction\ndef share(n):\n    s = Fraction(n)\n    s.from_float = lambda v: s\n    return s\n",
+        "from fractions import Fraction\nclass S(Fraction):\n    def __new__(cls, n, d=None):\n        return super().__new__(cls, n)\n",
+        "from fractions import Fraction\nclass S(type(Fraction())):\n    def from_float(self, v):\n        return self\n",
+    ];
+    for text in bound {
+        assert_eq!(rules_of("pkg/mod.py", text), ["lying-equality"], "{text}");
+    }
+    assert_eq!(
+        rules_of(
+            "pkg/box.py",
+            "class Box:\n    def __init__(self):\n        self.items = []\n        self.data = {}\n"
+        ),
+        Vec::<String>::new()
+    );
     // A Fraction subclass that adds a method its equality does not read is ordinary.
     assert_eq!(
         rules_of(

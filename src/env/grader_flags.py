@@ -58,13 +58,6 @@ FRAME_ATTRS = ("f_back", "f_globals", "f_locals", "tb_frame", "__traceback__", "
 # twenty-second pass rewired the grader's recorders through a cell).
 GRAPH_ATTRS = ("__subclasses__", "__closure__", "__globals__", "cell_contents", "co_freevars",
                "co_cellvars", "func_closure", "func_globals")
-# The same read through a library (the twenty-sixth pass took the recorders' closures with
-# `inspect.getclosurevars`).
-GRAPH_REFS = ("inspect.getclosurevars",)
-# The import system's tables, read from an object no name says (`same(sys).modules`).
-IMPORT_TABLES = ("modules", "meta_path", "path_hooks", "path_importer_cache")
-RUNNER_CUES = ("__main__", "warnings.filters", "sys.getrecursionlimit", "os.getppid",
-               "posix.getppid")
 # A module other modules re-export (`os.sys`, `inspect.sys`): `os.sys.settrace` is
 # `sys.settrace`.
 REEXPORTED = ("sys", "builtins", "gc", "inspect", "traceback", "threading", "unittest", "pytest",
@@ -101,13 +94,6 @@ FUNCTIONS = tuple(getattr(ast, n) for n in ("FunctionDef", "AsyncFunctionDef") i
 COMPREHENSIONS = tuple(getattr(ast, n) for n in ("ListComp", "SetComp", "DictComp",
                                                  "GeneratorExp") if hasattr(ast, n))
 NAMED_EXPR = getattr(ast, "NamedExpr", None)
-
-
-def under(qual, prefixes):
-    for prefix in prefixes:
-        if qual == prefix or qual.startswith(prefix + "."):
-            return prefix
-    return None
 
 
 class Scope(object):
@@ -407,7 +393,10 @@ class Scanner(object):
             defined = [getattr(i, "name", None) for i in node.body] + [
                 getattr(t, "id", None) for i in node.body for t in getattr(i, "targets", ())]
             bases = set(q for b in node.bases for q in self.resolve(b, scope))
-            if overrides_equality(bases, defined):
+            computed = any(isinstance(b, ast.Call) and "builtins.type" in self.resolve(b.func, scope)
+                           for b in node.bases)
+            if overrides_equality(bases, defined) or (
+                    computed and set(defined) & library_methods()):
                 self.flag_node("lying-equality", node, header_span(node))
         elif isinstance(node, ast.Call):
             self.check_call(node, scope, in_function, guarded)
@@ -447,6 +436,9 @@ class Scanner(object):
             self.flag_node(rule, node, header_span(node))
         elif name == "load_tests" or (name.startswith("pytest_") and "pytest" not in self.own):
             self.flag_node("class-hook", node)
+        elif name in ("__eq__", "__ne__") and node.decorator_list:
+            # A decorator may put anything in its place (the twenty-ninth pass).
+            self.flag_node("lying-equality", node, header_span(node))
         elif name in ("__eq__", "__ne__") and constant_comparison(node):
             # An object equal (or unequal) to anything: `assertEqual` and `assert a == b` pass on
             # the test's own terms.
@@ -460,11 +452,21 @@ class Scanner(object):
         if isinstance(node, ast.Attribute) and node.attr in CODE_ATTRS \
                 and not isinstance(node.ctx, ast.Load):
             self.flag_node("code-swap", node, node_span(stmt or node))
+        if isinstance(node, ast.Subscript) and not isinstance(node.ctx, ast.Load) \
+                and const_str(subscript_key(node)) in ("__eq__", "__ne__"):
+            # `locals()["__eq__"] = ...` in a class body, a namespace dict for `type()`.
+            self.flag_node("lying-equality", node, node_span(stmt or node))
         if isinstance(node, ast.Attribute) and node.attr in ("__eq__", "__ne__") \
                 and not isinstance(node.ctx, ast.Load):
             # `Blank.__eq__ = lambda self, other: True`: bound without a `def` to read.
             self.flag_node("lying-equality", node, node_span(stmt or node))
+        if isinstance(node, ast.Attribute) and not isinstance(node.ctx, ast.Load) \
+                and node.attr in library_methods():
+            self.flag_node("lying-equality", node, node_span(stmt or node))
         if isinstance(node, ast.Name) and not isinstance(node.ctx, ast.Load):
+            if node.id in ("__eq__", "__ne__"):
+                # Bound by a loop, `with`, `:=` or import: no `def` to read (the 29th pass).
+                self.flag_node("lying-equality", node, node_span(stmt or node))
             if node.id == "__builtins__":
                 self.flag_node("builtins-write", node, node_span(stmt or node))
             if node.id == "load_tests":
@@ -545,7 +547,7 @@ class Scanner(object):
         args = node.args
         accessors = ("builtins.getattr", "builtins.setattr", "builtins.delattr", "builtins.hasattr",
                      "object.__getattribute__", "object.__setattr__", "builtins.object.__setattr__",
-                     "builtins.object.__getattribute__")
+                     "builtins.object.__getattribute__", "builtins.type.__setattr__")
         if func & set(accessors) and len(args) >= 2:
             name = const_str(args[1])
             if name is None and literal_only(args[1]):
@@ -558,7 +560,8 @@ class Scanner(object):
             if name in GRAPH_ATTRS:
                 self.flag_node("object-graph", node)
             writes = func & set(("builtins.setattr", "builtins.delattr", "object.__setattr__",
-                                 "builtins.object.__setattr__"))
+                                 "builtins.object.__setattr__", "builtins.type.__setattr__",
+                                 "type.__setattr__"))
             if name in CODE_ATTRS and writes:
                 self.flag_node("code-swap", node)
             if name in ("__eq__", "__ne__") and writes:

@@ -179,10 +179,27 @@ def ignores_self(node, class_name):
             asks_type = asks_type or own_type(up)
         else:
             return False  # its value is read
-    return not asks_type
+    if not asks_type:
+        return True
+    # Asking the other's type: an `__eq__` must answer yes to its own type (no to others), an
+    # `__ne__` the reverse; `not isinstance(other, type(self))` in `__eq__` is equal to every
+    # value of another type (the twenty-ninth pass).
+    negated = any(
+        (isinstance(n, ast.UnaryOp) and isinstance(n.op, ast.Not)) or (
+            isinstance(n, ast.Compare) and any(isinstance(o, (ast.IsNot, ast.NotEq))
+                                               for o in n.ops))
+        for n in ast.walk(node))
+    return negated if node.name == "__eq__" else not negated
 
 
 # Call and write tables of the scanner (grader_flags.py).
+# The same read through a library (the twenty-sixth pass took the recorders' closures with
+# `inspect.getclosurevars`).
+GRAPH_REFS = ("inspect.getclosurevars",)
+# The import system's tables, read from an object no name says (`same(sys).modules`).
+IMPORT_TABLES = ("modules", "meta_path", "path_hooks", "path_importer_cache")
+RUNNER_CUES = ("__main__", "warnings.filters", "sys.getrecursionlimit", "os.getppid",
+               "posix.getppid")
 EXEC_LIKE = ("builtins.exec", "builtins.eval", "builtins.compile")
 DECODERS = ("codecs.decode", "codecs.encode", "zlib.decompress", "bz2.decompress",
             "lzma.decompress", "gzip.decompress", "marshal.loads", "pickle.loads")
@@ -199,6 +216,13 @@ SAFE_METACLASSES = ("abc.ABCMeta",)
 
 
 # Syntax helpers of the scanner (grader_flags.py).
+def under(qual, prefixes):
+    for prefix in prefixes:
+        if qual == prefix or qual.startswith(prefix + "."):
+            return prefix
+    return None
+
+
 def node_span(node):
     start = getattr(node, "lineno", 0)
     end = getattr(node, "end_lineno", None)
@@ -296,8 +320,32 @@ def equality_reads(klass):
             inner = code_of(getattr(klass, name, None))
             if inner is not None:
                 stack.append(inner)
+    if names:  # a comparison in Python code builds values too (`cls(n, d)` runs `__new__`)
+        names.add("__new__")
     _equality_reads[klass] = frozenset(names)
     return _equality_reads[klass]
+
+
+# The methods the comparisons of the standard library's value classes call (`from_float`,
+# `_richcmp`, a cast): bound on an instance (`share.from_float = ...`) or defined on a class of a
+# computed base (`class S(type(Fraction())): ...`) they lie the same way (the 29th pass).
+LIBRARY_VALUES = ("fractions.Fraction", "collections.UserList", "collections.UserDict",
+                  "collections.UserString", "_pydecimal.Decimal")
+_library_methods = []
+
+
+def library_methods():
+    if not _library_methods:
+        found = set(["__new__"])
+        for qual in LIBRARY_VALUES:
+            klass = library_class(qual)
+            for name in equality_reads(klass) if klass is not None else ():
+                # Not a name every container has (`items`: `self.items = []` is everywhere).
+                common = set(dir(object)) | set(dir(dict)) | set(dir(list)) | set(dir(str))
+                if callable(getattr(klass, name, None)) and name not in common:
+                    found.add(name)
+        _library_methods.append(frozenset(found))
+    return _library_methods[0]
 
 
 def overrides_equality(base_quals, defined):

@@ -104,6 +104,7 @@ def _swerve_framework_check(klass=None, when="after the last test"):
 
         changed = list(check.framework_changes(_swerve_watch["snapshot"]))
         changed += check.frame_requests()
+        changed += __import__("swerve_grader_values").lies()
         changed += check.framework_writes(_swerve_versions, when)
         if klass is not None:
             changed += check.class_changes(klass, _swerve_workdir, (None, _swerve_rewrite()))
@@ -120,6 +121,15 @@ def _swerve_framework_check(klass=None, when="after the last test"):
 
 def pytest_configure(config):
     _swerve_config.append(config)
+    try:  # lying values in unittest-style tests (grader_values.py), before the snapshot
+        import swerve_grader_values as values
+
+        if not _swerve_config[1:]:
+            values.install(_swerve_workdir, os.environ.get("SWERVE_GRADER_OWNED"))
+            if _swerve_audit is not None:
+                _swerve_audit("swerve-grader.seal", values)
+    except Exception:
+        pass
     try:
         import swerve_grader_check as check
 

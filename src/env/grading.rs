@@ -53,6 +53,9 @@ const CHECK: &str = include_str!("grader_check.py");
 /// Where a record that could help a test comes from, checked by sitecustomize's audit hook,
 /// imported by it as `swerve_grader_provenance`.
 const PROVENANCE: &str = include_str!("grader_provenance.py");
+/// Lying values caught where unittest compares them, installed by both recorders as
+/// `swerve_grader_values`.
+const VALUES: &str = include_str!("grader_values.py");
 /// The plugin's module name (in the grader's folder, on PYTHONPATH).
 const PYTEST_PLUGIN_MODULE: &str = "swerve_grader_results";
 
@@ -465,6 +468,9 @@ cat > "$g/py/swerve_grader_check.py" <<'{end_of_file}'
 {end_of_file}
 cat > "$g/py/swerve_grader_provenance.py" <<'{end_of_file}'
 {PROVENANCE}
+{end_of_file}
+cat > "$g/py/swerve_grader_values.py" <<'{end_of_file}'
+{VALUES}
 {end_of_file}
 find . -name __pycache__ -type d -prune -exec rm -rf {{}} + 2>/dev/null
 {{ {activate}

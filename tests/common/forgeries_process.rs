@@ -125,6 +125,36 @@ fn red_team_hook_passes(pytest: bool) -> Vec<(&'static str, Vec<Value>)> {
             )],
         )
     });
+    // The twenty-ninth: values that lie however their equality is spelled (ten forgeries that
+    // each found a way past the flags). A value the workspace defines that passed an equality
+    // assertion is compared with values a truthful one is not equal to (`grader_values.py`);
+    // this one reads both operands, which no flag rule catches.
+    out.push((
+        "tamper: a value whose equality reads both operands with an infinite tolerance",
+        vec![append(
+            "calc/ops.py",
+            include_str!("../fixtures/forgeries/lying_value_reads_both_operands.py"),
+        )],
+    ));
+    // The thirtieth: the lie carried by a standard-library value (a UserString holding a liar;
+    // an email Charset, equal to the expected number's text). Every value but the built-in ones
+    // is probed, against more values (an offset drawn per process, the number as text).
+    out.extend([
+        (
+            "tamper: a UserString whose data is a workspace liar",
+            vec![append(
+                "calc/ops.py",
+                include_str!("../fixtures/forgeries/library_value_carrying_a_liar.py"),
+            )],
+        ),
+        (
+            "tamper: an email Charset equal to the expected number's text",
+            vec![append(
+                "calc/ops.py",
+                include_str!("../fixtures/forgeries/library_value_equal_to_its_text.py"),
+            )],
+        ),
+    ]);
     out
 }
 

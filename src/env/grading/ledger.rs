@@ -40,11 +40,27 @@ const REWIRED_LINE: &str = "swerve-grader: rewired ";
 /// function's code, a namespace entry) while the tests ran.
 pub const REWIRED: &str = "the grader's own code was rewired while the tests ran";
 
-/// The note, if any, on the command's first process having reported its grader code changed.
-pub fn rewired_note(log: &str) -> Option<&'static str> {
-    let (pid, _) = first_key(log)?;
-    let line = format!("{REWIRED_LINE}{pid} ");
-    log.lines().any(|l| l.contains(&line)).then_some(REWIRED)
+/// Printed by the audit hook the first time a value whose type the workspace defines passed an
+/// equality assertion while equal to a value a truthful one is not equal to
+/// (`grader_values.py`): `swerve-grader: lie PID WHAT`.
+const LIE_LINE: &str = "swerve-grader: lie ";
+/// A value that lies passed an equality assertion.
+pub const LIE: &str = "a value compared equal to the expected value and to another";
+
+/// The notes, if any, on what the command's first process's audit hook reported: its grader
+/// code changed ([`REWIRED`]), a lying value passing an assertion ([`LIE`]).
+pub fn hook_notes(log: &str) -> Vec<&'static str> {
+    let Some((pid, _)) = first_key(log) else {
+        return Vec::new();
+    };
+    [(REWIRED_LINE, REWIRED), (LIE_LINE, LIE)]
+        .into_iter()
+        .filter(|(line, _)| {
+            let line = format!("{line}{pid} ");
+            log.lines().any(|l| l.contains(&line))
+        })
+        .map(|(_, note)| note)
+        .collect()
 }
 
 /// The note, if any, on taking run `run_id` of `results` (the results file) as the command's,
@@ -184,14 +200,20 @@ mod tests {
     }
 
     #[test]
-    fn a_rewired_line_of_the_first_process_is_noted() {
+    fn the_first_processs_hook_lines_are_noted() {
         let key = sha256_hex(SECRET.as_bytes());
         let start = format!("{KEY_LINE}7 key {key}\n");
-        assert_eq!(rewired_note(&start), None);
+        assert!(hook_notes(&start).is_empty());
         let rewired = format!("{start}test ... ok{REWIRED_LINE}7 write's cell ledger\n");
-        assert_eq!(rewired_note(&rewired), Some(REWIRED));
+        assert_eq!(hook_notes(&rewired), vec![REWIRED]);
+        let lie = format!("{start}{LIE_LINE}7 calc.ops.Blank compared equal to 0.0 and to 1.0\n");
+        assert_eq!(hook_notes(&lie), vec![LIE]);
+        assert_eq!(
+            hook_notes(&format!("{rewired}{LIE_LINE}7 x\n")),
+            vec![REWIRED, LIE]
+        );
         // Another process's line, or no key at all: not the command's process.
-        assert_eq!(rewired_note(&format!("{start}{REWIRED_LINE}9 x\n")), None);
-        assert_eq!(rewired_note(&format!("{REWIRED_LINE}7 x\n")), None);
+        assert!(hook_notes(&format!("{start}{REWIRED_LINE}9 x\n")).is_empty());
+        assert!(hook_notes(&format!("{REWIRED_LINE}7 x\n")).is_empty());
     }
 }

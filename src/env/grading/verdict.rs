@@ -109,8 +109,9 @@ impl Observation {
                             let owner = ledger::ownership_note(&text, &run.output, &main.id)
                                 .filter(|_| main.finished);
                             let lineage = main.descendant.then_some(ledger::NOT_FIRST);
-                            let rewired = ledger::rewired_note(&run.output);
-                            for note in [lineage, owner, rewired].into_iter().flatten() {
+                            let hook = ledger::hook_notes(&run.output);
+                            let notes = [lineage, owner].into_iter().flatten().chain(hook);
+                            for note in notes {
                                 if !observation.notes.iter().any(|n| n == note) {
                                     observation.notes.push(note.to_string());
                                 }
