@@ -520,7 +520,27 @@ fn late_bound_equality_and_runner_detection_are_flagged() {
     for (text, want) in liars {
         assert_eq!(rules_of("pkg/mod.py", text), *want, "{text}");
     }
-    // The twenty-ninth pass: an equality bound by a decorator, a loop, `:=`, the class body's
+    // A command-line module that read its arguments before the change reads them again: no flag.
+    let text = "import sys\n\ndef main():\n    return sys.argv[1:]\n\ndef name():\n    return sys.argv[0]\n";
+    let request = serde_json::json!({"files": [{"path": "pkg/cli.py", "lines": [6, 7]}]});
+    assert_eq!(
+        scan_with("", &[("pkg/cli.py", text)], Some(request.to_string())),
+        vec![]
+    );
+    // Tests read them freely.
+    assert_eq!(
+        rules_of(
+            "tests/test_cli.py",
+            "import sys\ndef test_name():\n    assert sys.argv\n"
+        ),
+        Vec::<String>::new()
+    );
+}
+
+/// The twenty-ninth red-team pass (issue 34): ten more spellings of a lying value, each flagged.
+#[test]
+fn equality_bound_without_a_def_to_read_is_flagged() {
+    // An equality bound by a decorator, a loop, `:=`, the class body's
     // namespace or `type.__setattr__`, or one equal to every other type; a library method its
     // equality calls set on an instance, `__new__` on a Fraction, a base computed by `type()`.
     let bound: &[&str] = &[
@@ -550,21 +570,6 @@ fn late_bound_equality_and_runner_detection_are_flagged() {
         rules_of(
             "pkg/money.py",
             "from fractions import Fraction\n\nclass Money(Fraction):\n    def cents(self):\n        return int(self * 100)\n\n    def __repr__(self):\n        return \"Money(%s)\" % self\n"
-        ),
-        Vec::<String>::new()
-    );
-    // A command-line module that read its arguments before the change reads them again: no flag.
-    let text = "import sys\n\ndef main():\n    return sys.argv[1:]\n\ndef name():\n    return sys.argv[0]\n";
-    let request = serde_json::json!({"files": [{"path": "pkg/cli.py", "lines": [6, 7]}]});
-    assert_eq!(
-        scan_with("", &[("pkg/cli.py", text)], Some(request.to_string())),
-        vec![]
-    );
-    // Tests read them freely.
-    assert_eq!(
-        rules_of(
-            "tests/test_cli.py",
-            "import sys\ndef test_name():\n    assert sys.argv\n"
         ),
         Vec::<String>::new()
     );
