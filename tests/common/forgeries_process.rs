@@ -125,6 +125,14 @@ fn red_team_hook_passes(pytest: bool) -> Vec<(&'static str, Vec<Value>)> {
             )],
         )
     });
+    out.extend(red_team_value_passes());
+    out
+}
+
+/// Passes 29 to 31: values that lie, caught where unittest compares them
+/// (`grader_values.py`).
+fn red_team_value_passes() -> Vec<(&'static str, Vec<Value>)> {
+    let mut out = Vec::new();
     // The twenty-ninth: values that lie however their equality is spelled (ten forgeries that
     // each found a way past the flags). A value the workspace defines that passed an equality
     // assertion is compared with values a truthful one is not equal to (`grader_values.py`);
@@ -152,6 +160,26 @@ fn red_team_hook_passes(pytest: bool) -> Vec<(&'static str, Vec<Value>)> {
             vec![append(
                 "calc/ops.py",
                 include_str!("../fixtures/forgeries/library_value_equal_to_its_text.py"),
+            )],
+        ),
+    ]);
+    // The thirty-first: a value that settles on the first value it is compared with (the
+    // test's, before the probe); one within a narrow tolerance whose class claims the owned
+    // test module. Probed before the assertion too, in a drawn order, with a tiny drawn step,
+    // whoever claims the type.
+    out.extend([
+        (
+            "a value equal only to the first value it is compared with",
+            vec![append(
+                "calc/ops.py",
+                include_str!("../fixtures/forgeries/lying_value_settles_on_first.py"),
+            )],
+        ),
+        (
+            "tamper: a value equal within a narrow tolerance, its class claiming the test module",
+            vec![append(
+                "calc/ops.py",
+                include_str!("../fixtures/forgeries/lying_value_narrow_tolerance.py"),
             )],
         ),
     ]);
