@@ -114,6 +114,17 @@ def _others(truth):
     return found
 
 
+def _test_double(value):
+    # A mock records every comparison made with it (`call.__eq__(...)` in `mock_calls`): a
+    # probe would change what the test later reads. Making one takes importing a test
+    # framework, which code under test cannot do unflagged.
+    for name in ("unittest.mock", "mock"):
+        kind = getattr(sys.modules.get(name), "NonCallableMock", None)
+        if isinstance(kind, type) and isinstance(value, kind):
+            return True
+    return False
+
+
 def _equal_to_another(liar, truth):
     for other in _others(truth):
         try:
@@ -144,7 +155,8 @@ def install(workdir, owned_json):
     def suspects(a, b, where):  # a pair's non-built-in side equal to another value too
         found = []
         for liar, truth in ((a, b), (b, a)):
-            if type(liar) not in _BUILT_IN and _equal_to_another(liar, truth):
+            if type(liar) not in _BUILT_IN and not _test_double(liar) and \
+                    _equal_to_another(liar, truth):
                 found.append(_entry(liar, truth, where))
         return found
 
@@ -165,6 +177,9 @@ def install(workdir, owned_json):
             result = original(self, first, second, *args, **kwargs)
             entries = []
             for (a, b), early in zip(pairs, before):
+                built_in = type(a) in _BUILT_IN and type(b) in _BUILT_IN
+                if built_in or _test_double(a) or _test_double(b):
+                    continue
                 try:
                     equal = bool(a == b)
                 except Exception:
