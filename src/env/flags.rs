@@ -3,7 +3,8 @@
 //!
 //! ```text
 //!   the agent's diff ──► added_lines(patch)   [("pkg/mod.py", [3, 4, 10]), ...]  (.py only)
-//!        └─► {"files": [{"path", "lines"}]} on the stdin of flags_command(python)
+//!        └─► {"files": [{"path", "lines"}]} on the stdin of flags_command(python), after the
+//!              scanner itself (flags_input)
 //!              (in the grading sandbox's workdir, the patch applied: grader_flags.py parses
 //!               each file with `ast` and checks rules over the tree, resolving names through
 //!               imports and assignments; only constructs on added lines are reported)
@@ -79,9 +80,6 @@ pub const MAX_FLAGS: usize = 200;
 
 /// Most characters of a flag's `text`.
 pub const MAX_TEXT_CHARS: usize = 160;
-
-/// The line that ends the script in the command's here-document.
-const END_OF_SCRIPT: &str = "SWERVE_FLAGS_SCRIPT_END";
 
 /// The added line numbers (in the new version) of each `.py` file of a unified git diff (as
 /// `git diff --binary --src-prefix=a/ --dst-prefix=b/` writes it), in the diff's order; files
@@ -220,13 +218,15 @@ fn hunk_header(line: &str) -> Option<(usize, usize, usize)> {
     Some((start, old, new))
 }
 
-/// The POSIX sh command that scans the files named by the JSON on its stdin
+/// The POSIX sh command that scans the files named by the JSON request at the end of its stdin
 /// (`{"files": [{"path": "pkg/mod.py", "lines": [3, 4]}]}`, paths relative to the workdir it runs
-/// in) and prints the flags, one JSON object a line (read them with [`parse_flags`]). It writes
-/// the scanner to a temporary file under `$HOME/.swerve-grader/` (removed at exit) and runs it
-/// with `python` (`""`: `python3` if on PATH, else `python`) as `-I -S` (`-E -S` where `-I` is
-/// unknown). Without a Python 3 it prints one `no-scanner` flag; a scanner that fails prints a
-/// `scanner-error` flag. It exits 0 either way.
+/// in), stdin being [`flags_input`]: the scanner, then the request. It prints the flags, one JSON
+/// object a line (read them with [`parse_flags`]), running the scanner with `python` (`""`:
+/// `python3` if on PATH, else `python`) as `-I -S` (`-E -S` where `-I` is unknown) from memory:
+/// nothing is written in the sandbox, and the command stays small (a Kubernetes exec carries
+/// it in the request's URI, which the scanner itself no longer fits). Without a Python 3 it
+/// prints one `no-scanner` flag; a scanner that fails prints a `scanner-error` flag. It exits 0
+/// either way.
 pub fn flags_command(python: &str) -> String {
     let pick = if python.is_empty() {
         "py=; if command -v python3 >/dev/null 2>&1; then py=python3; \
@@ -235,30 +235,32 @@ pub fn flags_command(python: &str) -> String {
     } else {
         format!("py={}", shell_quote(python))
     };
-    let newline = if FLAGS_SCRIPT.ends_with('\n') {
-        ""
-    } else {
-        "\n"
-    };
     format!(
-        r#"g="$HOME/.swerve-grader"; mkdir -p "$g" 2>/dev/null
-f=$(mktemp "$g/flags.XXXXXX" 2>/dev/null) || f="$g/flags-$$.py"
-trap 'rm -f "$f"' EXIT
-cat > "$f" <<'{END_OF_SCRIPT}'
-{FLAGS_SCRIPT}{newline}{END_OF_SCRIPT}
-{pick}
+        r#"{pick}
 if [ -z "$py" ] || ! "$py" -E -S -c 'import sys; sys.exit(0 if sys.version_info[0] >= 3 else 1)' </dev/null >/dev/null 2>&1; then
+  cat >/dev/null
   echo '{{"path": "", "line": 0, "rule": "no-scanner", "text": "no Python 3 in the sandbox (python3, python): the change was not scanned"}}'
   exit 0
 fi
-if "$py" -I -S -c '' </dev/null >/dev/null 2>&1; then "$py" -I -S "$f"; else "$py" -E -S "$f"; fi
+boot='import io, sys
+data = sys.stdin.buffer.read()
+size = int(sys.argv[1])
+sys.stdin = io.TextIOWrapper(io.BytesIO(data[size:]), encoding="utf-8")
+exec(compile(data[:size], "swerve-flags", "exec"), {{"__name__": "__main__"}})'
+if "$py" -I -S -c '' </dev/null >/dev/null 2>&1; then "$py" -I -S -c "$boot" {size}; else "$py" -E -S -c "$boot" {size}; fi
 rc=$?
 if [ "$rc" -ne 0 ]; then
   echo '{{"path": "", "line": 0, "rule": "scanner-error", "text": "the flag scanner exited with status '"$rc"'"}}'
 fi
 exit 0
-"#
+"#,
+        size = FLAGS_SCRIPT.len()
     )
+}
+
+/// What [`flags_command`] reads on its stdin: the scanner, then `request`.
+pub fn flags_input(request: &str) -> Vec<u8> {
+    [FLAGS_SCRIPT.as_bytes(), request.as_bytes()].concat()
 }
 
 /// The flags in the scanner's output: each line that is a JSON object with exactly the fields

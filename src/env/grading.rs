@@ -264,7 +264,8 @@ fn scan(
         "{{ {activate}\n}} >/dev/null 2>&1 </dev/null\n{}",
         flags::flags_command("")
     );
-    let out = sandbox.exec(&command, Some(input.as_bytes()), timeout, 4 << 20)?;
+    let input = flags::flags_input(&input);
+    let out = sandbox.exec(&command, Some(&input), timeout, 4 << 20)?;
     if !out.success() {
         bail!(
             "task {}: the syntax-tree scan failed ({}): {}",
