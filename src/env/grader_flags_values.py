@@ -337,11 +337,11 @@ _library_methods = []
 def library_methods():
     if not _library_methods:
         found = set(["__new__"])
+        # Not a name every container has (`items`: `self.items = []` is everywhere).
+        common = set(dir(object)) | set(dir(dict)) | set(dir(list)) | set(dir(str))
         for qual in LIBRARY_VALUES:
             klass = library_class(qual)
             for name in equality_reads(klass) if klass is not None else ():
-                # Not a name every container has (`items`: `self.items = []` is everywhere).
-                common = set(dir(object)) | set(dir(dict)) | set(dir(list)) | set(dir(str))
                 if callable(getattr(klass, name, None)) and name not in common:
                     found.add(name)
         _library_methods.append(frozenset(found))

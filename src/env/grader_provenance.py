@@ -154,9 +154,12 @@ def provenance(is_sealed):
             if claim is not None and type_(claim) is not str_:
                 return "a record whose fields are not strings"
         if ev not in ("start", "end", "test") or status in ("failed", "error"):
-            if ev == "test" and test is not None:  # a failure: nothing of it kept
-                calls.pop(test if type_(test) is str_ else id_(test), None)
-                outcomes.pop(test, None) if type_(test) is str_ else names.pop(id_(test), None)
+            if ev == "test" and type_(test) is str_:  # a failure: nothing of it kept
+                calls.pop(test, None)
+                outcomes.pop(test, None)
+            elif ev == "test" and test is not None:
+                calls.pop(id_(test), None)
+                names.pop(id_(test), None)
             return None
         frame, entry = asking.f_back, None
         while is_sealed(frame):

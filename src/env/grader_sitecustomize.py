@@ -369,8 +369,7 @@ def _swerve_record_unittest(path, ledger):
     try:  # lying values, caught where unittest compares them (grader_values.py)
         import swerve_grader_values
 
-        _swerve_installed.extend(swerve_grader_values.install(
-            _swerve_workdir, os.environ.get("SWERVE_GRADER_OWNED")))
+        _swerve_installed.extend(swerve_grader_values.install())
     except Exception:
         pass
     framework_check(None)

@@ -50,7 +50,8 @@ class _Unequal(object):
 
 
 def lies():
-    """The lying values seen so far ("TYPE compared equal to X and to Y (ASSERTION)")."""
+    """The lying values seen so far ("TYPE compared equal to a TYPE and to other values
+    (ASSERTION)")."""
     return list(_lies)
 
 
@@ -143,10 +144,10 @@ def _entry(liar, truth, where):  # the same text in every run: types only, no va
         name(type(liar)), name(type(truth)), where.lstrip("_"))
 
 
-def install(workdir, owned_json):
+def install():
     """Wraps unittest's equality assertions with the probe; returns the wrappers (to seal).
-    (`workdir` and `owned_json` are kept for the recorders' calls: every value but the built-in
-    ones is probed, a test's own helper types too, which the reference run shows the same.)"""
+    Every value but the built-in ones is probed, a test's own helper types too (the reference
+    run shows those the same)."""
     try:
         from unittest import case
     except ImportError:
