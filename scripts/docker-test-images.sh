@@ -6,7 +6,9 @@
 #   swerve-test-swebench:1  FROM the above: tests/fixtures/docker/swebench/repo committed in git
 #                           at /testbed (mathx.mean floors: a known bug), SWE-bench-shaped.
 #   swerve-test-django:1    FROM the above: tests/fixtures/docker/django/repo at /testbed, with a
-#                           standard-library stand-in for Django's tests/runtests.py.
+#                           standard-library stand-in for Django's tests/runtests.py; its package
+#                           installed as a copy in site-packages (`pip install .`, as Django
+#                           1.7-2.2's `python setup.py install` copies), which the runner imports.
 #
 # The two repository images carry the commit as the label `swerve.base_commit` (also written to
 # /swerve/base_commit). The commit is made on the host with fixed names and dates, so its hash
@@ -81,13 +83,13 @@ commit_fixture() { # FIXTURE DEST: DEST/repo is the fixture's repo committed in 
   )
 }
 
-build_repo_image() { # FIXTURE IMAGE
-  local fixture=$1 image=$2 base_id content dir commit
+build_repo_image() { # FIXTURE IMAGE [INSTALL]: INSTALL run in /testbed, its leftovers removed
+  local fixture=$1 image=$2 install=${3:-true} base_id content dir commit
   base_id=$("$DOCKER" image inspect -f '{{.Id}}' "$BASE")
   # The fixture's files (names, modes, contents), this function's recipe and the base image.
   content=$(
     {
-      echo "v1 $base_id"
+      echo "v1 $base_id $install"
       declare -f build_repo_image commit_fixture
       tar --sort=name --mtime=@0 --owner=0 --group=0 --numeric-owner -cf - -C "$FIXTURES" "$fixture"
     } | hash
@@ -105,7 +107,7 @@ build_repo_image() { # FIXTURE IMAGE
 FROM $BASE
 COPY repo/ /testbed/
 RUN mkdir -p /swerve && echo $commit > /swerve/base_commit \
- && cd /testbed && git update-index -q --refresh \
+ && cd /testbed && $install && rm -rf build *.egg-info && git update-index -q --refresh \
  && test "\$(git rev-parse HEAD)" = $commit \
  && test -z "\$(git status --porcelain)"
 WORKDIR /testbed
@@ -117,4 +119,5 @@ EOF
 command -v "$DOCKER" >/dev/null || { echo "no $DOCKER CLI" >&2; exit 1; }
 build_base
 build_repo_image swebench swerve-test-swebench:1
-build_repo_image django swerve-test-django:1
+build_repo_image django swerve-test-django:1 \
+  "pip install -q --no-deps --no-index --no-build-isolation --break-system-packages ."

@@ -134,6 +134,7 @@ fn swerves_commands_are_the_harness_commands_for_every_repository_and_version() 
             row["script"]
         );
     }
+    differences.extend(install_differences(&rows));
     assert!(
         differences.is_empty(),
         "{} differences from SWE-bench's harness {}:\n{}",
@@ -161,6 +162,78 @@ fn swerves_commands_are_the_harness_commands_for_every_repository_and_version() 
             "{repo} is not in the harness's specifications"
         );
     }
+}
+
+/// How an install command of the harness's leaves the package: `Some(true)` a copy in
+/// site-packages (`python setup.py install`, `pip install .`), `Some(false)` the tree itself
+/// (`pip install -e`, `setup.py develop`), None a form grading does not stand in for.
+fn installs_a_copy(command: &str) -> Option<bool> {
+    let mut copy = false;
+    for part in command
+        .split([';', '&'])
+        .map(str::trim)
+        .filter(|p| !p.is_empty())
+    {
+        let words: Vec<&str> = part.split_whitespace().collect();
+        let pip = words.windows(2).any(|w| w == ["pip", "install"]);
+        if pip && words.iter().any(|w| *w == "-e" || *w == "--editable") {
+            continue;
+        }
+        if part.ends_with("setup.py develop") || part.ends_with("setup.py build") {
+            continue;
+        }
+        if part.ends_with("setup.py install") || pip && words.last() == Some(&".") {
+            copy = true;
+            continue;
+        }
+        return None;
+    }
+    Some(copy)
+}
+
+/// The harness re-runs each specification's install after the patch; grading stands in for it
+/// (`src/env/grading/installed.rs`): nothing to do where the install is editable, the change
+/// carried into the copy where it copies. Every install is one of the two, and those that copy
+/// are the repositories docs/grading.md names.
+fn install_differences(rows: &[Value]) -> Vec<String> {
+    const COPYING: &[&str] = &["django/django", "matplotlib/matplotlib", "psf/requests"];
+    let mut out = Vec::new();
+    for row in rows {
+        let repo = row["repo"].as_str().unwrap();
+        let at = format!("{repo} {}", row["version"].as_str().unwrap());
+        let Some(install) = row["install"].as_str() else {
+            continue;
+        };
+        match installs_a_copy(install) {
+            None => out.push(format!(
+                "{at}: an install grading does not stand in for: `{install}`"
+            )),
+            Some(true) if !COPYING.contains(&repo) => out.push(format!(
+                "{at}: installs a copy (`{install}`), not listed in docs/grading.md"
+            )),
+            _ => {}
+        }
+    }
+    let copying = |repo: &str, version: &str| {
+        rows.iter()
+            .find(|r| r["repo"] == repo && r["version"] == version)
+            .and_then(|r| installs_a_copy(r["install"].as_str()?))
+    };
+    // The forms the departures table names, as the harness has them.
+    for (repo, version, copy) in [
+        ("django/django", "2.2", true),
+        ("django/django", "3.0", false),
+        ("matplotlib/matplotlib", "2.2", true),
+        ("psf/requests", "2.0", true),
+        ("scikit-learn/scikit-learn", "1.3", false),
+    ] {
+        if copying(repo, version) != Some(copy) {
+            out.push(format!(
+                "{repo} {version}: expected an install that copies: {copy}"
+            ));
+        }
+    }
+    out
 }
 
 /// Logs shaped as each runner prints them: pytest's `-rA` summary (parametrised ids, a path

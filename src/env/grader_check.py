@@ -498,9 +498,27 @@ def is_async(func):
 _class_verdicts = {}
 
 
+def _read_copies():
+    import json
+    try:
+        listed = json.loads(os.environ.get("SWERVE_GRADER_COPIES") or "[]")
+        return tuple(os.path.realpath(p) for p in listed if isinstance(p, str) and p)
+    except Exception:
+        return ()
+
+
+# The copies an install made of the work tree's packages in site-packages, which grading carried
+# the change into (src/env/grading/installed.rs): code there is the change's, as in the tree,
+# never library code. Read as this module loads, before any code under test runs.
+_COPIES = _read_copies()
+
+
 def _inside(path, workdir):
     try:
-        return os.path.realpath(path).startswith(os.path.realpath(workdir) + os.sep)
+        real = os.path.realpath(path)
+        if real.startswith(os.path.realpath(workdir) + os.sep):
+            return True
+        return any(real == c or real.startswith(c + os.sep) for c in _COPIES)
     except Exception:
         return False
 

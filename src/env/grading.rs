@@ -10,7 +10,9 @@
 //!        (git apply, then patch --fuzz): a diff that does not apply is unresolved
 //!     2. what the change may not keep, read back from the sandbox (tree.rs: shadows of owned
 //!        modules, conftest.py, .pth, pytest's configuration files, the runner's files) put
-//!        back, named in patch_dropped
+//!        back, named in patch_dropped; the rest carried into the copies an install made of
+//!        the task's packages in site-packages (installed.rs, located before 1), as the
+//!        harness's install after the patch would, without running the change's setup.py
 //!     3. the task's tests: the `tests` folder copied over, or the files `test_patch` touches
 //!        restored to `base_commit` and the patch applied; canaries appended (canary.rs)
 //!     4. the tests run by a script fed on stdin to the sandbox's shell (no file, no argument,
@@ -29,6 +31,7 @@
 //! What is guaranteed and what is not: docs/grading.md.
 
 mod canary;
+mod installed;
 mod ledger;
 mod reference;
 mod results;
@@ -145,6 +148,7 @@ pub fn observe_in(
         Change::Folder(_) => "",
     };
     let activate = task.activate.as_deref().unwrap_or(":");
+    let copies = installed::locate(sandbox, task, timeout)?;
     let applied = sandbox.run(&prepare_command(activate), Some(patch.as_bytes()), timeout)?;
     if applied.exit_code == Some(DIFF_DOES_NOT_APPLY) {
         return Ok(Observed::NotApplied(GradeResult {
@@ -172,7 +176,9 @@ pub fn observe_in(
         sandbox.copy_in(folder)?;
     }
     let owned = plan.owned_paths()?;
-    let dropped = put_back(sandbox, task, plan, &tree, &owned, timeout)?;
+    let (changes, mut dropped) = put_back(sandbox, task, plan, &tree, &owned, timeout)?;
+    let (_, not_carried) = installed::carry(sandbox, task, &copies, &changes, timeout)?;
+    dropped.extend(not_carried);
     let flags = match change {
         Change::Diff(patch) if !patch.is_empty() => scan(sandbox, task, patch, timeout)?,
         _ => Vec::new(),
@@ -182,7 +188,7 @@ pub fn observe_in(
     let canaries = Canaries::new(&owned, &plan.command, rng.next_u64());
     let installed = install_canaries(sandbox, task, &canaries, timeout)?;
     let results_path = format!(".swerve-grader/r-{:016x}.jsonl", rng.next_u64());
-    let script = grader_script(task, plan, &results_path);
+    let script = grader_script(task, plan, &results_path, &copies);
     let run = sandbox.exec(
         "exec sh -s",
         Some(script.as_bytes()),
@@ -205,7 +211,8 @@ pub fn observe_in(
     ))
 }
 
-/// Step 2: the paths the change may not keep, read from the sandbox and put back.
+/// Step 2: the paths the change may not keep, read from the sandbox and put back. Returns the
+/// change's paths (git's status letter and path) and those put back, each with the reason.
 fn put_back(
     sandbox: &mut dyn Sandbox,
     task: &Task,
@@ -213,7 +220,7 @@ fn put_back(
     tree: &str,
     owned: &[String],
     timeout: Duration,
-) -> Result<Vec<(String, String)>> {
+) -> Result<Changes> {
     let listed = sandbox.exec(&tree::changes_command(tree), None, timeout, 16 << 20)?;
     if !listed.success() || listed.omitted_bytes > 0 {
         bail!(
@@ -228,7 +235,7 @@ fn put_back(
     let reference = reference::changed_paths(task)?;
     let dropped = tree::protected(&changes, owned, &runner, &reference);
     if dropped.is_empty() {
-        return Ok(dropped);
+        return Ok((changes, dropped));
     }
     let out = sandbox.run(&tree::restore_command(tree, &dropped), None, timeout)?;
     if !out.success() {
@@ -239,8 +246,11 @@ fn put_back(
             out.output.trim()
         );
     }
-    Ok(dropped)
+    Ok((changes, dropped))
 }
+
+/// A change's paths with git's status letters, and the paths grading put back with reasons.
+type Changes = (Vec<(char, String)>, Vec<(String, String)>);
 
 /// The syntax-tree flags of the lines `patch` adds to Python files, read by the grading
 /// sandbox's own Python 3 over the applied change (flags.rs).
@@ -430,7 +440,12 @@ fn install_tests(
 /// The script the grading sandbox's shell reads on stdin: hardened environment, the grader's
 /// Python files, the command (its stdin closed, so nothing of the script is readable from it);
 /// the shell's exit status is the command's.
-pub fn grader_script(task: &Task, plan: &TestPlan, results_path: &str) -> String {
+fn grader_script(
+    task: &Task,
+    plan: &TestPlan,
+    results_path: &str,
+    copies: &[installed::InstalledCopy],
+) -> String {
     let end_of_file = format!(
         "SWERVE_GRADER_EOF_{:016x}",
         SplitMix64::new(nonce_seed()).next_u64()
@@ -455,6 +470,9 @@ pub fn grader_script(task: &Task, plan: &TestPlan, results_path: &str) -> String
         .filter(|p| p.ends_with(".py"))
         .collect();
     let owned = super::shell_quote(&serde_json::to_string(&owned).unwrap_or_default());
+    // Where the change was carried outside the tree: code there is the change's (installed.rs).
+    let copies: Vec<&str> = copies.iter().map(|c| c.location.as_str()).collect();
+    let copies = super::shell_quote(&serde_json::to_string(&copies).unwrap_or_default());
     format!(
         r#"exec 2>&1
 g="$HOME/.swerve-grader"
@@ -476,7 +494,7 @@ cat > "$g/py/swerve_grader_values.py" <<'{end_of_file}'
 find . -name __pycache__ -type d -prune -exec rm -rf {{}} + 2>/dev/null
 {{ {activate}
 }} >/dev/null 2>&1 </dev/null
-export SWERVE_GRADER_RESULTS="$HOME/{results_path}" SWERVE_GRADER_OWNED={owned}
+export SWERVE_GRADER_RESULTS="$HOME/{results_path}" SWERVE_GRADER_OWNED={owned} SWERVE_GRADER_COPIES={copies}
 export HOME="$g/home" PYTHONNOUSERSITE=1 PYTHONDONTWRITEBYTECODE=1 PYTHONPATH="$g/py"
 export PYTEST_DISABLE_PLUGIN_AUTOLOAD=1 PYTEST_PLUGINS={PYTEST_PLUGIN_MODULE} PYTEST_ADDOPTS="$(cat "$g/pytest-plugins" 2>/dev/null)"
 unset PYTHONSTARTUP PYTHONHOME PYTHONINSPECT PYTHONUSERBASE PYTHONEXECUTABLE
