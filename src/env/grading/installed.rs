@@ -4,7 +4,7 @@
 //! SWE-bench's harness runs the repository's install again after the patch. Where that install
 //! is editable (`pip install -e .`, most repositories), the tests import the work tree and a
 //! change to Python code needs nothing more. Where it copies (`python setup.py install`:
-//! Django 1.7-2.2, matplotlib 1.0-2.2; `pip install .`: requests), a runner may import the copy
+//! Django 1.4-2.2, matplotlib 1.0-2.2; `pip install .`: requests), a runner may import the copy
 //! in site-packages: Django's `tests/runtests.py` puts `tests/`, not the tree, on the path, so
 //! without the install its tests would run the unchanged copy, and even the reference fix would
 //! fail. Running that install would run the change's `setup.py`, code of the agent's, with the
@@ -135,3 +135,7 @@ pub fn carry(
         ),
     }
 }
+
+#[cfg(test)]
+#[path = "installed_tests.rs"]
+mod tests;
