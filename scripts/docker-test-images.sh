@@ -8,7 +8,7 @@
 #   swerve-test-django:1    FROM the above: tests/fixtures/docker/django/repo at /testbed, with a
 #                           standard-library stand-in for Django's tests/runtests.py; its package
 #                           installed as a copy in site-packages (`pip install .`, as Django
-#                           1.7-2.2's `python setup.py install` copies), which the runner imports.
+#                           1.4-2.2's `python setup.py install` copies), which the runner imports.
 #
 # The two repository images carry the commit as the label `swerve.base_commit` (also written to
 # /swerve/base_commit). The commit is made on the host with fixed names and dates, so its hash
