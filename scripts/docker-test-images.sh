@@ -2,15 +2,20 @@
 # Builds the images tests/env_docker.rs runs against, locally (no container registry needed):
 #
 #   swerve-test-python:1    Debian bookworm (mmdebstrap --variant=minbase from Debian's mirror,
-#                           then `docker import`) with python3, pytest, pip, git, procps.
+#                           then `docker import`) with python3, pytest, pip, git, procps, pytz,
+#                           simplejson (marshmallow's tests import the last two).
 #   swerve-test-swebench:1  FROM the above: tests/fixtures/docker/swebench/repo committed in git
 #                           at /testbed (mathx.mean floors: a known bug), SWE-bench-shaped.
 #   swerve-test-django:1    FROM the above: tests/fixtures/docker/django/repo at /testbed, with a
 #                           standard-library stand-in for Django's tests/runtests.py; its package
 #                           installed as a copy in site-packages (`pip install .`, as Django
 #                           1.4-2.2's `python setup.py install` copies), which the runner imports.
+#   swerve-test-marshmallow:1  FROM the above: a real SWE-bench instance's repository, a subset of
+#                           marshmallow at the base_commit of marshmallow-code__marshmallow-1359
+#                           (tests/fixtures/docker/marshmallow/SOURCE.md), installed editable as
+#                           the harness installs it (`pip install -e`, no dependencies needed).
 #
-# The two repository images carry the commit as the label `swerve.base_commit` (also written to
+# The repository images carry the commit as the label `swerve.base_commit` (also written to
 # /swerve/base_commit). The commit is made on the host with fixed names and dates, so its hash
 # depends only on the fixture's files: the build checks the image's HEAD against it.
 #
@@ -23,7 +28,7 @@ DOCKER=${DOCKER:-docker}
 MIRROR=${SWERVE_DEBIAN_MIRROR:-http://deb.debian.org/debian}
 FIXTURES=tests/fixtures/docker
 BASE=swerve-test-python:1
-PACKAGES=python3,python3-pytest,python3-pip,git,procps
+PACKAGES=python3,python3-pytest,python3-pip,git,procps,python3-tz,python3-simplejson
 # Changing anything here rebuilds the base image (the mirror is not part of the recipe).
 BASE_RECIPE="v1 bookworm minbase $PACKAGES no-docs"
 TMP=$(mktemp -d)
@@ -119,5 +124,7 @@ EOF
 command -v "$DOCKER" >/dev/null || { echo "no $DOCKER CLI" >&2; exit 1; }
 build_base
 build_repo_image swebench swerve-test-swebench:1
+build_repo_image marshmallow swerve-test-marshmallow:1 \
+  "pip install -q --no-deps --no-index --no-build-isolation --break-system-packages -e ."
 build_repo_image django swerve-test-django:1 \
   "pip install -q --no-deps --no-index --no-build-isolation --break-system-packages ."

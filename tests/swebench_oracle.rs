@@ -11,47 +11,19 @@
 
 mod common;
 
-use common::python::PythonEnv;
+use common::swebench::{harness_python_of, oracle_lines, pinned_in, HARNESS, HARNESS_5};
 use serde_json::Value;
 use std::process::Command;
 use swerve::env::logs::{self, LogParser, TestStatus};
 use swerve::env::repos;
 
-/// The harness (4.x) whose specifications and parsers swerve's table follows.
-const HARNESS: &[&str] = &["requirements-swebench-nodeps.txt"];
-/// The 5.x harness, whose grading rules `--swebench-rules 5` follows.
-const HARNESS_5: &[&str] = &["requirements-swebench5-nodeps.txt"];
-
 fn pinned_version() -> String {
     pinned_in(HARNESS[0])
-}
-
-/// The swebench version `tests/FILE` pins.
-fn pinned_in(file: &str) -> String {
-    let text = std::fs::read_to_string(common::root().join("tests").join(file)).unwrap();
-    text.lines()
-        .find_map(|l| l.trim().strip_prefix("swebench=="))
-        .unwrap_or_else(|| panic!("tests/{file} pins swebench"))
-        .to_string()
 }
 
 /// An interpreter with the pinned harness (installed without its dependencies).
 fn harness_python() -> std::path::PathBuf {
     harness_python_of(HARNESS)
-}
-
-/// An interpreter with the harness `tests/NO_DEPS[0]` pins (installed without its dependencies).
-fn harness_python_of(no_deps: &'static [&'static str]) -> std::path::PathBuf {
-    let version = pinned_in(no_deps[0]);
-    PythonEnv {
-        venv: format!("swebench-{version}-venv"),
-        requirements: &["requirements-swebench.txt"],
-        no_deps,
-        check: format!(
-            "import importlib.metadata as m, sys, unidiff; sys.exit(m.version('swebench') != {version:?})"
-        ),
-    }
-    .python()
 }
 
 /// The harness's eval scripts, one JSON object per repository and version.
@@ -413,31 +385,6 @@ fn harness_readings(cases: &[(&str, String)]) -> Vec<Value> {
 
 /// `tests/swebench_oracle.py MODE` run by `python` on `input` as JSON lines: one JSON value
 /// read back per line in.
-fn oracle_lines(python: &std::path::Path, mode: &str, input: &[Value]) -> Vec<Value> {
-    let text: String = input.iter().map(|v| format!("{v}\n")).collect();
-    let mut child = Command::new(python)
-        .arg(common::root().join("tests/swebench_oracle.py"))
-        .arg(mode)
-        .stdin(std::process::Stdio::piped())
-        .stdout(std::process::Stdio::piped())
-        .stderr(std::process::Stdio::piped())
-        .spawn()
-        .unwrap();
-    std::io::Write::write_all(&mut child.stdin.take().unwrap(), text.as_bytes()).unwrap();
-    let out = child.wait_with_output().unwrap();
-    assert!(
-        out.status.success(),
-        "tests/swebench_oracle.py {mode} failed:\n{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let lines: Vec<Value> = String::from_utf8(out.stdout)
-        .unwrap()
-        .lines()
-        .map(|l| serde_json::from_str(l).unwrap())
-        .collect();
-    assert_eq!(lines.len(), input.len());
-    lines
-}
 
 #[test]
 fn swerves_log_parsers_read_shaped_logs_as_the_harness_parsers_do() {

@@ -425,6 +425,61 @@ def _swerve_ledger_book():
     return tell, count, close
 
 
+# 4b. Modules run from files written while the tests run (issue 34, thirty-second red-team pass:
+#     code under test wrote a module it then imported the plain way, so the syntax-tree flags,
+#     which read only the change, never saw it). A module's code run (`exec`) or a compiled
+#     module opened, from a file in the workspace, a copy of its packages (installed.rs) or a
+#     folder on the start-up path, whose inode changed after the command's first process
+#     started (`st_ctime`, which no unprivileged process sets back), is printed by the audit
+#     hook: `swerve-grader: written PID PATH`. Folders made later (a test's temporary modules)
+#     are not watched. Python 3.8 and later.
+def _swerve_written_sources(workdir):
+    import json
+    t0 = os.environ.get("SWERVE_GRADER_T0")
+    try:
+        t0 = float(t0)
+    except (TypeError, ValueError):
+        t0 = __import__("time").time()
+        os.environ["SWERVE_GRADER_T0"] = repr(t0)
+    try:
+        copies = [c for c in json.loads(os.environ.get("SWERVE_GRADER_COPIES") or "[]")
+                  if isinstance(c, str)]
+    except ValueError:
+        copies = []
+    real, stat, sep = os.path.realpath, os.stat, os.sep
+    root = real(workdir)
+    watched = []
+    for folder in [workdir] + copies + [p for p in sys.path if isinstance(p, str)]:
+        folder = real(folder or workdir)
+        if folder != sep and folder not in watched:
+            watched.append(folder)
+    seen = set()
+
+    def written(path):
+        if not isinstance(path, str) or not path.startswith(sep):
+            return None
+        path = real(path)
+        if path in seen or not any(path == w or path.startswith(w + sep) for w in watched):
+            return None
+        try:
+            if stat(path).st_ctime < t0:
+                return None
+        except OSError:
+            return None
+        seen.add(path)
+        return path[len(root) + 1:] if path.startswith(root + sep) else path
+
+    def check(event, args):
+        if event == "exec" and args:
+            return written(getattr(args[0], "co_filename", None))
+        if event == "open" and args and isinstance(args[0], str) and \
+                args[0].endswith((".pyc", ".pyo")):
+            return written(os.path.abspath(args[0]))
+        return None
+
+    return check
+
+
 # 5. The ledger and the seal, kept in an audit hook (Python 3.8 and later), which nothing in the
 #    process can reach, change or take away: its state lives in closures only the interpreter
 #    holds (issue 34: the twenty-second pass swapped a recorder's closure cell for a relay, the
@@ -446,6 +501,7 @@ def _swerve_audit_ledger():
     here = os.path.dirname(os.path.realpath(__file__))
     getframe, pid = sys._getframe, os.getpid()
     tell, count, close = _swerve_ledger_book()
+    written = _swerve_written_sources(_swerve_workdir)
     sealed, seen, codes, missing = [], set(), {}, object()
     state = {"told": False, "closed": False, "events": 0}
     # Threads inside the hook: an event the hook itself raises is not checked again, and one
@@ -548,6 +604,10 @@ def _swerve_audit_ledger():
                     lied.add(args[0])
                     tell("swerve-grader: lie %d %s\n" % (pid, str(args[0])[:300]))
                 return
+            if event in ("exec", "open"):
+                path = written(event, args)
+                if path is not None:
+                    tell("swerve-grader: written %d %s\n" % (pid, path[:300]))
             if event in ("swerve-grader.framework", "swerve-grader.call",
                          "swerve-grader.start", "swerve-grader.report"):
                 asking = getframe(1)

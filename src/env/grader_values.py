@@ -62,7 +62,7 @@ def _pairs(name, first, second):
     while stack and len(found) < 2 * _MAX_ITEMS:
         a, b = stack.pop()
         found.append((a, b))
-        if type(a) is type(b) and type(a) in (list, tuple, dict):
+        if type(a) is type(b) and any(type(a) is k for k in (list, tuple, dict)):
             stack.extend(_top_pairs("assertDictEqual" if type(a) is dict
                                     else "assertSequenceEqual", a, b))
     return found
@@ -97,17 +97,17 @@ def _others(truth):
     found = [_Unequal() for _ in range(1 + _draw.randrange(3))]
     kind = type(truth)
     try:
-        if kind in (int, float, complex):
+        if any(kind is k for k in (int, float, complex)):
             tiny = _draw.uniform(1e-9, 1e-6)  # a tolerance is a lie too
             for step in (1, -1, 0.5, -0.5, _offset, tiny, -tiny):
                 if truth + step != truth:
                     found.append(truth + step)
             if kind is not complex:
                 found.append(str(truth))
-        elif kind in (str, bytes):
+        elif kind is str or kind is bytes:
             nul = "\0" if kind is str else b"\0"
             found.extend([truth + nul, nul + truth])
-        elif kind in (list, tuple):
+        elif kind is list or kind is tuple:
             found.append(truth + kind([_Unequal()]))
     except Exception:
         pass
@@ -115,18 +115,63 @@ def _others(truth):
     return found
 
 
+def _built_in(value):
+    # By identity: `type(x) in (...)` compares with `==`, which a metaclass answers (the
+    # thirty-second red-team pass: a class claiming to be `float`).
+    kind = type(value)
+    return any(kind is built_in for built_in in _BUILT_IN)
+
+
 def _test_double(value):
     # A mock records every comparison made with it (`call.__eq__(...)` in `mock_calls`): a
-    # probe would change what the test later reads. Making one takes importing a test
-    # framework, which code under test cannot do unflagged.
+    # probe would change what the test later reads. Left alone only while its equality is a
+    # mock's own (identity, an unconfigured magic method): one told to answer (`m.__eq__.
+    # return_value = True`, a function put in its place) is probed like any value.
     for name in ("unittest.mock", "mock"):
-        kind = getattr(sys.modules.get(name), "NonCallableMock", None)
-        if isinstance(kind, type) and isinstance(value, kind):
-            return True
+        module = sys.modules.get(name)
+        kind = getattr(module, "NonCallableMock", None)
+        if isinstance(kind, type) and any(k is kind for k in type(value).__mro__):
+            return _mock_equality(value, module, kind)
     return False
 
 
+def _mock_equality(value, module, kind):
+    defaults = []
+    for maker in (getattr(module, "_get_eq", None), getattr(module, "_get_ne", None)):
+        code = getattr(maker, "__code__", None)
+        defaults.extend(c for c in getattr(code, "co_consts", ()) if type(c) is type(code))
+    proxy, default = getattr(module, "MagicProxy", None), getattr(module, "DEFAULT", None)
+    for name in ("__eq__", "__ne__"):
+        found = next((vars(k)[name] for k in type(value).__mro__ if name in vars(k)), None)
+        if found is None or found is vars(object)[name] or type(found) is proxy:
+            continue
+        if not any(k is kind for k in type(found).__mro__):
+            return False  # a function of someone's
+        effect = vars(found).get("_mock_side_effect")
+        if vars(found).get("_mock_return_value", default) is not default or (
+                effect is not None and not any(getattr(effect, "__code__", None) is c
+                                               for c in defaults)):
+            return False
+    return True
+
+
+def _numbers_disagree(liar, truth):
+    # A value equal to a number whose own number is another (`float(x)` 300.0, `x == 0.0`).
+    if not any(type(truth) is k for k in (int, float)):
+        return False
+    try:
+        return float(liar) != float(truth)
+    except Exception:
+        return False
+
+
 def _equal_to_another(liar, truth):
+    if _numbers_disagree(liar, truth):
+        try:
+            if bool(liar == truth):
+                return True
+        except Exception:
+            pass
     for other in _others(truth):
         try:
             if bool(liar == other):
@@ -156,7 +201,7 @@ def install():
     def suspects(a, b, where):  # a pair's non-built-in side equal to another value too
         found = []
         for liar, truth in ((a, b), (b, a)):
-            if type(liar) not in _BUILT_IN and not _test_double(liar) and \
+            if not _built_in(liar) and not _test_double(liar) and \
                     _equal_to_another(liar, truth):
                 found.append(_entry(liar, truth, where))
         return found
@@ -178,7 +223,7 @@ def install():
             result = original(self, first, second, *args, **kwargs)
             entries = []
             for (a, b), early in zip(pairs, before):
-                built_in = type(a) in _BUILT_IN and type(b) in _BUILT_IN
+                built_in = _built_in(a) and _built_in(b)
                 if built_in or _test_double(a) or _test_double(b):
                     continue
                 try:

@@ -125,13 +125,13 @@ fn red_team_hook_passes(pytest: bool) -> Vec<(&'static str, Vec<Value>)> {
             )],
         )
     });
-    out.extend(red_team_value_passes());
+    out.extend(red_team_value_passes(pytest));
     out
 }
 
-/// Passes 29 to 31: values that lie, caught where unittest compares them
-/// (`grader_values.py`).
-fn red_team_value_passes() -> Vec<(&'static str, Vec<Value>)> {
+/// Passes 29 to 32: values that lie, caught where unittest compares them
+/// (`grader_values.py`), and a module written while the tests run.
+fn red_team_value_passes(pytest: bool) -> Vec<(&'static str, Vec<Value>)> {
     let mut out = Vec::new();
     // The twenty-ninth: values that lie however their equality is spelled (ten forgeries that
     // each found a way past the flags). A value the workspace defines that passed an equality
@@ -183,7 +183,35 @@ fn red_team_value_passes() -> Vec<(&'static str, Vec<Value>)> {
             )],
         ),
     ]);
+    out.extend(red_team_thirty_second_pass(pytest));
     out
+}
+
+/// The thirty-second: a lying module written and imported while the tests run (out of the
+/// flags' sight: the audit hook names a module run from a file written during the run); a class
+/// whose metaclass claims `float`; a mock told to agree; a number equal only to the expected.
+fn red_team_thirty_second_pass(pytest: bool) -> Vec<(&'static str, Vec<Value>)> {
+    let forgery = |name, text: &str| (name, vec![append("calc/ops.py", text)]);
+    if pytest {
+        return vec![forgery(
+            "tamper: a lying module written and imported while the tests run",
+            include_str!("../fixtures/forgeries/written_module_pytest.py"),
+        )];
+    }
+    vec![
+        forgery(
+            "tamper: a lying value whose metaclass claims a built-in type",
+            include_str!("../fixtures/forgeries/metaclass_claims_built_in.py"),
+        ),
+        forgery(
+            "tamper: a MagicMock told to compare equal",
+            include_str!("../fixtures/forgeries/mock_told_to_agree.py"),
+        ),
+        forgery(
+            "tamper: a number equal only to the expected value, its own number another",
+            include_str!("../fixtures/forgeries/equal_only_to_expected.py"),
+        ),
+    ]
 }
 
 /// Passes 15 to 20: the ledger attacked from inside the test process.

@@ -11,6 +11,7 @@ pub mod paged;
 pub mod python;
 pub mod ranks;
 pub mod serve;
+pub mod swebench;
 pub mod train_fixture;
 
 use safetensors::{Dtype, SafeTensors};

@@ -47,20 +47,42 @@ const LIE_LINE: &str = "swerve-grader: lie ";
 /// A value that lies passed an equality assertion.
 pub const LIE: &str = "a value compared equal to the expected value and to another";
 
+/// Printed by the audit hook when a module runs from a file written after the command's first
+/// process started, in the workspace, a copy of its packages or a folder on the start-up path
+/// (`grader_sitecustomize.py`, 4b): `swerve-grader: written PID PATH`.
+const WRITTEN_LINE: &str = "swerve-grader: written ";
+/// Code the change did not show ran: a module written while the tests ran (followed by its path,
+/// so that only the reference run's own such module is excused).
+pub const WRITTEN: &str = "a module ran from a file written while the tests ran";
+/// At most this many written modules are named.
+const WRITTEN_NAMED: usize = 4;
+
 /// The notes, if any, on what the command's first process's audit hook reported: its grader
-/// code changed ([`REWIRED`]), a lying value passing an assertion ([`LIE`]).
-pub fn hook_notes(log: &str) -> Vec<&'static str> {
+/// code changed ([`REWIRED`]), a lying value passing an assertion ([`LIE`]), a module run from a
+/// file written during the run ([`WRITTEN`]: PATH).
+pub fn hook_notes(log: &str) -> Vec<String> {
     let Some((pid, _)) = first_key(log) else {
         return Vec::new();
     };
-    [(REWIRED_LINE, REWIRED), (LIE_LINE, LIE)]
+    let mut notes: Vec<String> = [(REWIRED_LINE, REWIRED), (LIE_LINE, LIE)]
         .into_iter()
         .filter(|(line, _)| {
             let line = format!("{line}{pid} ");
             log.lines().any(|l| l.contains(&line))
         })
-        .map(|(_, note)| note)
-        .collect()
+        .map(|(_, note)| note.to_string())
+        .collect();
+    let written = format!("{WRITTEN_LINE}{pid} ");
+    for line in log.lines() {
+        let Some((_, path)) = line.split_once(&written) else {
+            continue;
+        };
+        let note = format!("{WRITTEN}: {}", path.trim_end());
+        if !notes.contains(&note) && notes.len() < WRITTEN_NAMED + 2 {
+            notes.push(note);
+        }
+    }
+    notes
 }
 
 /// The note, if any, on taking run `run_id` of `results` (the results file) as the command's,
@@ -207,10 +229,18 @@ mod tests {
         let rewired = format!("{start}test ... ok{REWIRED_LINE}7 write's cell ledger\n");
         assert_eq!(hook_notes(&rewired), vec![REWIRED]);
         let lie = format!("{start}{LIE_LINE}7 calc.ops.Blank compared equal to 0.0 and to 1.0\n");
-        assert_eq!(hook_notes(&lie), vec![LIE]);
+        assert_eq!(hook_notes(&lie), vec![LIE.to_string()]);
         assert_eq!(
             hook_notes(&format!("{rewired}{LIE_LINE}7 x\n")),
             vec![REWIRED, LIE]
+        );
+        // Each written module named, once; another process's not.
+        let written = format!(
+            "{start}{WRITTEN_LINE}7 calc/_share.py\n{WRITTEN_LINE}7 calc/_share.py\n{WRITTEN_LINE}9 x.py\n"
+        );
+        assert_eq!(
+            hook_notes(&written),
+            vec![format!("{WRITTEN}: calc/_share.py")]
         );
         // Another process's line, or no key at all: not the command's process.
         assert!(hook_notes(&format!("{start}{REWIRED_LINE}9 x\n")).is_empty());

@@ -110,10 +110,11 @@ impl Observation {
                                 .filter(|_| main.finished);
                             let lineage = main.descendant.then_some(ledger::NOT_FIRST);
                             let hook = ledger::hook_notes(&run.output);
-                            let notes = [lineage, owner].into_iter().flatten().chain(hook);
+                            let notes = [lineage, owner].into_iter().flatten();
+                            let notes = notes.map(str::to_string).chain(hook);
                             for note in notes {
-                                if !observation.notes.iter().any(|n| n == note) {
-                                    observation.notes.push(note.to_string());
+                                if !observation.notes.contains(&note) {
+                                    observation.notes.push(note);
                                 }
                             }
                             let run = main;
