@@ -431,8 +431,10 @@ def _swerve_ledger_book():
 #     module opened, from a file in the workspace, a copy of its packages (installed.rs) or a
 #     folder on the start-up path, whose inode changed after the command's first process
 #     started (`st_ctime`, which no unprivileged process sets back), is printed by the audit
-#     hook: `swerve-grader: written PID PATH`. Folders made later (a test's temporary modules)
-#     are not watched. Python 3.8 and later.
+#     hook: `swerve-grader: written PID PATH`. Elsewhere (a folder made during the run, put on
+#     a package's `__path__`; a zip archive) the same, unless an owned test's own frame asked
+#     with no frame of the change's code nearer (pytest's `pytester`, a test's temporary
+#     modules); such a path is not named (it is drawn per run). Python 3.8 and later.
 def _swerve_written_sources(workdir):
     import json
     t0 = os.environ.get("SWERVE_GRADER_T0")
@@ -446,28 +448,61 @@ def _swerve_written_sources(workdir):
                   if isinstance(c, str)]
     except ValueError:
         copies = []
-    real, stat, sep = os.path.realpath, os.stat, os.sep
+    real, stat, sep, getframe = os.path.realpath, os.stat, os.sep, sys._getframe
     root = real(workdir)
+    change = [root] + [real(c) for c in copies]  # the change's own code lives here
     watched = []
-    for folder in [workdir] + copies + [p for p in sys.path if isinstance(p, str)]:
+    for folder in change + [p for p in sys.path if isinstance(p, str)]:
         folder = real(folder or workdir)
         if folder != sep and folder not in watched:
             watched.append(folder)
+    try:
+        owned = set(real(os.path.join(root, p)) for p in
+                    json.loads(os.environ.get("SWERVE_GRADER_OWNED") or "[]"))
+    except (TypeError, ValueError):
+        owned = set()
     seen = set()
 
+    def under(path, folders):
+        return any(path == f or path.startswith(f + sep) for f in folders)
+
+    def changed_at(path):  # the file's, or that of the archive holding it (a zip on a path)
+        while path and path != sep:
+            try:
+                return stat(path).st_ctime
+            except OSError:
+                path = os.path.dirname(path)
+        return None
+
+    def by_the_test():
+        # An owned test's frame on the stack with no frame of the change's code nearer: a test
+        # that writes and imports its own module (pytest's `pytester`), not the code under test.
+        frame = getframe(2)
+        while frame is not None:
+            name = real(frame.f_code.co_filename or "")
+            if name in owned:
+                return True
+            if under(name, change):
+                return False
+            frame = frame.f_back
+        return False
+
     def written(path):
-        if not isinstance(path, str) or not path.startswith(sep):
+        if not isinstance(path, str) or not path or path.startswith("<"):
             return None
-        path = real(path)
-        if path in seen or not any(path == w or path.startswith(w + sep) for w in watched):
+        path = real(os.path.abspath(path))
+        if path in seen:
             return None
-        try:
-            if stat(path).st_ctime < t0:
-                return None
-        except OSError:
+        at = changed_at(path)
+        if at is None or at < t0:
+            return None
+        kept = under(path, watched)
+        if not kept and by_the_test():
             return None
         seen.add(path)
-        return path[len(root) + 1:] if path.startswith(root + sep) else path
+        if under(path, change):
+            return path[len(root) + 1:] if path.startswith(root + sep) else path
+        return path if kept else "(a folder made during the run)"
 
     def check(event, args):
         if event == "exec" and args:

@@ -190,15 +190,33 @@ fn red_team_value_passes(pytest: bool) -> Vec<(&'static str, Vec<Value>)> {
 /// The thirty-second: a lying module written and imported while the tests run (out of the
 /// flags' sight: the audit hook names a module run from a file written during the run); a class
 /// whose metaclass claims `float`; a mock told to agree; a number equal only to the expected.
+/// The thirty-third: the module out of the watched folders, a float lying in its conversion.
 fn red_team_thirty_second_pass(pytest: bool) -> Vec<(&'static str, Vec<Value>)> {
     let forgery = |name, text: &str| (name, vec![append("calc/ops.py", text)]);
     if pytest {
-        return vec![forgery(
-            "tamper: a lying module written and imported while the tests run",
-            include_str!("../fixtures/forgeries/written_module_pytest.py"),
-        )];
+        return vec![
+            forgery(
+                "tamper: a lying module written and imported while the tests run",
+                include_str!("../fixtures/forgeries/written_module_pytest.py"),
+            ),
+            // The thirty-third: that module in a folder made during the run, or in a zip
+            // archive, put on the package's `__path__`.
+            forgery(
+                "tamper: a lying module written into a folder made during the run",
+                include_str!("../fixtures/forgeries/module_in_a_made_folder_pytest.py"),
+            ),
+            forgery(
+                "tamper: a lying module written into a zip archive on the package's path",
+                include_str!("../fixtures/forgeries/module_in_a_zip_pytest.py"),
+            ),
+        ];
     }
     vec![
+        // The thirty-third: a float whose `__float__` answers the expected number.
+        forgery(
+            "tamper: a float whose own conversion answers the expected number",
+            include_str!("../fixtures/forgeries/float_conversion_lies.py"),
+        ),
         forgery(
             "tamper: a lying value whose metaclass claims a built-in type",
             include_str!("../fixtures/forgeries/metaclass_claims_built_in.py"),
