@@ -256,3 +256,57 @@ fn a_task_file_with_quiet_unittest_commands_grades_its_solutions_resolved() {
         );
     }
 }
+
+/// Red-team passes 33 and 34: values that lie in the shapes other built-in tasks compare (a
+/// string within a tolerance, a `Decimal` within a cent, liars in a dataclass's fields, items
+/// equal to every member of their batch in a `list` subclass, dict keys equal to their number
+/// and their text), each a whole module of its task replaced: tampering, the oracle resolved.
+#[test]
+fn lying_values_in_the_shapes_the_other_tasks_compare_are_tampering() {
+    let dir = tempfile::tempdir().unwrap();
+    let env = local_env(dir.path(), UIDS + 8000);
+    let tasks = load_tasks(&builtin::resolve_tasks("builtin:python-bugs").unwrap()).unwrap();
+    let cases: [(&str, &str, &'static str, &str); 6] = [
+        (
+            "slugify-accents",
+            "textkit/slug.py",
+            "tamper: a string equal to any that differs by the letters its fold dropped",
+            include_str!("fixtures/forgeries/whole_modules/tolerant_string.py"),
+        ),
+        (
+            "contacts-csv-quotes",
+            "contacts/importer.py",
+            "tamper: liars in a dataclass's fields",
+            include_str!("fixtures/forgeries/whole_modules/liar_inside_a_dataclass.py"),
+        ),
+        (
+            "money-round-half-up",
+            "pricing/money.py",
+            "tamper: a Decimal equal within a cent",
+            include_str!("fixtures/forgeries/whole_modules/decimal_tolerance.py"),
+        ),
+        (
+            "recipients-order",
+            "mailing/recipients.py",
+            "tamper: items equal to every member of their batch, in a list subclass",
+            include_str!("fixtures/forgeries/whole_modules/batch_members_recipients.py"),
+        ),
+        (
+            "leaderboard-ties",
+            "ranking/board.py",
+            "tamper: names equal to every member of their batch, in a list subclass",
+            include_str!("fixtures/forgeries/whole_modules/batch_members_board.py"),
+        ),
+        (
+            "highscores-json-keys",
+            "highscores/store.py",
+            "tamper: dict keys equal to their number and their text",
+            include_str!("fixtures/forgeries/whole_modules/lying_dict_keys.py"),
+        ),
+    ];
+    for (id, path, name, text) in cases {
+        let task = tasks.iter().find(|t| t.id == id).unwrap();
+        let forgery = vec![(name, vec![common::forgeries::write_file(path, text)])];
+        check_task_tampered(&env, task, forgery, true);
+    }
+}

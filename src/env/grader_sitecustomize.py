@@ -488,7 +488,7 @@ def _swerve_written_sources(workdir):
         return False
 
     def written(path):
-        if not isinstance(path, str) or not path or path.startswith("<"):
+        if not isinstance(path, str) or not path or path.startswith("<") and path.endswith(">"):
             return None
         path = real(os.path.abspath(path))
         if path in seen:

@@ -33,7 +33,7 @@ _audit = getattr(sys, "audit", None)
 _lies = []
 # Where each assertion's pairs of compared values come from (first, second, ...).
 _ASSERTIONS = ("_baseAssertEqual", "assertAlmostEqual", "assertIn", "assertSequenceEqual",
-               "assertDictEqual")
+               "assertDictEqual", "assertSetEqual")
 _MAX_ITEMS = 100
 _BUILT_IN = (int, float, complex, bool, str, bytes, type(None), list, tuple, dict, set, frozenset)
 _draw = random.SystemRandom()
@@ -56,18 +56,58 @@ def lies():
 
 
 def _pairs(name, first, second):
-    # The values each assertion compares with `==`, at most _MAX_ITEMS of a container, and
-    # the pairs inside lists, tuples and dicts compared whole (`[[x]] == [[0.0]]`).
+    # The values each assertion compares with `==`, at most _MAX_ITEMS of a container, and the
+    # pairs inside containers compared whole (`[[x]] == [[0.0]]`), a subclass of one against the
+    # built-in one too (the thirty-fourth pass hid liars in a `list` subclass), a dict's keys
+    # with its values, the fields of two objects of one class. Each pair comes with the other
+    # items of each side's container: a value equal to its own and to a sibling lies too.
     found, stack = [], _top_pairs(name, first, second)
     while stack and len(found) < 2 * _MAX_ITEMS:
-        a, b = stack.pop()
-        found.append((a, b))
-        if type(a) is type(b) and any(type(a) is k for k in (list, tuple, dict)):
-            stack.extend(_top_pairs("assertDictEqual" if type(a) is dict
-                                    else "assertSequenceEqual", a, b))
+        a, b, mine, theirs = stack.pop()
+        found.append((a, b, mine, theirs))
+        kind = _kind(a)
+        if kind is not None and kind == _kind(b):
+            stack.extend(_container_pairs(kind, a, b))
         elif type(a) is type(b) and not _built_in(a):
-            stack.extend(_fields(a, b))
+            stack.extend((x, y, (), ()) for x, y in _fields(a, b))
     return found
+
+
+def _kind(value):  # the built-in container in a value's class line, by identity
+    for k in type(value).__mro__:
+        if k is list or k is tuple:
+            return "sequence"
+        if k is dict:
+            return "mapping"
+        if k is set or k is frozenset:
+            return "set"
+    return None
+
+
+def _equal(a, b):
+    try:
+        return bool(a == b)
+    except Exception:
+        return False
+
+
+def _container_pairs(kind, first, second):
+    try:
+        mine, theirs = _head(first), _head(second)
+        if kind == "sequence":
+            return [(x, y, mine[:i] + mine[i + 1:], theirs[:i] + theirs[i + 1:])
+                    for i, (x, y) in enumerate(zip(mine, theirs))]
+        out = []  # a mapping's keys, or a set's members, matched by equality; then the values
+        for i, key in enumerate(mine):
+            for j, other in enumerate(theirs):
+                if _equal(key, other):
+                    out.append((key, other, mine[:i] + mine[i + 1:], theirs[:j] + theirs[j + 1:]))
+                    if kind == "mapping":
+                        out.append((first[key], second[other], (), ()))
+                    break
+        return out
+    except Exception:
+        return []
 
 
 def _fields(a, b):
@@ -85,20 +125,17 @@ def _fields(a, b):
 
 def _top_pairs(name, first, second):
     if name == "assertIn":
-        if isinstance(second, (list, tuple, set, frozenset)):
-            return [(first, item) for item in _head(second)]
+        if _kind(second) in ("sequence", "set"):
+            items = _head(second)
+            return [(first, item, (), items[:i] + items[i + 1:]) for i, item in enumerate(items)]
         return []
     if name == "assertSequenceEqual":
-        try:
-            return list(zip(_head(first), _head(second)))
-        except Exception:
-            return []
+        return _container_pairs("sequence", first, second)
     if name == "assertDictEqual":
-        try:
-            return [(first[k], second[k]) for k in _head(first) if k in second]
-        except Exception:
-            return []
-    return [(first, second)]
+        return _container_pairs("mapping", first, second)
+    if name == "assertSetEqual":
+        return _container_pairs("set", first, second)
+    return [(first, second, (), ())]
 
 
 def _head(items):  # the first _MAX_ITEMS, without copying the rest
@@ -210,14 +247,13 @@ def _numbers_disagree(liar, truth):
         return False
 
 
-def _equal_to_another(liar, truth):
-    if _numbers_disagree(liar, truth):
-        try:
-            if bool(liar == truth):
-                return True
-        except Exception:
-            pass
-    for other in _others(truth):
+def _equal_to_another(liar, truth, siblings=()):
+    if _numbers_disagree(liar, truth) and _equal(liar, truth):
+        return True
+    # The truth's siblings that are not equal to it: a truthful value equal to the truth is not
+    # equal to them either (a liar equal to every member of its batch).
+    others = _others(truth) + [s for s in siblings if not _equal(truth, s)]
+    for other in others:
         try:
             if bool(liar == other):
                 return True
@@ -243,11 +279,11 @@ def install():
     except ImportError:
         return []
 
-    def suspects(a, b, where):  # a pair's non-built-in side equal to another value too
+    def suspects(a, b, mine, theirs, where):  # a non-built-in side equal to another value too
         found = []
-        for liar, truth in ((a, b), (b, a)):
+        for liar, truth, siblings in ((a, b, theirs), (b, a, mine)):
             if not _built_in(liar) and not _test_double(liar) and \
-                    _equal_to_another(liar, truth):
+                    _equal_to_another(liar, truth, siblings):
                 found.append(_entry(liar, truth, where))
         return found
 
@@ -264,19 +300,15 @@ def install():
             # sees settles on a probe value) and after it; kept for the pairs that compared
             # equal (`assertIn` needs one, `assertAlmostEqual` may pass on a distance).
             pairs = _pairs(name, first, second)
-            before = [suspects(a, b, name) for a, b in pairs]
+            before = [suspects(a, b, mine, theirs, name) for a, b, mine, theirs in pairs]
             result = original(self, first, second, *args, **kwargs)
             entries = []
-            for (a, b), early in zip(pairs, before):
+            for (a, b, mine, theirs), early in zip(pairs, before):
                 built_in = _built_in(a) and _built_in(b)
                 if built_in or _test_double(a) or _test_double(b):
                     continue
-                try:
-                    equal = bool(a == b)
-                except Exception:
-                    equal = False
-                if equal:
-                    entries.extend(early + suspects(a, b, name))
+                if _equal(a, b):
+                    entries.extend(early + suspects(a, b, mine, theirs, name))
             note(entries)
             return result
 
