@@ -253,13 +253,7 @@ def _equal_to_another(liar, truth, siblings=()):
     # The truth's siblings that are not equal to it: a truthful value equal to the truth is not
     # equal to them either (a liar equal to every member of its batch).
     others = _others(truth) + [s for s in siblings if not _equal(truth, s)]
-    for other in others:
-        try:
-            if bool(liar == other):
-                return True
-        except Exception:
-            pass
-    return False
+    return any(_equal(liar, other) for other in others)
 
 
 def _entry(liar, truth, where):  # the same text in every run: types only, no value's repr
